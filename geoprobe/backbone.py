@@ -1,0 +1,268 @@
+"""Load any supported Hugging Face causal LM and give generic access to its residual stream.
+
+`Backbone` finds the blocks, the final norm and the LM head from the module tree (the one
+`nn.ModuleList` of `num_hidden_layers` blocks under `base_model`, the last norm after it,
+`get_output_embeddings()`), so no per-architecture code is needed:
+
+* `embed(input_ids)` is what the first block receives, by running the model up to a hook on
+  block 1 (so Gemma's sqrt(d) scaling and GPT-2's position embeddings are included);
+* `run_from(l, h)` runs blocks l+1..N, the final norm and the head on a given layer-l state by
+  making blocks 1..l pass their input through and substituting `h` at the entry of block l+1.
+  The model's own forward still builds masks, rotary tables and any logit soft-capping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from geoprobe.capture import capture, stream_arg
+from geoprobe.errors import BadInput, GeoprobeError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BUILTIN_PREFIX = "builtin:"
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise BadInput(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BadInput(f"device {spec!r} asked for, but CUDA is not available on this machine")
+    return device
+
+
+def resolve_dtype(spec: str, device: torch.device, checkpoint_dtype) -> torch.dtype:
+    """auto = the checkpoint's dtype on a GPU, float32 on the CPU (half matmuls are slow there)."""
+    if spec == "auto":
+        if device.type == "cpu" or checkpoint_dtype is None:
+            return torch.float32
+        return checkpoint_dtype if isinstance(checkpoint_dtype, torch.dtype) else DTYPES.get(str(checkpoint_dtype), torch.float32)
+    if spec not in DTYPES:
+        raise BadInput(f"unknown dtype {spec!r}: use auto, float32, bfloat16 or float16")
+    return DTYPES[spec]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def config_hash(config) -> str:
+    """Hash of the architecture-defining config (paths and library versions left out)."""
+    data = {k: v for k, v in config.to_dict().items()
+            if k not in {"_name_or_path", "transformers_version", "_commit_hash", "dtype", "torch_dtype",
+                         "quantization_config"}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: what `from_pretrained` is called with."""
+
+    spec: str
+    location: str
+    gguf_file: str | None = None
+    is_local: bool = True
+    extra_identity: dict = field(default_factory=dict)
+
+
+def resolve_source(spec: str) -> ModelSource:
+    if spec.startswith(BUILTIN_PREFIX):
+        from geoprobe.assets import builtin_model
+
+        folder, identity = builtin_model(spec[len(BUILTIN_PREFIX):])
+        return ModelSource(spec, str(folder), extra_identity=identity)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise BadInput(f"model file not found: {spec}")
+        return ModelSource(spec, str(path.parent), gguf_file=path.name,
+                           extra_identity={"file_sha256": sha256_file(path)})
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BadInput(f"model folder {spec} has no config.json")
+        return ModelSource(spec, str(path))
+    if spec.startswith((".", "/", "~")) or os.sep + os.sep in spec or spec.count("/") > 1:
+        raise BadInput(f"model path not found: {spec}")
+    return ModelSource(spec, spec, is_local=False)
+
+
+def load_config(source: ModelSource, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return AutoConfig.from_pretrained(source.location, gguf_file=source.gguf_file,
+                                          trust_remote_code=trust_remote_code,
+                                          local_files_only=offline and not source.is_local)
+    except (OSError, ValueError) as exc:
+        if not source.is_local and offline:
+            raise BadInput(f"model {source.spec!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; "
+                           "download it first or pass a local folder or .gguf file") from exc
+        if not source.is_local:
+            raise BadInput(f"model {source.spec!r} not found on the hub or in the cache ({type(exc).__name__})") from exc
+        raise BadInput(f"cannot read the model config at {source.spec}: {str(exc).splitlines()[0]}") from exc
+
+
+def check_architecture(config) -> None:
+    if config.model_type not in SUPPORTED_ARCHITECTURES:
+        raise BadInput(f"unsupported architecture {config.model_type!r} "
+                       f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+
+def _needs_device_map(config, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when the parameters alone would not fit the free memory of the chosen GPU."""
+    if device.type != "cuda":
+        return False
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    need = sum(p.numel() for p in skeleton.parameters()) * torch.finfo(dtype).bits // 8
+    free, _ = torch.cuda.mem_get_info(device)
+    return need > 0.9 * free
+
+
+class Backbone:
+    """A frozen causal LM with generic access to embeddings, blocks, final norm and head."""
+
+    def __init__(self, model, tokenizer=None, identity: dict | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        check_architecture(self.config)
+        self.identity = identity or {}
+        self.base = model.base_model
+        self.blocks = self._find_blocks()
+        self.final_norm = self._find_final_norm()
+        self.lm_head = model.get_output_embeddings()
+
+    def _find_blocks(self):
+        n = self.config.num_hidden_layers
+        for module in self.base.children():
+            if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+                return module
+        raise GeoprobeError(f"cannot find the {n} decoder blocks of {type(self.model).__name__}")
+
+    def _find_final_norm(self):
+        children = list(self.base.children())
+        after_blocks = children[children.index(self.blocks) + 1:]
+        norms = [m for m in after_blocks if "norm" in type(m).__name__.lower()]
+        if not norms:
+            raise GeoprobeError(f"cannot find the final norm of {type(self.model).__name__}")
+        return norms[0]
+
+    @property
+    def num_layers(self) -> int:
+        """N: layers are numbered 0 (embedding output) .. N (after the last block)."""
+        return len(self.blocks)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def input_device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    def embed(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Layer 0: exactly what block 1 receives for these tokens."""
+        return capture(self, input_ids, attention_mask, layers=(0,), position_ids=position_ids)[0]
+
+    @contextmanager
+    def _entering_at(self, layer: int, hidden: torch.Tensor):
+        """Blocks 1..layer pass their input through; the stream entering block layer+1
+        (or the final norm when layer = N) is replaced by `hidden`."""
+        entry = self.blocks[layer] if layer < self.num_layers else self.final_norm
+
+        def substitute(module, args, kwargs):
+            current = stream_arg(args, kwargs)
+            new = hidden.to(device=current.device, dtype=current.dtype)
+            if args:
+                return (new, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": new}
+
+        skipped = list(self.blocks)[:layer]
+        saved = [block.__dict__.get("forward") for block in skipped]  # accelerate may wrap forward
+        for block in skipped:
+            block.forward = _pass_through
+        handle = entry.register_forward_pre_hook(substitute, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+            for block, old in zip(skipped, saved):
+                if old is None:
+                    del block.forward
+                else:
+                    block.forward = old
+
+    def run_from(self, layer: int, hidden, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Logits of blocks layer+1..N, the final norm and the head applied to a layer-`layer` state."""
+        if not 0 <= layer <= self.num_layers:
+            raise BadInput(f"layer {layer} out of range 0..{self.num_layers}")
+        placeholder = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self.input_device)
+        with self._entering_at(layer, hidden):
+            out = self.model(input_ids=placeholder, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=False)
+        return out.logits
+
+
+def _pass_through(*args, **kwargs):
+    return stream_arg(args, kwargs)
+
+
+def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
+                  trust_remote_code: bool = False, revision: str | None = None) -> Backbone:
+    """Load a causal LM from a hub id, a local folder, a .gguf file or `builtin:NAME`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_source(spec)
+    config = load_config(source, trust_remote_code)
+    check_architecture(config)
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None))
+    if device_map is None and _needs_device_map(config, target, torch_dtype):
+        device_map = "auto"
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
+                  local_files_only=offline and not source.is_local)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
+                                                     device_map=device_map, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
+    except OSError as exc:
+        raise BadInput(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from exc
+    if device_map is None:
+        model.to(target)
+    model.requires_grad_(False)
+    identity = {
+        "spec": spec,
+        "architecture": config.model_type,
+        "revision": revision or getattr(config, "_commit_hash", None),
+        "config_sha256": config_hash(config),
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        **source.extra_identity,
+    }
+    return Backbone(model, tokenizer, identity)

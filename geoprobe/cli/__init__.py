@@ -1,0 +1,1 @@
+"""The `geoprobe` command line: one module per command, no science in here."""

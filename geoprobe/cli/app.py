@@ -1,0 +1,73 @@
+"""The Typer application: global flags, command registration and the one-line error contract."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from geoprobe.cli.options import state
+from geoprobe.errors import GeoprobeError
+
+app = typer.Typer(
+    name="geoprobe",
+    help="Where can diffusion enter a pretrained language model?\n\n"
+         "Examples:\n\n"
+         "  geoprobe extract builtin:smollm2 --corpus kjv --tokens 2000 --out runs/kjv\n\n"
+         "  geoprobe extract meta-llama/Llama-3.1-8B-Instruct --corpus data/*.jsonl --tokens 100000 "
+         "--layers 0-16 --out runs/llama\n\n"
+         "  geoprobe --format json extract ./my-model --corpus book.txt --tokens 5000 --out runs/x",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables, only results.")] = False,
+    format: Annotated[str, typer.Option("--format", help="Output: table (for people) or json (for scripts).")] = "table",
+):
+    if format not in ("table", "json"):
+        raise typer.BadParameter("use table or json", param_hint="--format")
+    state.debug, state.quiet, state.format = debug, quiet, format
+
+
+def emit_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _register() -> None:
+    from geoprobe.cli import extract  # noqa: F401  (commands register themselves on `app`)
+
+
+def main() -> None:
+    _register()
+    try:
+        app(standalone_mode=False)
+    except GeoprobeError as exc:
+        if state.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("error: interrupted; completed shards are kept, rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    except Exception as exc:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if state.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (use --debug for the traceback)",
+              file=sys.stderr)
+        sys.exit(1)

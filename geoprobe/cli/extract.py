@@ -1,0 +1,62 @@
+"""`geoprobe extract MODEL --corpus SRC --tokens N --out RUN`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.options import (BatchSize, Corpus, Device, Dtype, Force, Layers, Out, Seed, SeqLen, Tokens,
+                                  state)
+
+
+@app.command(epilog="Examples:\n\n"
+             "  geoprobe extract builtin:smollm2 --corpus kjv --tokens 2000 --out runs/kjv\n\n"
+             "  geoprobe extract Qwen/Qwen3-8B --corpus data/ --tokens 200000 --layers 0-12 "
+             "--positions random:32 --out runs/qwen")
+def extract(
+    model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, or builtin:smollm2.")],
+    out: Out,
+    corpus: Corpus = "kjv",
+    tokens: Tokens = 10000,
+    seq_len: SeqLen = 256,
+    layers: Layers = "all",
+    positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
+    skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions (the attention sink).")] = 1,
+    storage: Annotated[str, typer.Option(help="float16 (float32 where a value would overflow) or float32.")] = "float16",
+    text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet corpora.")] = "text",
+    shard_rows: Annotated[int, typer.Option(min=1, help="Approximate rows per Parquet shard.")] = 32768,
+    seed: Seed = 0,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    batch_size: BatchSize = 8,
+    force: Force = False,
+):
+    """Stream hidden states of chosen layers into Parquet shards (resumable)."""
+    from geoprobe.extract import ExtractConfig
+    from geoprobe.extract import extract as run_extract
+    from geoprobe.report.terminal import Bar, print_table
+
+    cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
+                        positions=positions, skip_first=skip_first, seed=seed, storage=storage,
+                        text_field=text_field, shard_rows=shard_rows, dtype=dtype, batch_size=batch_size,
+                        device=device)
+    bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
+    try:
+        manifest = run_extract(cfg, out, force=force, progress=bar)
+    finally:
+        bar.stop()
+    if state.format == "json":
+        emit_json(manifest)
+    elif not state.quiet:
+        dtypes = sorted({d for s in manifest["shards"] for d in s["dtypes"].values()})
+        print_table(f"extract → {out}", ["key", "value"], [
+            ["model", manifest["model"]["spec"]],
+            ["layers", f"{manifest['layers'][0]}..{manifest['layers'][-1]} ({len(manifest['layers'])})"],
+            ["rows per layer", manifest["rows"]],
+            ["hidden size", manifest["hidden_size"]],
+            ["shards", len(manifest["shards"])],
+            ["storage", ", ".join(dtypes)],
+            ["status", manifest["status"]],
+        ])

@@ -1,0 +1,34 @@
+"""Flags with one meaning everywhere. Every command takes its shared flags from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+@dataclass
+class GlobalState:
+    debug: bool = False
+    quiet: bool = False
+    format: str = "table"
+
+
+state = GlobalState()
+
+Out = Annotated[Path, typer.Option("--out", "-o", help="Run directory this command writes (created if missing).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice; recorded in the outputs.")]
+Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.")]
+Dtype = Annotated[str, typer.Option("--dtype", help="Model weights: auto (checkpoint dtype on GPU, float32 on CPU), "
+                                                    "float32, bfloat16 or float16.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per forward pass.")]
+SeqLen = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per packed sequence (BOS included).")]
+Tokens = Annotated[int, typer.Option("--tokens", help="Token states to store per layer (rows).")]
+Layers = Annotated[str, typer.Option("--layers", help="all, a range 0-8, a list 0,3,7, or a mix 0-3,7. "
+                                                      "0 = embedding output, l = after block l.")]
+Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (training budget).")]
+Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parquet file, a folder, a glob, "
+                                                      "or hf:NAME?split=train.")]
+Force = Annotated[bool, typer.Option("--force", help="Discard a different run in --out and start over.")]

@@ -1,0 +1,13 @@
+"""Errors a user can act on. The CLI prints `error: <message>` and exits with `exit_code`."""
+
+
+class GeoprobeError(Exception):
+    """A failure that is not the user's input (exit code 1)."""
+
+    exit_code = 1
+
+
+class BadInput(GeoprobeError):
+    """The user asked for something that cannot be done as given (exit code 2)."""
+
+    exit_code = 2

@@ -1,0 +1,218 @@
+"""`geoprobe extract`: stream hidden states of chosen layers into a resumable run directory.
+
+The plan (which tokens of which blocks become rows) is fixed before the model runs, from
+the corpus, the seed and the position rule alone; so the rows do not depend on the batch
+size, a short corpus is refused before anything is written, and a resumed run produces the
+same rows as an uninterrupted one. Shards cover fixed ranges of planned blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from geoprobe import __version__
+from geoprobe.backbone import Backbone, load_backbone
+from geoprobe.capture import capture
+from geoprobe.corpus import Block, iter_blocks, read_documents
+from geoprobe.errors import BadInput
+from geoprobe.store import (MANIFEST, ShardWriter, column_name, config_sha256, hidden_array, open_run,
+                            write_json_atomic)
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+    """`all`, `0-8`, `0,3,7` or a mix (`0-3,7`) -> sorted layer list within 0..num_layers."""
+    if spec.strip() == "all":
+        return list(range(num_layers + 1))
+    layers: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            start, stop = int(lo), int(hi) if sep else int(lo)
+            if start > stop:
+                raise ValueError
+            layers.update(range(start, stop + 1))
+    except ValueError:
+        raise BadInput(f"malformed layer spec {spec!r}: use all, 0-8, 0,3,7 or a mix like 0-3,7") from None
+    outside = sorted(l for l in layers if not 0 <= l <= num_layers)
+    if outside:
+        raise BadInput(f"layer {outside[0]} out of range: this model has layers 0..{num_layers}")
+    return sorted(layers)
+
+
+def parse_positions(spec: str) -> str:
+    if spec == "all":
+        return spec
+    kind, _, k = spec.partition(":")
+    if kind == "random" and k.isdigit() and int(k) > 0:
+        return spec
+    raise BadInput(f"malformed position spec {spec!r}: use all or random:K (K > 0)")
+
+
+@dataclass
+class ExtractConfig:
+    model: str
+    corpus: str
+    tokens: int
+    seq_len: int = 256
+    layers: str = "all"
+    positions: str = "all"
+    skip_first: int = 1
+    seed: int = 0
+    storage: str = "float16"
+    text_field: str = "text"
+    shard_rows: int = 32768
+    dtype: str = "auto"
+    rank: int = 0
+    world_size: int = 1
+    batch_size: int = 8  # speed only: not part of the run's identity
+    device: str = "auto"  # speed only
+
+    def identity(self, backbone: Backbone, layers: list[int]) -> dict:
+        """What defines the rows: a directory holding a run with another identity is refused."""
+        skip = {"batch_size", "device", "layers"}
+        data = {k: v for k, v in asdict(self).items() if k not in skip}
+        data.update(layers=layers, model_config_sha256=backbone.identity["config_sha256"],
+                    model_dtype=backbone.identity["dtype"])
+        if "file_sha256" in backbone.identity:
+            data["model_file_sha256"] = backbone.identity["file_sha256"]
+        return data
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    block: Block
+    positions: np.ndarray  # the positions of this block that become rows
+
+
+def plan_blocks(documents, tokenizer, cfg: ExtractConfig) -> list[PlannedBlock]:
+    """Blocks and their selected positions until exactly `cfg.tokens` rows are planned."""
+    special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
+    random_k = int(cfg.positions.split(":")[1]) if cfg.positions != "all" else None
+    plan, rows = [], 0
+    for block in iter_blocks(documents, tokenizer, cfg.seq_len, cfg.seed, rank=cfg.rank, world_size=cfg.world_size):
+        eligible = np.flatnonzero(~np.isin(block.tokens, special))
+        eligible = eligible[eligible >= cfg.skip_first]
+        if random_k is not None and len(eligible) > random_k:
+            # seeded per block, so the choice does not depend on batching or on resume
+            rng = np.random.default_rng([cfg.seed, block.doc_id, block.seq_id])
+            eligible = np.sort(rng.choice(eligible, size=random_k, replace=False))
+        eligible = eligible[: cfg.tokens - rows]
+        if len(eligible):
+            plan.append(PlannedBlock(block, eligible))
+            rows += len(eligible)
+        if rows == cfg.tokens:
+            return plan
+    raise BadInput(f"corpus {cfg.corpus} has only {rows} eligible tokens at --seq-len {cfg.seq_len}, "
+                   f"fewer than --tokens {cfg.tokens}")
+
+
+def pad_batch(blocks: list[Block], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(b.tokens) for b in blocks)
+    ids = np.full((len(blocks), length), pad_id, dtype=np.int64)
+    mask = np.zeros((len(blocks), length), dtype=np.int64)
+    for row, block in enumerate(blocks):
+        ids[row, : len(block.tokens)] = block.tokens
+        mask[row, : len(block.tokens)] = 1
+    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+
+def extract_batch(backbone: Backbone, planned: list[PlannedBlock], layers: list[int], pad_id: int) -> dict:
+    """Rows of one batch of blocks: meta columns and one float32 (rows, d) array per layer."""
+    ids, mask = pad_batch([p.block for p in planned], pad_id, backbone.input_device)
+    states = capture(backbone, ids, mask, layers)
+    rows_b = np.concatenate([np.full(len(p.positions), i) for i, p in enumerate(planned)])
+    rows_p = np.concatenate([p.positions for p in planned])
+    columns = {
+        "doc_id": np.concatenate([np.full(len(p.positions), p.block.doc_id) for p in planned]),
+        "seq_id": np.concatenate([np.full(len(p.positions), p.block.seq_id) for p in planned]),
+        "position": rows_p,
+        "token_id": ids.cpu().numpy()[rows_b, rows_p],
+    }
+    for layer in layers:
+        hidden = states[layer]
+        picked = hidden[torch.from_numpy(rows_b).to(hidden.device), torch.from_numpy(rows_p).to(hidden.device)]
+        if not torch.isfinite(picked).all():
+            raise BadInput(f"layer {layer} has NaN or Inf activations (document {planned[0].block.doc_id}); "
+                           "try --dtype float32")
+        columns[column_name(layer)] = picked.float().cpu().numpy()
+    return columns
+
+
+def to_table(parts: list[dict], layers: list[int], storage: str) -> tuple[pa.Table, dict]:
+    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    arrays, dtypes = {}, {}
+    for name in ("doc_id", "seq_id", "position", "token_id"):
+        arrays[name] = pa.array(merged[name].astype(np.int64))
+    for layer in layers:
+        arrays[column_name(layer)], dtypes[column_name(layer)] = hidden_array(merged[column_name(layer)], storage)
+    return pa.table(arrays), dtypes
+
+
+def tokenizer_identity(tokenizer) -> dict:
+    return {"class": type(tokenizer).__name__, "name_or_path": tokenizer.name_or_path,
+            "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+            "special_ids": sorted(set(tokenizer.all_special_ids))}
+
+
+def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbone | None = None,
+            progress=None) -> dict:
+    """Run (or resume) an extraction into `out`; returns the final manifest."""
+    out = Path(out)
+    parse_positions(cfg.positions)
+    if cfg.tokens <= 0:
+        raise BadInput(f"--tokens must be positive, got {cfg.tokens}")
+    if cfg.storage not in ("float16", "float32"):
+        raise BadInput(f"--storage must be float16 or float32, got {cfg.storage!r}")
+    documents = read_documents(cfg.corpus, cfg.text_field)
+    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    layers = parse_layers(cfg.layers, backbone.num_layers)
+    tokenizer = backbone.tokenizer
+    plan = plan_blocks(documents, tokenizer, cfg)
+    identity = cfg.identity(backbone, layers)
+    manifest = open_run(out, identity, force) or {
+        "tool": "geoprobe", "version": __version__, "command": "extract",
+        "config": identity, "config_sha256": config_sha256(identity),
+        "model": backbone.identity, "tokenizer": tokenizer_identity(tokenizer),
+        "layers": layers, "hidden_size": backbone.hidden_size, "storage": cfg.storage,
+        "rows_target": cfg.tokens, "shards": [], "status": "running",
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+
+    shard_blocks = max(1, cfg.shard_rows // cfg.seq_len)
+    shard_ranges = [(i, plan[s:s + shard_blocks]) for i, s in enumerate(range(0, len(plan), shard_blocks))]
+    done = len(manifest["shards"])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def on_written(entry):
+        manifest["shards"].append(entry)
+        write_json_atomic(out / MANIFEST, manifest)
+
+    writer = ShardWriter(out, on_written)
+    rows_done = sum(s["rows"] for s in manifest["shards"])
+    if progress is not None:
+        progress.start(total=cfg.tokens, completed=rows_done)
+    started = time.perf_counter()
+    try:
+        for index, blocks in shard_ranges[done:]:
+            parts = []
+            for start in range(0, len(blocks), cfg.batch_size):
+                batch = blocks[start:start + cfg.batch_size]
+                parts.append(extract_batch(backbone, batch, layers, pad_id))
+                if progress is not None:
+                    progress.advance(len(parts[-1]["position"]))
+            table, dtypes = to_table(parts, layers, cfg.storage)
+            writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(blocks)],
+                                         "dtypes": dtypes})
+    finally:
+        writer.close()
+    manifest.update(status="complete", rows=sum(s["rows"] for s in manifest["shards"]),
+                    tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)),
+                    seconds_last_session=round(time.perf_counter() - started, 3))
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest

@@ -1,0 +1,1 @@
+"""Tables (terminal, Markdown, JSON) and progress display."""

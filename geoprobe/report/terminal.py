@@ -1,0 +1,58 @@
+"""Terminal output: progress bars with rate and ETA, and tables."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+from rich.text import Text
+
+console = Console(stderr=True)
+
+
+class RateColumn(ProgressColumn):
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} {self.unit}/s" if speed else f"? {self.unit}/s", style="cyan")
+
+
+class Bar:
+    """A progress bar for one long loop; silent when `quiet`."""
+
+    def __init__(self, description: str, unit: str = "tok", quiet: bool = False):
+        self.description, self.unit, self.quiet = description, unit, quiet
+        self.progress = None
+
+    def start(self, total: int, completed: int = 0):
+        if self.quiet:
+            return
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 RateColumn(self.unit), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn(), console=console)
+        self.progress.start()
+        self.task = self.progress.add_task(self.description, total=total, completed=completed)
+
+    def advance(self, n: int):
+        if self.progress is not None:
+            self.progress.advance(self.task, n)
+
+    def stop(self):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def print_table(title: str, columns: list[str], rows: list[list], out=None):
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name, justify="right" if name not in ("key", "file") else "left")
+    for row in rows:
+        table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    Console(file=out or sys.stdout).print(table)

@@ -1,0 +1,211 @@
+"""The run directory: manifest, Parquet shards written in the background, resume, reading.
+
+Layout (DESIGN.md): `manifest.json` and `hidden/part-NNNNN.parquet`, one row per sampled
+token with columns `doc_id, seq_id, position, token_id, h00, h01, ...`; each hidden column
+is a fixed-size list of float16 (when no value overflows it) or float32. A shard is written
+to a temporary name, checksummed, and renamed into place; only then does the manifest, itself
+replaced atomically, list it. So a crash at any point leaves a directory that resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from geoprobe import __version__
+from geoprobe.backbone import sha256_file
+from geoprobe.errors import BadInput, GeoprobeError
+
+MANIFEST = "manifest.json"
+HIDDEN = "hidden"
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+META_COLUMNS = ("doc_id", "seq_id", "position", "token_id")
+
+
+def column_name(layer: int) -> str:
+    return f"h{layer:02d}"
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def config_sha256(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def differing_keys(old: dict, new: dict) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def _check_writable(out: Path) -> None:
+    probe_parent = out if out.exists() else next(p for p in out.parents if p.exists())
+    if not os.access(probe_parent, os.W_OK | os.X_OK) or (out.exists() and not out.is_dir()):
+        raise BadInput(f"output directory {out} is not writable")
+
+
+def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
+    """Prepare `out` for a run with `config`: returns the manifest to resume, or None for a new run.
+
+    A directory that holds a run with another config is refused (naming the keys), unless
+    `force`, which starts over.
+    """
+    _check_writable(out)
+    manifest_path = out / MANIFEST
+    if force and out.exists():
+        if manifest_path.exists() or (out / HIDDEN).exists():
+            (out / HIDDEN).exists() and shutil.rmtree(out / HIDDEN)
+            manifest_path.unlink(missing_ok=True)
+    if manifest_path.exists():
+        manifest = read_manifest(out)
+        keys = differing_keys(manifest["config"], config)
+        if keys:
+            raise BadInput(f"{out} holds a different run (differs in: {', '.join(keys)}); "
+                           "use another --out or --force to start over")
+        verify_shards(out, manifest)
+        return manifest
+    if out.exists() and any(out.iterdir()) and not (out / HIDDEN).exists():
+        raise BadInput(f"output directory {out} is not empty and holds no geoprobe run; use another --out")
+    try:
+        (out / HIDDEN).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"output directory {out} is not writable ({exc.strerror})") from exc
+    return None
+
+
+def read_manifest(run: Path) -> dict:
+    path = Path(run) / MANIFEST
+    if not path.is_file():
+        raise BadInput(f"{run} is not a geoprobe run directory (no {MANIFEST})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path} is not valid JSON") from exc
+
+
+def verify_shards(run: Path, manifest: dict) -> None:
+    for shard in manifest["shards"]:
+        path = Path(run) / shard["file"]
+        if not path.is_file():
+            raise BadInput(f"shard {shard['file']} listed in the manifest is missing; rerun with --force")
+        if sha256_file(path) != shard["sha256"]:
+            raise BadInput(f"shard {shard['file']} does not match its checksum; rerun with --force")
+
+
+def hidden_array(states: np.ndarray, storage: str) -> tuple[pa.Array, str]:
+    """(n, d) float32 -> fixed-size-list column, float16 only when nothing overflows it."""
+    n, d = states.shape
+    dtype = "float16" if storage == "float16" and (n == 0 or np.abs(states).max() <= FLOAT16_MAX) else "float32"
+    flat = pa.array(states.astype(dtype, copy=False).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, d), dtype
+
+
+class ShardWriter:
+    """Writes shards on a background thread so the model never waits on the disk.
+
+    The queue is bounded (two shards), which bounds memory: a producer faster than the disk
+    blocks instead of accumulating. `on_written(entry)` runs on the writer thread after the
+    atomic rename, in shard order.
+    """
+
+    def __init__(self, run: Path, on_written):
+        self.run = Path(run)
+        self.on_written = on_written
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="geoprobe-shard-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, index: int, table: pa.Table, extra: dict) -> None:
+        self._raise_if_failed()
+        self.queue.put((index, table, extra))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self):
+        if self.error is not None:
+            raise GeoprobeError(f"writing a shard failed: {self.error}") from self.error
+
+    def _loop(self):
+        while (item := self.queue.get()) is not None:
+            if self.error is not None:
+                continue
+            index, table, extra = item
+            try:
+                name = f"{HIDDEN}/part-{index:05d}.parquet"
+                final = self.run / name
+                tmp = final.with_name(f".{final.name}.tmp")
+                # Float data barely compresses; no codec keeps the writer cheap on the CPU.
+                pq.write_table(table, tmp, compression="none", row_group_size=max(1, min(table.num_rows, 65536)))
+                entry = {"file": name, "rows": table.num_rows, "sha256": sha256_file(tmp), **extra}
+                os.replace(tmp, final)
+                self.on_written(entry)
+            except BaseException as exc:  # surfaced to the producer on its next call
+                self.error = exc
+
+
+class RunReader:
+    """Streams one layer of a run as float32 batches without loading the whole run."""
+
+    def __init__(self, run, verify: bool = False):
+        self.run = Path(run)
+        self.manifest = read_manifest(self.run)
+        if verify:
+            verify_shards(self.run, self.manifest)
+
+    @property
+    def layers(self) -> list[int]:
+        return self.manifest["layers"]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.manifest["hidden_size"]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s["rows"] for s in self.manifest["shards"])
+
+    def _files(self):
+        return [self.run / s["file"] for s in self.manifest["shards"]]
+
+    def iter_columns(self, columns, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+        for path in self._files():
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=list(columns))
+
+    def iter_layer(self, layer: int, batch_rows: int = 65536, torch_device=None) -> Iterator:
+        """(rows, d) float32 numpy arrays, or torch tensors on `torch_device` when given."""
+        if layer not in self.layers:
+            raise BadInput(f"layer {layer} was not captured in {self.run} (captured: {self.layers})")
+        d = self.hidden_size
+        for batch in self.iter_columns([column_name(layer)], batch_rows):
+            values = batch.column(0).values.to_numpy(zero_copy_only=False)
+            array = values.astype(np.float32, copy=False).reshape(-1, d)
+            if torch_device is None:
+                yield array
+            else:
+                import torch
+
+                yield torch.from_numpy(array).to(torch_device)
+
+    def read_layer(self, layer: int) -> np.ndarray:
+        return np.concatenate(list(self.iter_layer(layer)) or [np.zeros((0, self.hidden_size), np.float32)])
+
+    def read_meta(self) -> dict[str, np.ndarray]:
+        parts = list(self.iter_columns(META_COLUMNS))
+        return {name: np.concatenate([p.column(i).to_numpy() for p in parts]) if parts else np.zeros(0, np.int64)
+                for i, name in enumerate(META_COLUMNS)}

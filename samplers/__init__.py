@@ -1,0 +1,1 @@
+"""Generation paths over the TokenDenoiser protocol (not yet built)."""
