@@ -1,0 +1,105 @@
+"""Backbone access on every supported architecture: embed, splice (run_from), errors."""
+
+import pytest
+import torch
+
+from geoprobe.backbone import SUPPORTED_ARCHITECTURES, Backbone, load_backbone
+from geoprobe.errors import BadInput
+from tests.conftest import ARCH_CONFIGS, run_cli
+
+ARCHS = list(ARCH_CONFIGS)
+
+
+def test_every_supported_architecture_has_a_tiny_test_model():
+    assert sorted(ARCHS) == sorted(SUPPORTED_ARCHITECTURES)
+
+
+def _batch(backbone, seed=0, batch=2, length=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, backbone.config.vocab_size, (batch, length), generator=g)
+    return ids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_embed_equals_what_the_first_block_receives(arch, tiny_models):
+    backbone = load_backbone(str(tiny_models(arch)), device="cpu")
+    ids = _batch(backbone)
+    reference = backbone.model(input_ids=ids, output_hidden_states=True).hidden_states[0]
+    torch.testing.assert_close(backbone.embed(ids), reference, rtol=0, atol=0)
+
+
+def test_embed_includes_gemma_scaling(tiny_models):
+    backbone = load_backbone(str(tiny_models("gemma2")), device="cpu")
+    ids = _batch(backbone)
+    raw = backbone.model.get_input_embeddings().weight[ids]
+    # Gemma multiplies the lookup by sqrt(d) before block 1: a plain table lookup is not layer 0.
+    assert not torch.allclose(backbone.embed(ids), raw)
+    torch.testing.assert_close(backbone.embed(ids), raw * backbone.hidden_size ** 0.5, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_run_from_any_layer_reproduces_the_model_logits(arch, tiny_models):
+    backbone = load_backbone(str(tiny_models(arch)), device="cpu")
+    ids = _batch(backbone, seed=1)
+    with torch.no_grad():
+        out = backbone.model(input_ids=ids, output_hidden_states=True)
+    from geoprobe.capture import capture
+
+    states = capture(backbone, ids, layers=range(backbone.num_layers + 1))
+    for layer, hidden in states.items():
+        logits = backbone.run_from(layer, hidden)
+        torch.testing.assert_close(logits, out.logits, rtol=1e-4, atol=1e-4, msg=f"{arch} layer {layer}")
+    # a wrong state must give other logits: the splice really uses `hidden`
+    assert not torch.allclose(backbone.run_from(1, torch.zeros_like(states[1])), out.logits, atol=1e-3)
+    # and the model is left as it was
+    torch.testing.assert_close(backbone.model(input_ids=ids).logits, out.logits)
+
+
+def test_run_from_with_padding_mask(tiny_models):
+    backbone = load_backbone(str(tiny_models("llama")), device="cpu")
+    ids = _batch(backbone, seed=2, length=10)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    from geoprobe.capture import capture
+
+    states = capture(backbone, ids, mask, layers=[2])
+    expected = backbone.model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(backbone.run_from(2, states[2], attention_mask=mask), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    import transformers
+
+    transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2,
+                           vocab_size=100, word_embed_proj_dim=32).save_pretrained(tmp_path)
+    with pytest.raises(BadInput, match="unsupported architecture 'opt'"):
+        load_backbone(str(tmp_path), device="cpu")
+    result = run_cli("extract", tmp_path, "--corpus", "kjv", "--out", tmp_path / "run")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: unsupported architecture 'opt'")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_model_path_and_uncached_hub_id(tmp_path, corpus_txt):
+    missing = run_cli("extract", tmp_path / "nope", "--corpus", corpus_txt, "--out", tmp_path / "r1")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: model path not found")
+    hub = run_cli("extract", "no-such-org/no-such-model-xyz", "--corpus", corpus_txt, "--out", tmp_path / "r2")
+    assert hub.returncode == 2
+    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE=1" in hub.stderr
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def test_bad_device_and_dtype(tiny_models):
+    with pytest.raises(BadInput, match="unknown dtype"):
+        load_backbone(str(tiny_models("llama")), dtype="float8", device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(BadInput, match="CUDA is not available"):
+            load_backbone(str(tiny_models("llama")), device="cuda")
+
+
+def test_identity_records_config_hash_and_gguf_sha(tiny_models):
+    backbone = load_backbone(str(tiny_models("qwen3")), device="cpu")
+    assert backbone.identity["architecture"] == "qwen3"
+    assert len(backbone.identity["config_sha256"]) == 64
+    other = load_backbone(str(tiny_models("llama")), device="cpu")
+    assert other.identity["config_sha256"] != backbone.identity["config_sha256"]
