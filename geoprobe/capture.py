@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 
@@ -76,20 +77,18 @@ def capture(backbone, input_ids, attention_mask=None, layers=(0,), position_ids=
     return seen
 
 
-def select_positions(eligible: torch.Tensor, mode: str, generator: torch.Generator | None = None):
-    """Pick positions from a boolean (B, L) mask of eligible tokens.
+def select_positions(tokens: np.ndarray, special_ids: np.ndarray, skip_first: int, mode: str,
+                     rng: np.random.Generator | None = None) -> np.ndarray:
+    """Sorted positions of one sequence that become rows.
 
-    mode "all" keeps every eligible position; "random:K" keeps up to K per sequence, drawn
-    without replacement with `generator`. Returns (batch_index, position) index tensors,
-    sorted by batch then position.
+    Special tokens (BOS, padding, ...) and the first `skip_first` positions (the attention
+    sink) are never selected; mode "all" keeps the rest, "random:K" draws K of them without
+    replacement with `rng`.
     """
-    if mode == "all":
-        return eligible.nonzero(as_tuple=True)
-    k = int(mode.split(":", 1)[1])
-    scores = torch.rand(eligible.shape, generator=generator)
-    scores[~eligible] = float("inf")
-    k = min(k, eligible.shape[1])
-    chosen = torch.zeros_like(eligible)
-    idx = scores.topk(k, dim=1, largest=False).indices
-    chosen.scatter_(1, idx, True)
-    return (chosen & eligible).nonzero(as_tuple=True)
+    eligible = np.flatnonzero(~np.isin(tokens, special_ids))
+    eligible = eligible[eligible >= skip_first]
+    if mode != "all":
+        k = int(mode.split(":", 1)[1])
+        if len(eligible) > k:
+            eligible = np.sort(rng.choice(eligible, size=k, replace=False))
+    return eligible

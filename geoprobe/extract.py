@@ -18,10 +18,10 @@ import torch
 
 from geoprobe import __version__
 from geoprobe.backbone import Backbone, load_backbone
-from geoprobe.capture import capture
+from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.errors import BadInput
-from geoprobe.store import (MANIFEST, ShardWriter, column_name, config_sha256, hidden_array, open_run,
+from geoprobe.store import (MANIFEST, ShardWriter, check_writable, column_name, config_sha256, hidden_array, open_run,
                             write_json_atomic)
 
 
@@ -93,15 +93,11 @@ class PlannedBlock:
 def plan_blocks(documents, tokenizer, cfg: ExtractConfig) -> list[PlannedBlock]:
     """Blocks and their selected positions until exactly `cfg.tokens` rows are planned."""
     special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
-    random_k = int(cfg.positions.split(":")[1]) if cfg.positions != "all" else None
     plan, rows = [], 0
     for block in iter_blocks(documents, tokenizer, cfg.seq_len, cfg.seed, rank=cfg.rank, world_size=cfg.world_size):
-        eligible = np.flatnonzero(~np.isin(block.tokens, special))
-        eligible = eligible[eligible >= cfg.skip_first]
-        if random_k is not None and len(eligible) > random_k:
-            # seeded per block, so the choice does not depend on batching or on resume
-            rng = np.random.default_rng([cfg.seed, block.doc_id, block.seq_id])
-            eligible = np.sort(rng.choice(eligible, size=random_k, replace=False))
+        # seeded per block, so the choice depends neither on batching nor on resume
+        rng = np.random.default_rng([cfg.seed, block.doc_id, block.seq_id])
+        eligible = select_positions(block.tokens, special, cfg.skip_first, cfg.positions, rng)
         eligible = eligible[: cfg.tokens - rows]
         if len(eligible):
             plan.append(PlannedBlock(block, eligible))
@@ -169,6 +165,7 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
         raise BadInput(f"--tokens must be positive, got {cfg.tokens}")
     if cfg.storage not in ("float16", "float32"):
         raise BadInput(f"--storage must be float16 or float32, got {cfg.storage!r}")
+    check_writable(out)
     documents = read_documents(cfg.corpus, cfg.text_field)
     backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=cfg.device)
     layers = parse_layers(cfg.layers, backbone.num_layers)
@@ -209,8 +206,13 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
             table, dtypes = to_table(parts, layers, cfg.storage)
             writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(blocks)],
                                          "dtypes": dtypes})
-    finally:
-        writer.close()
+    except BaseException as exc:
+        writer.close()  # keep every shard that was complete; the partial one is dropped
+        manifest.update(status="interrupted", error=str(exc) or type(exc).__name__)
+        write_json_atomic(out / MANIFEST, manifest)
+        raise
+    writer.close()
+    manifest.pop("error", None)
     manifest.update(status="complete", rows=sum(s["rows"] for s in manifest["shards"]),
                     tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)),
                     seconds_last_session=round(time.perf_counter() - started, 3))

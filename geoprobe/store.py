@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from geoprobe import __version__
 from geoprobe.backbone import sha256_file
 from geoprobe.errors import BadInput, GeoprobeError
 
@@ -50,10 +50,16 @@ def differing_keys(old: dict, new: dict) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def _check_writable(out: Path) -> None:
-    probe_parent = out if out.exists() else next(p for p in out.parents if p.exists())
-    if not os.access(probe_parent, os.W_OK | os.X_OK) or (out.exists() and not out.is_dir()):
-        raise BadInput(f"output directory {out} is not writable")
+def check_writable(out: Path) -> None:
+    """Refuse early, before any work, and without creating anything."""
+    nearest = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
+    try:
+        if not nearest.is_dir():
+            raise NotADirectoryError(f"{nearest} is a file")
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as exc:
+        raise BadInput(f"output directory {out} is not writable ({exc.strerror or exc})") from exc
 
 
 def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
@@ -62,7 +68,7 @@ def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
     A directory that holds a run with another config is refused (naming the keys), unless
     `force`, which starts over.
     """
-    _check_writable(out)
+    check_writable(out)
     manifest_path = out / MANIFEST
     if force and out.exists():
         if manifest_path.exists() or (out / HIDDEN).exists():

@@ -34,6 +34,21 @@ def main_options(
     if format not in ("table", "json"):
         raise typer.BadParameter("use table or json", param_hint="--format")
     state.debug, state.quiet, state.format = debug, quiet, format
+    if not debug:
+        _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """Library progress bars and warnings would break the one-line error contract."""
+    import warnings
+
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    warnings.filterwarnings("ignore")
 
 
 def emit_json(data) -> None:
@@ -44,10 +59,10 @@ def _register() -> None:
     from geoprobe.cli import extract  # noqa: F401  (commands register themselves on `app`)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     _register()
     try:
-        app(standalone_mode=False)
+        app(args=argv, standalone_mode=False)
     except GeoprobeError as exc:
         if state.debug:
             raise

@@ -31,7 +31,7 @@ class Bar:
         self.progress = None
 
     def start(self, total: int, completed: int = 0):
-        if self.quiet:
+        if self.quiet or not console.is_terminal:  # a log file gets no bar frames
             return
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  RateColumn(self.unit), TimeElapsedColumn(), TextColumn("ETA"),
