@@ -21,7 +21,7 @@ from geoprobe.backbone import Backbone, load_backbone
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.errors import BadInput
-from geoprobe.store import (MANIFEST, ShardWriter, check_writable, column_name, config_sha256, hidden_array, open_run,
+from geoprobe.store import (FLOAT16_MAX, MANIFEST, ShardWriter, check_writable, column_name, config_sha256, open_run,
                             write_json_atomic)
 
 
@@ -66,7 +66,7 @@ class ExtractConfig:
     seed: int = 0
     storage: str = "float16"
     text_field: str = "text"
-    shard_rows: int = 32768
+    shard_rows: int = 0  # 0 = auto: about 256 MB of float32 states per shard
     dtype: str = "auto"
     rank: int = 0
     world_size: int = 1
@@ -118,8 +118,10 @@ def pad_batch(blocks: list[Block], pad_id: int, device) -> tuple[torch.Tensor, t
     return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 
-def extract_batch(backbone: Backbone, planned: list[PlannedBlock], layers: list[int], pad_id: int) -> dict:
-    """Rows of one batch of blocks: meta columns and one float32 (rows, d) array per layer."""
+def extract_batch(backbone: Backbone, planned: list[PlannedBlock], layers: list[int], pad_id: int,
+                  storage: str) -> dict:
+    """Rows of one batch of blocks: meta columns and one (rows, d) array per layer, float16 when
+    `storage` asks for it and nothing overflows (cast on the device: half the host traffic)."""
     ids, mask = pad_batch([p.block for p in planned], pad_id, backbone.input_device)
     states = capture(backbone, ids, mask, layers)
     rows_b = np.concatenate([np.full(len(p.positions), i) for i, p in enumerate(planned)])
@@ -133,21 +135,39 @@ def extract_batch(backbone: Backbone, planned: list[PlannedBlock], layers: list[
     for layer in layers:
         hidden = states[layer]
         picked = hidden[torch.from_numpy(rows_b).to(hidden.device), torch.from_numpy(rows_p).to(hidden.device)]
-        if not torch.isfinite(picked).all():
+        peak = picked.abs().max().float().item() if picked.numel() else 0.0
+        if not np.isfinite(peak):
             raise BadInput(f"layer {layer} has NaN or Inf activations (document {planned[0].block.doc_id}); "
                            "try --dtype float32")
-        columns[column_name(layer)] = picked.float().cpu().numpy()
+        target = torch.float16 if storage == "float16" and peak <= FLOAT16_MAX else torch.float32
+        columns[column_name(layer)] = picked.to(target).cpu().numpy()
     return columns
 
 
-def to_table(parts: list[dict], layers: list[int], storage: str) -> tuple[pa.Table, dict]:
-    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+def to_table(parts: list[dict], layers: list[int]) -> tuple[pa.Table, dict]:
+    """One shard's table; a layer whose batches were not all float16 is stored as float32 (exact)."""
     arrays, dtypes = {}, {}
     for name in ("doc_id", "seq_id", "position", "token_id"):
-        arrays[name] = pa.array(merged[name].astype(np.int64))
+        arrays[name] = pa.array(np.concatenate([p[name] for p in parts]).astype(np.int64))
     for layer in layers:
-        arrays[column_name(layer)], dtypes[column_name(layer)] = hidden_array(merged[column_name(layer)], storage)
+        name = column_name(layer)
+        dtype = np.result_type(*[p[name].dtype for p in parts])
+        # chunks, not one concatenated copy: this runs on the model's thread
+        arrays[name] = pa.chunked_array([pa.FixedSizeListArray.from_arrays(
+            pa.array(p[name].astype(dtype, copy=False).reshape(-1)), p[name].shape[1]) for p in parts])
+        dtypes[name] = dtype.name
     return pa.table(arrays), dtypes
+
+
+SHARD_BYTES = 64 * 2**20
+
+
+def shard_rows(cfg: ExtractConfig, n_layers: int, hidden_size: int) -> int:
+    """Rows per shard: the user's choice, or what keeps a shard's float32 states near 64 MB
+    (it bounds the memory of extraction: a shard is built in memory, then written)."""
+    if cfg.shard_rows:
+        return cfg.shard_rows
+    return int(np.clip(SHARD_BYTES // (4 * n_layers * hidden_size), cfg.seq_len, 65536))
 
 
 def tokenizer_identity(tokenizer) -> dict:
@@ -181,7 +201,7 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
     }
     write_json_atomic(out / MANIFEST, manifest)
 
-    shard_blocks = max(1, cfg.shard_rows // cfg.seq_len)
+    shard_blocks = max(1, shard_rows(cfg, len(layers), backbone.hidden_size) // cfg.seq_len)
     shard_ranges = [(i, plan[s:s + shard_blocks]) for i, s in enumerate(range(0, len(plan), shard_blocks))]
     done = len(manifest["shards"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -200,10 +220,10 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
             parts = []
             for start in range(0, len(blocks), cfg.batch_size):
                 batch = blocks[start:start + cfg.batch_size]
-                parts.append(extract_batch(backbone, batch, layers, pad_id))
+                parts.append(extract_batch(backbone, batch, layers, pad_id, cfg.storage))
                 if progress is not None:
                     progress.advance(len(parts[-1]["position"]))
-            table, dtypes = to_table(parts, layers, cfg.storage)
+            table, dtypes = to_table(parts, layers)
             writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(blocks)],
                                          "dtypes": dtypes})
     except BaseException as exc:

@@ -110,14 +110,6 @@ def verify_shards(run: Path, manifest: dict) -> None:
             raise BadInput(f"shard {shard['file']} does not match its checksum; rerun with --force")
 
 
-def hidden_array(states: np.ndarray, storage: str) -> tuple[pa.Array, str]:
-    """(n, d) float32 -> fixed-size-list column, float16 only when nothing overflows it."""
-    n, d = states.shape
-    dtype = "float16" if storage == "float16" and (n == 0 or np.abs(states).max() <= FLOAT16_MAX) else "float32"
-    flat = pa.array(states.astype(dtype, copy=False).reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(flat, d), dtype
-
-
 class ShardWriter:
     """Writes shards on a background thread so the model never waits on the disk.
 
@@ -148,6 +140,10 @@ class ShardWriter:
             raise GeoprobeError(f"writing a shard failed: {self.error}") from self.error
 
     def _loop(self):
+        try:  # Linux: a thread is a task; a lower priority lets the model's threads run first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while (item := self.queue.get()) is not None:
             if self.error is not None:
                 continue
@@ -156,8 +152,10 @@ class ShardWriter:
                 name = f"{HIDDEN}/part-{index:05d}.parquet"
                 final = self.run / name
                 tmp = final.with_name(f".{final.name}.tmp")
-                # Float data barely compresses; no codec keeps the writer cheap on the CPU.
-                pq.write_table(table, tmp, compression="none", row_group_size=max(1, min(table.num_rows, 65536)))
+                # Hidden states barely compress and never repeat: no codec, no dictionary, no
+                # statistics, and v1 data pages measured ~2x faster to write than the defaults.
+                pq.write_table(table, tmp, compression="none", use_dictionary=False, write_statistics=False,
+                               data_page_version="1.0")
                 entry = {"file": name, "rows": table.num_rows, "sha256": sha256_file(tmp), **extra}
                 os.replace(tmp, final)
                 self.on_written(entry)

@@ -26,7 +26,8 @@ def extract(
     skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions (the attention sink).")] = 1,
     storage: Annotated[str, typer.Option(help="float16 (float32 where a value would overflow) or float32.")] = "float16",
     text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet corpora.")] = "text",
-    shard_rows: Annotated[int, typer.Option(min=1, help="Approximate rows per Parquet shard.")] = 32768,
+    shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard "
+                                                         "(0 = about 64 MB of states per shard).")] = 0,
     seed: Seed = 0,
     device: Device = "auto",
     dtype: Dtype = "auto",

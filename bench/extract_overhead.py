@@ -1,0 +1,71 @@
+"""Extraction overhead: `extract` (hooks on every layer + float16 Parquet shards written on a
+background thread) against a bare forward pass through the same blocks over the same batches.
+
+Target (issue 2): ratio <= 1.15 on a tiny Llama (d=256, 8 layers, seq 256) on the CPU.
+Both are measured in this process, alternating, best of several repeats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import transformers
+
+from geoprobe.backbone import load_backbone
+from geoprobe.corpus import read_documents
+from geoprobe.extract import ExtractConfig, extract, pad_batch, plan_blocks
+from tests.conftest import build_tokenizer, write_corpus
+
+TOKENS, SEQ, BATCH, REPEATS = 49152, 256, 8, 2
+
+
+def main():
+    work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-"))
+    config = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=8, num_attention_heads=8,
+                                      num_key_value_heads=4, intermediate_size=1024, vocab_size=320,
+                                      max_position_embeddings=1024)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(work / "model")
+    build_tokenizer(work / "model")
+    corpus = write_corpus(work / "corpus.txt", n_docs=400, words=(300, 900))
+    backbone = load_backbone(str(work / "model"), device="cpu")
+    cfg = ExtractConfig(model=str(work / "model"), corpus=str(corpus), tokens=TOKENS, seq_len=SEQ,
+                        batch_size=BATCH, device="cpu")
+    plan = plan_blocks(read_documents(str(corpus)), backbone.tokenizer, cfg)
+    batches = [pad_batch([p.block for p in plan[i:i + BATCH]], 0, "cpu") for i in range(0, len(plan), BATCH)]
+
+    def bare():
+        with torch.no_grad():
+            for ids, mask in batches:
+                backbone.base(input_ids=ids, attention_mask=mask, use_cache=False)
+
+    def ours(i, storage):
+        extract(dataclasses.replace(cfg, storage=storage), work / f"run-{storage}-{i}", backbone=backbone)
+
+    bare()  # warm-up
+    times = {"bare": [], "float16": [], "float32": []}
+    for i in range(REPEATS):
+        for name in times:
+            start = time.perf_counter()
+            bare() if name == "bare" else ours(i, name)
+            times[name].append(time.perf_counter() - start)
+    best = {k: min(v) for k, v in times.items()}
+    print(f"tiny Llama d=256, 8 layers, seq {SEQ}, batch {BATCH}, {TOKENS} rows x 9 layers, "
+          f"torch threads {torch.get_num_threads()}, best of {REPEATS}")
+    print(f"bare forward              : {best['bare']:.3f} s  ({TOKENS / best['bare']:,.0f} tok/s)")
+    for storage in ("float16", "float32"):
+        print(f"extract, {storage} shards   : {best[storage]:.3f} s  ({TOKENS / best[storage]:,.0f} tok/s)  "
+              f"ratio {best[storage] / best['bare']:.3f}  (target <= 1.15)")
+
+
+if __name__ == "__main__":
+    main()

