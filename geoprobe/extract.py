@@ -70,12 +70,14 @@ class ExtractConfig:
     dtype: str = "auto"
     rank: int = 0
     world_size: int = 1
-    batch_size: int = 8  # speed only: not part of the run's identity
-    device: str = "auto"  # speed only
+    batch_size: int = 8  # placement and speed only: not part of the run's identity
+    device: str = "auto"
+    device_map: str | None = None
+    trust_remote_code: bool = False
 
     def identity(self, backbone: Backbone, layers: list[int]) -> dict:
         """What defines the rows: a directory holding a run with another identity is refused."""
-        skip = {"batch_size", "device", "layers"}
+        skip = {"batch_size", "device", "device_map", "trust_remote_code", "layers"}
         data = {k: v for k, v in asdict(self).items() if k not in skip}
         data.update(layers=layers, model_config_sha256=backbone.identity["config_sha256"],
                     model_dtype=backbone.identity["dtype"])
@@ -187,7 +189,8 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
         raise BadInput(f"--storage must be float16 or float32, got {cfg.storage!r}")
     check_writable(out)
     documents = read_documents(cfg.corpus, cfg.text_field)
-    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=cfg.device, device_map=cfg.device_map,
+                                         trust_remote_code=cfg.trust_remote_code)
     layers = parse_layers(cfg.layers, backbone.num_layers)
     tokenizer = backbone.tokenizer
     plan = plan_blocks(documents, tokenizer, cfg)

@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import (BatchSize, Corpus, Device, Dtype, Force, Layers, Out, Seed, SeqLen, Tokens,
-                                  state)
+from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, Dtype, Force, Layers, Out, Seed, SeqLen,
+                                  Tokens, TrustRemoteCode, state)
 
 
 @app.command(epilog="Examples:\n\n"
@@ -32,6 +32,8 @@ def extract(
     device: Device = "auto",
     dtype: Dtype = "auto",
     batch_size: BatchSize = 8,
+    device_map: DeviceMap = None,
+    trust_remote_code: TrustRemoteCode = False,
     force: Force = False,
 ):
     """Stream hidden states of chosen layers into Parquet shards (resumable)."""
@@ -42,7 +44,7 @@ def extract(
     cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
                         positions=positions, skip_first=skip_first, seed=seed, storage=storage,
                         text_field=text_field, shard_rows=shard_rows, dtype=dtype, batch_size=batch_size,
-                        device=device)
+                        device=device, device_map=device_map, trust_remote_code=trust_remote_code)
     bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
     try:
         manifest = run_extract(cfg, out, force=force, progress=bar)
