@@ -18,7 +18,9 @@ app = typer.Typer(
          "  geoprobe extract builtin:smollm2 --corpus kjv --tokens 2000 --out runs/kjv\n\n"
          "  geoprobe extract meta-llama/Llama-3.1-8B-Instruct --corpus data/*.jsonl --tokens 100000 "
          "--layers 0-16 --out runs/llama\n\n"
-         "  geoprobe --format json extract ./my-model --corpus book.txt --tokens 5000 --out runs/x",
+         "  geoprobe --format json extract ./my-model --corpus book.txt --tokens 5000 --out runs/x\n\n"
+         "  geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo\n\n"
+         "  geoprobe rank runs/demo --weights 1,1,0 --log",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -56,7 +58,7 @@ def emit_json(data) -> None:
 
 
 def _register() -> None:
-    from geoprobe.cli import extract  # noqa: F401  (commands register themselves on `app`)
+    from geoprobe.cli import extract, scan  # noqa: F401  (commands register themselves on `app`)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,127 @@
+"""`geoprobe geometry RUN`, `geoprobe rank RUN` and `geoprobe scan MODEL` (extract + geometry + rank)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Out, Seed, SeqLen, Tokens,
+                                  TrustRemoteCode, state)
+
+RunDir = Annotated[Path, typer.Argument(help="A run directory written by `geoprobe extract` or `scan`.")]
+K = Annotated[int, typer.Option("--k", help="Neighbours per anchor for the local curvature.")]
+Anchors = Annotated[int, typer.Option("--anchors", help="Anchors for the local curvature.")]
+Pairs = Annotated[int, typer.Option("--pairs", help="Random pairs for the global monotonicity.")]
+Alpha = Annotated[float, typer.Option("--alpha", help="Ridge of P = (Σ + α tr(Σ)/d I)^-1.")]
+Normalize = Annotated[str, typer.Option("--normalize", help="trace: divide each layer by sqrt(tr(Σ)/d) "
+                                                            "(scale-free proxies); none: raw values.")]
+KeepMassive = Annotated[bool, typer.Option("--keep-massive", help="Keep states with norm > 20x the median "
+                                                                  "(dropped by default, counted either way).")]
+Bootstrap = Annotated[int, typer.Option("--bootstrap", help="Bootstrap replicates over documents (0 = none).")]
+Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) + b z(mono) - c z(erank).")]
+Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
+
+
+def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed):
+    from geoprobe.geometry import GeometrySettings
+
+    return GeometrySettings(k=k, anchors=anchors, pairs=pairs, alpha=alpha, normalize=normalize,
+                            drop_massive=not keep_massive, bootstrap=bootstrap, seed=seed)
+
+
+def _geometry(run, settings, device):
+    from geoprobe.backbone import resolve_device
+    from geoprobe.report.terminal import Bar
+    from geoprobe.scan import geometry_step
+
+    bar = Bar("geometry", "layer", quiet=state.quiet or state.format == "json")
+    try:
+        return geometry_step(run, settings, resolve_device(device), progress=bar)[0]
+    finally:
+        bar.stop()
+
+
+def _rank_and_show(run, geometry, weights, log, extra=None):
+    from geoprobe.ranking import parse_weights
+    from geoprobe.report.tables import print_ranking
+    from geoprobe.scan import ranking_step
+
+    ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
+    if state.format == "json":
+        emit_json({**(extra or {}), "ranking": ranking, "plot": str(plot)})
+    elif not state.quiet:
+        print_ranking(ranking, geometry)
+        print(f"chosen layer: {ranking['chosen_layer']}   plot: {plot}")
+    return ranking
+
+
+@app.command(epilog="Examples:\n\n  geoprobe geometry runs/kjv\n\n"
+                    "  geoprobe geometry runs/kjv --k 16 --anchors 1024 --normalize none --device cuda")
+def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3,
+             normalize: Normalize = "trace", keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200,
+             seed: Seed = 0, device: Device = "auto"):
+    """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
+    result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed), device)
+    if state.format == "json":
+        emit_json(result)
+    elif not state.quiet:
+        from geoprobe.report.terminal import print_table
+
+        norm = result["settings"]["normalize"]
+        print_table(f"geometry of {run} (normalize={norm})", ["layer", "curv", "mono", "erank", "dup", "massive"],
+                    [[l["layer"], l[norm]["curv"]["value"], l[norm]["mono"]["value"], l[norm]["erank"]["value"],
+                      round(l["duplicate_fraction"], 3), l["massive"]] for l in result["layers"]])
+
+
+@app.command(epilog="Examples:\n\n  geoprobe rank runs/kjv\n\n  geoprobe rank runs/kjv --weights 1,1,0 --log")
+def rank(run: RunDir, weights: Weights = "1,1,1", log: Log = False):
+    """Rank layers from geometry.json → ranking.csv, ranking.md, plots/geometry.png."""
+    from geoprobe.scan import load_geometry
+
+    _rank_and_show(run, load_geometry(run), weights, log)
+
+
+@app.command(epilog="Examples:\n\n  geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo\n\n"
+                    "  geoprobe scan meta-llama/Llama-3.1-8B-Instruct --device cuda --dtype bfloat16 "
+                    "--tokens 50000 --positions random:64 --out runs/llama8b")
+def scan(
+    model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, or builtin:smollm2.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<model name>).")] = None,
+    corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: wikitext-103 when online "
+                                                                "with `datasets`, else the installed KJV).")] = None,
+    tokens: Tokens = 10000, seq_len: SeqLen = 256, layers: Layers = "all",
+    positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
+    skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = 1,
+    k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3, normalize: Normalize = "trace",
+    keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200, weights: Weights = "1,1,1", log: Log = False,
+    seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", batch_size: BatchSize = 8,
+    device_map: DeviceMap = None, trust_remote_code: TrustRemoteCode = False, force: Force = False,
+):
+    """Extract, measure and rank every layer in one resumable command."""
+    from geoprobe.extract import ExtractConfig, extract
+    from geoprobe.report.terminal import Bar
+    from geoprobe.scan import default_corpus
+
+    out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
+    settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed)
+    settings.validate()  # before any extraction work
+    cfg = ExtractConfig(model=model, corpus=corpus or default_corpus(), tokens=tokens, seq_len=seq_len,
+                        layers=layers, positions=positions, skip_first=skip_first, seed=seed, dtype=dtype,
+                        batch_size=batch_size, device=device, device_map=device_map,
+                        trust_remote_code=trust_remote_code)
+    from geoprobe.store import MANIFEST, read_manifest
+
+    manifest_path = out / MANIFEST
+    finished = (manifest_path.is_file() and not force and read_manifest(out).get("status") == "complete"
+                and read_manifest(out)["config"]["corpus"] == cfg.corpus)
+    if not finished:  # a finished extraction is not even reloaded: the model stays on disk
+        bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
+        try:
+            extract(cfg, out, force=force, progress=bar)
+        finally:
+            bar.stop()
+    geometry_result = _geometry(out, settings, device)
+    _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out)})

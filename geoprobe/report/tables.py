@@ -1,0 +1,83 @@
+"""The ranking table as CSV, Markdown and a rich terminal table."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", "erank", "erank_lo", "erank_hi",
+           "score", "score_lo", "score_hi", "rank", "p_first", "participation_ratio", "entropy_rank",
+           "duplicate_fraction", "massive"]
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def write_csv(ranking: dict, path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in ranking["rows"]:
+            writer.writerow({k: row[k] for k in COLUMNS})
+
+
+def _interval(row, name) -> str:
+    return f"{_fmt(row[name])} [{_fmt(row[name + '_lo'])}, {_fmt(row[name + '_hi'])}]"
+
+
+def display_rows(ranking: dict, intervals: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Rows for people: every proxy with its interval (Markdown), or the score's only (terminal)."""
+    def cell(r, name):
+        return _interval(r, name) if intervals else _fmt(r[name])
+
+    head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "dup", "massive"]
+    rows = [[str(r["layer"]), cell(r, "curv"), cell(r, "mono"), cell(r, "erank"), _fmt(r["score"]),
+             f"[{_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}]", str(r["rank"]), _percent(r["p_first"]),
+             f"{r['duplicate_fraction']:.2f}", str(r["massive"])] for r in ranking["rows"]]
+    if intervals:
+        head = ["layer", "curv [95% CI]", "mono [95% CI]", "erank [95% CI]", "score [95% CI]", "rank", "P(first)",
+                "dup", "massive"]
+        for row, r in zip(rows, ranking["rows"]):
+            row[4:6] = [_interval(r, "score")]
+    return head, rows
+
+
+def _percent(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0%}"
+
+
+def caption(ranking: dict, geometry: dict) -> str:
+    s = geometry["settings"]
+    return (f"{geometry.get('model')}: {geometry['rows']} states/layer from {geometry['n_docs']} documents; "
+            f"normalize={ranking['normalize']}, weights={ranking['weights']}, log={ranking['log']}, k={s['k']}, "
+            f"anchors={s['anchors']}, pairs={s['pairs']}, alpha={s['alpha']}, bootstrap={s['bootstrap']}, "
+            f"seed={s['seed']}, drop_massive={s['drop_massive']}. Chosen layer: {ranking['chosen_layer']} "
+            f"(ranked first in {_percent(ranking['chosen_p_first'])} of bootstrap replicates).")
+
+
+def write_markdown(ranking: dict, geometry: dict, path: Path) -> None:
+    head, rows = display_rows(ranking)
+    lines = [f"# Layer ranking", "", caption(ranking, geometry), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def print_ranking(ranking: dict, geometry: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    head, rows = display_rows(ranking, intervals=False)
+    table = Table(title="layer ranking", caption=caption(ranking, geometry))
+    for name in head:
+        table.add_column(name, justify="right")
+    for row, data in zip(rows, ranking["rows"]):
+        table.add_row(*row, style="bold green" if data["layer"] == ranking["chosen_layer"] else None)
+    console = Console()
+    if not console.is_terminal:  # a pipe or log file gets the whole table, not an 80-column squeeze
+        console = Console(width=140)
+    console.print(table)
