@@ -7,7 +7,8 @@ from scipy.stats import ortho_group
 from sklearn.neighbors import NearestNeighbors
 
 from geoprobe.errors import BadInput
-from geoprobe.geometry import (EPS_REL, GeometrySettings, bootstrap_counts, draw_samples, knn, layer_geometry,
+from geoprobe.geometry import (EPS_REL, GeometrySettings, bootstrap_counts, distinct_rows, draw_samples, knn,
+                               layer_geometry,
                                weighted_median)
 from geoprobe.ranking import rank_layers, selection_score, zscore
 
@@ -103,6 +104,16 @@ def test_knn_matches_sklearn_and_excludes_self():
     ours = knn(torch.from_numpy(queries), torch.from_numpy(ref), 6, exclude=torch.arange(50), chunk=7)
     _, theirs = NearestNeighbors(n_neighbors=7, algorithm="brute").fit(ref).kneighbors(queries)
     assert np.array_equal(ours.numpy(), theirs[:, 1:])
+
+
+def test_distinct_rows_matches_torch_unique():
+    rng = np.random.default_rng(3)
+    base = torch.from_numpy(rng.standard_normal((50, 7)))
+    x = base[torch.from_numpy(rng.integers(0, 50, 400))]
+    distinct, inverse = distinct_rows(x)
+    assert len(distinct) == len(torch.unique(x, dim=0)) and torch.equal(distinct[inverse], x)
+    all_distinct, identity = distinct_rows(base)
+    assert all_distinct is base and torch.equal(identity, torch.arange(50))
 
 
 def test_duplicates_keep_curvature_finite_and_massive_states_are_counted():

@@ -57,3 +57,34 @@ def test_real_resume(kjv_run, smollm2, tmp_path):
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in manifest["shards"]]
     files = lambda r: sorted((r / "hidden").glob("part-*.parquet"))
     assert pq.read_table(files(cut)).equals(pq.read_table(files(run)))
+
+
+def test_real_scan_all_layers_both_normalisations(tmp_path, smollm2, capsys):
+    """`geoprobe scan` on ~4,000 KJV tokens, all 31 layers (the model loads from the cached folder)."""
+    import csv
+    import math
+
+    from tests.test_extract import invoke
+
+    run = tmp_path / "scan"
+    args = ["scan", "builtin:smollm2", "--corpus", "kjv", "--tokens", 4000, "--out", run, "--device", "cpu"]
+    code, out, err = invoke(capsys, *args)
+    assert code == 0, err
+    rows = list(csv.DictReader((run / "ranking.csv").open()))
+    assert [int(r["layer"]) for r in rows] == list(range(31))
+    for row in rows:
+        for key in ("curv", "mono", "erank", "score", "curv_lo", "curv_hi", "score_lo", "score_hi"):
+            assert math.isfinite(float(row[key])), (row["layer"], key)
+    assert (run / "plots" / "geometry.png").stat().st_size > 50_000
+    dup0 = float(rows[0]["duplicate_fraction"])
+    assert dup0 > 0.3  # repeated tokens share one layer-0 state
+    assert all(float(r["duplicate_fraction"]) < 0.05 for r in rows[1:])
+    trace_choice = min(rows, key=lambda r: int(r["rank"]))["layer"]
+    # unnormalised proxies shrink with the residual scale: the raw score picks layer 0 (DESIGN.md)
+    code, out, err = invoke(capsys, "-q", "--format", "json", *args, "--normalize", "none")
+    assert code == 0, err
+    import json
+
+    raw = json.loads(out)["ranking"]
+    assert raw["chosen_layer"] == 0
+    assert str(raw["chosen_layer"]) != trace_choice

@@ -1,0 +1,134 @@
+"""geometry / rank / scan commands: outputs, determinism, resumption, and bad input."""
+
+import json
+
+import pytest
+
+from geoprobe.extract import ExtractConfig, extract
+from geoprobe.backbone import load_backbone
+from tests.test_extract import assert_one_line_error, invoke
+
+SMALL = ["--k", 8, "--anchors", 200, "--pairs", 400, "--bootstrap", 50, "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory, tiny_models, corpus_txt):
+    run = tmp_path_factory.mktemp("scan") / "run"
+    backbone = load_backbone(str(tiny_models("llama")), device="cpu")
+    extract(ExtractConfig(model=str(tiny_models("llama")), corpus=str(corpus_txt), tokens=1200, seq_len=64,
+                          device="cpu"), run, backbone=backbone)
+    return run
+
+
+def test_geometry_then_rank_write_every_output(extracted, capsys):
+    code, out, err = invoke(capsys, "--format", "json", "geometry", extracted, *SMALL)
+    assert code == 0, err
+    printed = json.loads(out)
+    stored = json.loads((extracted / "geometry.json").read_text())
+    assert printed == stored
+    assert [l["layer"] for l in stored["layers"]] == [0, 1, 2, 3]
+    for layer in stored["layers"]:
+        for norm in ("none", "trace"):
+            for proxy in ("curv", "mono", "erank"):
+                value, (lo, hi) = layer[norm][proxy]["value"], layer[norm][proxy]["ci"]
+                assert 0 < lo <= hi and value > 0
+        assert len(layer["replicates"]["curv"]) == 50
+    code, out, err = invoke(capsys, "rank", extracted, "--weights", "1,1,1")
+    assert code == 0, err
+    assert "chosen layer" in out
+    csv_lines = (extracted / "ranking.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + 4 and csv_lines[0].startswith("layer,curv,curv_lo,curv_hi")
+    assert "| layer |" in (extracted / "ranking.md").read_text()
+    png = (extracted / "plots" / "geometry.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20000
+
+
+def test_same_seed_same_geometry_and_another_seed_differs(extracted, tmp_path, capsys):
+    import shutil
+
+    copy = shutil.copytree(extracted, tmp_path / "copy")
+    for run in (extracted, copy):
+        (run / "geometry.json").unlink(missing_ok=True)
+        assert invoke(capsys, "-q", "geometry", run, *SMALL)[0] == 0
+    assert (extracted / "geometry.json").read_bytes() == (copy / "geometry.json").read_bytes()
+    assert invoke(capsys, "-q", "geometry", copy, *SMALL, "--seed", 1)[0] == 0
+    assert (extracted / "geometry.json").read_bytes() != (copy / "geometry.json").read_bytes()
+
+
+def test_scan_runs_everything_and_a_rerun_recomputes_nothing(tmp_path, tiny_models, corpus_txt, capsys):
+    args = ["scan", tiny_models("qwen3"), "--corpus", corpus_txt, "--tokens", 800, "--seq-len", 64,
+            "--out", tmp_path / "s", *SMALL]
+    code, out, err = invoke(capsys, "--format", "json", *args)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["run"] == str(tmp_path / "s") and len(data["ranking"]["rows"]) == 4
+    stamps = {p: p.stat().st_mtime_ns for p in [tmp_path / "s" / "geometry.json", tmp_path / "s" / "manifest.json",
+                                                *(tmp_path / "s" / "hidden").iterdir()]}
+    code, out, err = invoke(capsys, *args)
+    assert code == 0, err
+    assert "chosen layer" in out
+    assert stamps == {p: p.stat().st_mtime_ns for p in stamps}  # nothing extracted or measured again
+    # new geometry settings recompute the geometry only
+    code, _, err = invoke(capsys, "-q", *args, "--normalize", "none")
+    assert code == 0 and json.loads((tmp_path / "s" / "geometry.json").read_text())["settings"]["normalize"] == "none"
+
+
+def test_rank_weights_and_log_change_the_score(extracted, capsys):
+    assert invoke(capsys, "-q", "geometry", extracted, *SMALL)[0] == 0
+    _, out_a, _ = invoke(capsys, "--format", "json", "rank", extracted)
+    _, out_b, _ = invoke(capsys, "--format", "json", "rank", extracted, "--weights", "0,0,1", "--log")
+    a, b = json.loads(out_a)["ranking"], json.loads(out_b)["ranking"]
+    assert b["weights"] == [0, 0, 1] and b["log"] is True
+    erank = [r["erank"] for r in b["rows"]]
+    assert b["chosen_layer"] == b["rows"][erank.index(min(erank))]["layer"]
+    assert [r["score"] for r in a["rows"]] != [r["score"] for r in b["rows"]]
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_run_missing_or_unfinished(tmp_path, extracted, capsys):
+    code, _, err = invoke(capsys, "geometry", tmp_path / "nowhere")
+    assert_one_line_error(code, err, 2, "is not a geoprobe run directory")
+    import shutil
+
+    unfinished = shutil.copytree(extracted, tmp_path / "unfinished")
+    manifest = json.loads((unfinished / "manifest.json").read_text())
+    manifest["status"], manifest["shards"] = "running", manifest["shards"][:0]
+    (unfinished / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = invoke(capsys, "geometry", unfinished)
+    assert_one_line_error(code, err, 2, "has not finished extracting (0 of 1200 rows)")
+    code, _, err = invoke(capsys, "rank", tmp_path)
+    assert_one_line_error(code, err, 2, "has no geometry.json")
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--k", 1], "--k must be at least 2"),
+    (["--anchors", 0], "--anchors must be at least 1"),
+    (["--alpha", 0], "--alpha must be in (0, 1000]"),
+    (["--alpha", -3], "--alpha must be in (0, 1000]"),
+    (["--anchors", 5000], "fewer than --anchors 5000"),
+    (["--k", 2000, "--anchors", 10], "fewer than k+1 = 2001"),
+])
+def test_bad_geometry_settings(flags, fragment, extracted, capsys):
+    code, _, err = invoke(capsys, "geometry", extracted, "--bootstrap", 0, "--device", "cpu", *flags)
+    assert_one_line_error(code, err, 2, fragment)
+
+
+def test_all_identical_states_are_refused(tmp_path, capsys):
+    """600 one-word documents: every stored token is the same, so layer 0 holds one state."""
+    from tests.conftest import build_model
+
+    folder = build_model("llama", tmp_path / "m")
+    (tmp_path / "same.txt").write_text("\n\n".join(["light"] * 600) + "\n")
+    code, _, err = invoke(capsys, "-q", "extract", folder, "--corpus", tmp_path / "same.txt", "--tokens", 500,
+                          "--seq-len", 64, "--layers", "0", "--skip-first", 2, "--out", tmp_path / "r", "--device", "cpu")
+    assert code == 0, err
+    code, _, err = invoke(capsys, "geometry", tmp_path / "r", "--bootstrap", 0, "--anchors", 10, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "all states are identical")
+
+
+def test_bad_weights(extracted, capsys):
+    assert invoke(capsys, "-q", "geometry", extracted, *SMALL)[0] == 0
+    code, _, err = invoke(capsys, "rank", extracted, "--weights", "1,2")
+    assert_one_line_error(code, err, 2, "malformed --weights")
