@@ -26,6 +26,7 @@ demo: .venv/.installed .kjv
 bench: .venv/.installed
 	$(PY) bench/extract_overhead.py
 	$(PY) bench/extract_memory.py
+	$(PY) bench/geometry_speed.py
 
 clean:
 	rm -rf .venv runs
