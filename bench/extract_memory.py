@@ -7,19 +7,15 @@ every layer captured) and reports its own peak resident set size (ru_maxrss of t
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch
-import transformers
-
-from tests.conftest import build_tokenizer, write_corpus
+from common import tiny_llama
 
 BASE_TOKENS = 12288
 
@@ -35,17 +31,11 @@ def peak_rss_mb(args: list[str]) -> float:
 
 def main():
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-mem-"))
-    config = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=8, num_attention_heads=8,
-                                      num_key_value_heads=4, intermediate_size=1024, vocab_size=320,
-                                      max_position_embeddings=1024)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(work / "model")
-    build_tokenizer(work / "model")
-    corpus = write_corpus(work / "corpus.txt", n_docs=600, words=(300, 900))
+    model, corpus = tiny_llama(work, n_docs=600)
     peaks = {}
     for factor in (1, 4):
         tokens = BASE_TOKENS * factor
-        peaks[factor] = peak_rss_mb(["-q", "extract", str(work / "model"), "--corpus", str(corpus), "--tokens",
+        peaks[factor] = peak_rss_mb(["-q", "extract", str(model), "--corpus", str(corpus), "--tokens",
                                      str(tokens), "--seq-len", "256", "--device", "cpu",
                                      "--out", str(work / f"run{factor}")])
         print(f"{tokens:>7} tokens x 9 layers: peak RSS {peaks[factor]:.0f} MB")

@@ -15,30 +15,23 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import transformers
+from common import tiny_llama
 
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import read_documents
 from geoprobe.extract import ExtractConfig, extract, pad_batch, plan_blocks
-from tests.conftest import build_tokenizer, write_corpus
 
 TOKENS, SEQ, BATCH, REPEATS = 49152, 256, 8, 2
 
 
 def main():
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-"))
-    config = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=8, num_attention_heads=8,
-                                      num_key_value_heads=4, intermediate_size=1024, vocab_size=320,
-                                      max_position_embeddings=1024)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(work / "model")
-    build_tokenizer(work / "model")
-    corpus = write_corpus(work / "corpus.txt", n_docs=400, words=(300, 900))
-    backbone = load_backbone(str(work / "model"), device="cpu")
-    cfg = ExtractConfig(model=str(work / "model"), corpus=str(corpus), tokens=TOKENS, seq_len=SEQ,
+    model, corpus = tiny_llama(work, n_docs=400)
+    backbone = load_backbone(str(model), device="cpu")
+    cfg = ExtractConfig(model=str(model), corpus=str(corpus), tokens=TOKENS, seq_len=SEQ,
                         batch_size=BATCH, device="cpu")
     plan = plan_blocks(read_documents(str(corpus)), backbone.tokenizer, cfg)
     batches = [pad_batch([p.block for p in plan[i:i + BATCH]], 0, "cpu") for i in range(0, len(plan), BATCH)]

@@ -113,3 +113,19 @@ def smollm2():
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
+
+
+def interrupted_copy(run: Path, dest: Path, keep_shards: int) -> Path:
+    """A copy of a finished run as an interruption leaves it: the first `keep_shards` shards
+    listed, the later ones gone, a half-written temporary, status running."""
+    import shutil
+
+    copy = Path(shutil.copytree(run, dest))
+    manifest = read_json(copy / "manifest.json")
+    for shard in manifest["shards"][keep_shards:]:
+        (copy / shard["file"]).unlink()
+    manifest["shards"] = manifest["shards"][:keep_shards]
+    manifest["status"] = "running"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "hidden" / f".part-{keep_shards:05d}.parquet.tmp").write_bytes(b"half a shard")
+    return copy

@@ -19,7 +19,7 @@ from geoprobe.capture import capture
 from geoprobe.cli.app import main
 from geoprobe.extract import ExtractConfig, extract, parse_layers
 from geoprobe.store import RunReader, read_manifest
-from tests.conftest import build_model, read_json, write_corpus
+from tests.conftest import build_model, interrupted_copy, read_json, write_corpus
 
 
 def invoke(capsys, *args):
@@ -118,15 +118,7 @@ def test_rows_do_not_depend_on_batch_size_and_positions_random(tmp_path, tiny_mo
 def test_resume_after_interruption_gives_the_rows_of_an_uninterrupted_run(tmp_path, tiny_models, corpus_txt, llama):
     cfg = cfg_for(tiny_models("llama"), corpus_txt)
     full = extract(cfg, tmp_path / "full", backbone=llama)
-    # an interruption leaves: the first k shards listed, a half-written temporary, status running
-    run = shutil.copytree(tmp_path / "full", tmp_path / "cut")
-    manifest = read_manifest(run)
-    for shard in manifest["shards"][2:]:
-        (run / shard["file"]).unlink()
-    manifest["shards"] = manifest["shards"][:2]
-    manifest["status"] = "running"
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    (run / "hidden" / ".part-00002.parquet.tmp").write_bytes(b"half a shard")
+    run = interrupted_copy(tmp_path / "full", tmp_path / "cut", keep_shards=2)
     resumed = extract(cfg, run, backbone=llama)
     assert resumed["status"] == "complete"
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in full["shards"]]

@@ -4,15 +4,13 @@ The backbone is loaded once per session (the `smollm2` fixture); the first load 
 the GGUF file into a cached safetensors folder.
 """
 
-import json
-import shutil
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from geoprobe.extract import ExtractConfig, extract
-from geoprobe.store import RunReader, read_manifest
+from geoprobe.store import RunReader
+from tests.conftest import interrupted_copy
 
 pytestmark = pytest.mark.real
 
@@ -46,13 +44,7 @@ def test_real_extract_shapes_and_layer0(kjv_run, smollm2):
 def test_real_resume(kjv_run, smollm2, tmp_path):
     cfg, run, manifest = kjv_run
     assert len(manifest["shards"]) >= 3
-    cut = shutil.copytree(run, tmp_path / "cut")
-    partial = read_manifest(cut)
-    for shard in partial["shards"][1:]:
-        (cut / shard["file"]).unlink()
-    partial["shards"] = partial["shards"][:1]
-    partial["status"] = "running"
-    (cut / "manifest.json").write_text(json.dumps(partial))
+    cut = interrupted_copy(run, tmp_path / "cut", keep_shards=1)
     resumed = extract(cfg, cut, backbone=smollm2)
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in manifest["shards"]]
     files = lambda r: sorted((r / "hidden").glob("part-*.parquet"))
