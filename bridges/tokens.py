@@ -1,0 +1,84 @@
+"""Tokenizers for the trainable models: a backbone's, one trained on the corpus, or Text8's
+27 characters. All are wrapped as `PreTrainedTokenizerFast`, so a checkpoint saves and loads
+its tokenizer the same way whatever its origin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from geoprobe.errors import BadInput
+
+TEXT8_ALPHABET = "abcdefghijklmnopqrstuvwxyz "
+
+
+def char_tokenizer():
+    """Text8's vocabulary: lowercase a-z and space; anything else becomes a space."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(TEXT8_ALPHABET)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=" "))
+    tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z ]"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    from tokenizers import decoders
+
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=" ")
+
+
+def train_bpe(documents: list[str], vocab_size: int):
+    """A byte-level BPE of `vocab_size` tokens trained on the documents (with <eos>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 300:
+        raise BadInput(f"--tokenizer train:V needs V >= 300 (256 bytes + merges), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(documents, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def load_tokenizer(spec: str, documents: list[str] | None = None):
+    """`char`, `train:V` (needs the documents), a model/tokenizer folder, a hub id, or builtin:NAME."""
+    if spec == "char":
+        return char_tokenizer()
+    if spec.startswith("train:"):
+        size = spec.split(":", 1)[1]
+        if not size.isdigit():
+            raise BadInput(f"malformed tokenizer spec {spec!r}: use train:V with V a number")
+        return train_bpe(documents or [], int(size))
+    from transformers import AutoTokenizer
+
+    from geoprobe.backbone import resolve_source
+
+    source = resolve_source(spec)
+    try:
+        return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file,
+                                             local_files_only=source.is_local or None)
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"cannot load a tokenizer from {spec!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def token_stream(documents: list[str], tokenizer) -> list[int]:
+    """All documents as one id stream, each followed by the end-of-sequence token."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for doc in documents:
+        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            ids.append(eos)
+    return ids
+
+
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    tokenizer.save_pretrained(folder)
+
+
+def load_saved_tokenizer(folder: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(folder)

@@ -1,0 +1,140 @@
+"""What every sampler shares: the TokenDenoiser protocol, nucleus filtering, float64 Gumbel
+sampling, a denoiser wrapper that counts evaluations (NFE) and skips a call when its input did
+not change, and the state of a partially revealed sequence.
+
+A `TokenDenoiser` maps noisy token states z (B, L, d_tok) to logits (B, L, V); it exposes
+`vocab_size`, `s_max` and `token_table()` (the unit-norm channel embeddings). The DSL model
+and the bridge's hybrid denoiser both implement it, so every sampler drives both.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from geoprobe.errors import BadInput
+
+MASK = -1
+
+
+class TokenDenoiser(Protocol):
+    vocab_size: int
+    s_max: float
+
+    def token_table(self) -> torch.Tensor: ...
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor: ...
+
+
+def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability reaches top_p (the top token always)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    outside = probs.cumsum(-1) - probs > top_p  # mass strictly before this token already reaches top_p
+    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def gumbel_sample(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Categorical draws via argmax(logits + Gumbel noise), the noise in float64 (float32 noise
+    cannot produce the rare tail draws a large vocabulary needs)."""
+    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64).to(logits.device)
+    tiny = torch.finfo(torch.float64).tiny
+    gumbel = -torch.log(-torch.log(u.clamp(min=tiny, max=1 - 1e-16)))
+    return (logits.double() + gumbel).argmax(-1)
+
+
+class CountingDenoiser:
+    """Counts denoiser evaluations and reuses the last logits when z is unchanged."""
+
+    def __init__(self, denoiser: TokenDenoiser, cache: bool = True):
+        self.denoiser = denoiser
+        self.cache = cache
+        self.nfe = 0
+        self.skipped = 0
+        self._last_z = None
+        self._last_logits = None
+
+    @torch.no_grad()
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        if self.cache and self._last_z is not None and torch.equal(z, self._last_z):
+            self.skipped += 1
+            return self._last_logits
+        self.nfe += 1
+        logits = self.denoiser(z).float()
+        if self.cache:
+            self._last_z, self._last_logits = z.clone(), logits
+        return logits
+
+
+@dataclass
+class SampleResult:
+    tokens: torch.Tensor  # (num, length) token ids
+    nfe: int
+    skipped: int
+    seconds: float
+    settings: dict
+
+
+class RevealState:
+    """Token ids with MASK for hidden positions, and the z the denoiser sees: revealed tokens
+    at s_max with noise drawn once per position (so an unchanged state gives an identical z
+    and the denoiser call can be skipped), masked tokens at s = 0, i.e. z = 0."""
+
+    def __init__(self, table: torch.Tensor, s_max: float, num: int, length: int, generator: torch.Generator):
+        self.table, self.s_max = table, s_max
+        self.tokens = torch.full((num, length), MASK, dtype=torch.long, device=table.device)
+        self.noise = torch.randn(num, length, table.shape[1], generator=generator, dtype=table.dtype).to(table.device)
+
+    @property
+    def masked(self) -> torch.Tensor:
+        return self.tokens == MASK
+
+    def z(self) -> torch.Tensor:
+        revealed = ~self.masked
+        e = self.table[self.tokens.clamp(min=0)]
+        z = self.s_max * e + self.s_max ** 0.5 * self.noise
+        return z * revealed[..., None]
+
+
+class Sampler:
+    """One generation path. Subclasses implement `run(model, num, length, generator, device)`
+    over a `CountingDenoiser` and return token ids."""
+
+    name = "base"
+
+    def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True):
+        if steps < 1:
+            raise BadInput(f"--steps must be at least 1, got {steps}")
+        if not 0 < top_p <= 1:
+            raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
+        self.steps, self.top_p, self.cache = steps, top_p, cache
+
+    def settings(self) -> dict:
+        return {"sampler": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
+
+    def check(self, length: int) -> None:
+        """Refuse a budget that makes no sense for this sampler at this length."""
+
+    def draw(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return gumbel_sample(nucleus(logits, self.top_p), generator)
+
+    @torch.no_grad()
+    def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
+        if num < 1 or length < 1:
+            raise BadInput(f"--num and --length must be positive, got {num} and {length}")
+        self.check(length)
+        model = CountingDenoiser(denoiser, self.cache)
+        generator = torch.Generator().manual_seed(seed)
+        start = time.perf_counter()
+        tokens = self.run(model, num, length, generator)
+        return SampleResult(tokens.cpu(), model.nfe, model.skipped, time.perf_counter() - start,
+                            {**self.settings(), "seed": seed, "num": num, "length": length})
+
+    def run(self, model: CountingDenoiser, num: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError
