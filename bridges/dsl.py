@@ -47,14 +47,15 @@ class DSLModel(nn.Module):
     def __init__(self, cfg: DSLConfig, table_init: torch.Tensor | None = None, seed: int = 0):
         super().__init__()
         self.cfg = cfg
-        g = torch.Generator().manual_seed(seed)
-        self.table = TokenTable(cfg.vocab_size, cfg.d_tok, learn=cfg.learn_table, init=table_init, generator=g)
-        self.converter = Converter(cfg.vocab_size)
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.mask_vector = nn.Parameter(torch.zeros(cfg.d_model))
-        self.norm_proj = nn.Linear(1, cfg.d_model) if cfg.norm_input else None
-        self.transformer = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads))
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        with torch.random.fork_rng(devices=[]):  # the initial weights depend on `seed` alone
+            torch.manual_seed(seed)
+            self.table = TokenTable(cfg.vocab_size, cfg.d_tok, learn=cfg.learn_table, init=table_init)
+            self.converter = Converter(cfg.vocab_size)
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.mask_vector = nn.Parameter(torch.zeros(cfg.d_model))
+            self.norm_proj = nn.Linear(1, cfg.d_model) if cfg.norm_input else None
+            self.transformer = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads))
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
 
     # --- the TokenDenoiser protocol ---
     @property
@@ -99,7 +100,11 @@ def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
 
 def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, out: Path, device: torch.device,
               progress=None) -> list:
-    """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed."""
+    """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed.
+    Writes `config.json` first when the directory has none, so the result always loads."""
+    if not (Path(out) / CONFIG).is_file():
+        Path(out).mkdir(parents=True, exist_ok=True)
+        save_config(out, model.cfg, settings, {})
     model.to(device)
     data = data.to(device)
 

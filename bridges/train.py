@@ -140,12 +140,15 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
         optimizer.step()
         scheduler.step()
+        # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
+        decay_now = min(cfg.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for k, p in params.items():
-                ema[k].lerp_(p.detach().float(), 1 - cfg.ema)
-        curve.append([step, float(loss)])
+                ema[k].lerp_(p.detach().float(), 1 - decay_now)
+        value = loss.item()
+        curve.append([step, value])
         if log is not None:
-            log(step, float(loss))
+            log(step, value)
         if progress is not None:
             progress.advance(1)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:

@@ -1,0 +1,247 @@
+"""`geoprobe dsl train`, `geoprobe sample` and `geoprobe nll`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Seed, SeqLen, Steps, state
+
+dsl_app = typer.Typer(help="Discrete stochastic localization: train the SNR-agnostic denoiser.", no_args_is_help=True)
+app.add_typer(dsl_app, name="dsl")
+
+VAL_FRACTION = 0.05
+
+
+def _split(corpus: str, seed: int):
+    from geoprobe.corpus import is_validation, read_documents
+
+    documents = read_documents(corpus)
+    train = [d for i, d in enumerate(documents) if not is_validation(i, seed, VAL_FRACTION)]
+    val = [d for i, d in enumerate(documents) if is_validation(i, seed, VAL_FRACTION)] or documents[-1:]
+    return train, val
+
+
+@dsl_app.command("train", epilog="Examples:\n\n"
+                 "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --steps 2000 --out runs/dsl\n\n"
+                 "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --snr endpoint --out runs/mdlm\n\n"
+                 "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --snr mixed --init runs/mdlm --out runs/dsl-ft")
+def train_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumed when it exists).")],
+    corpus: Corpus = "kjv",
+    tokenizer: Annotated[str, typer.Option(help="A model or tokenizer (folder, hub id, builtin:smollm2), "
+                                                "train:V (byte-level BPE on the corpus) or char (Text8).")] = "train:4096",
+    snr: Annotated[str, typer.Option(help="mixed (log-normal + random-order endpoint), lognormal, or endpoint "
+                                          "(MDLM baseline).")] = "mixed",
+    roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = 0.1,
+    steps: Steps = 1000, batch_size: BatchSize = 16, seq_len: SeqLen = 128,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = 3e-4,
+    warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = 100,
+    d_tok: Annotated[int, typer.Option(min=2, help="Token embedding dimension on the unit sphere.")] = 64,
+    d_model: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 256,
+    n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = 4,
+    n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
+    norm_input: Annotated[bool, typer.Option(help="Give the network log(1+|z|) per token.")] = False,
+    init: Annotated[Path | None, typer.Option(help="Start from this DSL checkpoint (e.g. an MDLM one).")] = None,
+    seed: Seed = 0, device: Device = "auto", force: Force = False,
+):
+    """Train a DSL denoiser (fixed budget, resumable)."""
+    import shutil
+
+    from bridges.channel import SNR_SCHEMES
+    from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, read_config, save_config, sequences, train_dsl
+    from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
+    from bridges.train import TrainConfig
+    from geoprobe.backbone import resolve_device
+    from geoprobe.errors import BadInput
+    from geoprobe.report.terminal import Bar
+
+    if snr not in SNR_SCHEMES:
+        raise BadInput(f"unknown --snr {snr!r} (use {', '.join(SNR_SCHEMES)})")
+    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
+                            save_every=max(1, min(200, steps)))
+    train_cfg.validate()
+    settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
+    train_docs, val_docs = _split(corpus, seed)
+    identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None}
+    if force and out.exists():
+        shutil.rmtree(out)
+    if (out / "config.json").is_file():
+        old = read_config(out)
+        if old.get("training") != json.loads(json.dumps(_asdict(settings))) or old.get("identity") != identity:
+            raise BadInput(f"{out} holds another training run; use another --out or --force")
+        tok = load_saved_tokenizer(out)
+        model = DSLModel(DSLConfig(**old["model"]), seed=seed)
+    else:
+        if out.exists() and any(out.iterdir()):
+            raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
+        tok = load_tokenizer(tokenizer, train_docs)
+        model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                              norm_input=norm_input)
+        model = DSLModel(model_cfg, seed=seed)
+        if init is not None:
+            start = load_dsl(init)
+            if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
+                raise BadInput(f"tokenizer mismatch: {init} was trained with another vocabulary than --tokenizer {tokenizer}")
+            if start.cfg != model_cfg:
+                raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
+            model.load_state_dict(start.state_dict())
+        out.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tok, out)
+        save_config(out, model_cfg, settings, {"identity": identity})
+    data = sequences(token_stream(train_docs, tok), seq_len)
+    bar = Bar("dsl train", "step", quiet=state.quiet or state.format == "json")
+    try:
+        curve = train_dsl(model, data, settings, out, resolve_device(device), progress=bar)
+    finally:
+        bar.stop()
+    metrics = _evaluate(out, val_docs, tok, seq_len, device)
+    metrics["final_train_loss"] = sum(l for _, l in curve[-20:]) / len(curve[-20:])
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out / "curve.csv").write_text("step,loss\n" + "".join(f"{s},{l:.6f}\n" for s, l in curve))
+    _report(metrics, f"dsl train → {out}")
+
+
+def _asdict(settings):
+    from dataclasses import asdict
+
+    return asdict(settings)
+
+
+def _evaluate(folder: Path, documents, tokenizer, seq_len: int, device: str, max_seqs: int = 32) -> dict:
+    from bridges.dsl import load_dsl, sequences
+    from bridges.likelihood import mdlm_elbo
+    from bridges.tokens import token_stream
+    from geoprobe.backbone import resolve_device
+
+    model = load_dsl(folder, resolve_device(device))
+    ids = token_stream(documents, tokenizer)
+    data = sequences(ids, min(seq_len, len(ids)))[:max_seqs].to(resolve_device(device))
+    nats = mdlm_elbo(model, data).mean().item()
+    return {"val_sequences": len(data), "val_mdlm_elbo_nats_per_token": nats,
+            "val_mdlm_elbo_bits_per_token": nats / math.log(2)}
+
+
+def _report(data: dict, title: str) -> None:
+    if state.format == "json":
+        emit_json(data)
+    elif not state.quiet:
+        from geoprobe.report.terminal import print_table
+
+        print_table(title, ["key", "value"], [[k, v] for k, v in data.items()])
+
+
+def _load_denoiser(model: Path, device: str):
+    from bridges.dsl import load_dsl, read_config
+    from bridges.tokens import load_saved_tokenizer
+    from geoprobe.backbone import resolve_device
+    from geoprobe.errors import BadInput
+
+    kind = read_config(model).get("kind")
+    if kind != "dsl":
+        raise BadInput(f"{model} holds a {kind!r} checkpoint; sampling supports DSL checkpoints "
+                       "(bridge directories arrive with the bridge issue)")
+    return load_dsl(model, resolve_device(device)), load_saved_tokenizer(model)
+
+
+@app.command(epilog="Examples:\n\n  geoprobe sample --model runs/dsl --sampler roar --num 8 --length 128\n\n"
+                    "  geoprobe sample --model runs/dsl --sampler hybrid --steps 48 --top-p 0.9 --out runs/dsl/samples\n\n"
+                    "  geoprobe sample --model runs/dsl --sampler remdm-loop --steps 128 --eta 0.02")
+def sample(
+    model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory.")],
+    sampler: Annotated[str, typer.Option(help="mdlm, remdm-cap, remdm-rescale, remdm-loop, roar, continuous, "
+                                              "hybrid.")] = "roar",
+    num: Annotated[int, typer.Option(help="Number of samples.")] = 8,
+    length: Annotated[int, typer.Option(help="Tokens per sample.")] = 128,
+    steps: Annotated[int | None, typer.Option("--steps", help="Denoiser budget (roar: default one token "
+                                                              "per step).")] = None,
+    top_p: Annotated[float, typer.Option(help="Nucleus threshold in (0, 1].")] = 1.0,
+    per_step: Annotated[int | None, typer.Option(help="roar: tokens revealed per step.")] = None,
+    eta: Annotated[float, typer.Option(help="ReMDM rescale/loop remasking rate.")] = 0.02,
+    eta_cap: Annotated[float, typer.Option(help="ReMDM cap.")] = 0.02,
+    switch_snr: Annotated[float, typer.Option(help="hybrid: SNR where the continuous stage stops.")] = 5.0,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
+    seed: Seed = 0, device: Device = "auto",
+):
+    """Generate text with any sampler from a DSL checkpoint → samples.jsonl."""
+    import inspect
+
+    from geoprobe.errors import BadInput
+    from samplers import SAMPLERS, make_sampler
+
+    if sampler not in SAMPLERS:
+        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)})")
+    options = {"steps": steps if steps is not None else (None if sampler == "roar" else 64), "top_p": top_p,
+               "per_step": per_step, "eta": eta, "eta_cap": eta_cap, "switch_snr": switch_snr}
+    accepted = inspect.signature(SAMPLERS[sampler]).parameters
+    chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
+    denoiser, tokenizer = _load_denoiser(model, device)
+    result = chosen.sample(denoiser, num, length, seed)
+    out = out or model
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{"text": tokenizer.decode(ids), "token_ids": ids} for ids in result.tokens.tolist()]
+    tmp = out / ".samples.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(out / "samples.jsonl")
+    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped,
+            "seconds": round(result.seconds, 4), "tokens_per_second": round(num * length / result.seconds, 2),
+            "model": str(model), "file": str(out / "samples.jsonl")}
+    with open(out / "samples.meta.jsonl", "a") as handle:
+        handle.write(json.dumps(meta) + "\n")
+    if state.format == "json":
+        emit_json({"meta": meta, "samples": rows})
+    elif not state.quiet:
+        for row in rows[:4]:
+            print(row["text"][:200].replace("\n", " "))
+        _report({k: meta[k] for k in ("sampler", "steps", "nfe", "skipped_calls", "seconds", "tokens_per_second")},
+                f"{num} samples → {out / 'samples.jsonl'}")
+
+
+@app.command(epilog="Examples:\n\n  geoprobe nll --model runs/dsl --corpus held-out.txt\n\n"
+                    "  geoprobe nll --model runs/dsl --corpus kjv --estimators mdlm,roar --max-seqs 16")
+def nll(
+    model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory.")],
+    corpus: Corpus = "kjv",
+    seq_len: SeqLen = 128,
+    max_seqs: Annotated[int, typer.Option(min=1, help="Held-out sequences to score.")] = 32,
+    estimators: Annotated[str, typer.Option(help="Comma list of mdlm, roar, continuous.")] = "mdlm,roar,continuous",
+    batch_size: BatchSize = 8, seed: Seed = 0, device: Device = "auto",
+):
+    """Bits per token (and per character) of held-out text under a DSL checkpoint."""
+    import torch
+
+    from bridges.dsl import read_config, sequences
+    from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
+    from bridges.tokens import token_stream
+    from geoprobe.corpus import read_documents
+    from geoprobe.errors import BadInput
+
+    table = {"mdlm": mdlm_elbo, "roar": roar_nll, "continuous": continuous_bound}
+    chosen = [e.strip() for e in estimators.split(",")]
+    unknown = [e for e in chosen if e not in table]
+    if unknown:
+        raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")
+    denoiser, tokenizer = _load_denoiser(model, device)
+    trained = read_config(model)
+    if trained.get("identity", {}).get("corpus") == corpus:  # the training corpus: score its held-out documents
+        documents = _split(corpus, trained["training"]["train"]["seed"])[1]
+    else:
+        documents = read_documents(corpus)
+    ids = token_stream(documents, tokenizer)
+    data = sequences(ids, seq_len)[:max_seqs]
+    device_ = denoiser.table.raw.device
+    chars_per_token = sum(len(d) + 1 for d in documents) / max(1, len(ids))
+    result = {"model": str(model), "corpus": corpus, "documents": len(documents), "sequences": len(data),
+              "seq_len": seq_len, "seed": seed}
+    for name in chosen:
+        values = torch.cat([table[name](denoiser, data[i:i + batch_size].to(device_), seed=seed)
+                            for i in range(0, len(data), batch_size)])
+        bits = values.mean().item() / math.log(2)
+        result[f"{name}_bits_per_token"] = bits
+        result[f"{name}_bits_per_char"] = bits / chars_per_token
+    _report(result, f"nll of {corpus} under {model}")
