@@ -50,23 +50,38 @@ def gumbel_sample(logits: torch.Tensor, generator: torch.Generator) -> torch.Ten
 
 
 class CountingDenoiser:
-    """Counts denoiser evaluations and reuses the last logits when z is unchanged."""
+    """Counts denoiser evaluations and skips work whose input did not change.
+
+    Sequences are independent under the denoiser, so only the rows of z that changed since the
+    last call are recomputed and the others keep their logits; a call where no row changed
+    costs nothing. `nfe` counts calls that ran the network, `rows` the sequences it processed.
+    """
 
     def __init__(self, denoiser: TokenDenoiser, cache: bool = True):
         self.denoiser = denoiser
         self.cache = cache
         self.nfe = 0
         self.skipped = 0
+        self.rows = 0
         self._last_z = None
         self._last_logits = None
 
     @torch.no_grad()
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        if self.cache and self._last_z is not None and torch.equal(z, self._last_z):
+        if not self.cache or self._last_z is None or self._last_z.shape != z.shape:
+            changed = torch.ones(len(z), dtype=torch.bool, device=z.device)
+        else:
+            changed = (z != self._last_z).flatten(1).any(1)
+        if not changed.any():
             self.skipped += 1
             return self._last_logits
         self.nfe += 1
-        logits = self.denoiser(z).float()
+        self.rows += int(changed.sum())
+        if changed.all():
+            logits = self.denoiser(z).float()
+        else:
+            logits = self._last_logits.clone()
+            logits[changed] = self.denoiser(z[changed]).float()
         if self.cache:
             self._last_z, self._last_logits = z.clone(), logits
         return logits
@@ -77,6 +92,7 @@ class SampleResult:
     tokens: torch.Tensor  # (num, length) token ids
     nfe: int
     skipped: int
+    rows: int  # sequences the network processed, summed over calls
     seconds: float
     settings: dict
 
@@ -133,7 +149,7 @@ class Sampler:
         generator = torch.Generator().manual_seed(seed)
         start = time.perf_counter()
         tokens = self.run(model, num, length, generator)
-        return SampleResult(tokens.cpu(), model.nfe, model.skipped, time.perf_counter() - start,
+        return SampleResult(tokens.cpu(), model.nfe, model.skipped, model.rows, time.perf_counter() - start,
                             {**self.settings(), "seed": seed, "num": num, "length": length})
 
     def run(self, model: CountingDenoiser, num: int, length: int, generator: torch.Generator) -> torch.Tensor:

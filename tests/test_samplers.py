@@ -152,6 +152,8 @@ def test_skipping_unchanged_states_saves_calls_without_changing_samples():
     uncached = make_sampler("mdlm", steps=64, cache=False).sample(oracle, num=2, length=8, seed=5)
     assert torch.equal(cached.tokens, uncached.tokens)
     assert uncached.nfe == 64 and cached.nfe < 64 and cached.nfe + cached.skipped == 64
+    assert cached.rows < 2 * cached.nfe  # only the sequences that changed are recomputed
+    assert uncached.rows == 2 * 64
 
 
 def test_hybrid_respects_its_total_budget():
@@ -184,3 +186,13 @@ def test_bad_sampler_options():
         make_sampler("mdlm", steps=0)
     with pytest.raises(BadInput, match="exceeds --length"):
         make_sampler("roar", steps=20).sample(Oracle(PRIOR), num=1, length=10)
+
+
+def test_pca_init_keeps_the_geometry_of_a_low_rank_embedding_table():
+    g = torch.Generator().manual_seed(0)
+    embeddings = torch.randn(40, 3, generator=g) @ torch.randn(3, 32, generator=g) + 5.0  # rank 3 + offset
+    projected = TokenTable.pca_init(embeddings, 3)
+    centred = embeddings - embeddings.mean(0)
+    torch.testing.assert_close(projected @ projected.T, centred @ centred.T, rtol=1e-3, atol=1e-3)
+    table = TokenTable(40, 3, init=projected)()
+    torch.testing.assert_close(table.norm(dim=1), torch.ones(40))

@@ -47,6 +47,9 @@ def train_cmd(
     n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = 4,
     n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
     norm_input: Annotated[bool, typer.Option(help="Give the network log(1+|z|) per token.")] = False,
+    table_init: Annotated[str, typer.Option(help="Token table: random, or pca (the top principal components "
+                                                 "of --tokenizer's model input embeddings).")] = "random",
+    freeze_table: Annotated[bool, typer.Option(help="Keep the unit-norm token table fixed.")] = False,
     init: Annotated[Path | None, typer.Option(help="Start from this DSL checkpoint (e.g. an MDLM one).")] = None,
     seed: Seed = 0, device: Device = "auto", force: Force = False,
 ):
@@ -82,8 +85,8 @@ def train_cmd(
             raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
         tok = load_tokenizer(tokenizer, train_docs)
         model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                              norm_input=norm_input)
-        model = DSLModel(model_cfg, seed=seed)
+                              norm_input=norm_input, learn_table=not freeze_table)
+        model = DSLModel(model_cfg, table_init=_table_init(table_init, tokenizer, len(tok), d_tok), seed=seed)
         if init is not None:
             start = load_dsl(init)
             if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
@@ -105,6 +108,25 @@ def train_cmd(
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (out / "curve.csv").write_text("step,loss\n" + "".join(f"{s},{l:.6f}\n" for s, l in curve))
     _report(metrics, f"dsl train → {out}")
+
+
+def _table_init(kind: str, tokenizer_spec: str, vocab_size: int, d_tok: int):
+    """None (random) or the PCA of a backbone's input embeddings, for `--table-init pca`."""
+    from bridges.channel import TokenTable
+    from geoprobe.errors import BadInput
+
+    if kind == "random":
+        return None
+    if kind != "pca":
+        raise BadInput(f"unknown --table-init {kind!r} (use random or pca)")
+    if tokenizer_spec == "char" or tokenizer_spec.startswith("train:"):
+        raise BadInput("--table-init pca needs --tokenizer to name a model whose embeddings to use")
+    from geoprobe.backbone import load_backbone
+
+    embeddings = load_backbone(tokenizer_spec, device="cpu").model.get_input_embeddings().weight.detach()
+    if len(embeddings) < vocab_size:
+        raise BadInput(f"the model's embedding table has {len(embeddings)} rows, fewer than the vocabulary ({vocab_size})")
+    return TokenTable.pca_init(embeddings[:vocab_size], d_tok)
 
 
 def _asdict(settings):
@@ -165,6 +187,7 @@ def sample(
     eta: Annotated[float, typer.Option(help="ReMDM rescale/loop remasking rate.")] = 0.02,
     eta_cap: Annotated[float, typer.Option(help="ReMDM cap.")] = 0.02,
     switch_snr: Annotated[float, typer.Option(help="hybrid: SNR where the continuous stage stops.")] = 5.0,
+    finisher: Annotated[str, typer.Option(help="hybrid: the masked sampler that finishes (mdlm or a remdm-*).")] = "mdlm",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
     seed: Seed = 0, device: Device = "auto",
 ):
@@ -178,6 +201,11 @@ def sample(
         raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)})")
     options = {"steps": steps if steps is not None else (None if sampler == "roar" else 64), "top_p": top_p,
                "per_step": per_step, "eta": eta, "eta_cap": eta_cap, "switch_snr": switch_snr}
+    if sampler == "hybrid":
+        if finisher not in ("mdlm", "remdm-cap", "remdm-rescale", "remdm-loop"):
+            raise BadInput(f"unknown --finisher {finisher!r} (use mdlm, remdm-cap, remdm-rescale or remdm-loop)")
+        finishing = {k: v for k, v in options.items() if k in inspect.signature(SAMPLERS[finisher]).parameters}
+        options["finisher"] = make_sampler(finisher, **finishing)
     accepted = inspect.signature(SAMPLERS[sampler]).parameters
     chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
     denoiser, tokenizer = _load_denoiser(model, device)
