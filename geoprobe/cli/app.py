@@ -58,7 +58,7 @@ def emit_json(data) -> None:
 
 
 def _register() -> None:
-    from geoprobe.cli import dsl, extract, scan  # noqa: F401  (commands register themselves on `app`)
+    from geoprobe.cli import bridge, dsl, extract, scan  # noqa: F401  (commands register themselves on `app`)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,11 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(1)
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
+    except Exception as exc:
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # a usage error (Typer's click)
+            print(f"error: {exc.format_message()}", file=sys.stderr)
             sys.exit(exc.exit_code)
         if state.debug:
             raise

@@ -45,3 +45,54 @@ def geometry_plot(ranking: dict, geometry: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def curve_plot(curve: list, path: Path, title: str) -> Path:
+    steps = np.array([s for s, _ in curve])
+    losses = np.array([l for _, l in curve])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, losses, color="tab:blue", alpha=0.35, lw=1, label="per step")
+    window = max(1, len(losses) // 20)
+    if len(losses) >= window > 1:
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, color="tab:blue", lw=2, label=f"moving average ({window} steps)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (interpolant MSE, standardised)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sweep_plot(rows: list[dict], loss: str, correlation: dict, path: Path, model: str) -> Path:
+    layers = np.array([r["layer"] for r in rows])
+    score = np.array([r["score"] for r in rows])
+    value = np.array([r[loss] for r in rows])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    left.scatter(score, value, color="tab:blue")
+    for x, y, layer in zip(score, value, layers):
+        left.annotate(str(layer), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    left.set_xlabel("geometry score s (higher = predicted easier)")
+    left.set_ylabel(f"bridge validation {loss}")
+    left.set_title(f"Spearman ρ = {correlation['rho']:.2f}, permutation p = {correlation['p']:.3g}, "
+                   f"95% CI [{correlation['ci'][0]:.2f}, {correlation['ci'][1]:.2f}]", fontsize=10)
+    left.grid(alpha=0.3)
+    right.plot(layers, value, "o-", color="tab:red", label=f"validation {loss}")
+    right.set_xlabel("layer")
+    right.set_ylabel(f"validation {loss}", color="tab:red")
+    twin = right.twinx()
+    twin.plot(layers, score, "s--", color="tab:blue", label="geometry score")
+    twin.set_ylabel("geometry score s", color="tab:blue")
+    right.set_title("both against layer")
+    right.grid(alpha=0.3)
+    fig.suptitle(f"Layer sweep of {model}: does the geometry score predict the bridge's loss?", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,149 @@
+"""Train one hidden-state bridge at a layer of a frozen backbone, then validate it.
+
+The teacher states h_l come from the frozen prefix on the fly (early stop after block l); the
+condition SNRs from the DSL mixed distribution, with a `clean_frac` share of sequences at
+clean condition. Validation runs on fixed held-out blocks with a fixed seed and writes
+`metrics.json`: nmse at clean condition (1 - R^2), the upper stack's next-token cross-entropy
+on the reconstruction (`ce`) and on the true states (`ref_ce`), their difference, and nmse
+averaged over a grid of condition SNRs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from bridges.channel import channel, draw_snr
+from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
+from bridges.train import WEIGHTS, TrainConfig, train
+from geoprobe.errors import BadInput
+from geoprobe.extract import pad_batch
+
+NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def positions_weight(mask: torch.Tensor) -> torch.Tensor:
+    """Positions >= 1 that are not padding: what the bridge generates and is scored on."""
+    weight = mask.clone().float()
+    weight[:, 0] = 0
+    return weight
+
+
+class BlockBatches:
+    """Padded batches of corpus blocks on the backbone's device."""
+
+    def __init__(self, blocks, pad_id: int, device):
+        if not blocks:
+            raise BadInput("no training blocks: the corpus is empty or too short")
+        self.blocks, self.pad_id, self.device = blocks, pad_id, device
+
+    def draw(self, size: int, generator: torch.Generator):
+        rows = torch.randint(0, len(self.blocks), (size,), generator=generator).tolist()
+        return pad_batch([self.blocks[i] for i in rows], self.pad_id, self.device)
+
+    def fixed(self, size: int):
+        for start in range(0, len(self.blocks), size):
+            yield pad_batch(self.blocks[start:start + size], self.pad_id, self.device)
+
+
+def fit_statistics(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int, seed: int,
+                   passes: int = 8) -> None:
+    g = torch.Generator().manual_seed(seed)
+    sources, targets = [], []
+    for _ in range(passes):
+        ids, mask = batches.draw(batch_size, g)
+        h0, hl = teacher.states(ids, mask)
+        keep = positions_weight(mask).bool()
+        sources.append(h0[keep])
+        targets.append(hl[keep])
+    bridge.set_statistics(torch.cat(sources), torch.cat(targets))
+
+
+def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int):
+    def loss_fn(model, generator):
+        ids, mask = batches.draw(batch_size, generator)
+        h0, hl = teacher.states(ids, mask)
+        snr = draw_snr("mixed", ids.shape, generator=generator)
+        clean = (torch.rand(len(ids), generator=generator) < model.cfg.clean_frac).to(ids.device)
+        z = channel(model.table(), ids, snr.to(ids.device), generator=generator)
+        a = model.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, clean)
+        return model.loss(a, hl, positions_weight(mask), generator)
+
+    return loss_fn
+
+
+@torch.no_grad()
+def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_size: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    layer = bridge.cfg.layer
+    sums = {"err": 0.0, "var": 0.0, "ce": 0.0, "ref_ce": 0.0, "ce_count": 0.0}
+    noisy = {s: [0.0, 0.0] for s in NOISY_SNRS}
+    all_targets = []
+    for ids, mask in val.fixed(batch_size):
+        h0, hl = teacher.states(ids, mask)
+        weight = positions_weight(mask)
+        all_targets.append(hl[weight.bool()].double())
+        offsets = teacher.offsets(ids.shape[1])
+        clean = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
+        z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
+        h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=g)
+        h_hat[:, 0] = hl[:, 0]  # BOS is the backbone's, never generated
+        sums["err"] += float((((h_hat - hl) ** 2).sum(-1) * weight).sum())
+        # next-token cross-entropy of the frozen upper stack: position i predicts i + 1
+        pair = mask[:, 1:].float()
+        for key, states in (("ce", h_hat), ("ref_ce", hl)):
+            logits = teacher.backbone.run_from(layer, states, attention_mask=mask)[:, :-1].float()
+            ce = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            sums[key] += float((ce * pair).sum())
+        sums["ce_count"] += float(pair.sum())
+        for s in NOISY_SNRS:
+            z = channel(bridge.table(), ids, torch.full(ids.shape, s, device=ids.device), generator=g)
+            noisy_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets), generator=g)
+            noisy[s][0] += float((((noisy_hat - hl) ** 2).sum(-1) * weight).sum())
+    targets = torch.cat(all_targets)
+    total_var = float(((targets - targets.mean(0)) ** 2).sum())
+    nmse = sums["err"] / total_var
+    ce, ref_ce = sums["ce"] / sums["ce_count"], sums["ref_ce"] / sums["ce_count"]
+    return {"layer": layer, "nmse": nmse, "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
+            "nmse_noisy": sum(v[0] / total_var for v in noisy.values()) / len(noisy),
+            "nmse_by_snr": {str(s): v[0] / total_var for s, v in noisy.items()},
+            "val_positions": int(targets.shape[0]), "seed": seed}
+
+
+def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,
+               out: Path, identity: dict, progress=None) -> dict:
+    """Train (or resume) the bridge at `layer` into `out`, validate, write metrics and the curve."""
+    out = Path(out)
+    teacher = Teacher(backbone, layer)
+    device = backbone.input_device
+    pad_id = backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
+    batches, val = BlockBatches(train_blocks, pad_id, device), BlockBatches(val_blocks, pad_id, device)
+    record = {"kind": "bridge", "bridge": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
+    if (out / "config.json").is_file():
+        old = json.loads((out / "config.json").read_text())
+        if old.get("identity") != identity or old.get("bridge") != record["bridge"]:
+            keys = sorted(k for k in {**old.get("identity", {}), **identity}
+                          if old.get("identity", {}).get(k) != identity.get(k))
+            raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
+                           f"(differs in: {', '.join(keys) or 'bridge settings'}); use another --out or --force")
+    bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
+    fit_statistics(bridge, teacher, batches, train_cfg.batch_size, train_cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    save_bridge_config(out, cfg, {"training": record["training"], "identity": identity})
+    curve = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
+                  progress=progress)
+    bridge.load_state_dict(load_file(out / WEIGHTS))  # validate the EMA weights
+    bridge.eval()
+    metrics = validate(bridge, teacher, val, train_cfg.batch_size)
+    metrics["final_train_loss"] = sum(l for _, l in curve[-10:]) / len(curve[-10:])
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out / "curve.csv").write_text("step,loss\n" + "".join(f"{s},{l:.6f}\n" for s, l in curve))
+    from geoprobe.report.plots import curve_plot
+
+    curve_plot(curve, out / "plots" / "curve.png", f"bridge at layer {layer}: training loss")
+    return metrics

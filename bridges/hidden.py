@@ -1,0 +1,209 @@
+"""The DiHAL hidden-state bridge and the hybrid TokenDenoiser built on it.
+
+The lower prefix of a causal LM (embeddings + blocks 1..l) is replaced by a conditional
+diffusion bridge that reconstructs h_l from the tokens seen through the DSL channel:
+
+* condition: z_i = s_i e(x_i) + sqrt(s_i) eps on a unit-norm token table; the converter turns z_i
+  into a mixture pi_i over the V tokens and a mask slot, and the source state is
+  a_i = sum_v pi_iv E[v] + pi_i,mask m + p_i, with E the backbone's own input embedding (frozen),
+  m learned, and p_i = embed(.)_i - E[.] the backbone's additive position embedding (zero for
+  rotary models, GPT-2's wpe otherwise). At clean SNR (pi one-hot) a is exactly layer 0.
+* bridge, in standardised coordinates (per-layer mean and scalar scale): the interpolant
+  y_tau = (1 - tau) a~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps, tau ~ U[0, 1]; a bidirectional
+  transformer D(y_tau, tau, a~) with adaLN on tau predicts h~; loss = MSE over positions >= 1.
+* sampling: K steps from tau = 0 with the Brownian-bridge posterior towards the predicted
+  endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y) + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps.
+  Position 0 (BOS) is not generated: its state is the backbone's.
+
+`HybridDenoiser` = converter -> bridge (K steps) -> backbone.run_from(l, h^) -> LM head, logits
+shifted so that position i scores token x_i: any DSL sampler can generate with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from bridges.channel import S_MAX, TokenTable, channel
+from bridges.converter import Converter
+from bridges.nn import Transformer, TransformerConfig, timestep_embedding
+from geoprobe.errors import BadInput
+
+CONFIG = "config.json"
+
+
+@dataclass
+class BridgeConfig:
+    layer: int
+    vocab_size: int
+    hidden_size: int
+    d_tok: int = 64
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    sigma_b: float = 0.0
+    bridge_steps: int = 8
+    clean_frac: float = 0.25
+
+
+class HiddenBridge(nn.Module):
+    def __init__(self, cfg: BridgeConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.table = TokenTable(cfg.vocab_size, cfg.d_tok)
+            self.converter = Converter(cfg.vocab_size)
+            self.mask_vector = nn.Parameter(torch.zeros(d))
+            self.time_mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.SiLU())
+            self.inp = nn.Linear(2 * d, cfg.d_model)
+            self.net = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cond_dim=cfg.d_model))
+            self.out = nn.Linear(cfg.d_model, d)
+        # standardisation of the source (layer-0 space) and the target (layer l): mean and a scalar scale
+        for name in ("source_mean", "target_mean"):
+            self.register_buffer(name, torch.zeros(d))
+        for name in ("source_scale", "target_scale"):
+            self.register_buffer(name, torch.ones(()))
+
+    def set_statistics(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Mean and sqrt(tr(Sigma)/d) of (n, d) samples of layer 0 and layer l."""
+        for prefix, states in (("source", source), ("target", target)):
+            mean = states.double().mean(0)
+            scale = ((states.double() - mean) ** 2).sum(1).mean().div(states.shape[1]).sqrt()
+            getattr(self, f"{prefix}_mean").copy_(mean.float())
+            getattr(self, f"{prefix}_scale").copy_(scale.float().clamp(min=1e-8))
+
+    def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,
+               clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
+        """a = pi E + pi_mask m + p; rows flagged `clean` use the one-hot mixture of their tokens."""
+        probs = self.converter(z, self.table())
+        if clean is not None and clean.any():
+            one_hot = F.one_hot(clean_tokens, probs.shape[-1]).to(probs.dtype)
+            probs = torch.where(clean[:, None, None], one_hot, probs)
+        return Converter.mix(probs, embeddings.to(probs.dtype), self.mask_vector) + offsets
+
+    def standardise_source(self, a):
+        return (a - self.source_mean) / self.source_scale
+
+    def standardise_target(self, h):
+        return (h - self.target_mean) / self.target_scale
+
+    def predict(self, y: torch.Tensor, tau: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """D(y_tau, tau, a~) -> h~ prediction, all standardised, tau per sequence (B,)."""
+        cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
+        return self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
+
+    def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Interpolant MSE; `weight` (B, L) selects positions >= 1 that are not padding."""
+        a_std, h_std = self.standardise_source(a), self.standardise_target(h)
+        tau = torch.rand(len(a), generator=generator).to(a.device)
+        eps = torch.randn(a.shape, generator=generator).to(a.device)
+        t = tau[:, None, None]
+        y = (1 - t) * a_std + t * h_std + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
+        err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
+        return (err * weight).sum() / weight.sum().clamp(min=1)
+
+    @torch.no_grad()
+    def sample(self, a: torch.Tensor, steps: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """h^_l for sources a (B, L, d), in the backbone's coordinates."""
+        steps = steps or self.cfg.bridge_steps
+        a_std = self.standardise_source(a)
+        y = a_std
+        for k in range(steps):
+            tau, tau_next = k / steps, (k + 1) / steps
+            predicted = self.predict(y, torch.full((len(a),), tau, device=a.device), a_std)
+            y = y + (tau_next - tau) / (1 - tau) * (predicted - y)
+            if self.cfg.sigma_b > 0 and k < steps - 1:
+                noise = torch.randn(y.shape, generator=generator).to(y.device)
+                y = y + self.cfg.sigma_b * ((tau_next - tau) * (1 - tau_next) / (1 - tau)) ** 0.5 * noise
+        return y * self.target_scale + self.target_mean
+
+
+class Teacher:
+    """What the frozen backbone contributes: the embedding table, additive position offsets,
+    the BOS state at layer l, and teacher states h_l from the prefix with early stop."""
+
+    def __init__(self, backbone, layer: int):
+        if not 0 <= layer < backbone.num_layers:
+            raise BadInput(f"--layer {layer} out of range: blocks {layer + 1}..{backbone.num_layers} must remain "
+                           f"above the bridge, so use 0..{backbone.num_layers - 1}")
+        self.backbone, self.layer = backbone, layer
+        device = backbone.input_device
+        with torch.no_grad():
+            self.embeddings = backbone.model.get_input_embeddings()(torch.arange(backbone.config.vocab_size,
+                                                                                 device=device)).float()
+
+    @torch.no_grad()
+    def offsets(self, length: int) -> torch.Tensor:
+        """embed(x)_i - E[x_i]: the additive position embedding (zero for rotary models)."""
+        ids = torch.zeros(1, length, dtype=torch.long, device=self.backbone.input_device)
+        return (self.backbone.embed(ids).float() - self.embeddings[ids])[0]
+
+    @torch.no_grad()
+    def states(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        from geoprobe.capture import capture
+
+        got = capture(self.backbone, ids, mask, layers=sorted({0, self.layer}))
+        return got[0].float(), got[self.layer].float()
+
+
+class HybridDenoiser(nn.Module):
+    """A TokenDenoiser: z (B, L, d_tok) -> logits (B, L, V) through the bridge and the frozen
+    upper stack. A BOS position is prepended and its state is the backbone's own."""
+
+    def __init__(self, bridge: HiddenBridge, teacher: Teacher, bos_id: int, steps: int | None = None):
+        super().__init__()
+        self.bridge, self.teacher, self.bos_id = bridge, teacher, bos_id
+        self.steps = steps
+        ids = torch.tensor([[bos_id]], device=teacher.backbone.input_device)
+        self.bos_state = teacher.states(ids)[1][0, 0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.bridge.cfg.vocab_size
+
+    @property
+    def s_max(self) -> float:
+        return S_MAX
+
+    def token_table(self) -> torch.Tensor:
+        return self.bridge.table()
+
+    def hidden(self, z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, L + 1, d): BOS state, then the bridge's reconstruction of h_l for each position."""
+        b, length, _ = z.shape
+        offsets = self.teacher.offsets(length + 1)[1:]
+        a = self.bridge.source(z, self.teacher.embeddings, offsets)
+        h = self.bridge.sample(a, self.steps, generator)
+        return torch.cat([self.bos_state.expand(b, 1, -1).to(h.dtype), h], dim=1)
+
+    @torch.no_grad()
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        hidden = self.hidden(z)
+        logits = self.teacher.backbone.run_from(self.bridge.cfg.layer, hidden)
+        # the causal head at position i predicts token i + 1: sample position i is backbone position i + 1
+        return logits[:, :-1].float()
+
+
+def save_bridge_config(out: Path, cfg: BridgeConfig, extra: dict) -> None:
+    (Path(out) / CONFIG).write_text(json.dumps({"kind": "bridge", "bridge": asdict(cfg), **extra}, indent=2))
+
+
+def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
+    record = json.loads((Path(folder) / CONFIG).read_text())
+    if record.get("kind") != "bridge":
+        raise BadInput(f"{folder} is not a bridge checkpoint")
+    bridge = HiddenBridge(BridgeConfig(**record["bridge"]))
+    bridge.load_state_dict(load_file(Path(folder) / "model.safetensors"))
+    return bridge.to(device).eval(), record
+
+
+def condition(bridge: HiddenBridge, tokens: torch.Tensor, snr: torch.Tensor, generator) -> torch.Tensor:
+    return channel(bridge.table(), tokens, snr.to(tokens.device), generator=generator)

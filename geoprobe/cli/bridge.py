@@ -1,0 +1,127 @@
+"""`geoprobe bridge` (one layer) and `geoprobe sweep` (one bridge per layer + Spearman)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.options import BatchSize, Device, Dtype, Force, Layers, Seed, SeqLen, Steps, state
+
+Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
+Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
+CorpusOpt = Annotated[str | None, typer.Option("--corpus", help="Text source, when there is no --run.")]
+Lr = Annotated[float, typer.Option("--lr", help="Peak learning rate.")]
+DModel = Annotated[int, typer.Option("--d-model", min=8, help="Bridge transformer width.")]
+NLayers = Annotated[int, typer.Option("--n-layers", min=1, help="Bridge transformer blocks.")]
+NHeads = Annotated[int, typer.Option("--n-heads", min=1, help="Bridge attention heads.")]
+SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise (0 = deterministic path).")]
+BridgeSteps = Annotated[int, typer.Option("--bridge-steps", min=1, help="Bridge sampling steps K.")]
+
+
+def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed):
+    from bridges.hidden import BridgeConfig
+    from bridges.train import TrainConfig
+
+    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=max(1, steps // 10), seed=seed,
+                            save_every=max(1, min(100, steps)), ema=0.99)
+    train_cfg.validate()
+    cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
+                       hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
+                       n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps)
+    return cfg, train_cfg
+
+
+def _fit(source, layer, root, args, force=False):
+    import shutil
+
+    from bridges.fit import fit_bridge
+    from geoprobe.report.terminal import Bar
+    from geoprobe.sweep import bridge_dir, check_layer, identity
+
+    check_layer(source, layer)
+    cfg, train_cfg = _configs(source, layer, *args)
+    out = bridge_dir(root, layer)
+    if force and out.exists():
+        shutil.rmtree(out)
+    bar = Bar(f"bridge layer {layer}", "step", quiet=state.quiet or state.format == "json")
+    try:
+        return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
+                          identity(source, layer), progress=bar), out
+    finally:
+        bar.stop()
+
+
+@app.command(epilog="Examples:\n\n  geoprobe bridge --run runs/demo            # at the layer the scan chose\n\n"
+                    "  geoprobe bridge --run runs/demo --layer 3 --steps 500\n\n"
+                    "  geoprobe bridge --model builtin:smollm2 --corpus kjv --layer 2 --out runs/b")
+def bridge(
+    layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
+    run: Run = None, model: Model = None, corpus: CorpusOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Root for bridges/layer-NN (default: --run).")] = None,
+    steps: Steps = 300, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
+    n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
+    seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
+):
+    """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen)."""
+    from geoprobe.errors import BadInput
+    from geoprobe.sweep import chosen_layer, open_source
+
+    if run is None and out is None:
+        raise BadInput("pass --run RUN, or --out DIR with --model and --corpus")
+    if layer is None:
+        if run is None:
+            raise BadInput("without --run, pass --layer")
+        layer = chosen_layer(run)
+    if layer < 0:
+        raise BadInput(f"--layer must be >= 0, got {layer}")
+    source = open_source(run, model, corpus, seq_len, seed, device, dtype)
+    metrics, folder = _fit(source, layer, out or run,
+                           (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed), force)
+    if state.format == "json":
+        emit_json({**metrics, "dir": str(folder)})
+    elif not state.quiet:
+        from geoprobe.report.terminal import print_table
+
+        print_table(f"bridge at layer {layer} → {folder}", ["key", "value"],
+                    [[k, v] for k, v in metrics.items() if not isinstance(v, dict)])
+
+
+@app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo --layers 0-8 --steps 200\n\n"
+                    "  geoprobe --format json sweep --run runs/demo --layers 0,3,6,9")
+def sweep(
+    run: Annotated[Path, typer.Option("--run", help="A scanned run directory (its ranking gives the scores).")],
+    layers: Layers = "0-8",
+    steps: Steps = 200, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
+    n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
+    seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
+):
+    """One bridge per layer under one budget; Spearman ρ between geometry score and validation loss."""
+    from geoprobe.extract import parse_layers
+    from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
+
+    scores = {r["layer"]: r for r in ranking_rows(run)}
+    source = open_source(run, None, None, seq_len, seed, device, dtype)
+    chosen = parse_layers(layers, source.backbone.num_layers - 1)
+    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed)
+    rows = []
+    for layer in chosen:
+        metrics, _ = _fit(source, layer, run, args, force)
+        rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+    summary = summarise(rows, seed)
+    plot = write_sweep(run, rows, summary, source.model)
+    if state.format == "json":
+        emit_json({"rows": rows, "correlations": summary, "plot": str(plot)})
+    elif not state.quiet:
+        from geoprobe.report.terminal import print_table
+
+        print_table(f"sweep of {run}", ["layer", "score", "rank", "nmse", "delta_ce", "nmse_noisy"],
+                    [[r["layer"], r["score"], r["rank"], r["nmse"], r["delta_ce"], r["nmse_noisy"]] for r in rows])
+        for loss in ("nmse", "delta_ce", "nmse_noisy"):
+            c = summary[loss]
+            print(f"Spearman(score, {loss}) = {c['rho']:.3f}  p = {c['p']:.3g}  95% CI [{c['ci'][0]:.3f}, "
+                  f"{c['ci'][1]:.3f}]  (n = {c['n']})")
+        print(f"geometry-chosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
+              f"worst layer {summary['worst_layer']}   plot: {plot}")

@@ -1,0 +1,1 @@
+"""Numbers computed from results: rank correlations now; Gen.PPL, diversity, MAUVE to come."""

@@ -1,0 +1,153 @@
+"""The hidden-state bridge: it learns the easy case, the hybrid denoiser splices and shifts
+correctly, the backbone stays frozen, the sweep reports its statistics, bad input is refused."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from bridges.fit import fit_bridge
+from bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
+from bridges.train import TrainConfig
+from geoprobe.backbone import load_backbone
+from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.metrics.correlation import spearman_with_uncertainty
+from tests.test_extract import assert_one_line_error, invoke
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_models):
+    return load_backbone(str(tiny_models("llama")), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def blocks(llama, corpus_txt):
+    docs = read_documents(str(corpus_txt))
+    all_blocks = list(iter_blocks(docs, llama.tokenizer, 32, seed=0))
+    return all_blocks[:-8], all_blocks[-8:]
+
+
+def small(layer, llama, **kw):
+    return BridgeConfig(layer=layer, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
+                        d_model=64, n_layers=1, n_heads=4, **kw)
+
+
+def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, blocks, tmp_path):
+    before = {k: v.clone() for k, v in llama.model.state_dict().items()}
+    metrics = fit_bridge(llama, 0, *blocks, small(0, llama),
+                         TrainConfig(steps=150, batch_size=8, lr=3e-3, warmup=10, ema=0.9, save_every=150),
+                         tmp_path / "b0", {"layer": 0})
+    assert metrics["nmse"] < 0.05, metrics
+    assert metrics["delta_ce"] < 0.05
+    # the frozen backbone is untouched by training
+    after = llama.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not p.requires_grad for p in llama.model.parameters())
+    for name in ("metrics.json", "curve.csv", "config.json", "model.safetensors", "plots/curve.png"):
+        assert (tmp_path / "b0" / name).is_file(), name
+
+
+def test_hybrid_denoiser_shape_and_shift(llama):
+    """With a bridge that returns the true h_l, the hybrid's logit at sample position i equals the
+    backbone's logit at position i of [BOS] + x, i.e. the prediction of x_i."""
+    layer = 2
+    teacher = Teacher(llama, layer)
+    bridge = HiddenBridge(small(layer, llama)).eval()
+    bos = llama.tokenizer.bos_token_id
+    hybrid = HybridDenoiser(bridge, teacher, bos)
+    x = torch.randint(5, 300, (2, 7))
+    full = torch.cat([torch.full((2, 1), bos), x], dim=1)
+    true_h = teacher.states(full)[1]
+    bridge.sample = lambda a, steps=None, generator=None: true_h[:, 1:]
+    z = torch.zeros(2, 7, bridge.cfg.d_tok)
+    logits = hybrid(z)
+    assert logits.shape == (2, 7, llama.config.vocab_size)
+    expected = llama.model(input_ids=full).logits[:, :-1]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert hybrid.token_table().shape == (llama.config.vocab_size, bridge.cfg.d_tok)
+    # any sampler drives it (with the bridge's own reconstruction)
+    from samplers import make_sampler
+
+    del bridge.sample
+    out = make_sampler("mdlm", steps=4).sample(hybrid, num=1, length=5, seed=0)
+    assert out.tokens.shape == (1, 5)
+
+
+def test_spearman_permutation_and_bootstrap_against_scipy():
+    x = np.arange(6.0)
+    y = np.array([0.1, 0.5, 0.3, 0.9, 1.2, 1.1])
+    result = spearman_with_uncertainty(x, y, seed=0)
+    assert result["rho"] == pytest.approx(stats.spearmanr(x, y).statistic)
+    # perfectly monotone, n = 5: the exact two-sided permutation p-value is 2/5! = 1/60
+    perfect = spearman_with_uncertainty(np.arange(5.0), -np.arange(5.0) ** 2)
+    assert perfect["rho"] == pytest.approx(-1.0) and perfect["p"] == pytest.approx(2 / 120)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(40)
+    noisy = spearman_with_uncertainty(a, a + 0.5 * rng.standard_normal(40))
+    low, high = noisy["ci"]
+    assert low < noisy["rho"] < high and 0 < noisy["p"] < 0.01
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory, tiny_models, corpus_txt):
+    from geoprobe.cli.app import main
+
+    run = tmp_path_factory.mktemp("sweep") / "run"
+    try:
+        main(["-q", "scan", str(tiny_models("llama")), "--corpus", str(corpus_txt), "--tokens", "600",
+              "--seq-len", "32", "--k", "8", "--anchors", "100", "--pairs", "200", "--bootstrap", "20",
+              "--out", str(run), "--device", "cpu"])
+    except SystemExit as exc:
+        assert not exc.code
+    return run
+
+
+def test_sweep_over_three_layers(scanned, capsys):
+    code, out, err = invoke(capsys, "--format", "json", "sweep", "--run", scanned, "--layers", "0-2", "--steps", 20,
+                            "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu")
+    assert code == 0, err
+    data = json.loads(out)
+    rows = list(csv.DictReader((scanned / "sweep.csv").open()))
+    assert [int(r["layer"]) for r in rows] == [0, 1, 2]
+    for loss in ("nmse", "delta_ce", "nmse_noisy"):
+        c = data["correlations"][loss]
+        assert -1 <= c["rho"] <= 1 and 0 < c["p"] <= 1
+    assert (scanned / "plots" / "sweep.png").stat().st_size > 20000
+    for layer in range(3):
+        assert (scanned / "bridges" / f"layer-{layer:02d}" / "metrics.json").is_file()
+    assert data["correlations"]["chosen_layer"] in (0, 1, 2)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--layer", "-1"], "--layer must be >= 0"),
+    (["--layer", "3"], "--layer 3 out of range: use 0..2"),
+    (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
+    (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
+])
+def test_bridge_bad_input(args, fragment, scanned, capsys):
+    code, _, err = invoke(capsys, "bridge", "--run", scanned, "--device", "cpu", *args)
+    assert_one_line_error(code, err, 2, fragment)
+
+
+def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned, tmp_path, tiny_models, corpus_txt,
+                                                                      capsys):
+    import shutil
+
+    unscanned = shutil.copytree(scanned, tmp_path / "unscanned")
+    (unscanned / "ranking.csv").unlink()
+    code, _, err = invoke(capsys, "bridge", "--run", unscanned, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "has no finished scan")
+    partial = tmp_path / "partial"
+    code, _, err = invoke(capsys, "-q", "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 200,
+                          "--layers", "0,1", "--seq-len", 32, "--out", partial, "--device", "cpu")
+    assert code == 0, err
+    code, _, err = invoke(capsys, "bridge", "--run", partial, "--layer", 2, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "layer 2 was not scanned in this run")
+    common = ["--corpus", corpus_txt, "--layer", 1, "--steps", 2, "--batch-size", 2, "--seq-len", 32, "--d-model", 32,
+              "--n-layers", 1, "--out", tmp_path / "b", "--device", "cpu"]
+    assert invoke(capsys, "-q", "bridge", "--model", tiny_models("llama"), *common)[0] == 0
+    code, _, err = invoke(capsys, "bridge", "--model", tiny_models("qwen3"), *common)
+    assert_one_line_error(code, err, 2, "holds a bridge for another backbone, layer or shape")
