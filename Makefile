@@ -27,6 +27,8 @@ bench: .venv/.installed
 	$(PY) bench/extract_overhead.py
 	$(PY) bench/extract_memory.py
 	$(PY) bench/geometry_speed.py
+	$(PY) bench/samplers_speed.py
+	$(PY) bench/bridge_step.py
 
 clean:
 	rm -rf .venv runs

@@ -1,0 +1,75 @@
+"""Where a bridge training step spends its time: the teacher prefix (frozen blocks 1..l with
+early stop), the bridge (converter, source mixing, forward and backward), the optimizer (AdamW +
+EMA). Target (issue 4): the teacher costs <= 25% of a step at l <= N/4 on the tiny benchmark
+model (Llama d=256, 8 layers, so l = 2)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from common import tiny_llama
+
+from bridges.channel import channel, draw_snr
+from bridges.fit import BlockBatches, fit_statistics, positions_weight
+from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
+from geoprobe.backbone import load_backbone
+from geoprobe.corpus import iter_blocks, read_documents
+
+LAYER, BATCH, SEQ, STEPS = 2, 8, 128, 30
+
+
+def main():
+    work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
+    model, corpus = tiny_llama(work, n_docs=200)
+    backbone = load_backbone(str(model), device="cpu")
+    blocks = list(iter_blocks(read_documents(str(corpus)), backbone.tokenizer, SEQ, seed=0))
+    batches = BlockBatches(blocks, 0, backbone.input_device)
+    teacher = Teacher(backbone, LAYER)
+    bridge = HiddenBridge(BridgeConfig(layer=LAYER, vocab_size=backbone.config.vocab_size,
+                                       hidden_size=backbone.hidden_size, d_model=256, n_layers=4))
+    fit_statistics(bridge, teacher, batches, BATCH, 0)
+    params = [p for p in bridge.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    ema = [p.detach().clone() for p in params]
+    times = {"teacher": 0.0, "bridge": 0.0, "optimizer": 0.0}
+    tokens = 0
+    for step in range(STEPS + 3):
+        g = torch.Generator().manual_seed(step)
+        ids, mask = batches.draw(BATCH, g)
+        t0 = time.perf_counter()
+        h0, hl = teacher.states(ids, mask)
+        t1 = time.perf_counter()
+        snr = draw_snr("mixed", ids.shape, generator=g)
+        z = channel(bridge.table(), ids, snr, generator=g)
+        a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]))
+        loss = bridge.loss(a, hl, positions_weight(mask), g)
+        optimizer.zero_grad()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        with torch.no_grad():
+            for e, p in zip(ema, params):
+                e.lerp_(p, 0.01)
+        t3 = time.perf_counter()
+        if step >= 3:  # warm-up excluded
+            times["teacher"] += t1 - t0
+            times["bridge"] += t2 - t1
+            times["optimizer"] += t3 - t2
+            tokens += int(mask.sum())
+    total = sum(times.values())
+    print(f"tiny Llama d=256, 8 layers, bridge at layer {LAYER} (N/4), bridge d_model 256 x 4 blocks, "
+          f"batch {BATCH} x {SEQ}, {STEPS} steps, torch threads {torch.get_num_threads()}")
+    print(f"bridge training: {tokens / total:,.0f} tokens/s, {1000 * total / STEPS:.1f} ms/step")
+    for name, seconds in times.items():
+        print(f"  {name:9s}: {1000 * seconds / STEPS:7.1f} ms/step  {seconds / total:6.1%}")
+    print(f"teacher share {times['teacher'] / total:.1%} (target <= 25%)")
+
+
+if __name__ == "__main__":
+    main()
