@@ -151,3 +151,10 @@ def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned,
     assert invoke(capsys, "-q", "bridge", "--model", tiny_models("llama"), *common)[0] == 0
     code, _, err = invoke(capsys, "bridge", "--model", tiny_models("qwen3"), *common)
     assert_one_line_error(code, err, 2, "holds a bridge for another backbone, layer or shape")
+    # a bridge directory is a TokenDenoiser for `geoprobe sample`
+    code, out, err = invoke(capsys, "--format", "json", "sample", "--model", tmp_path / "b" / "bridges" / "layer-01",
+                            "--sampler", "hybrid", "--steps", 6, "--num", 2, "--length", 5, "--out", tmp_path / "s",
+                            "--device", "cpu")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["meta"]["nfe"] == 6 and len(data["samples"][0]["token_ids"]) == 5

@@ -159,23 +159,36 @@ def _report(data: dict, title: str) -> None:
 
 
 def _load_denoiser(model: Path, device: str):
+    """(TokenDenoiser, tokenizer) from a DSL checkpoint or a bridge directory."""
     from bridges.dsl import load_dsl, read_config
     from bridges.tokens import load_saved_tokenizer
     from geoprobe.backbone import resolve_device
     from geoprobe.errors import BadInput
 
     kind = read_config(model).get("kind")
-    if kind != "dsl":
-        raise BadInput(f"{model} holds a {kind!r} checkpoint; sampling supports DSL checkpoints "
-                       "(bridge directories arrive with the bridge issue)")
-    return load_dsl(model, resolve_device(device)), load_saved_tokenizer(model)
+    if kind == "dsl":
+        return load_dsl(model, resolve_device(device)), load_saved_tokenizer(model)
+    if kind == "bridge":
+        from bridges.hidden import HybridDenoiser, Teacher, load_bridge
+        from geoprobe.backbone import load_backbone
+
+        bridge, record = load_bridge(model)
+        backbone = load_backbone(record["identity"]["model"], device=device)
+        if backbone.identity["config_sha256"] != record["identity"]["model_config_sha256"]:
+            raise BadInput(f"{model} was trained on another backbone than {record['identity']['model']} is now")
+        bridge.to(backbone.input_device)
+        teacher = Teacher(backbone, bridge.cfg.layer)
+        bos = backbone.tokenizer.bos_token_id
+        return HybridDenoiser(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
+    raise BadInput(f"{model} holds a {kind!r} checkpoint, not a DSL model or a bridge")
 
 
 @app.command(epilog="Examples:\n\n  geoprobe sample --model runs/dsl --sampler roar --num 8 --length 128\n\n"
                     "  geoprobe sample --model runs/dsl --sampler hybrid --steps 48 --top-p 0.9 --out runs/dsl/samples\n\n"
                     "  geoprobe sample --model runs/dsl --sampler remdm-loop --steps 128 --eta 0.02")
 def sample(
-    model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory.")],
+    model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory or a bridge directory "
+                                                        "(RUN/bridges/layer-NN).")],
     sampler: Annotated[str, typer.Option(help="mdlm, remdm-cap, remdm-rescale, remdm-loop, roar, continuous, "
                                               "hybrid.")] = "roar",
     num: Annotated[int, typer.Option(help="Number of samples.")] = 8,
@@ -191,7 +204,7 @@ def sample(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
     seed: Seed = 0, device: Device = "auto",
 ):
-    """Generate text with any sampler from a DSL checkpoint → samples.jsonl."""
+    """Generate text with any sampler from a DSL checkpoint or a bridge → samples.jsonl."""
     import inspect
 
     from geoprobe.errors import BadInput
