@@ -7,7 +7,9 @@ One spec string names a source:
 * `path/file.jsonl` — one document per record, text in `--text-field` (default `text`);
 * `path/file.parquet` — one document per row, text in the `--text-field` column;
 * a folder or a glob (`data/*.jsonl`) — the union of its files, in sorted order;
-* `hf:NAME?split=train&config=...` — a Hugging Face dataset, streamed (needs `datasets`).
+* `hf:NAME?split=train&config=...` — a Hugging Face dataset, streamed (needs `datasets`);
+* `synthetic:hmm?states=8&vocab=200&docs=400&length=80&seed=0` — pseudo-text from a seeded
+  hidden Markov model whose exact log-probabilities are known (`geoprobe.synthetic`).
 
 Blocks never cross documents, so every stored token has one `doc_id`, and the train /
 validation split is by document (a seeded hash of the document id), never by block.
@@ -112,6 +114,10 @@ def iter_documents(spec: str, text_field: str = "text") -> Iterator[str]:
         yield from _txt_documents(kjv_text())
     elif spec.startswith("hf:"):
         yield from _hf_documents(spec, text_field)
+    elif spec.startswith("synthetic:"):
+        from geoprobe.synthetic import documents
+
+        yield from documents(spec)
     else:
         for path in source_files(spec):
             yield from _file_documents(path, text_field)

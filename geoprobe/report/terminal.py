@@ -55,4 +55,7 @@ def print_table(title: str, columns: list[str], rows: list[list], out=None):
         table.add_column(name, justify="right" if name not in ("key", "file") else "left")
     for row in rows:
         table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
-    Console(file=out or sys.stdout).print(table)
+    target = Console(file=out or sys.stdout)
+    if not target.is_terminal:  # a pipe or log file gets the whole table, not an 80-column squeeze
+        target = Console(file=out or sys.stdout, width=140)
+    target.print(table)
