@@ -249,9 +249,12 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     try:
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
                                                      device_map=device_map, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
     except OSError as exc:
         raise BadInput(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
+    except (OSError, ValueError, TypeError) as exc:
+        raise BadInput(f"model {spec!r} has no usable tokenizer ({str(exc).splitlines()[0][:120]})") from exc
     if device_map is None:
         model.to(target)
     model.requires_grad_(False)

@@ -68,8 +68,9 @@ def write_markdown(ranking: dict, geometry: dict, path: Path) -> None:
 
 
 def print_ranking(ranking: dict, geometry: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from geoprobe.report.terminal import stdout_console
 
     head, rows = display_rows(ranking, intervals=False)
     table = Table(title="layer ranking", caption=caption(ranking, geometry))
@@ -77,7 +78,4 @@ def print_ranking(ranking: dict, geometry: dict) -> None:
         table.add_column(name, justify="right")
     for row, data in zip(rows, ranking["rows"]):
         table.add_row(*row, style="bold green" if data["layer"] == ranking["chosen_layer"] else None)
-    console = Console()
-    if not console.is_terminal:  # a pipe or log file gets the whole table, not an 80-column squeeze
-        console = Console(width=140)
-    console.print(table)
+    stdout_console().print(table)

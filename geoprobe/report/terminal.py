@@ -49,13 +49,16 @@ class Bar:
             self.progress = None
 
 
+def stdout_console(out=None) -> Console:
+    """The console for results: a pipe or log file gets the whole table, not an 80-column squeeze."""
+    target = Console(file=out or sys.stdout)
+    return target if target.is_terminal else Console(file=out or sys.stdout, width=140)
+
+
 def print_table(title: str, columns: list[str], rows: list[list], out=None):
     table = Table(title=title)
     for name in columns:
         table.add_column(name, justify="right" if name not in ("key", "file") else "left")
     for row in rows:
         table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
-    target = Console(file=out or sys.stdout)
-    if not target.is_terminal:  # a pipe or log file gets the whole table, not an 80-column squeeze
-        target = Console(file=out or sys.stdout, width=140)
-    target.print(table)
+    stdout_console(out).print(table)
