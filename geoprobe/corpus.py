@@ -39,7 +39,8 @@ def _txt_documents(path: Path) -> Iterator[str]:
             yield chunk.strip()
 
 
-def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of a JSON-lines file; a bad line is a one-line error naming it."""
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -48,10 +49,17 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise BadInput(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-            if field not in record:
-                raise BadInput(f"{path}:{number}: record has no field {field!r} (use --text-field)")
-            if str(record[field]).strip():
-                yield str(record[field])
+            if not isinstance(record, dict):
+                raise BadInput(f"{path}:{number}: a line must hold a JSON object")
+            yield number, record
+
+
+def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
+    for number, record in iter_jsonl(path):
+        if field not in record:
+            raise BadInput(f"{path}:{number}: record has no field {field!r} (use --text-field)")
+        if str(record[field]).strip():
+            yield str(record[field])
 
 
 def _parquet_documents(path: Path, field: str) -> Iterator[str]:

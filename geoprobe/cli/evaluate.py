@@ -19,15 +19,11 @@ MAUVE_MIN_SAMPLES = 1000
 def read_samples(path: Path) -> list[str]:
     if not path.is_file():
         raise BadInput(f"samples file not found: {path}")
+    from geoprobe.corpus import iter_jsonl
+
     texts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BadInput(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+    for number, row in iter_jsonl(path):
+        if not isinstance(row.get("text"), str):
             raise BadInput(f"{path}:{number}: a sample row needs a string field 'text'")
         texts.append(row["text"])
     if not texts:
