@@ -93,6 +93,11 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
         z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
         h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=g)
         h_hat[:, 0] = hl[:, 0]  # BOS is the backbone's, never generated
+        if layer == 0:  # the rounding baseline's decoder: nearest token embedding
+            e = teacher.embeddings
+            plain = h_hat - offsets
+            nearest = ((plain * plain).sum(-1, keepdim=True) - 2 * plain @ e.T + (e * e).sum(-1)).argmin(-1)
+            sums["round_correct"] = sums.get("round_correct", 0.0) + float(((nearest == ids).float() * weight).sum())
         sums["err"] += float((((h_hat - hl) ** 2).sum(-1) * weight).sum())
         # next-token cross-entropy of the frozen upper stack: position i predicts i + 1
         pair = mask[:, 1:].float()
@@ -112,7 +117,8 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
     return {"layer": layer, "nmse": nmse, "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
             "nmse_noisy": sum(v[0] / total_var for v in noisy.values()) / len(noisy),
             "nmse_by_snr": {str(s): v[0] / total_var for s, v in noisy.items()},
-            "val_positions": int(targets.shape[0]), "seed": seed}
+            "val_positions": int(targets.shape[0]), "seed": seed,
+            **({"round_accuracy": sums["round_correct"] / int(targets.shape[0])} if layer == 0 else {})}
 
 
 def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,

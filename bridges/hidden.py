@@ -192,6 +192,29 @@ class HybridDenoiser(nn.Module):
         return logits[:, :-1].float()
 
 
+class RoundingDenoiser(HybridDenoiser):
+    """The Diffusion-LM-style baseline in the same framework: a bridge at layer 0 whose
+    reconstruction is decoded by rounding to the nearest token embedding instead of by the
+    upper stack. Logits are -|h^ - E[v]|^2 / T (T = the mean squared distance between
+    neighbouring embeddings would be a natural scale; T = 1 here in the backbone's units)."""
+
+    def __init__(self, bridge: HiddenBridge, teacher: Teacher, bos_id: int, steps: int | None = None,
+                 temperature: float = 1.0):
+        if bridge.cfg.layer != 0:
+            raise BadInput(f"--decode round is the layer-0 baseline; this bridge is at layer {bridge.cfg.layer}")
+        super().__init__(bridge, teacher, bos_id, steps)
+        self.temperature = temperature
+
+    @torch.no_grad()
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.hidden(z)[:, 1:]
+        offsets = self.teacher.offsets(h.shape[1] + 1)[1:]
+        e = self.teacher.embeddings
+        h = h - offsets  # compare against the token table, without the position part
+        distance = (h * h).sum(-1, keepdim=True) - 2 * h @ e.T + (e * e).sum(-1)
+        return -distance / self.temperature
+
+
 def save_bridge_config(out: Path, cfg: BridgeConfig, extra: dict) -> None:
     (Path(out) / CONFIG).write_text(json.dumps({"kind": "bridge", "bridge": asdict(cfg), **extra}, indent=2))
 

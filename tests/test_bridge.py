@@ -42,12 +42,26 @@ def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, blocks, tmp
                          tmp_path / "b0", {"layer": 0})
     assert metrics["nmse"] < 0.05, metrics
     assert metrics["delta_ce"] < 0.05
+    assert metrics["round_accuracy"] > 0.9  # the rounding baseline decodes the clean tokens back
     # the frozen backbone is untouched by training
     after = llama.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(not p.requires_grad for p in llama.model.parameters())
     for name in ("metrics.json", "curve.csv", "config.json", "model.safetensors", "plots/curve.png"):
         assert (tmp_path / "b0" / name).is_file(), name
+
+
+def test_rounding_baseline_decodes_by_nearest_embedding(llama):
+    from bridges.hidden import RoundingDenoiser
+
+    teacher = Teacher(llama, 0)
+    bridge = HiddenBridge(small(0, llama)).eval()
+    rounding = RoundingDenoiser(bridge, teacher, llama.tokenizer.bos_token_id)
+    x = torch.randint(5, 300, (2, 6))
+    offsets = teacher.offsets(7)[1:]
+    bridge.sample = lambda a, steps=None, generator=None: teacher.embeddings[x] + offsets
+    logits = rounding(torch.zeros(2, 6, bridge.cfg.d_tok))
+    assert logits.shape == (2, 6, llama.config.vocab_size) and torch.equal(logits.argmax(-1), x)
 
 
 def test_hybrid_denoiser_shape_and_shift(llama):
@@ -158,3 +172,6 @@ def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned,
     assert code == 0, err
     data = json.loads(out)
     assert data["meta"]["nfe"] == 6 and len(data["samples"][0]["token_ids"]) == 5
+    code, _, err = invoke(capsys, "sample", "--model", tmp_path / "b" / "bridges" / "layer-01", "--decode", "round",
+                          "--num", 1, "--length", 4, "--out", tmp_path / "s", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "--decode round is the layer-0 baseline")

@@ -158,7 +158,7 @@ def _report(data: dict, title: str) -> None:
         print_table(title, ["key", "value"], [[k, v] for k, v in data.items()])
 
 
-def _load_denoiser(model: Path, device: str):
+def _load_denoiser(model: Path, device: str, decode: str = "stack"):
     """(TokenDenoiser, tokenizer) from a DSL checkpoint or a bridge directory."""
     from bridges.dsl import load_dsl, read_config
     from bridges.tokens import load_saved_tokenizer
@@ -169,7 +169,7 @@ def _load_denoiser(model: Path, device: str):
     if kind == "dsl":
         return load_dsl(model, resolve_device(device)), load_saved_tokenizer(model)
     if kind == "bridge":
-        from bridges.hidden import HybridDenoiser, Teacher, load_bridge
+        from bridges.hidden import HybridDenoiser, RoundingDenoiser, Teacher, load_bridge
         from geoprobe.backbone import load_backbone
 
         bridge, record = load_bridge(model)
@@ -179,7 +179,8 @@ def _load_denoiser(model: Path, device: str):
         bridge.to(backbone.input_device)
         teacher = Teacher(backbone, bridge.cfg.layer)
         bos = backbone.tokenizer.bos_token_id
-        return HybridDenoiser(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
+        denoiser_class = RoundingDenoiser if decode == "round" else HybridDenoiser
+        return denoiser_class(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
     raise BadInput(f"{model} holds a {kind!r} checkpoint, not a DSL model or a bridge")
 
 
@@ -201,6 +202,8 @@ def sample(
     eta_cap: Annotated[float, typer.Option(help="ReMDM cap.")] = 0.02,
     switch_snr: Annotated[float, typer.Option(help="hybrid: SNR where the continuous stage stops.")] = 5.0,
     finisher: Annotated[str, typer.Option(help="hybrid: the masked sampler that finishes (mdlm or a remdm-*).")] = "mdlm",
+    decode: Annotated[str, typer.Option(help="Bridges: stack (the frozen upper blocks and head) or round (nearest "
+                                             "token embedding: the layer-0 Diffusion-LM baseline).")] = "stack",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
     seed: Seed = 0, device: Device = "auto",
 ):
@@ -221,7 +224,9 @@ def sample(
         options["finisher"] = make_sampler(finisher, **finishing)
     accepted = inspect.signature(SAMPLERS[sampler]).parameters
     chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
-    denoiser, tokenizer = _load_denoiser(model, device)
+    if decode not in ("stack", "round"):
+        raise BadInput(f"unknown --decode {decode!r} (use stack or round)")
+    denoiser, tokenizer = _load_denoiser(model, device, decode)
     result = chosen.sample(denoiser, num, length, seed)
     out = out or model
     out.mkdir(parents=True, exist_ok=True)
@@ -231,7 +236,7 @@ def sample(
     tmp.replace(out / "samples.jsonl")
     meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped,
             "seconds": round(result.seconds, 4), "tokens_per_second": round(num * length / result.seconds, 2),
-            "model": str(model), "file": str(out / "samples.jsonl")}
+            "model": str(model), "decode": decode, "file": str(out / "samples.jsonl")}
     with open(out / "samples.meta.jsonl", "a") as handle:
         handle.write(json.dumps(meta) + "\n")
     if state.format == "json":
