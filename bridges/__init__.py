@@ -1,1 +1,2 @@
-"""Trainable generative models: the DiHAL hidden-state bridge and the DSL denoiser (not yet built)."""
+"""Trainable generative models: the DSL channel and denoiser, the DiHAL hidden-state bridge,
+and the one training loop they share (see DESIGN.md)."""

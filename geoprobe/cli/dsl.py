@@ -55,6 +55,7 @@ def train_cmd(
 ):
     """Train a DSL denoiser (fixed budget, resumable)."""
     import shutil
+    from dataclasses import asdict
 
     from bridges.channel import SNR_SCHEMES
     from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, read_config, save_config, sequences, train_dsl
@@ -76,7 +77,7 @@ def train_cmd(
         shutil.rmtree(out)
     if (out / "config.json").is_file():
         old = read_config(out)
-        if old.get("training") != json.loads(json.dumps(_asdict(settings))) or old.get("identity") != identity:
+        if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
             raise BadInput(f"{out} holds another training run; use another --out or --force")
         tok = load_saved_tokenizer(out)
         model = DSLModel(DSLConfig(**old["model"]), seed=seed)
@@ -127,12 +128,6 @@ def _table_init(kind: str, tokenizer_spec: str, vocab_size: int, d_tok: int):
     if len(embeddings) < vocab_size:
         raise BadInput(f"the model's embedding table has {len(embeddings)} rows, fewer than the vocabulary ({vocab_size})")
     return TokenTable.pca_init(embeddings[:vocab_size], d_tok)
-
-
-def _asdict(settings):
-    from dataclasses import asdict
-
-    return asdict(settings)
 
 
 def _evaluate(folder: Path, documents, tokenizer, seq_len: int, device: str, max_seqs: int = 32) -> dict:

@@ -114,9 +114,8 @@ def scan(
                         trust_remote_code=trust_remote_code)
     from geoprobe.store import MANIFEST, read_manifest
 
-    manifest_path = out / MANIFEST
-    finished = (manifest_path.is_file() and not force and read_manifest(out).get("status") == "complete"
-                and read_manifest(out)["config"]["corpus"] == cfg.corpus)
+    existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
+    finished = existing.get("status") == "complete" and existing["config"]["corpus"] == cfg.corpus
     if not finished:  # a finished extraction is not even reloaded: the model stays on disk
         bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
         try:
