@@ -68,6 +68,9 @@ def test_scan_runs_everything_and_a_rerun_recomputes_nothing(tmp_path, tiny_mode
     assert code == 0, err
     assert "chosen layer" in out
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}  # nothing extracted or measured again
+    # other extraction flags on a finished run are not silently ignored
+    code, _, err = invoke(capsys, *args, "--tokens", 900)
+    assert_one_line_error(code, err, 2, "holds a different run (differs in: tokens)")
     # new geometry settings recompute the geometry only
     code, _, err = invoke(capsys, "-q", *args, "--normalize", "none")
     assert code == 0 and json.loads((tmp_path / "s" / "geometry.json").read_text())["settings"]["normalize"] == "none"

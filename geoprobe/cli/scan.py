@@ -25,6 +25,25 @@ Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) 
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
 
 
+def _same_extraction(manifest: dict, cfg) -> bool:
+    """Whether a finished run was extracted with these flags (checked without loading the model;
+    anything else goes through `extract`, which resumes or names the differing keys)."""
+    from dataclasses import asdict
+
+    from geoprobe.extract import parse_layers
+
+    stored = manifest["config"]
+    wanted = asdict(cfg)
+    keys = ("model", "corpus", "tokens", "seq_len", "positions", "skip_first", "seed", "storage", "text_field",
+            "dtype", "rank", "world_size")
+    if any(stored.get(k) != wanted[k] for k in keys):
+        return False
+    try:
+        return parse_layers(cfg.layers, manifest["model"]["num_layers"]) == stored["layers"]
+    except Exception:
+        return False
+
+
 def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed):
     from geoprobe.geometry import GeometrySettings
 
@@ -115,7 +134,7 @@ def scan(
     from geoprobe.store import MANIFEST, read_manifest
 
     existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
-    finished = existing.get("status") == "complete" and existing["config"]["corpus"] == cfg.corpus
+    finished = existing.get("status") == "complete" and _same_extraction(existing, cfg)
     if not finished:  # a finished extraction is not even reloaded: the model stays on disk
         bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
         try:
