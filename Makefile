@@ -21,7 +21,7 @@ test: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra
 
 demo: .venv/.installed .kjv
-	HF_HUB_OFFLINE=1 $(PY) -m geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo
+	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
 
 bench: .venv/.installed
 	$(PY) bench/extract_overhead.py

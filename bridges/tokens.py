@@ -42,10 +42,28 @@ def train_bpe(documents: list[str], vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
+def word_tokenizer(documents: list[str]):
+    """One token per whitespace-separated word of the documents (plus <eos> and <unk>): for
+    corpora with a closed vocabulary such as `synthetic:hmm`, so generations stay in it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for d in documents for w in d.split()})
+    vocab = {"<eos>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>", bos_token="<eos>",
+                                   pad_token="<eos>")
+
+
 def load_tokenizer(spec: str, documents: list[str] | None = None):
-    """`char`, `train:V` (needs the documents), a model/tokenizer folder, a hub id, or builtin:NAME."""
+    """`char`, `words`, `train:V` (both need the documents), a model/tokenizer folder, a hub id, or
+    builtin:NAME."""
     if spec == "char":
         return char_tokenizer()
+    if spec == "words":
+        return word_tokenizer(documents or [])
     if spec.startswith("train:"):
         size = spec.split(":", 1)[1]
         if not size.isdigit():

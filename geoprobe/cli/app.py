@@ -58,7 +58,7 @@ def emit_json(data) -> None:
 
 
 def _register() -> None:
-    from geoprobe.cli import bridge, dsl, evaluate, extract, scan  # noqa: F401  (commands register themselves)
+    from geoprobe.cli import bridge, dsl, evaluate, extract, report, scan  # noqa: F401  (commands register themselves)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,8 @@ def train_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumed when it exists).")],
     corpus: Corpus = "kjv",
     tokenizer: Annotated[str, typer.Option(help="A model or tokenizer (folder, hub id, builtin:smollm2), "
-                                                "train:V (byte-level BPE on the corpus) or char (Text8).")] = "train:4096",
+                                                "train:V (byte-level BPE on the corpus), words (one token per "
+                                                "word of the corpus) or char (Text8).")] = "train:4096",
     snr: Annotated[str, typer.Option(help="mixed (log-normal + random-order endpoint), lognormal, or endpoint "
                                           "(MDLM baseline).")] = "mixed",
     roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = 0.1,
@@ -225,7 +226,8 @@ def sample(
     result = chosen.sample(denoiser, num, length, seed)
     out = out or model
     out.mkdir(parents=True, exist_ok=True)
-    rows = [{"text": tokenizer.decode(ids), "token_ids": ids} for ids in result.tokens.tolist()]
+    rows = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids}
+            for ids in result.tokens.tolist()]
     tmp = out / ".samples.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(out / "samples.jsonl")

@@ -1,0 +1,124 @@
+"""`geoprobe compare`, `geoprobe report` and `geoprobe demo --tiny`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.options import state
+
+
+@app.command(epilog="Examples:\n\n  geoprobe compare runs/dsl/samples.jsonl runs/mdlm/samples.jsonl --out runs/demo\n\n"
+                    "  geoprobe compare a/samples.jsonl b/samples.jsonl --out runs/x --allow-mismatch")
+def compare(
+    samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files, each evaluated by `geoprobe eval`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where compare.csv, compare.md and the plot go.")],
+    allow_mismatch: Annotated[bool, typer.Option(help="Compare generators with different budgets (marked).")] = False,
+):
+    """One table at one budget: every generator with its sampler, NFE, time and metrics."""
+    from geoprobe.report.compare import compare as build, write_comparison
+
+    rows = build(samples, allow_mismatch)
+    table, plot = write_comparison(rows, out)
+    if state.format == "json":
+        emit_json({"rows": rows, "table": str(table), "plot": str(plot)})
+    elif not state.quiet:
+        from geoprobe.report.terminal import print_table
+
+        keys = ["generator", "sampler", "nfe", "train_tokens", "gen_ppl", "diversity", "mauve", "budget"]
+        print_table(f"comparison → {table}", keys, [[r.get(k) if r.get(k) is not None else "—" for k in keys]
+                                                     for r in rows])
+
+
+@app.command(epilog="Example:\n\n  geoprobe report runs/demo")
+def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
+    """report.md: model, corpus, ranking, sweep, comparison, plots and settings."""
+    from geoprobe.report.compare import write_report
+
+    path = write_report(run)
+    emit_json({"report": str(path)}) if state.format == "json" else print(f"report: {path}")
+
+
+def _step(*argv) -> None:
+    """Run one geoprobe command in this process; any failure stops the demo with its message."""
+    from geoprobe.cli.app import main
+
+    try:
+        main(["-q", *map(str, argv)])
+    except SystemExit as exc:
+        if exc.code:
+            raise
+
+
+TINY = {"corpus": "synthetic:hmm?states=6&vocab=60&docs=300&length=60&seed=0", "tokens": 1500, "seq_len": 64,
+        "k": 8, "anchors": 256, "pairs": 512, "bootstrap": 50, "layers": "0-3", "bridge_steps": 15,
+        "bridge_batch": 4, "bridge_seq": 32, "bridge_width": 32, "dsl_tokenizer": None, "dsl_steps": 60,
+        "dsl_width": 64, "num": 12, "length": 32, "steps": 32}
+REAL = {"corpus": "kjv", "tokens": 4000, "seq_len": 256, "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200,
+        "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64,
+        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_width": 128, "num": 24, "length": 64, "steps": 64}
+
+
+def _tiny_model(folder: Path, corpus: str) -> Path:
+    """A tiny random Llama with a word-level tokenizer of the corpus (generations stay in its vocabulary)."""
+    import torch
+    import transformers
+
+    from bridges.tokens import word_tokenizer
+    from geoprobe.corpus import read_documents
+
+    if not (folder / "config.json").is_file():
+        tokenizer = word_tokenizer(read_documents(corpus))
+        config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=128, vocab_size=len(tokenizer),
+                                          max_position_embeddings=256)
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+@app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # synthetic corpus, tiny model, < 1 min\n\n"
+                    "  geoprobe demo --out runs/demo                  # SmolLM2 on the KJV (what `make demo` runs)")
+def demo(
+    tiny: Annotated[bool, typer.Option("--tiny", help="The synthetic HMM corpus and a tiny random model.")] = False,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where everything goes.")] = Path("runs/demo"),
+    device: Annotated[str, typer.Option("--device")] = "auto",
+):
+    """The whole pipeline end to end: scan, sweep, DSL, four samplers, eval, compare, report."""
+    p = TINY if tiny else REAL
+    corpus = p["corpus"]
+    out.mkdir(parents=True, exist_ok=True)
+    model = _tiny_model(out / "tiny-model", corpus) if tiny else "builtin:smollm2"
+    run = out / "run"
+    dev = ["--device", device]
+    _step("scan", model, "--corpus", corpus, "--tokens", p["tokens"], "--seq-len", p["seq_len"], "--k", p["k"],
+          "--anchors", p["anchors"], "--pairs", p["pairs"], "--bootstrap", p["bootstrap"], "--out", run, *dev)
+    _step("sweep", "--run", run, "--layers", p["layers"], "--steps", p["bridge_steps"], "--batch-size",
+          p["bridge_batch"], "--seq-len", p["bridge_seq"], "--d-model", p["bridge_width"], "--n-layers", 1, *dev)
+    dsl = out / "dsl"
+    _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, "--steps", p["dsl_steps"],
+          "--batch-size", 8, "--seq-len", p["length"], "--d-model", p["dsl_width"], "--n-layers", 2, "--out", dsl, *dev)
+    files = []
+    for sampler in ("mdlm", "remdm-loop", "roar", "hybrid"):
+        folder = out / "samples" / sampler
+        _step("sample", "--model", dsl, "--sampler", sampler, "--num", p["num"], "--length", p["length"],
+              "--steps", p["steps"], "--out", folder, *dev)
+        _step("eval", folder / "samples.jsonl", "--evaluator", model, "--references", corpus, *dev)
+        files.append(folder / "samples.jsonl")
+    _step("compare", *files, "--out", run)
+    from geoprobe.report.compare import write_report
+
+    path = write_report(run)
+    sweep = json.loads((run / "sweep.json").read_text())["correlations"]
+    summary = {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
+               "spearman_delta_ce": sweep["delta_ce"]["rho"]}
+    if state.format == "json":
+        emit_json(summary)
+    else:
+        print(f"report: {path}\nchosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
+              f"Spearman(score, delta_ce) = {summary['spearman_delta_ce']:.3f}")
