@@ -209,8 +209,10 @@ def sample(
     from geoprobe.errors import BadInput
     from samplers import SAMPLERS, make_sampler
 
+    if sampler == "ar":  # the ceiling: the backbone itself, sampled left to right with its KV cache
+        return _sample_autoregressive(str(model), num, length, top_p, out, seed, device)
     if sampler not in SAMPLERS:
-        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)})")
+        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)}, or ar for a causal LM)")
     options = {"steps": steps if steps is not None else (None if sampler == "roar" else 64), "top_p": top_p,
                "per_step": per_step, "eta": eta, "eta_cap": eta_cap, "switch_snr": switch_snr}
     if sampler == "hybrid":
@@ -224,16 +226,19 @@ def sample(
         raise BadInput(f"unknown --decode {decode!r} (use stack or round)")
     denoiser, tokenizer = _load_denoiser(model, device, decode)
     result = chosen.sample(denoiser, num, length, seed)
-    out = out or model
+    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": decode}
+    _write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(model))
+
+
+def _write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: float, model: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    rows = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids}
-            for ids in result.tokens.tolist()]
+    rows = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids} for ids in token_ids]
     tmp = out / ".samples.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(out / "samples.jsonl")
-    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped,
-            "seconds": round(result.seconds, 4), "tokens_per_second": round(num * length / result.seconds, 2),
-            "model": str(model), "decode": decode, "file": str(out / "samples.jsonl")}
+    total = sum(len(ids) for ids in token_ids)
+    meta = {**meta, "seconds": round(seconds, 4), "tokens_per_second": round(total / max(seconds, 1e-9), 2),
+            "model": model, "file": str(out / "samples.jsonl")}
     with open(out / "samples.meta.jsonl", "a") as handle:
         handle.write(json.dumps(meta) + "\n")
     if state.format == "json":
@@ -241,8 +246,37 @@ def sample(
     elif not state.quiet:
         for row in rows[:4]:
             print(row["text"][:200].replace("\n", " "))
-        _report({k: meta[k] for k in ("sampler", "steps", "nfe", "skipped_calls", "seconds", "tokens_per_second")},
-                f"{num} samples → {out / 'samples.jsonl'}")
+        _report({k: meta.get(k) for k in ("sampler", "steps", "nfe", "skipped_calls", "seconds", "tokens_per_second")},
+                f"{len(rows)} samples → {out / 'samples.jsonl'}")
+
+
+def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out: Path | None, seed: int,
+                           device: str) -> None:
+    import time
+
+    import torch
+
+    from geoprobe.backbone import load_backbone
+    from geoprobe.errors import BadInput
+
+    if out is None:
+        raise BadInput("--sampler ar needs --out (the model is not a checkpoint directory)")
+    if not 0 < top_p <= 1:
+        raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
+    backbone = load_backbone(model, device=device)
+    tok = backbone.tokenizer
+    start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    prompt = torch.full((num, 1), start_id, device=backbone.input_device)
+    torch.manual_seed(seed)
+    began = time.perf_counter()
+    with torch.no_grad():
+        generated = backbone.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
+                                            top_p=top_p, top_k=0, max_new_tokens=length, min_new_tokens=length,
+                                            pad_token_id=start_id, eos_token_id=None, use_cache=True)
+    seconds = time.perf_counter() - began
+    meta = {"sampler": "ar", "steps": length, "top_p": top_p, "seed": seed, "num": num, "length": length,
+            "nfe": length, "skipped_calls": 0, "decode": "causal"}
+    _write_samples(out, tok, generated[:, 1:].tolist(), meta, seconds, model)
 
 
 @app.command(epilog="Examples:\n\n  geoprobe nll --model runs/dsl --corpus held-out.txt\n\n"

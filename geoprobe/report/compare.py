@@ -50,7 +50,9 @@ def comparison_row(samples: Path) -> dict:
     metrics = json.loads(metrics_path.read_text())["results"]
     values = next(iter(metrics.values()))
     model = Path(meta["model"])
-    return {"generator": f"{model.parent.name}/{model.name}" + (" (round)" if meta.get("decode") == "round" else ""),
+    name = f"{model.parent.name}/{model.name}" if model.is_dir() else meta["model"]
+    suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
+    return {"generator": name + suffix,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
             "seconds": meta["seconds"], "train_tokens": training_tokens(model),
             **{k: values.get(k) for k in ("gen_ppl", "diversity", "unigram_entropy", "mauve", "mauve_std",
@@ -59,7 +61,7 @@ def comparison_row(samples: Path) -> dict:
 
 def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
     rows = [comparison_row(p) for p in samples]
-    budgets = {(r["train_tokens"], r["steps"]) for r in rows if r["train_tokens"] is not None}
+    budgets = {(r["train_tokens"], r["steps"]) for r in rows if r["train_tokens"] is not None}  # AR: pretrained
     mismatch = len(budgets) > 1
     if mismatch and not allow_mismatch:
         raise BadInput(f"the generators have different budgets (train tokens, steps): {sorted(budgets, key=str)}; "
