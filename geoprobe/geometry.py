@@ -285,7 +285,7 @@ def _bootstrap(x, centred, docs, counts, eigenvectors, curv_values, anchor_docs,
 # --- a whole run ---------------------------------------------------------------------------
 
 
-def finished_run(run) -> "RunReader":
+def finished_run(run):
     from geoprobe.store import RunReader
 
     reader = RunReader(run)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from geoprobe.backbone import SUPPORTED_ARCHITECTURES, Backbone, load_backbone
+from geoprobe.backbone import SUPPORTED_ARCHITECTURES, load_backbone
 from geoprobe.errors import BadInput
 from tests.conftest import ARCH_CONFIGS, run_cli
 

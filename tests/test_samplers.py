@@ -10,7 +10,7 @@ from bridges.channel import (TokenTable, channel, endpoint_snr, lognormal_snr, m
 from bridges.converter import Converter
 from geoprobe.errors import BadInput
 from samplers import SAMPLERS, make_sampler
-from samplers.base import CountingDenoiser, gumbel_sample, nucleus
+from samplers.base import gumbel_sample, nucleus
 from samplers.masked import remdm_transition, sigma_max
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Out, Seed, SeqLen, Tokens,
+from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Seed, SeqLen, Tokens,
                                   TrustRemoteCode, state)
 
 RunDir = Annotated[Path, typer.Argument(help="A run directory written by `geoprobe extract` or `scan`.")]

@@ -61,7 +61,7 @@ def caption(ranking: dict, geometry: dict) -> str:
 
 def write_markdown(ranking: dict, geometry: dict, path: Path) -> None:
     head, rows = display_rows(ranking)
-    lines = [f"# Layer ranking", "", caption(ranking, geometry), "",
+    lines = ["# Layer ranking", "", caption(ranking, geometry), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     path.write_text("\n".join(lines) + "\n")
