@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from bridges.channel import S_MAX, TokenTable, channel
+from bridges.channel import S_MAX, TokenTable
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig, timestep_embedding
 from geoprobe.errors import BadInput
@@ -226,7 +226,3 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     bridge = HiddenBridge(BridgeConfig(**record["bridge"]))
     bridge.load_state_dict(load_file(Path(folder) / "model.safetensors"))
     return bridge.to(device).eval(), record
-
-
-def condition(bridge: HiddenBridge, tokens: torch.Tensor, snr: torch.Tensor, generator) -> torch.Tensor:
-    return channel(bridge.table(), tokens, snr.to(tokens.device), generator=generator)
