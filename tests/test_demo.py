@@ -40,7 +40,7 @@ def test_tiny_demo_writes_a_report_with_every_row_filled(tiny_demo):
     for section in ("## Geometry and ranking", "## Bridge sweep", "## Generation"):
         assert section in report
     tables = markdown_tables(report)
-    assert len(tables) == 3
+    assert len(tables) == 4  # ranking, sweep, comparison, quality against steps
     for table in tables:
         assert len(table) >= 5  # header + at least four rows
         for row in table[1:]:
@@ -50,12 +50,23 @@ def test_tiny_demo_writes_a_report_with_every_row_filled(tiny_demo):
                 if column == "train_tokens" and "AR ceiling" in row[0]:
                     continue  # a pretrained backbone: its training tokens are not ours to count
                 assert cell not in ("—", "nan", "inf", ""), (column, row)
-    generators = [row[0] for row in tables[2][1:]]
-    assert len(generators) == 7
+    header, *rows = tables[2]
+    generators = [row[0] for row in rows]
     assert any("AR ceiling" in g for g in generators) and any("(round)" in g for g in generators)
-    assert any(g.startswith("bridges/layer-") and "round" not in g for g in generators)
-    for plot in ("geometry.png", "sweep.png", "compare.png"):
+    assert sum(g.endswith("/dsl") for g in generators) == 4 and sum(g.endswith("/mdlm") for g in generators) == 1
+    sweep = json.loads((tiny_demo / "run" / "sweep.json").read_text())["correlations"]
+    for role in ("chosen", "worst", "oracle"):  # every role's bridge is in the table, once per layer
+        assert f"bridges/layer-{sweep[role + '_layer']:02d}" in generators
+    trained = {row[header.index("train_tokens")] for row in rows if "AR ceiling" not in row[0]}
+    assert len(trained) == 1 and {row[header.index("budget")] for row in rows} == {"matched"}
+    steps_header, *curve = tables[3]
+    for sampler in ("mdlm", "remdm-loop", "roar", "hybrid"):  # three step counts per sampler
+        assert sorted(int(r[2]) for r in curve if r[1] == sampler) == [8, 16, 32]
+    for plot in ("geometry.png", "sweep.png", "compare.png", "steps.png"):
         assert (tiny_demo / "run" / "plots" / plot).stat().st_size > 20000
+    for folder in (tiny_demo / "samples").iterdir():  # one `eval` call, one metrics file beside each samples file
+        metrics = json.loads((folder / "samples.metrics.json").read_text())["results"]
+        assert list(metrics) == [str(folder / "samples.jsonl")]
 
 
 def test_compare_refuses_mismatched_budgets_unless_allowed(tiny_demo, capsys):
@@ -66,7 +77,7 @@ def test_compare_refuses_mismatched_budgets_unless_allowed(tiny_demo, capsys):
     spec = "synthetic:hmm?states=6&vocab=60&docs=300&length=60&seed=0"
     assert invoke(capsys, "-q", "eval", other / "samples.jsonl", "--evaluator", tiny_demo / "tiny-model",
                   "--references", spec, "--device", "cpu")[0] == 0
-    files = [tiny_demo / "samples" / "mdlm" / "samples.jsonl", other / "samples.jsonl"]
+    files = [tiny_demo / "samples" / "dsl-mdlm" / "samples.jsonl", other / "samples.jsonl"]
     code, _, err = invoke(capsys, "compare", *files, "--out", tiny_demo / "cmp")
     assert_one_line_error(code, err, 2, "the generators have different budgets")
     code, out, err = invoke(capsys, "--format", "json", "compare", *files, "--out", tiny_demo / "cmp",

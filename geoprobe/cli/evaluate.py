@@ -56,8 +56,8 @@ def evaluate(
                                                 "loads).")] = "builtin:smollm2",
     references: Annotated[str | None, typer.Option(help="Reference corpus for MAUVE (and the HMM for "
                                                         "synthetic:hmm).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where the metrics go (default: "
-                                                                  "SAMPLES.metrics.json beside the first file).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="One file for all the metrics (default: "
+                                                                  "SAMPLES.metrics.json beside each file).")] = None,
     seed: Seed = 0, device: Device = "auto",
 ):
     """Gen.PPL, diversity, entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
@@ -88,9 +88,13 @@ def evaluate(
                 row["oracle_nll_per_word"] = -sum(lps) / words if all(math.isfinite(l) for l in lps) else math.inf
                 row["oracle_entropy_rate"] = hmm.entropy_rate()
         results[name] = row
-    target = out or Path(samples[0]).with_suffix(".metrics.json")  # never the checkpoint's own metrics.json
-    target.write_text(json.dumps({"evaluator": evaluator, "references": references, "seed": seed,
-                                  "results": results}, indent=2))
+    header = {"evaluator": evaluator, "references": references, "seed": seed}
+    if out is not None:
+        out.write_text(json.dumps({**header, "results": results}, indent=2))
+    for name, row in ({} if out is not None else results).items():  # each beside its samples (never the
+        Path(name).with_suffix(".metrics.json").write_text(  # checkpoint's own metrics.json)
+            json.dumps({**header, "results": {name: row}}, indent=2))
+    target = out or Path(samples[0]).with_suffix(".metrics.json")
     if state.format == "json":
         emit_json(results)
     elif not state.quiet:

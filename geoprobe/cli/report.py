@@ -18,14 +18,23 @@ def compare(
     samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files, each evaluated by `geoprobe eval`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where compare.csv, compare.md and the plot go.")],
     allow_mismatch: Annotated[bool, typer.Option(help="Compare generators with different budgets (marked).")] = False,
+    curve: Annotated[list[Path] | None, typer.Option("--curve", help="More evaluated samples of the same generators "
+                                                     "at other step counts (repeatable): steps.csv and plots/steps.png, "
+                                                     "with the table's rows.")] = None,
 ):
     """One table at one budget: every generator with its sampler, NFE, time and metrics."""
-    from geoprobe.report.compare import compare as build, write_comparison
+    from geoprobe.report.compare import compare as build, comparison_row, steps_curve, write_comparison
 
     rows = build(samples, allow_mismatch)
     table, plot = write_comparison(rows, out)
+    result = {"rows": rows, "table": str(table), "plot": str(plot)}
+    if curve:
+        points = [comparison_row(p) for p in curve]
+        lines = {(r["generator"], r["sampler"]) for r in points}
+        points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
+        result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
     if state.format == "json":
-        emit_json({"rows": rows, "table": str(table), "plot": str(plot)})
+        emit_json(result)
     elif not state.quiet:
         from geoprobe.report.terminal import print_table
 
@@ -54,13 +63,17 @@ def _step(*argv) -> None:
             raise
 
 
+# Every generator in the comparison trains on the same tokens (steps x batch x seq_len): the DSL
+# and MDLM models and, in the tiny demo, the sweep's bridges. SmolLM2 bridges sample through the
+# 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
 TINY = {"corpus": "synthetic:hmm?states=6&vocab=60&docs=300&length=60&seed=0", "tokens": 1500, "seq_len": 64,
-        "k": 8, "anchors": 256, "pairs": 512, "bootstrap": 50, "layers": "0-3", "bridge_steps": 15,
-        "bridge_batch": 4, "bridge_seq": 32, "bridge_width": 32, "dsl_tokenizer": None, "dsl_steps": 60,
-        "dsl_width": 64, "num": 12, "length": 32, "steps": 32}
+        "k": 8, "anchors": 256, "pairs": 512, "bootstrap": 50, "layers": "0-3", "bridge_steps": 60,
+        "bridge_batch": 8, "bridge_seq": 32, "bridge_width": 32, "dsl_tokenizer": None, "dsl_steps": 60,
+        "dsl_width": 64, "num": 12, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
 REAL = {"corpus": "kjv", "tokens": 4000, "seq_len": 256, "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200,
         "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64,
-        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_width": 128, "num": 24, "length": 64, "steps": 64}
+        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_width": 128, "num": 24, "length": 64, "steps": 64,
+        "curve": (16, 32), "bridges_compared": False}
 
 
 def _tiny_model(folder: Path, corpus: str) -> Path:
@@ -100,38 +113,49 @@ def demo(
           "--anchors", p["anchors"], "--pairs", p["pairs"], "--bootstrap", p["bootstrap"], "--out", run, *dev)
     _step("sweep", "--run", run, "--layers", p["layers"], "--steps", p["bridge_steps"], "--batch-size",
           p["bridge_batch"], "--seq-len", p["bridge_seq"], "--d-model", p["bridge_width"], "--n-layers", 1, *dev)
-    dsl = out / "dsl"
-    _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, "--steps", p["dsl_steps"],
-          "--batch-size", 8, "--seq-len", p["length"], "--d-model", p["dsl_width"], "--n-layers", 2, "--out", dsl, *dev)
-    files = []
-    for sampler in ("mdlm", "remdm-loop", "roar", "hybrid"):
-        folder = out / "samples" / sampler
-        _step("sample", "--model", dsl, "--sampler", sampler, "--num", p["num"], "--length", p["length"],
-              "--steps", p["steps"], "--out", folder, *dev)
-        _step("eval", folder / "samples.jsonl", "--evaluator", model, "--references", corpus, *dev)
-        files.append(folder / "samples.jsonl")
+    models = {"dsl": ["--snr", "mixed"], "mdlm": ["--snr", "endpoint"]}  # DSL, and the endpoint-only MDLM model
+    for name, snr in models.items():
+        _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, *snr, "--steps",
+              p["dsl_steps"], "--batch-size", 8, "--seq-len", p["length"], "--d-model", p["dsl_width"],
+              "--n-layers", 2, "--out", out / name, *dev)
     sweep = json.loads((run / "sweep.json").read_text())["correlations"]
-    extra = {"ar": ["--model", model, "--sampler", "ar"],
-             f"bridge-{sweep['chosen_layer']:02d}": ["--model", run / "bridges" / f"layer-{sweep['chosen_layer']:02d}",
-                                                   "--sampler", "hybrid", "--steps", p["steps"]],
-             "round-00": ["--model", run / "bridges" / "layer-00", "--decode", "round", "--sampler", "mdlm",
-                          "--steps", p["steps"]]}
-    if not tiny:  # through SmolLM2's 49k-token converter these two rows take many minutes on a CPU
-        extra = {"ar": extra["ar"]}
-    for name, args in extra.items():  # the ceiling, the chosen-layer bridge and the rounding baseline
-        folder = out / "samples" / name
-        _step("sample", *args, "--num", p["num"], "--length", p["length"], "--out", folder, *dev)
-        _step("eval", folder / "samples.jsonl", "--evaluator", model, "--references", corpus, *dev)
-        files.append(folder / "samples.jsonl")
-    # the bridges' training budget is far smaller than the DSL model's on a CPU: compared, and marked
-    _step("compare", *files, "--out", run, "--allow-mismatch")
-    from geoprobe.report.compare import write_report
+    shape = ["--num", p["num"], "--length", p["length"]]
+    table = {f"dsl-{s}": ["--model", out / "dsl", "--sampler", s] for s in ("mdlm", "remdm-loop", "roar", "hybrid")}
+    table["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]
+    if p["bridges_compared"]:
+        for role in ("chosen", "worst", "oracle"):  # the same layer may play two roles: one row
+            layer = run / "bridges" / f"layer-{sweep[role + '_layer']:02d}"
+            table[f"bridge-{layer.name[-2:]}"] = ["--model", layer, "--sampler", "hybrid"]
+        table["round-00"] = ["--model", run / "bridges" / "layer-00", "--decode", "round", "--sampler", "mdlm"]
+    files, curve = [], []
+    for name, args in table.items():
+        _step("sample", *args, *shape, "--steps", p["steps"], "--out", out / "samples" / name, *dev)
+        files.append(out / "samples" / name / "samples.jsonl")
+        if name.startswith("dsl-"):  # the same generators at fewer steps: quality against sampling budget
+            for steps in p["curve"]:
+                folder = out / "samples" / f"{name}-steps{steps}"
+                _step("sample", *args, *shape, "--steps", steps, "--out", folder, *dev)
+                curve.append(folder / "samples.jsonl")
+    _step("sample", "--model", model, "--sampler", "ar", *shape, "--out", out / "samples" / "ar", *dev)  # the ceiling
+    files.append(out / "samples" / "ar" / "samples.jsonl")
+    _step("eval", *files, *curve, "--evaluator", model, "--references", corpus, *dev)  # one evaluator load
+    _step("compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run)
+    from geoprobe.report.compare import read_rows, write_report
 
     path = write_report(run)
     summary = {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
-               "spearman_delta_ce": sweep["delta_ce"]["rho"]}
+               "worst_layer": sweep["worst_layer"], "spearman_delta_ce": sweep["delta_ce"]["rho"],
+               "spearman_delta_ce_p": sweep["delta_ce"]["p"],
+               "generation": [{k: r[k] for k in ("generator", "sampler", "gen_ppl", "mauve", "budget")}
+                              for r in read_rows(run / "compare.csv")]}
     if state.format == "json":
         emit_json(summary)
-    else:
-        print(f"report: {path}\nchosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
-              f"Spearman(score, delta_ce) = {summary['spearman_delta_ce']:.3f}")
+        return
+    from geoprobe.report.terminal import print_table
+
+    print_table("generation (matched budget)", ["generator", "sampler", "Gen.PPL", "MAUVE"],
+                [[g["generator"], g["sampler"], g["gen_ppl"], g["mauve"]] for g in summary["generation"]])
+    print(f"layers: geometry-chosen {summary['chosen_layer']}, oracle {summary['oracle_layer']}, worst "
+          f"{summary['worst_layer']}; Spearman(score, delta_ce) = {summary['spearman_delta_ce']:.3f} "
+          f"(p = {summary['spearman_delta_ce_p']:.3g})\nreport: {path}")
+

@@ -10,7 +10,11 @@ MAUVE's authors use with GPT-2.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -66,12 +70,34 @@ def features(backbone, texts: list[str], context: int | None = None) -> np.ndarr
     return np.stack(out)
 
 
+@contextlib.contextmanager
+def _without_faiss_size_warning():
+    """faiss's k-means prints one 'please provide at least N training points' line per seed from
+    C++; the caller already warns about small sample sets once, so those lines are dropped and
+    anything else faiss writes to stderr is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().decode(errors="replace").splitlines():
+                if "training points" not in line:
+                    print(line, file=sys.stderr)
+
+
 def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seeds=(0, 1, 2)) -> dict:
     """MAUVE (mauve-text) between generated (p) and reference (q) features, mean and std over
     k-means seeds. Biased upwards with few samples: the caller warns below 1,000."""
     import mauve
 
-    values = [float(mauve.compute_mauve(p_features=p_features, q_features=q_features, seed=s, verbose=False,
-                                        num_buckets=max(2, min(len(p_features) // 10, 500))).mauve) for s in seeds]
+    with _without_faiss_size_warning():
+        values = [float(mauve.compute_mauve(p_features=p_features, q_features=q_features, seed=s, verbose=False,
+                                            num_buckets=max(2, min(len(p_features) // 10, 500))).mauve)
+                  for s in seeds]
     return {"mauve": float(np.mean(values)), "mauve_std": float(np.std(values)), "mauve_seeds": list(seeds),
             "mauve_samples": len(p_features)}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from geoprobe.errors import BadInput
 
-COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "gen_ppl", "diversity",
+COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "samples", "gen_ppl", "diversity",
            "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "budget"]
 
 
@@ -55,7 +55,7 @@ def comparison_row(samples: Path) -> dict:
     return {"generator": name + suffix,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
             "seconds": meta["seconds"], "train_tokens": training_tokens(model),
-            **{k: values.get(k) for k in ("gen_ppl", "diversity", "unigram_entropy", "mauve", "mauve_std",
+            **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity", "unigram_entropy", "mauve", "mauve_std",
                                           "oracle_nll_per_word")}}
 
 
@@ -69,6 +69,18 @@ def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
     for r in rows:
         r["budget"] = "MISMATCH" if mismatch else "matched"
     return rows
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of compare.csv or steps.csv, numbers as floats and empty cells as None."""
+    def value(text: str):
+        try:
+            return float(text)
+        except ValueError:
+            return text or None
+
+    with open(path, newline="") as handle:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
 def _fmt(v) -> str:
@@ -96,24 +108,75 @@ def write_comparison(rows: list[dict], out: Path) -> tuple[Path, Path]:
     return out / "compare.csv", compare_plot(rows, out / "plots" / "compare.png")
 
 
-def compare_plot(rows: list[dict], path: Path) -> Path:
+def steps_curve(rows: list[dict], out: Path) -> tuple[Path, Path]:
+    """steps.csv and plots/steps.png: Gen.PPL and MAUVE against sampling steps, one line per sampler."""
     from geoprobe.report.plots import plt
 
+    out = Path(out)
+    rows = sorted(rows, key=lambda r: (r["generator"], r["sampler"], r["steps"] or 0))
+    with open(out / "steps.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS[:-1])
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in COLUMNS[:-1]} for r in rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    lines: dict[str, list[dict]] = {}
     for r in rows:
-        label = f"{r['generator']} · {r['sampler']}"
-        left.scatter(r["nfe"], r["gen_ppl"], label=label)
-        if r.get("mauve") is not None:
-            right.scatter(r["nfe"], r["mauve"], label=label)
-    left.set_xlabel("denoiser evaluations (NFE)")
+        lines.setdefault(f"{r['generator']} · {r['sampler']}", []).append(r)
+    for label, group in lines.items():
+        steps = [r["steps"] for r in group]
+        left.plot(steps, [r["gen_ppl"] for r in group], marker="o", label=label)
+        right.plot(steps, [r.get("mauve") if r.get("mauve") is not None else math.nan for r in group],
+                   marker="o", label=label)
     left.set_ylabel("Gen.PPL under the evaluator (lower is better)")
-    left.set_yscale("log")
-    right.set_xlabel("denoiser evaluations (NFE)")
     right.set_ylabel("MAUVE vs. references (higher is better)")
-    for ax, title in ((left, "Gen.PPL against sampling budget"), (right, "MAUVE against sampling budget")):
+    ppl = [r["gen_ppl"] for r in rows if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) and r["gen_ppl"] > 0]
+    if ppl and max(ppl) / min(ppl) > 3:  # log only where the values span a wide range
+        left.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    for ax, title in ((left, "Gen.PPL against sampling steps"), (right, "MAUVE against sampling steps")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["steps"] for r in rows}))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("sampling steps (log scale)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
     right.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = out / "plots" / "steps.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return out / "steps.csv", path
+
+
+def compare_plot(rows: list[dict], path: Path) -> Path:
+    """Two bar panels, one bar per generator: Gen.PPL and MAUVE (± std over k-means seeds)."""
+    from geoprobe.report.plots import plt
+
+    labels = [f"{r['generator']} · {r['sampler']}" for r in rows]
+    colors = ["tab:gray" if r["train_tokens"] is None else "tab:blue" if "bridges/" not in r["generator"]
+              else "tab:orange" for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.8), sharey=True)
+    y = list(range(len(rows)))
+    ppl = [r["gen_ppl"] if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) else math.nan for r in rows]
+    left.barh(y, ppl, color=colors)
+    finite = [v for v in ppl if math.isfinite(v) and v > 0]
+    if finite and max(finite) / min(finite) > 3:
+        left.set_xscale("log")
+    left.set_xlim(left=min(finite) * 0.9 if finite and min(finite) > 0 else 0)
+    mauve = [r["mauve"] if r.get("mauve") is not None else math.nan for r in rows]
+    right.barh(y, mauve, xerr=[r.get("mauve_std") or 0 for r in rows], color=colors, capsize=3)
+    right.set_xlim(0, 1.05)
+    left.set_yticks(y, labels, fontsize=8)
+    left.invert_yaxis()
+    budget = rows[0]["budget"] if rows else ""
+    left.set_xlabel("Gen.PPL under the evaluator (lower is better)")
+    right.set_xlabel("MAUVE vs. references, mean ± std over seeds (higher is better)")
+    left.set_title(f"Gen.PPL ({budget} budget; gray: pretrained AR ceiling, orange: bridges)", fontsize=10)
+    right.set_title(f"MAUVE ({rows[0].get('samples') if rows else '?'} samples per generator)", fontsize=10)
+    for ax in (left, right):
+        ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -150,6 +213,11 @@ def write_report(run: Path) -> Path:
     if (run / "compare.md").is_file():
         parts += ["## Generation", "", (run / "compare.md").read_text().split("\n", 2)[2], "",
                   "![compare](plots/compare.png)", ""]
+    if (run / "steps.csv").is_file():
+        curve = read_rows(run / "steps.csv")
+        parts += ["## Quality against sampling steps", "", markdown_table(curve, ["generator", "sampler", "steps", "nfe",
+                                                                                 "seconds", "gen_ppl", "mauve"]), "",
+                  "![steps](plots/steps.png)", ""]
     path = run / "report.md"
     path.write_text("\n".join(parts) + "\n")
     return path
