@@ -38,12 +38,14 @@ class TokenTable(nn.Module):
 
 
 def channel(table: torch.Tensor, tokens: torch.Tensor, snr: torch.Tensor,
-            generator: torch.Generator | None = None) -> torch.Tensor:
-    """z = s e_x + sqrt(s) eps for token ids (B, L) and per-token SNRs (B, L) -> (B, L, d)."""
+            generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """z = s e_x + sqrt(s) eps for token ids (B, L) and per-token SNRs (B, L) -> (B, L, d);
+    eps is `noise` when given (a data-parallel rank's rows of the global batch's draw)."""
     e = table[tokens]
-    # drawn where the generator lives (the CPU for reproducible runs), then moved
-    where = generator.device if generator is not None else e.device
-    noise = torch.randn(e.shape, generator=generator, device=where, dtype=e.dtype).to(e.device)
+    if noise is None:  # drawn where the generator lives (the CPU for reproducible runs), then moved
+        where = generator.device if generator is not None else e.device
+        noise = torch.randn(e.shape, generator=generator, device=where, dtype=e.dtype)
+    noise = noise.to(e.device, e.dtype)
     return snr[..., None] * e + snr.clamp(min=0).sqrt()[..., None] * noise
 
 

@@ -26,6 +26,7 @@ from bridges.channel import S_MAX, TokenTable, channel, draw_snr
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig
 from bridges.train import WEIGHTS, TrainConfig, train
+from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 
 CONFIG = "config.json"
@@ -76,8 +77,9 @@ class DSLModel(nn.Module):
             x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)))
         return self.head(self.transformer(x))
 
-    def loss(self, tokens: torch.Tensor, snr: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        z = channel(self.table(), tokens, snr.to(tokens.device), generator=generator)
+    def loss(self, tokens: torch.Tensor, snr: torch.Tensor, generator: torch.Generator | None = None,
+             noise: torch.Tensor | None = None) -> torch.Tensor:
+        z = channel(self.table(), tokens, snr.to(tokens.device), generator=generator, noise=noise)
         logits = self(z)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
 
@@ -99,22 +101,24 @@ def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
 
 
 def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, out: Path, device: torch.device,
-              progress=None) -> list:
+              progress=None, world: World = SINGLE) -> list:
     """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed.
     Writes `config.json` first when the directory has none, so the result always loads."""
-    if not (Path(out) / CONFIG).is_file():
+    if not (Path(out) / CONFIG).is_file() and world.is_main:
         Path(out).mkdir(parents=True, exist_ok=True)
         save_config(out, model.cfg, settings, {})
     model.to(device)
     data = data.to(device)
 
-    def loss_fn(m, generator):
-        rows = torch.randint(0, len(data), (settings.train.batch_size,), generator=generator)
-        tokens = data[rows.to(device)]
-        snr = draw_snr(settings.snr, tokens.shape, generator=generator, roar_frac=settings.roar_frac)
-        return m.loss(tokens, snr, generator)
+    def loss_fn(m, generator, shard):
+        # the global batch's draws, then this rank's rows: any world size trains on the same numbers
+        size, length = settings.train.batch_size, data.shape[1]
+        rows = shard.rows(torch.randint(0, len(data), (size,), generator=generator))
+        snr = shard.rows(draw_snr(settings.snr, (size, length), generator=generator, roar_frac=settings.roar_frac))
+        noise = shard.rows(torch.randn((size, length, m.cfg.d_tok), generator=generator))
+        return m.loss(data[rows.to(device)], snr, noise=noise)
 
-    return train(model, loss_fn, settings.train, out, device, progress=progress)
+    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world)
 
 
 def save_config(out: Path, cfg: DSLConfig, settings: DSLTrainSettings, extra: dict) -> None:

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from bridges.channel import channel, draw_snr
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
 from bridges.train import WEIGHTS, TrainConfig, train
+from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
 
@@ -65,14 +66,25 @@ def fit_statistics(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches
 
 
 def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int):
-    def loss_fn(model, generator):
-        ids, mask = batches.draw(batch_size, generator)
+    """The loss of one step. Every random number is drawn for the global batch and a rank keeps
+    its rows (`shard`), padded to the global batch's length: any world size computes the same
+    loss, and the frozen backbone runs only on the rank's own rows."""
+    def loss_fn(model, generator, shard):
+        picks = torch.randint(0, len(batches.blocks), (batch_size,), generator=generator).tolist()
+        chosen = [batches.blocks[i] for i in picks]
+        length = max(len(b.tokens) for b in chosen)
+        positions = sum(len(b.tokens) - 1 for b in chosen)  # what positions_weight keeps, whole batch
+        ids, mask = pad_batch(shard.rows(chosen), batches.pad_id, batches.device, length=length)
         h0, hl = teacher.states(ids, mask)
-        snr = draw_snr("mixed", ids.shape, generator=generator)
-        clean = (torch.rand(len(ids), generator=generator) < model.cfg.clean_frac).to(ids.device)
-        z = channel(model.table(), ids, snr.to(ids.device), generator=generator)
-        a = model.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, clean)
-        return model.loss(a, hl, positions_weight(mask), generator)
+        snr = shard.rows(draw_snr("mixed", (batch_size, length), generator=generator))
+        clean = shard.rows(torch.rand(batch_size, generator=generator) < model.cfg.clean_frac).to(ids.device)
+        noise = shard.rows(torch.randn((batch_size, length, model.table().shape[1]), generator=generator))
+        z = channel(model.table(), ids, snr.to(ids.device), noise=noise)
+        a = model.source(z, teacher.embeddings, teacher.offsets(length), ids, clean)
+        tau = shard.rows(torch.rand(batch_size, generator=generator))
+        eps = shard.rows(torch.randn((batch_size, length, hl.shape[-1]), generator=generator))
+        return model.loss(a, hl, positions_weight(mask), tau=tau, eps=eps,
+                          denominator=max(positions, 1) / shard.count)
 
     return loss_fn
 
@@ -122,8 +134,9 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
 
 
 def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,
-               out: Path, identity: dict, progress=None) -> dict:
-    """Train (or resume) the bridge at `layer` into `out`, validate, write metrics and the curve."""
+               out: Path, identity: dict, progress=None, world: World = SINGLE) -> dict:
+    """Train (or resume) the bridge at `layer` into `out`, validate, write metrics and the curve
+    (with several ranks: data parallel; rank 0 writes every file)."""
     out = Path(out)
     teacher = Teacher(backbone, layer)
     device = backbone.input_device
@@ -137,16 +150,20 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
                           if old.get("identity", {}).get(k) != identity.get(k))
             raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
                            f"(differs in: {', '.join(keys) or 'bridge settings'}); use another --out or --force")
+    world.barrier()  # every rank has checked the directory before rank 0 writes into it
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
     fit_statistics(bridge, teacher, batches, train_cfg.batch_size, train_cfg.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    save_bridge_config(out, cfg, {"training": record["training"], "identity": identity})
+    if world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_bridge_config(out, cfg, {"training": record["training"], "identity": identity})
     curve = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
-                  progress=progress)
+                  progress=progress, world=world)
     bridge.load_state_dict(load_file(out / WEIGHTS))  # validate the EMA weights
     bridge.eval()
     metrics = validate(bridge, teacher, val, train_cfg.batch_size)
     metrics["final_train_loss"] = sum(l for _, l in curve[-10:]) / len(curve[-10:])
+    if not world.is_main:
+        return metrics
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (out / "curve.csv").write_text("step,loss\n" + "".join(f"{s},{l:.6f}\n" for s, l in curve))
     from geoprobe.report.plots import curve_plot

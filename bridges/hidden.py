@@ -100,15 +100,19 @@ class HiddenBridge(nn.Module):
         cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
         return self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
 
-    def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Interpolant MSE; `weight` (B, L) selects positions >= 1 that are not padding."""
+    def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator | None = None,
+             tau: torch.Tensor | None = None, eps: torch.Tensor | None = None,
+             denominator: float | None = None) -> torch.Tensor:
+        """Interpolant MSE; `weight` (B, L) selects positions >= 1 that are not padding. A
+        data-parallel rank passes its rows of the global draws (tau, eps) and the global batch's
+        weight / world size as `denominator`, so averaging the ranks' gradients is exact."""
         a_std, h_std = self.standardise_source(a), self.standardise_target(h)
-        tau = torch.rand(len(a), generator=generator).to(a.device)
-        eps = torch.randn(a.shape, generator=generator).to(a.device)
+        tau = (torch.rand(len(a), generator=generator) if tau is None else tau).to(a.device)
+        eps = (torch.randn(a.shape, generator=generator) if eps is None else eps).to(a.device, a.dtype)
         t = tau[:, None, None]
         y = (1 - t) * a_std + t * h_std + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
         err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
-        return (err * weight).sum() / weight.sum().clamp(min=1)
+        return (err * weight).sum() / (weight.sum().clamp(min=1) if denominator is None else denominator)
 
     @torch.no_grad()
     def sample(self, a: torch.Tensor, steps: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -6,6 +6,11 @@ Everything random in step t is drawn from a generator seeded by (seed, t), so a 
 from a checkpoint at step k repeats exactly what an uninterrupted run does from step k on.
 A checkpoint is one safetensors file (weights, EMA, optimizer state; the scheduler state and
 the loss curve in its metadata), written under a temporary name and renamed into place.
+
+Data parallel (torchrun): the model is wrapped in DistributedDataParallel, `batch_size` is the
+global batch, and each rank draws the global batch's random numbers and keeps its rows (a
+`Shard`), so gradients averaged over W ranks equal one process's on the whole batch and a
+checkpoint (written by rank 0) resumes on any world size.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
+from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -49,6 +55,28 @@ class TrainConfig:
             raise BadInput(f"--lr must be in (0, 1), got {self.lr}")
         if not 0 <= self.ema < 1:
             raise BadInput(f"--ema must be in [0, 1), got {self.ema}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The rows of each step's global batch that this process trains on."""
+    index: int = 0
+    count: int = 1
+
+    def rows(self, batch):
+        size = len(batch) // self.count
+        return batch[self.index * size:(self.index + 1) * size]
+
+
+class _StepLoss(torch.nn.Module):
+    """The loss of one step as a module's forward, which is what DDP synchronises on."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, generator: torch.Generator, shard: Shard) -> torch.Tensor:
+        return self.loss_fn(self.model, generator, shard)
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -108,13 +136,24 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
 
 
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
-          progress=None, log: Callable[[int, float], None] | None = None) -> list:
-    """Train `model` in place; `loss_fn(model, generator) -> scalar loss` draws its own batch.
+          progress=None, log: Callable[[int, float], None] | None = None, world: World = SINGLE) -> list:
+    """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
+    global batch's random numbers from `generator` and computes the loss on `shard.rows` of it.
 
     Resumes from `out/checkpoint.safetensors` when present. Returns the loss curve
-    [[step, loss], ...] and leaves the EMA weights in `out/model.safetensors`.
+    [[step, loss], ...] (this rank's losses) and leaves the EMA weights in `out/model.safetensors`.
     """
     cfg.validate()
+    if cfg.batch_size % world.size:
+        raise BadInput(f"--batch-size {cfg.batch_size} (the global batch) must be a multiple of the "
+                       f"{world.size} ranks")
+    shard = Shard(world.rank, world.size)
+    step_loss: torch.nn.Module = _StepLoss(model, loss_fn)
+    if world.connected:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_loss = DistributedDataParallel(step_loss, device_ids=[device.index] if device.type == "cuda" else None,
+                                            find_unused_parameters=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     params = trainable(model)
@@ -134,7 +173,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     began = time.perf_counter()
     for step in range(start, cfg.steps):
         with autocast:
-            loss = loss_fn(model, step_generator(cfg.seed, step))
+            loss = step_loss(step_generator(cfg.seed, step), shard)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
@@ -151,10 +190,13 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             log(step, value)
         if progress is not None:
             progress.advance(1)
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps) and world.is_main:
             _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve)
     model.eval()
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
-    save_file(weights, out / WEIGHTS, metadata={"steps": str(cfg.steps), "seconds": f"{time.perf_counter() - began:.3f}"})
+    if world.is_main:
+        weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
+        save_file(weights, out / WEIGHTS, metadata={"steps": str(cfg.steps),
+                                                    "seconds": f"{time.perf_counter() - began:.3f}"})
+    world.barrier()  # the other ranks may read the weights from here on
     return curve

@@ -128,12 +128,9 @@ def _needs_device_map(config, device: torch.device, dtype: torch.dtype) -> bool:
     """True when the parameters alone would not fit the free memory of the chosen GPU."""
     if device.type != "cuda":
         return False
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
+    from geoprobe.plan import empty_model
 
-    with init_empty_weights():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    need = sum(p.numel() for p in skeleton.parameters()) * torch.finfo(dtype).bits // 8
+    need = sum(p.numel() for p in empty_model(config).parameters()) * torch.finfo(dtype).bits // 8
     free, _ = torch.cuda.mem_get_info(device)
     return need > 0.9 * free
 

@@ -8,6 +8,7 @@ same rows as an uninterrupted one. Shards cover fixed ranges of planned blocks.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,9 +21,10 @@ from geoprobe import __version__
 from geoprobe.backbone import Backbone, load_backbone
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
+from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.store import (FLOAT16_MAX, MANIFEST, ShardWriter, check_writable, column_name, config_sha256, open_run,
-                            write_json_atomic)
+                            rank_parts, read_manifest, verify_shards, write_json_atomic)
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
@@ -68,8 +70,6 @@ class ExtractConfig:
     text_field: str = "text"
     shard_rows: int = 0  # 0 = auto: about 256 MB of float32 states per shard
     dtype: str = "auto"
-    rank: int = 0
-    world_size: int = 1
     batch_size: int = 8  # placement and speed only: not part of the run's identity
     device: str = "auto"
     device_map: str | None = None
@@ -96,7 +96,7 @@ def plan_blocks(documents, tokenizer, cfg: ExtractConfig) -> list[PlannedBlock]:
     """Blocks and their selected positions until exactly `cfg.tokens` rows are planned."""
     special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
     plan, rows = [], 0
-    for block in iter_blocks(documents, tokenizer, cfg.seq_len, cfg.seed, rank=cfg.rank, world_size=cfg.world_size):
+    for block in iter_blocks(documents, tokenizer, cfg.seq_len, cfg.seed):
         # seeded per block, so the choice depends neither on batching nor on resume
         rng = np.random.default_rng([cfg.seed, block.doc_id, block.seq_id])
         eligible = select_positions(block.tokens, special, cfg.skip_first, cfg.positions, rng)
@@ -110,8 +110,8 @@ def plan_blocks(documents, tokenizer, cfg: ExtractConfig) -> list[PlannedBlock]:
                    f"fewer than --tokens {cfg.tokens}")
 
 
-def pad_batch(blocks: list[Block], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(len(b.tokens) for b in blocks)
+def pad_batch(blocks: list[Block], pad_id: int, device, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    length = length or max(len(b.tokens) for b in blocks)
     ids = np.full((len(blocks), length), pad_id, dtype=np.int64)
     mask = np.zeros((len(blocks), length), dtype=np.int64)
     for row, block in enumerate(blocks):
@@ -179,65 +179,118 @@ def tokenizer_identity(tokenizer) -> dict:
 
 
 def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbone | None = None,
-            progress=None) -> dict:
-    """Run (or resume) an extraction into `out`; returns the final manifest."""
+            progress=None, world: World = SINGLE) -> dict:
+    """Run (or resume) an extraction into `out`; returns the manifest.
+
+    Several ranks (torchrun, or --rank/--world-size by hand) plan the same blocks and shards,
+    and rank r writes the shards whose index is r modulo the world size: each shard holds the
+    same rows, in the same order and bytes, as in a one-process run. A rank records its shards in
+    its own `parts/rank-R.json`; when every shard exists, rank 0 (under torchrun), or whichever
+    rank finishes last (by hand), merges them into the manifest. Resume works with any world size.
+    """
     out = Path(out)
     parse_positions(cfg.positions)
     if cfg.tokens <= 0:
         raise BadInput(f"--tokens must be positive, got {cfg.tokens}")
     if cfg.storage not in ("float16", "float32"):
         raise BadInput(f"--storage must be float16 or float32, got {cfg.storage!r}")
+    if force and world.size > 1 and not world.connected:
+        raise BadInput("--force with --world-size > 1 would let one rank delete another's shards; "
+                       "start over with a single process or under torchrun")
     check_writable(out)
     documents = read_documents(cfg.corpus, cfg.text_field)
-    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=cfg.device, device_map=cfg.device_map,
-                                         trust_remote_code=cfg.trust_remote_code)
+    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device),
+                                         device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code)
     layers = parse_layers(cfg.layers, backbone.num_layers)
     tokenizer = backbone.tokenizer
     plan = plan_blocks(documents, tokenizer, cfg)
     identity = cfg.identity(backbone, layers)
-    manifest = open_run(out, identity, force) or {
+    existing = open_run(out, identity, force) if world.is_main else None
+    world.barrier()  # rank 0 has cleared (--force) or created the directory
+    if not world.is_main:
+        existing = open_run(out, identity)
+    manifest = existing or {
         "tool": "geoprobe", "version": __version__, "command": "extract",
         "config": identity, "config_sha256": config_sha256(identity),
         "model": backbone.identity, "tokenizer": tokenizer_identity(tokenizer),
         "layers": layers, "hidden_size": backbone.hidden_size, "storage": cfg.storage,
         "rows_target": cfg.tokens, "shards": [], "status": "running",
     }
-    write_json_atomic(out / MANIFEST, manifest)
+    if world.is_main and existing is None:
+        write_json_atomic(out / MANIFEST, manifest)
 
     shard_blocks = max(1, shard_rows(cfg, len(layers), backbone.hidden_size) // cfg.seq_len)
     shard_ranges = [(i, plan[s:s + shard_blocks]) for i, s in enumerate(range(0, len(plan), shard_blocks))]
-    done = len(manifest["shards"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    parts = rank_parts(out)
+    verify_shards(out, {"shards": [e for entries in parts.values() for e in entries]})
+    mine = parts.get(world.rank, []) if world.size > 1 else manifest["shards"]
+    done = {e["file"] for e in manifest["shards"]} | {e["file"] for entries in parts.values() for e in entries}
+    todo = [(i, blocks) for i, blocks in shard_ranges
+            if i % world.size == world.rank and shard_file(i) not in done]
 
     def on_written(entry):
-        manifest["shards"].append(entry)
-        write_json_atomic(out / MANIFEST, manifest)
+        mine.append(entry)
+        if world.size == 1:
+            write_json_atomic(out / MANIFEST, manifest)
+        else:
+            (out / PARTS).mkdir(exist_ok=True)
+            write_json_atomic(out / PARTS / f"rank-{world.rank:03d}.json", mine)
 
     writer = ShardWriter(out, on_written)
-    rows_done = sum(s["rows"] for s in manifest["shards"])
     if progress is not None:
-        progress.start(total=cfg.tokens, completed=rows_done)
+        planned = sum(len(p.positions) for i, blocks in shard_ranges if i % world.size == world.rank for p in blocks)
+        progress.start(total=planned, completed=planned - sum(len(p.positions) for _, b in todo for p in b))
     started = time.perf_counter()
     try:
-        for index, blocks in shard_ranges[done:]:
-            parts = []
+        for index, blocks in todo:
+            batches = []
             for start in range(0, len(blocks), cfg.batch_size):
                 batch = blocks[start:start + cfg.batch_size]
-                parts.append(extract_batch(backbone, batch, layers, pad_id, cfg.storage))
+                batches.append(extract_batch(backbone, batch, layers, pad_id, cfg.storage))
                 if progress is not None:
-                    progress.advance(len(parts[-1]["position"]))
-            table, dtypes = to_table(parts, layers)
+                    progress.advance(len(batches[-1]["position"]))
+            table, dtypes = to_table(batches, layers)
             writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(blocks)],
                                          "dtypes": dtypes})
     except BaseException as exc:
         writer.close()  # keep every shard that was complete; the partial one is dropped
-        manifest.update(status="interrupted", error=str(exc) or type(exc).__name__)
-        write_json_atomic(out / MANIFEST, manifest)
+        if world.size == 1:
+            manifest.update(status="interrupted", error=str(exc) or type(exc).__name__)
+            write_json_atomic(out / MANIFEST, manifest)
         raise
     writer.close()
-    manifest.pop("error", None)
-    manifest.update(status="complete", rows=sum(s["rows"] for s in manifest["shards"]),
-                    tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)),
-                    seconds_last_session=round(time.perf_counter() - started, 3))
+    seconds = round(time.perf_counter() - started, 3)
+    world.barrier()  # under torchrun every rank's shards exist from here on
+    if world.connected and not world.is_main:
+        world.barrier()  # rank 0 merges
+        return read_manifest(out)
+    merged = merge_manifest(out, manifest, len(shard_ranges), plan, seconds)
+    world.barrier()
+    return merged
+
+
+PARTS = "parts"
+
+
+def shard_file(index: int) -> str:
+    return f"hidden/part-{index:05d}.parquet"
+
+
+def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedBlock], seconds: float) -> dict:
+    """Fold every rank's part file into the manifest; complete when all `n_shards` shards exist."""
+    entries = {e["file"]: e for e in manifest["shards"]}
+    for part in rank_parts(out).values():
+        entries.update({e["file"]: e for e in part})
+    manifest["shards"] = [entries[f] for f in sorted(entries)]
+    if len(entries) < n_shards:  # another rank is still at work (or was stopped): resume finishes it
+        manifest.update(status="running", error=f"{n_shards - len(entries)} of {n_shards} shards missing")
+    else:
+        manifest.pop("error", None)
+        manifest.update(status="complete", rows=sum(s["rows"] for s in manifest["shards"]),
+                        tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)), seconds_last_session=seconds)
     write_json_atomic(out / MANIFEST, manifest)
+    if manifest["status"] == "complete" and (out / PARTS).is_dir():
+        shutil.rmtree(out / PARTS)  # folded into the manifest
     return manifest
+

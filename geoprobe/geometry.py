@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from geoprobe.errors import BadInput
+from geoprobe.distributed import SINGLE, World
+from geoprobe.errors import BadInput, GeoprobeError
 
 EPS_REL = 1e-6  # floor of a neighbourhood's lambda_max, relative to the layer's tr(Sigma)/d
 SUBSPACE = 16  # eigenvectors kept for the bootstrap's lambda_max(Sigma_w)
@@ -88,11 +89,27 @@ def knn(queries: torch.Tensor, reference: torch.Tensor, k: int, exclude: torch.T
     float64 answer unless float32 rounding moved a true neighbour past the margin.
     `exclude[i]` (a reference index, or -1) is never returned for query i.
     """
-    margin = min(max(8, k // 4), len(reference) - k - (exclude is not None))
+    distances, candidates = knn_candidates(queries, reference, k, exclude, chunk)
+    return nearest(distances, candidates, k)
+
+
+def nearest(distances: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """The k ids of smallest distance in each row, ties broken by the smaller id: the same
+    answer however the candidates were split (across ranks, or by chunk)."""
+    by_id = torch.argsort(ids, dim=1, stable=True)
+    by_distance = torch.argsort(distances.gather(1, by_id), dim=1, stable=True)
+    return ids.gather(1, by_id.gather(1, by_distance[:, :k]))
+
+
+def knn_candidates(queries: torch.Tensor, reference: torch.Tensor, k: int, exclude: torch.Tensor | None = None,
+                   chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact float64 squared distances, reference indices) of the k + margin float32 candidates
+    of each query (fewer when the reference is small; an excluded row has distance inf). Each distance is a row-wise sum over the
+    d coordinates, so its bits do not depend on how many candidates were computed with it."""
+    take = min(k + max(8, k // 4), len(reference))  # the margin absorbs float32 rounding
     ref32 = reference.to(torch.float32)
-    ref_sq = (reference * reference).sum(1)
-    ref_sq32 = ref_sq.to(torch.float32)
-    out = []
+    ref_sq32 = (reference * reference).sum(1).to(torch.float32)
+    distances, indices = [], []
     for start in range(0, len(queries), chunk):
         q = queries[start:start + chunk]
         q32 = q.to(torch.float32)
@@ -101,11 +118,13 @@ def knn(queries: torch.Tensor, reference: torch.Tensor, k: int, exclude: torch.T
             ex = exclude[start:start + chunk]
             rows = torch.nonzero(ex >= 0).squeeze(1)
             dist[rows, ex[rows]] = float("inf")
-        candidates = dist.topk(k + margin, dim=1, largest=False).indices
-        dots = torch.bmm(reference[candidates], q[:, :, None]).squeeze(2)
-        exact = ref_sq[candidates] - 2.0 * dots + (q * q).sum(1, keepdim=True)
-        out.append(candidates.gather(1, exact.topk(k, dim=1, largest=False).indices))
-    return torch.cat(out)
+        candidates = dist.topk(take, dim=1, largest=False).indices
+        exact = ((reference[candidates] - q[:, None, :]) ** 2).sum(2)
+        if exclude is not None:  # a small reference may have had to take the excluded row too
+            exact[candidates == exclude[start:start + chunk, None]] = float("inf")
+        distances.append(exact)
+        indices.append(candidates)
+    return torch.cat(distances), torch.cat(indices)
 
 
 def distinct_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,9 +133,7 @@ def distinct_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     arithmetic on the bit patterns (wrapping, so exact whatever the reduction order: a float
     projection could round identical rows differently). The grouping is then verified
     exactly, with torch.unique as the fallback should two different rows collide."""
-    g = torch.Generator(device="cpu").manual_seed(0x5EED)
-    multipliers = (torch.randint(-2**62, 2**62, (x.shape[1],), generator=g, dtype=torch.int64) | 1).to(x.device)
-    hashes = (x.to(torch.float64).contiguous().view(torch.int64) * multipliers).sum(1)
+    hashes = _row_hash(x.to(torch.float64), 0x5EED)
     _, first, inverse = np.unique(hashes.cpu().numpy(), return_index=True, return_inverse=True)
     inverse = torch.from_numpy(inverse.reshape(-1)).to(x.device)
     if len(first) == len(x):  # equal rows hash equal, so every row is distinct: no copy needed
@@ -186,23 +203,39 @@ def draw_samples(n: int, settings: GeometrySettings, key: int):
 
 
 def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometrySettings,
-                   counts: torch.Tensor | None = None, rng_key: int = 0, layer: int | None = None) -> dict:
-    """All proxies of one layer. `states` (N x d) float64, `docs` (N,) document index in
-    0..G-1, `counts` (B x G) bootstrap document counts (shared across layers)."""
+                   counts: torch.Tensor | None = None, rng_key: int = 0, layer: int | None = None,
+                   world: World = SINGLE) -> dict:
+    """All proxies of one layer. `states` (n x d): this rank's contiguous share of the layer's
+    rows, in row order (all of them in a single process); `docs` (N,): the document index in
+    0..G-1 of *every* row; `counts` (B x G): bootstrap document counts (shared across layers).
+
+    With several ranks each holds only its rows: sums (mean, covariance, per-document
+    statistics) are all-reduced, the kNN runs against each rank's distinct rows and the
+    candidates are merged by distance, and the few rows that anchors and pairs need are
+    shared. Every rank returns the same result, equal to one process's up to summation order.
+    """
     name = f"layer {layer}" if layer is not None else "this layer"
     x = states.to(torch.float64)
-    n_all, d = x.shape
+    d = x.shape[1]
 
     norms = x.norm(dim=1)
-    massive = norms > settings.massive_factor * norms.median()
-    if settings.drop_massive and massive.any():
-        x, docs = x[~massive], docs[~massive]
-    n = len(x)
+    every_norm = world.gather(norms)
+    all_norms = torch.cat(every_norm)
+    n_all = len(all_norms)
+    massive_all = all_norms > settings.massive_factor * all_norms.median()
+    sizes = [len(t) for t in every_norm]
+    mine = slice(sum(sizes[: world.rank]), sum(sizes[: world.rank + 1]))
+    if settings.drop_massive and massive_all.any():
+        x, docs = x[~massive_all[mine]], docs[~massive_all]
+        kept = [int((~massive_all[sum(sizes[:r]):sum(sizes[:r + 1])]).sum()) for r in range(world.size)]
+    else:
+        kept = sizes
+    n, offset = len(docs), sum(kept[: world.rank])
 
-    # covariance and its spectrum: one eigendecomposition per layer
-    mean = x.mean(0)
+    # covariance and its spectrum: one eigendecomposition per layer (two passes: exact centring)
+    mean = world.sum(x.sum(0)) / n
     centred = x - mean
-    sigma = centred.T @ centred / max(n - 1, 1)
+    sigma = world.sum(centred.T @ centred) / max(n - 1, 1)
     eigenvalues, eigenvectors = torch.linalg.eigh(sigma)
     trace = float(eigenvalues.clamp(min=0).sum())
     if n < 2 or trace <= 0:
@@ -210,26 +243,43 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     scale = trace / d
     spectrum = spectrum_summary(eigenvalues)
 
-    # kNN among distinct states
-    distinct, inverse = distinct_rows(x)
-    duplicate_fraction = 1.0 - len(distinct) / n
-    if len(distinct) < settings.k + 1:
-        raise BadInput(f"{name} has {len(distinct)} distinct states, fewer than k+1 = {settings.k + 1}; "
+    # kNN among distinct states: the reference set is split across the ranks that hold it
+    if world.size == 1:
+        reference, inverse = distinct_rows(x)
+        reference_ids = torch.arange(len(reference), device=x.device)
+    else:
+        reference, reference_ids, inverse = _distinct_shared(x, offset, world)
+    n_distinct = int(inverse.max()) + 1
+    duplicate_fraction = 1.0 - n_distinct / n
+    if n_distinct < settings.k + 1:
+        raise BadInput(f"{name} has {n_distinct} distinct states, fewer than k+1 = {settings.k + 1}; "
                        "extract more tokens or lower --k")
     if n < settings.anchors:
         raise BadInput(f"{name} has {n} states, fewer than --anchors {settings.anchors}; "
                        "extract more tokens or lower --anchors")
     anchors, cand_i, cand_j = draw_samples(n, settings, rng_key)
     anchor_rows = torch.from_numpy(anchors).to(x.device)
-    neighbours = knn(x[anchor_rows], distinct, settings.k, exclude=inverse[anchor_rows], chunk=settings.chunk)
-    lam = neighbourhood_lambda_max(distinct, neighbours, chunk=settings.chunk).clamp(min=EPS_REL * scale)
-    curv_values = 1.0 / lam
+    local_position = torch.full((n_distinct,), -1, dtype=torch.int64, device=x.device)
+    local_position[reference_ids] = torch.arange(len(reference_ids), device=x.device)
+    queries = _rows(x, anchor_rows, offset, world)
+    if len(reference):
+        dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[anchor_rows]],
+                                   chunk=settings.chunk)
+        found = (dist, reference_ids[idx])
+    else:
+        found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
+                 torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
+    dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
+    ids = torch.cat(world.gather(found[1].T.contiguous())).T
+    neighbours = nearest(dist, ids, settings.k)
+    lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
+    curv_values = 1.0 / lam.clamp(min=EPS_REL * scale)
 
     # monotonicity on random pairs of non-identical states
     i, j = torch.from_numpy(cand_i).to(x.device), torch.from_numpy(cand_j).to(x.device)
     valid = (inverse[i] != inverse[j]).nonzero().squeeze(1)[: settings.pairs]
     i, j = i[valid], j[valid]
-    projected = (x[i] - x[j]) @ eigenvectors
+    projected = (_rows(x, i, offset, world) - _rows(x, j, offset, world)) @ eigenvectors
     ridge = settings.alpha * scale
     sq = projected ** 2
     mono_values = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1) / sq.sum(1)
@@ -237,7 +287,7 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     # the usual median (mean of the two middle values for an even count), as numpy defines it
     curv, mono = float(torch.quantile(curv_values, 0.5)), float(torch.quantile(mono_values, 0.5))
     result = {
-        "layer": layer, "n_states": n_all, "n_used": n, "massive": int(massive.sum()),
+        "layer": layer, "n_states": n_all, "n_used": n, "massive": int(massive_all.sum()),
         "duplicate_fraction": duplicate_fraction, "n_pairs": len(valid), "scale": scale,
         "participation_ratio": spectrum["participation_ratio"], "entropy_rank": spectrum["entropy_rank"],
         "lambda_max": spectrum["lambda_max"], "trace": trace,
@@ -246,8 +296,8 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
               "trace": {"curv": curv * scale, "mono": mono * scale, "erank": spectrum["erank"]}}
     reps = {"none": {}, "trace": {}}
     if counts is not None and len(counts):
-        reps = _bootstrap(x, centred, docs, counts, eigenvectors, curv_values, docs[anchor_rows],
-                          mono_values, docs[i], docs[j])
+        reps = _bootstrap(centred, docs[offset:offset + len(x)], counts, eigenvectors, curv_values,
+                          docs[anchor_rows], mono_values, docs[i], docs[j], world)
         result["replicates"] = {k: v.cpu().numpy().tolist() for k, v in reps.pop("raw").items()}
     for norm in ("none", "trace"):
         result[norm] = {proxy: {"value": points[norm][proxy],
@@ -256,21 +306,79 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     return result
 
 
-def _bootstrap(x, centred, docs, counts, eigenvectors, curv_values, anchor_docs, mono_values, docs_i, docs_j):
-    """Replicate proxies for every row of `counts`, from per-document sufficient statistics."""
-    n, d = x.shape
+def _rows(x: torch.Tensor, rows: torch.Tensor, offset: int, world: World) -> torch.Tensor:
+    """The states of global `rows` on every rank: each rank fills in the rows it holds and a
+    sum over ranks completes them (exact: every other rank adds zeros)."""
+    if world.size == 1:
+        return x[rows]
+    local = rows - offset
+    held = (local >= 0) & (local < len(x))
+    out = torch.zeros((len(rows), x.shape[1]), dtype=x.dtype, device=x.device)
+    out[held] = x[local[held]]
+    return world.sum(out)
+
+
+def _distinct_shared(x: torch.Tensor, offset: int, world: World):
+    """Distinct states across ranks: (this rank's distinct rows, their global distinct ids, the
+    global distinct id of every row). Rows are grouped by two independent 64-bit integer hashes
+    of their bit patterns, gathered from every rank; the first row of a group represents it."""
+    hashes = torch.stack([_row_hash(x, seed) for seed in (0x5EED, 0xD15C)], 1)
+    every = torch.cat(world.gather(hashes)).cpu().numpy()
+    _, first, inverse = np.unique(every[:, 0], return_index=True, return_inverse=True)
+    if not np.array_equal(every[first[inverse.reshape(-1)], 1], every[:, 1]):
+        raise GeoprobeError("two different hidden states share a 64-bit hash; rerun the geometry in one process")
+    first = torch.from_numpy(first).to(x.device)
+    mine = ((first >= offset) & (first < offset + len(x))).nonzero().squeeze(1)
+    return x[first[mine] - offset], mine, torch.from_numpy(inverse.reshape(-1)).to(x.device)
+
+
+def _row_hash(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """sum_j fold(bits(x_ij)) * m_j mod 2^64 with random odd m_j. The fold xors the high word
+    into the low one first: states stored as float16 have 42 zero low bits in float64, and an
+    unfolded product would keep only ~22 bits of hash (colliding on a few thousand rows)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    multipliers = (torch.randint(-2**62, 2**62, (x.shape[1],), generator=g, dtype=torch.int64) | 1).to(x.device)
+    bits = x.contiguous().view(torch.int64)
+    bits = bits ^ ((bits >> 32) & 0xFFFFFFFF)
+    return (bits * multipliers).sum(1)
+
+
+def _neighbourhood_lambda_shared(reference, local_position, neighbours, world: World, chunk: int) -> torch.Tensor:
+    """lambda_max of each anchor's neighbourhood when its neighbours may live on any rank."""
+    if world.size == 1:
+        return neighbourhood_lambda_max(reference, neighbours, chunk=chunk)
+    values = []
+    for start in range(0, len(neighbours), chunk):
+        ids = neighbours[start:start + chunk]
+        where = local_position[ids]
+        y = torch.zeros((*ids.shape, reference.shape[1]), dtype=reference.dtype, device=reference.device)
+        y[where >= 0] = reference[where[where >= 0]]
+        y = world.sum(y)
+        values.append(neighbourhood_lambda_max(y.reshape(-1, y.shape[-1]),
+                                               torch.arange(y.shape[0] * y.shape[1], device=y.device)
+                                               .view(ids.shape), chunk=chunk))
+    return torch.cat(values)
+
+
+def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mono_values, docs_i, docs_j,
+               world: World = SINGLE):
+    """Replicate proxies for every row of `counts`, from per-document sufficient statistics
+    (`centred` and `docs`: this rank's rows; the statistics are summed over ranks)."""
+    d = centred.shape[1]
     n_docs = counts.shape[1]
 
     def per_doc(values):
-        return torch.zeros((n_docs, *values.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, docs, values)
+        sums = torch.zeros((n_docs, *values.shape[1:]), dtype=centred.dtype, device=centred.device)
+        return world.sum(sums.index_add_(0, docs, values))
 
-    n_w = counts @ per_doc(torch.ones(n, dtype=x.dtype, device=x.device))
+    local = len(centred)
+    n_w = counts @ per_doc(torch.ones(local, dtype=centred.dtype, device=centred.device))
     shift = counts @ per_doc(centred) / n_w[:, None]  # replicate mean minus full-data mean
     trace_w = (counts @ per_doc((centred ** 2).sum(1)) - n_w * (shift ** 2).sum(1)) / (n_w - 1)
     proj = centred @ eigenvectors[:, -min(SUBSPACE, d):]  # (n, r): the top-r eigen-directions
     r = proj.shape[1]
     m_r = counts @ per_doc(proj) / n_w[:, None]
-    scatter = (counts @ per_doc((proj[:, :, None] * proj[:, None, :]).reshape(n, -1))).reshape(-1, r, r)
+    scatter = (counts @ per_doc((proj[:, :, None] * proj[:, None, :]).reshape(local, -1))).reshape(-1, r, r)
     sigma_r = (scatter - n_w[:, None, None] * m_r[:, :, None] * m_r[:, None, :]) / (n_w - 1)[:, None, None]
     lam_max_w = torch.linalg.eigvalsh(sigma_r)[:, -1]
     curv_w = weighted_median(curv_values, counts[:, anchor_docs])
@@ -305,8 +413,10 @@ def run_fingerprint(manifest: dict) -> str:
     return hashlib.sha256(f"{manifest['config_sha256']}|{shards}".encode()).hexdigest()
 
 
-def compute_geometry(run, settings: GeometrySettings, device: torch.device, layers=None, progress=None) -> dict:
-    """Proxies of every stored layer of `run` (one layer in memory at a time)."""
+def compute_geometry(run, settings: GeometrySettings, device: torch.device, layers=None, progress=None,
+                     world: World = SINGLE) -> dict:
+    """Proxies of every stored layer of `run` (one layer in memory at a time; with several
+    ranks, each holds a contiguous share of the layer's rows)."""
     settings.validate()
     reader = finished_run(run)
     doc_ids = reader.read_meta()["doc_id"]
@@ -315,12 +425,14 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
     docs = torch.from_numpy(doc_index.astype(np.int64)).to(device)
     counts = torch.from_numpy(bootstrap_counts(n_docs, settings.bootstrap, settings.seed)).to(device)
     layers = reader.layers if layers is None else layers
+    share = world.share(len(doc_ids))
     results = []
     if progress is not None:
         progress.start(total=len(layers))
     for layer in layers:
-        states = torch.cat([torch.from_numpy(b) for b in reader.iter_layer(layer)]).to(device, torch.float64)
-        results.append(layer_geometry(states, docs, settings, counts, rng_key=layer, layer=layer))
+        parts = [torch.from_numpy(b) for b in reader.iter_layer(layer, rows=share)]
+        states = (torch.cat(parts) if parts else torch.zeros((0, reader.hidden_size))).to(device, torch.float64)
+        results.append(layer_geometry(states, docs, settings, counts, rng_key=layer, layer=layer, world=world))
         del states
         if progress is not None:
             progress.advance(1)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.geometry import GeometrySettings, compute_geometry, finished_run, run_fingerprint
 from geoprobe.ranking import rank_layers
@@ -42,7 +43,8 @@ def load_geometry(run: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, progress=None) -> tuple[dict, bool]:
+def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, progress=None,
+                  world: World = SINGLE) -> tuple[dict, bool]:
     """(geometry, computed): reuses geometry.json when its settings and source shards match."""
     settings.validate()
     reader = finished_run(run)
@@ -51,8 +53,9 @@ def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, p
         old = json.loads(path.read_text())
         if old.get("settings") == settings.record() and old.get("run_fingerprint") == run_fingerprint(reader.manifest):
             return old, False
-    geometry = compute_geometry(run, settings, device, progress=progress)
-    write_json_atomic(path, geometry)
+    geometry = compute_geometry(run, settings, device, progress=progress, world=world)
+    if world.is_main:
+        write_json_atomic(path, geometry)
     return geometry, True
 
 

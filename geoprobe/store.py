@@ -73,6 +73,7 @@ def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
     if force and out.exists():
         if manifest_path.exists() or (out / HIDDEN).exists():
             (out / HIDDEN).exists() and shutil.rmtree(out / HIDDEN)
+            (out / "parts").exists() and shutil.rmtree(out / "parts")
             manifest_path.unlink(missing_ok=True)
     if manifest_path.exists():
         manifest = read_manifest(out)
@@ -99,6 +100,14 @@ def read_manifest(run: Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise BadInput(f"{path} is not valid JSON") from exc
+
+
+def rank_parts(run: Path) -> dict[int, list[dict]]:
+    """The shards each rank of a multi-process extraction has finished and not yet merged."""
+    parts = {}
+    for path in sorted((Path(run) / "parts").glob("rank-*.json")):
+        parts[int(path.stem.split("-")[1])] = json.loads(path.read_text())
+    return parts
 
 
 def verify_shards(run: Path, manifest: dict) -> None:
@@ -149,7 +158,7 @@ class ShardWriter:
                 continue
             index, table, extra = item
             try:
-                name = f"{HIDDEN}/part-{index:05d}.parquet"
+                name = f"{HIDDEN}/part-{index:05d}.parquet"  # the one name per index
                 final = self.run / name
                 tmp = final.with_name(f".{final.name}.tmp")
                 # Hidden states barely compress and never repeat: no codec, no dictionary, no
@@ -191,13 +200,28 @@ class RunReader:
         for path in self._files():
             yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=list(columns))
 
-    def iter_layer(self, layer: int, batch_rows: int = 65536, torch_device=None) -> Iterator:
-        """(rows, d) float32 numpy arrays, or torch tensors on `torch_device` when given."""
+    def _batches(self, columns, batch_rows: int, rows: tuple[int, int] | None) -> Iterator[pa.RecordBatch]:
+        if rows is None:
+            yield from self.iter_columns(columns, batch_rows)
+            return
+        lo, hi = rows
+        start = 0
+        for shard, path in zip(self.manifest["shards"], self._files()):
+            stop = start + shard["rows"]
+            if stop > lo and start < hi:
+                table = pq.read_table(path, columns=list(columns)).slice(max(lo - start, 0), min(hi, stop) - max(lo, start))
+                yield from table.to_batches(max_chunksize=batch_rows)
+            start = stop
+
+    def iter_layer(self, layer: int, batch_rows: int = 65536, torch_device=None,
+                   rows: tuple[int, int] | None = None) -> Iterator:
+        """(rows, d) float32 numpy arrays, or torch tensors on `torch_device` when given; only the
+        global row range [lo, hi) when `rows` is given (shards outside it are not opened)."""
         if layer not in self.layers:
             raise BadInput(f"layer {layer} was not captured in {self.run} (captured: {self.layers})")
         d = self.hidden_size
-        for batch in self.iter_columns([column_name(layer)], batch_rows):
-            values = batch.column(0).values.to_numpy(zero_copy_only=False)
+        for batch in self._batches([column_name(layer)], batch_rows, rows):
+            values = batch.column(0).flatten().to_numpy(zero_copy_only=False)  # flatten: respects a slice
             array = values.astype(np.float32, copy=False).reshape(-1, d)
             if torch_device is None:
                 yield array

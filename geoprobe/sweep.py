@@ -45,7 +45,7 @@ class Source:
 
 
 def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int, seed: int, device: str,
-                dtype: str, max_blocks: int = 4000, val_blocks: int = 16) -> Source:
+                dtype: str, max_blocks: int = 4000, val_blocks: int = 16, device_map: str | None = None) -> Source:
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import iter_blocks, read_documents
 
@@ -59,7 +59,7 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
     if model is None or corpus is None:
         raise BadInput("pass --run RUN, or both --model and --corpus")
     documents = read_documents(corpus)
-    backbone = load_backbone(model, device=device, dtype=dtype)
+    backbone = load_backbone(model, device=device, dtype=dtype, device_map=device_map)
     train, val = [], []
     for block in iter_blocks(documents, backbone.tokenizer, seq_len, seed, split="train", val_fraction=0.1):
         train.append(block)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -36,6 +37,9 @@ def main_options(
     if format not in ("table", "json"):
         raise typer.BadParameter("use table or json", param_hint="--format")
     state.debug, state.quiet, state.format = debug, quiet, format
+    if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports (errors still show)
+        state.quiet = True
+        sys.stdout = open(os.devnull, "w")
     if not debug:
         _quiet_libraries()
 
@@ -63,6 +67,16 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     _register()
+    try:
+        _run(argv)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(argv: list[str] | None) -> None:
     try:
         app(args=argv, standalone_mode=False)
     except GeoprobeError as exc:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import BatchSize, Device, Dtype, Force, Layers, Seed, SeqLen, Steps, state
+from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Seed, SeqLen, Steps, state
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
@@ -38,25 +38,28 @@ def _fit(source, layer, root, args, force=False):
     import shutil
 
     from bridges.fit import fit_bridge
+    from geoprobe.distributed import world_from
     from geoprobe.report.terminal import Bar
     from geoprobe.sweep import bridge_dir, check_layer, identity
 
     check_layer(source, layer)
     cfg, train_cfg = _configs(source, layer, *args)
     out = bridge_dir(root, layer)
-    if force and out.exists():
+    if force and out.exists() and world_from().is_main:
         shutil.rmtree(out)
+    world_from().barrier()
     bar = Bar(f"bridge layer {layer}", "step", quiet=state.quiet or state.format == "json")
     try:
         return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                          identity(source, layer), progress=bar), out
+                          identity(source, layer), progress=bar, world=world_from()), out
     finally:
         bar.stop()
 
 
 @app.command(epilog="Examples:\n\n  geoprobe bridge --run runs/demo            # at the layer the scan chose\n\n"
                     "  geoprobe bridge --run runs/demo --layer 3 --steps 500\n\n"
-                    "  geoprobe bridge --model builtin:smollm2 --corpus kjv --layer 2 --out runs/b")
+                    "  geoprobe bridge --model builtin:smollm2 --corpus kjv --layer 2 --out runs/b\n\n"
+                  "  torchrun --nproc-per-node 4 -m geoprobe bridge --run runs/llama8b --batch-size 64")
 def bridge(
     layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
     run: Run = None, model: Model = None, corpus: CorpusOpt = None,
@@ -64,8 +67,12 @@ def bridge(
     steps: Steps = 300, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
     n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
     seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
+    device_map: DeviceMap = None,
 ):
-    """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen)."""
+    """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
+    Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
+    large frozen backbone over the GPUs while the bridge trains on the first."""
+    from geoprobe.distributed import world_from
     from geoprobe.errors import BadInput
     from geoprobe.sweep import chosen_layer, open_source
 
@@ -77,7 +84,7 @@ def bridge(
         layer = chosen_layer(run)
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
-    source = open_source(run, model, corpus, seq_len, seed, device, dtype)
+    source = open_source(run, model, corpus, seq_len, seed, world_from().device(device), dtype, device_map=device_map)
     metrics, folder = _fit(source, layer, out or run,
                            (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed), force)
     if state.format == "json":
@@ -99,17 +106,20 @@ def sweep(
     seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
 ):
     """One bridge per layer under one budget; Spearman ρ between geometry score and validation loss."""
+    from geoprobe.distributed import world_from
     from geoprobe.extract import parse_layers
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
 
     scores = {r["layer"]: r for r in ranking_rows(run)}
-    source = open_source(run, None, None, seq_len, seed, device, dtype)
+    source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
     chosen = parse_layers(layers, source.backbone.num_layers - 1)
     args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed)
     rows = []
     for layer in chosen:
         metrics, _ = _fit(source, layer, run, args, force)
         rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+    if not world_from().is_main:  # data-parallel ranks: rank 0 writes the sweep
+        return
     summary = summarise(rows, seed)
     plot = write_sweep(run, rows, summary, source.model)
     if state.format == "json":

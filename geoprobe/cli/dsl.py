@@ -63,6 +63,7 @@ def train_cmd(
     from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
     from bridges.train import TrainConfig
     from geoprobe.backbone import resolve_device
+    from geoprobe.distributed import world_from
     from geoprobe.errors import BadInput
     from geoprobe.report.terminal import Bar
 
@@ -74,8 +75,10 @@ def train_cmd(
     settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
     train_docs, val_docs = _split(corpus, seed)
     identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None}
-    if force and out.exists():
+    world = world_from()
+    if force and out.exists() and world.is_main:
         shutil.rmtree(out)
+    world.barrier()
     if (out / "config.json").is_file():
         old = read_config(out)
         if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
@@ -96,15 +99,19 @@ def train_cmd(
             if start.cfg != model_cfg:
                 raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
             model.load_state_dict(start.state_dict())
-        out.mkdir(parents=True, exist_ok=True)
-        save_tokenizer(tok, out)
-        save_config(out, model_cfg, settings, {"identity": identity})
+        world.barrier()  # every rank has looked at the directory before rank 0 fills it
+        if world.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            save_tokenizer(tok, out)
+            save_config(out, model_cfg, settings, {"identity": identity})
     data = sequences(token_stream(train_docs, tok), seq_len)
     bar = Bar("dsl train", "step", quiet=state.quiet or state.format == "json")
     try:
-        curve = train_dsl(model, data, settings, out, resolve_device(device), progress=bar)
+        curve = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=bar, world=world)
     finally:
         bar.stop()
+    if not world.is_main:  # data-parallel ranks: rank 0 evaluates and writes
+        return
     metrics = _evaluate(out, val_docs, tok, seq_len, device)
     metrics["final_train_loss"] = sum(l for _, l in curve[-20:]) / len(curve[-20:])
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))

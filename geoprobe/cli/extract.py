@@ -8,13 +8,15 @@ import typer
 
 from geoprobe.cli.app import app, emit_json
 from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, Dtype, Force, Layers, Out, Seed, SeqLen,
-                                  Tokens, TrustRemoteCode, state)
+                                  Rank, Tokens, TrustRemoteCode, WorldSize, state)
 
 
 @app.command(epilog="Examples:\n\n"
              "  geoprobe extract builtin:smollm2 --corpus kjv --tokens 2000 --out runs/kjv\n\n"
              "  geoprobe extract Qwen/Qwen3-8B --corpus data/ --tokens 200000 --layers 0-12 "
-             "--positions random:32 --out runs/qwen")
+             "--positions random:32 --out runs/qwen\n\n"
+             "  torchrun --nproc-per-node 8 -m geoprobe extract meta-llama/Llama-3.1-8B-Instruct --corpus data/ "
+             "--tokens 1000000 --dtype bfloat16 --out runs/llama8b")
 def extract(
     model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, or builtin:smollm2.")],
     out: Out,
@@ -35,8 +37,12 @@ def extract(
     device_map: DeviceMap = None,
     trust_remote_code: TrustRemoteCode = False,
     force: Force = False,
+    rank: Rank = None,
+    world_size: WorldSize = None,
 ):
-    """Stream hidden states of chosen layers into Parquet shards (resumable)."""
+    """Stream hidden states of chosen layers into Parquet shards (resumable; several ranks
+    under torchrun or with --rank/--world-size, each writing its share of the shards)."""
+    from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig
     from geoprobe.extract import extract as run_extract
     from geoprobe.report.terminal import Bar, print_table
@@ -47,7 +53,7 @@ def extract(
                         device=device, device_map=device_map, trust_remote_code=trust_remote_code)
     bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
     try:
-        manifest = run_extract(cfg, out, force=force, progress=bar)
+        manifest = run_extract(cfg, out, force=force, progress=bar, world=world_from(rank, world_size))
     finally:
         bar.stop()
     if state.format == "json":
@@ -57,7 +63,7 @@ def extract(
         print_table(f"extract → {out}", ["key", "value"], [
             ["model", manifest["model"]["spec"]],
             ["layers", f"{manifest['layers'][0]}..{manifest['layers'][-1]} ({len(manifest['layers'])})"],
-            ["rows per layer", manifest["rows"]],
+            ["rows per layer", manifest.get("rows", sum(s["rows"] for s in manifest["shards"]))],
             ["hidden size", manifest["hidden_size"]],
             ["shards", len(manifest["shards"])],
             ["storage", ", ".join(dtypes)],

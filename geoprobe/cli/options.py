@@ -36,3 +36,7 @@ DeviceMap = Annotated[str | None, typer.Option("--device-map", help="auto: sprea
                                                                    "over the devices (accelerate).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code "
                                                                          "(never implied).")]
+Rank = Annotated[int | None, typer.Option("--rank", help="This process's rank when several share the work by hand "
+                                                        "(torchrun sets it itself).")]
+WorldSize = Annotated[int | None, typer.Option("--world-size", help="Processes sharing the work (torchrun sets it "
+                                                                   "itself).")]

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Seed, SeqLen, Tokens,
-                                  TrustRemoteCode, state)
+from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Rank, Seed, SeqLen, Tokens,
+                                  TrustRemoteCode, WorldSize, state)
 
 RunDir = Annotated[Path, typer.Argument(help="A run directory written by `geoprobe extract` or `scan`.")]
 K = Annotated[int, typer.Option("--k", help="Neighbours per anchor for the local curvature.")]
@@ -35,13 +35,36 @@ def _same_extraction(manifest: dict, cfg) -> bool:
     stored = manifest["config"]
     wanted = asdict(cfg)
     keys = ("model", "corpus", "tokens", "seq_len", "positions", "skip_first", "seed", "storage", "text_field",
-            "dtype", "rank", "world_size")
+            "dtype")
     if any(stored.get(k) != wanted[k] for k in keys):
         return False
     try:
         return parse_layers(cfg.layers, manifest["model"]["num_layers"]) == stored["layers"]
     except Exception:
         return False
+
+
+def _show_plan(model, out, cfg) -> None:
+    """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
+    from geoprobe.plan import check_fits, human, plan_scan
+
+    plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
+                     cfg.dtype, cfg.trust_remote_code)
+    if state.format == "json":
+        emit_json(plan.record())
+    elif not state.quiet:
+        from geoprobe.report.terminal import print_table
+
+        print_table(f"plan for {model} on {plan.device} ({plan.dtype})", ["need", "size", "detail"], [
+            ["parameters", human(plan.parameter_bytes), f"{plan.parameters:,} x {plan.dtype}"],
+            ["activations / batch", human(plan.activation_bytes),
+             f"{plan.batch_size} x {plan.seq_len} tokens, {plan.layers} captured layers "
+             f"({human(plan.captured_bytes)}) + working set ({human(plan.working_bytes)})"],
+            ["device memory", human(plan.memory_bytes), f"{human(plan.memory_available)} free"],
+            ["disk (shards)", human(plan.disk_bytes), f"{plan.rows:,} rows x {plan.layers} layers x d={plan.hidden_size}; "
+                                                      f"{human(plan.disk_available)} free"],
+        ])
+    check_fits(plan)
 
 
 def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed):
@@ -52,22 +75,28 @@ def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed
 
 
 def _geometry(run, settings, device):
+    """Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
     from geoprobe.backbone import resolve_device
+    from geoprobe.distributed import world_from
     from geoprobe.report.terminal import Bar
     from geoprobe.scan import geometry_step
 
+    world = world_from()
     bar = Bar("geometry", "layer", quiet=state.quiet or state.format == "json")
     try:
-        return geometry_step(run, settings, resolve_device(device), progress=bar)[0]
+        return geometry_step(run, settings, resolve_device(world.device(device)), progress=bar, world=world)[0]
     finally:
         bar.stop()
 
 
 def _rank_and_show(run, geometry, weights, log, extra=None):
+    from geoprobe.distributed import world_from
     from geoprobe.ranking import parse_weights
     from geoprobe.report.tables import print_ranking
     from geoprobe.scan import ranking_step
 
+    if not world_from().is_main:  # rank 0 writes the ranking and its plot
+        return None
     ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
     if state.format == "json":
         emit_json({**(extra or {}), "ranking": ranking, "plot": str(plot)})
@@ -114,12 +143,20 @@ def scan(
     tokens: Tokens = 10000, seq_len: SeqLen = 256, layers: Layers = "all",
     positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
     skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = 1,
+    shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MB "
+                                                         "of states per shard).")] = 0,
     k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3, normalize: Normalize = "trace",
     keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200, weights: Weights = "1,1,1", log: Log = False,
     seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", batch_size: BatchSize = 8,
     device_map: DeviceMap = None, trust_remote_code: TrustRemoteCode = False, force: Force = False,
+    plan: Annotated[bool, typer.Option("--plan", help="Print the memory and disk this scan needs (from the config "
+                                                      "alone, no weights loaded) and stop; refuse if they do not "
+                                                      "fit.")] = False,
+    rank: Rank = None, world_size: WorldSize = None,
 ):
-    """Extract, measure and rank every layer in one resumable command."""
+    """Extract, measure and rank every layer in one resumable command (several ranks under
+    torchrun: each extracts its share of the shards and of every layer's geometry)."""
+    from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig, extract
     from geoprobe.report.terminal import Bar
     from geoprobe.scan import default_corpus
@@ -129,17 +166,27 @@ def scan(
     settings.validate()  # before any extraction work
     cfg = ExtractConfig(model=model, corpus=corpus or default_corpus(), tokens=tokens, seq_len=seq_len,
                         layers=layers, positions=positions, skip_first=skip_first, seed=seed, dtype=dtype,
+                        shard_rows=shard_rows,
                         batch_size=batch_size, device=device, device_map=device_map,
                         trust_remote_code=trust_remote_code)
     from geoprobe.store import MANIFEST, read_manifest
 
+    if plan:
+        _show_plan(model, out, cfg)
+        return
+    world = world_from(rank, world_size)
     existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
     finished = existing.get("status") == "complete" and _same_extraction(existing, cfg)
     if not finished:  # a finished extraction is not even reloaded: the model stays on disk
         bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
         try:
-            extract(cfg, out, force=force, progress=bar)
+            manifest = extract(cfg, out, force=force, progress=bar, world=world)
         finally:
             bar.stop()
+        if manifest["status"] != "complete":  # ranks started by hand: the last one to finish goes on
+            from geoprobe.errors import GeoprobeError
+
+            raise GeoprobeError(f"rank {world.rank} finished its shards; {manifest.get('error')}: rerun the "
+                                "remaining ranks (or this command without --rank) to finish the scan")
     geometry_result = _geometry(out, settings, device)
     _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out)})

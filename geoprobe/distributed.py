@@ -1,0 +1,105 @@
+"""Several processes, one job: the rank/world-size picture every command shares.
+
+Launched by `torchrun`, a command finds RANK, WORLD_SIZE and LOCAL_RANK in its environment and
+joins the process group (NCCL when each rank has a GPU, gloo otherwise); `--rank` and
+`--world-size` set the same picture by hand, for extraction only (it needs no messages: ranks
+split the work by shard index and the last one to finish merges the manifest). A world of one
+is the plain single process, and every collective below is then the identity, so one code path
+serves both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from geoprobe.errors import BadInput
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def connected(self) -> bool:
+        """True when a process group carries collectives between the ranks."""
+        return self.size > 1 and dist.is_available() and dist.is_initialized()
+
+    def device(self, requested: str) -> str:
+        """Each rank on its own GPU under torchrun (`auto` or `cuda`); the request otherwise."""
+        if self.size > 1 and requested in ("auto", "cuda") and torch.cuda.is_available():
+            return f"cuda:{self.local_rank % torch.cuda.device_count()}"
+        return requested
+
+    def barrier(self) -> None:
+        if self.connected:
+            dist.barrier()
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum over ranks, on every rank (in place)."""
+        if self.connected:
+            moved = tensor.to(self._wire)
+            dist.all_reduce(moved)
+            tensor.copy_(moved)
+        return tensor
+
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor (their first dimensions may differ), in rank order, on every rank."""
+        if not self.connected:
+            return [tensor]
+        sizes = [torch.zeros(1, dtype=torch.int64, device=self._wire) for _ in range(self.size)]
+        dist.all_gather(sizes, torch.tensor([len(tensor)], dtype=torch.int64, device=self._wire))
+        longest = int(max(s.item() for s in sizes))
+        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=self._wire)
+        padded[: len(tensor)] = tensor.to(self._wire)
+        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(parts, padded)
+        return [p[: int(s.item())].to(tensor.device) for p, s in zip(parts, sizes)]
+
+    def share(self, n: int) -> tuple[int, int]:
+        """This rank's contiguous range [lo, hi) of n items (sizes differ by at most one)."""
+        return n * self.rank // self.size, n * (self.rank + 1) // self.size
+
+    @property
+    def _wire(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+SINGLE = World()
+
+
+def world_from(rank: int | None = None, world_size: int | None = None, connect: bool = True) -> World:
+    """The world of this process: torchrun's environment, else the flags, else a single process.
+    Under torchrun (and `connect`), the process group is started once (idempotent)."""
+    env_size = int(os.environ.get("WORLD_SIZE", "1"))
+    env_rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if env_size > 1:
+        if world_size not in (None, env_size) or rank not in (None, env_rank):
+            raise BadInput(f"--rank/--world-size ({rank}/{world_size}) disagree with torchrun's "
+                           f"RANK/WORLD_SIZE ({env_rank}/{env_size}); pass neither under torchrun")
+        rank, world_size = env_rank, env_size
+    world_size = 1 if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    if world_size < 1:
+        raise BadInput(f"--world-size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise BadInput(f"--rank must be in 0..{world_size - 1}, got {rank}")
+    world = World(rank, world_size, local)
+    if connect and env_size > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local % torch.cuda.device_count())
+        # extraction of a large model can keep ranks apart for a long time before they meet again
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+    return world

@@ -1,0 +1,122 @@
+"""`geoprobe scan MODEL --plan`: what a scan will need, from the model's config alone.
+
+The parameters are counted on an empty-weight skeleton (accelerate's `init_empty_weights`: no
+memory, no download beyond config.json). Figures, in bytes:
+
+* parameters: count x the bytes of the load dtype (what `--dtype` resolves to on the device);
+* activations of one forward batch (B sequences of L tokens, the deepest captured layer c):
+  the captured states B·L·d per layer kept on the device, the residual stream and one block's
+  working set (attention scores B·heads·L² in the compute dtype, the MLP's B·L·2I), and nothing
+  above layer c (the capture stops the forward there);
+* disk: rows x (captured layers x d x the storage bytes + 4 int64 meta columns); Parquet
+  without compression adds a few bytes per page.
+
+A scan is refused before it starts when the disk under --out or the device's memory (free GPU
+memory, or available RAM on a CPU) will not hold it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from geoprobe.errors import BadInput
+
+META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
+
+
+@dataclass
+class ScanPlan:
+    model: str
+    device: str
+    dtype: str
+    parameters: int
+    parameter_bytes: int
+    layers: int
+    hidden_size: int
+    rows: int
+    batch_size: int
+    seq_len: int
+    captured_bytes: int  # captured states of one batch, on the device
+    working_bytes: int  # residual stream + one block's attention and MLP working set
+    disk_bytes: int
+    memory_available: int
+    disk_available: int
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.captured_bytes + self.working_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.parameter_bytes + self.activation_bytes
+
+    def record(self) -> dict:
+        return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes}
+
+
+def empty_model(config):
+    """The model of `config` with meta-device weights: shapes and counts, no memory."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(config)
+
+
+def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
+              device: str, dtype: str, trust_remote_code: bool = False) -> ScanPlan:
+    from geoprobe.backbone import check_architecture, load_config, resolve_device, resolve_dtype, resolve_source
+    from geoprobe.extract import parse_layers
+    from geoprobe.store import check_writable
+
+    check_writable(out)
+    config = load_config(resolve_source(model), trust_remote_code)
+    check_architecture(config)
+    target = resolve_device(device)
+    load_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
+    width = torch.finfo(load_dtype).bits // 8
+    skeleton = empty_model(config)
+    count = sum(p.numel() for p in skeleton.parameters())
+    d, n = config.hidden_size, config.num_hidden_layers
+    captured = parse_layers(layers, n)
+    heads = config.num_attention_heads
+    intermediate = getattr(config, "intermediate_size", None) or 4 * d
+    tokens_per_batch = batch_size * seq_len
+    captured_bytes = tokens_per_batch * d * width * len(captured)
+    working = tokens_per_batch * d * width * 2 + batch_size * heads * seq_len ** 2 * width \
+        + tokens_per_batch * 2 * intermediate * width
+    storage_bytes = 2 if storage == "float16" else 4
+    disk = tokens * (len(captured) * d * storage_bytes + META_BYTES)
+    if target.type == "cuda":
+        memory = torch.cuda.mem_get_info(target)[0]
+    else:
+        import psutil
+
+        memory = psutil.virtual_memory().available
+    nearest = out if out.exists() else next(p for p in Path(out).absolute().parents if p.exists())
+    return ScanPlan(model=model, device=str(target), dtype=str(load_dtype).removeprefix("torch."), parameters=count,
+                    parameter_bytes=count * width, layers=len(captured), hidden_size=d, rows=tokens,
+                    batch_size=batch_size, seq_len=seq_len, captured_bytes=captured_bytes, working_bytes=working,
+                    disk_bytes=disk, memory_available=memory, disk_available=shutil.disk_usage(nearest).free)
+
+
+def check_fits(plan: ScanPlan) -> None:
+    if plan.disk_bytes > plan.disk_available:
+        raise BadInput(f"the shards need {human(plan.disk_bytes)} but only {human(plan.disk_available)} is free "
+                       f"under --out; lower --tokens or --layers, use --positions random:K, or another --out")
+    if plan.memory_bytes > plan.memory_available:
+        raise BadInput(f"the model and one batch need {human(plan.memory_bytes)} on {plan.device} but only "
+                       f"{human(plan.memory_available)} is free; lower --batch-size, use --dtype bfloat16, "
+                       "or --device-map auto")
+
+
+def human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TiB"

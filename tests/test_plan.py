@@ -1,0 +1,55 @@
+"""`geoprobe scan --plan`: the planner's figures against what a tiny model really takes."""
+
+import json
+
+import pytest
+import torch
+
+from geoprobe.backbone import load_backbone
+from geoprobe.capture import capture
+from geoprobe.plan import plan_scan
+from tests.test_extract import assert_one_line_error, invoke
+
+
+def test_plan_matches_the_real_figures_of_a_tiny_model(tmp_path, tiny_models, corpus_txt, capsys):
+    model = tiny_models("llama")
+    plan = plan_scan(str(model), tmp_path / "run", tokens=2000, seq_len=64, layers="all", storage="float16",
+                     batch_size=4, device="cpu", dtype="auto")
+    backbone = load_backbone(str(model), device="cpu")
+    params = list(backbone.model.parameters())
+    assert plan.parameters == sum(p.numel() for p in params)
+    assert plan.parameter_bytes == sum(p.numel() * p.element_size() for p in params)
+    ids = torch.randint(3, 100, (4, 64))
+    states = capture(backbone, ids, torch.ones_like(ids), list(range(backbone.num_layers + 1)))
+    assert plan.captured_bytes == sum(t.numel() * t.element_size() for t in states.values())
+    assert plan.working_bytes > 0
+
+    code, out, err = invoke(capsys, "-q", "extract", model, "--corpus", corpus_txt, "--tokens", 2000, "--seq-len", 64,
+                            "--out", tmp_path / "run", "--device", "cpu")
+    assert code == 0, err
+    written = sum(p.stat().st_size for p in (tmp_path / "run" / "hidden").glob("*.parquet"))
+    assert plan.disk_bytes == pytest.approx(written, rel=0.10)  # Parquet pages and footers on top
+
+
+def test_plan_prints_json_and_writes_nothing(tmp_path, tiny_models, corpus_txt, capsys):
+    code, out, err = invoke(capsys, "--format", "json", "scan", tiny_models("llama"), "--corpus", corpus_txt,
+                            "--tokens", 1000, "--out", tmp_path / "run", "--plan", "--device", "cpu")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["memory_bytes"] == plan["parameter_bytes"] + plan["activation_bytes"]
+    assert plan["disk_bytes"] > 1000 * plan["hidden_size"] * 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_plan_refuses_a_scan_the_disk_cannot_hold(tmp_path, tiny_models, corpus_txt, capsys):
+    code, out, err = invoke(capsys, "-q", "scan", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 10**15,
+                            "--out", tmp_path / "run", "--plan", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "the shards need")
+    assert not (tmp_path / "run").exists()
+
+
+def test_plan_refuses_a_batch_the_memory_cannot_hold(tmp_path, tiny_models, corpus_txt, capsys):
+    code, out, err = invoke(capsys, "-q", "scan", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 100,
+                            "--batch-size", 10**6, "--seq-len", 4096, "--out", tmp_path / "run", "--plan",
+                            "--device", "cpu")
+    assert_one_line_error(code, err, 2, "the model and one batch need")
