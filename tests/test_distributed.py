@@ -186,3 +186,19 @@ def test_rank_flags_out_of_range_are_refused(tmp_path, tiny_models, corpus_txt):
                    "--rank", 2, "--world-size", 2, "--device", "cpu")
     assert done.returncode == 2 and done.stderr.strip() == "error: --rank must be in 0..1, got 2"
     assert not (tmp_path / "r").exists()
+
+
+def test_two_rank_dsl_training_equals_one_rank(tmp_path, tiny_models, corpus_txt):
+    from safetensors.torch import load_file
+
+    args = ["dsl", "train", "--corpus", corpus_txt, "--tokenizer", tiny_models("llama"), "--steps", 4,
+            "--batch-size", 4, "--seq-len", 16, "--d-model", 16, "--d-tok", 8, "--n-layers", 1, "--warmup", 1,
+            "--device", "cpu"]
+    single = run_cli("-q", *args, "--out", tmp_path / "one")
+    assert single.returncode == 0, single.stderr
+    double = torchrun(*args, "--out", tmp_path / "two")
+    assert double.returncode == 0, double.stderr[-3000:]
+    weights = [load_file(tmp_path / run / "checkpoint.safetensors") for run in ("one", "two")]
+    for key in weights[0]:
+        assert torch.allclose(weights[0][key].float(), weights[1][key].float(), rtol=1e-4, atol=1e-5), key
+    assert read_json(tmp_path / "two" / "metrics.json").keys() == read_json(tmp_path / "one" / "metrics.json").keys()
