@@ -344,20 +344,16 @@ def _row_hash(x: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def _neighbourhood_lambda_shared(reference, local_position, neighbours, world: World, chunk: int) -> torch.Tensor:
-    """lambda_max of each anchor's neighbourhood when its neighbours may live on any rank."""
+    """lambda_max of each anchor's neighbourhood when its neighbours may live on any rank: the
+    distinct neighbour rows (often far fewer than anchors x k) are completed by one sum over
+    ranks, each rank filling in those it holds."""
     if world.size == 1:
         return neighbourhood_lambda_max(reference, neighbours, chunk=chunk)
-    values = []
-    for start in range(0, len(neighbours), chunk):
-        ids = neighbours[start:start + chunk]
-        where = local_position[ids]
-        y = torch.zeros((*ids.shape, reference.shape[1]), dtype=reference.dtype, device=reference.device)
-        y[where >= 0] = reference[where[where >= 0]]
-        y = world.sum(y)
-        values.append(neighbourhood_lambda_max(y.reshape(-1, y.shape[-1]),
-                                               torch.arange(y.shape[0] * y.shape[1], device=y.device)
-                                               .view(ids.shape), chunk=chunk))
-    return torch.cat(values)
+    needed, position = torch.unique(neighbours, return_inverse=True)
+    where = local_position[needed]
+    rows = torch.zeros((len(needed), reference.shape[1]), dtype=reference.dtype, device=reference.device)
+    rows[where >= 0] = reference[where[where >= 0]]
+    return neighbourhood_lambda_max(world.sum(rows), position, chunk=chunk)
 
 
 def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mono_values, docs_i, docs_j,

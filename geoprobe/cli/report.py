@@ -53,14 +53,25 @@ def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
 
 
 def _step(*argv) -> None:
-    """Run one geoprobe command in this process; any failure stops the demo with its message."""
+    """Run one geoprobe command in this process (quietly: one line per step on stderr with its
+    time); any failure stops the demo with its message."""
+    import sys
+    import time
+
     from geoprobe.cli.app import main
 
+    quiet, fmt = state.quiet, state.format
+    started = time.perf_counter()
     try:
         main(["-q", *map(str, argv)])
     except SystemExit as exc:
         if exc.code:
             raise
+    finally:
+        state.quiet, state.format = quiet, fmt  # the step's own flags must not stick to the demo
+    if not quiet:
+        shown = " ".join(Path(a).name if isinstance(a, Path) else str(a) for a in argv[:4])
+        print(f"  {time.perf_counter() - started:6.1f} s  geoprobe {shown} …", file=sys.stderr, flush=True)
 
 
 # Every generator in the comparison trains on the same tokens (steps x batch x seq_len): the DSL
@@ -72,7 +83,7 @@ TINY = {"corpus": "synthetic:hmm?states=6&vocab=60&docs=300&length=60&seed=0", "
         "dsl_width": 64, "num": 12, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
 REAL = {"corpus": "kjv", "tokens": 4000, "seq_len": 256, "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200,
         "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64,
-        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_width": 128, "num": 24, "length": 64, "steps": 64,
+        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_width": 128, "num": 64, "length": 64, "steps": 64,
         "curve": (16, 32), "bridges_compared": False}
 
 
