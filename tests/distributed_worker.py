@@ -36,3 +36,41 @@ def geometry_worker(rank: int, world_size: int, port: int, data: str, out: str) 
         raise
     finally:
         dist.destroy_process_group()
+
+
+def regression_problem():
+    """A seeded linear model and data: enough to tell whether two trainings took the same steps."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 8, generator=g), torch.randn(8, 1, generator=g)
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 1), x, x @ w + 0.1 * torch.randn(64, 1, generator=g)
+
+
+def train_worker(rank: int, world_size: int, port: int, out: str, stop_at: int) -> None:
+    """Train 6 steps of global batch 8 in `out` (resuming its checkpoint); stop_at > 0 makes
+    every rank fail at that step, as a crash would, after the checkpoint of step 4."""
+    from bridges.train import TrainConfig, train
+    from geoprobe.distributed import world_from
+
+    join(rank, world_size, port)
+    try:
+        model, x, y = regression_problem()
+
+        def loss_fn(m, generator, shard):
+            rows = shard.rows(torch.randint(0, len(x), (8,), generator=generator))
+            noise = shard.rows(torch.randn(8, 1, generator=generator))
+            if stop_at and generator.initial_seed() == stop_at:  # step_generator(seed 0, step) = step
+                raise RuntimeError("simulated crash")
+            return ((m(x[rows]) - y[rows] - 0.01 * noise) ** 2).mean()
+
+        cfg = TrainConfig(steps=6, batch_size=8, lr=0.05, warmup=2, save_every=2)
+        try:
+            train(model, loss_fn, cfg, Path(out), torch.device("cpu"), world=world_from())
+        except RuntimeError as exc:
+            if "simulated crash" not in str(exc):
+                raise
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()

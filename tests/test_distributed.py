@@ -202,3 +202,16 @@ def test_two_rank_dsl_training_equals_one_rank(tmp_path, tiny_models, corpus_txt
     for key in weights[0]:
         assert torch.allclose(weights[0][key].float(), weights[1][key].float(), rtol=1e-4, atol=1e-5), key
     assert read_json(tmp_path / "two" / "metrics.json").keys() == read_json(tmp_path / "one" / "metrics.json").keys()
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_training_resumes_on_another_world_size(tmp_path, before, after):
+    from safetensors.torch import load_file
+
+    spawn(distributed_worker.train_worker, 1, str(tmp_path / "straight"), 0)
+    spawn(distributed_worker.train_worker, before, str(tmp_path / "resumed"), 5)  # crashes at step 5
+    assert not (tmp_path / "resumed" / "model.safetensors").exists()  # it did stop early
+    spawn(distributed_worker.train_worker, after, str(tmp_path / "resumed"), 0)
+    straight, resumed = (load_file(tmp_path / run / "checkpoint.safetensors") for run in ("straight", "resumed"))
+    for key in straight:
+        assert torch.allclose(straight[key], resumed[key], rtol=1e-5, atol=1e-6), key

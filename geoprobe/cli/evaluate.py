@@ -62,15 +62,16 @@ def evaluate(
 ):
     """Gen.PPL, diversity, entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
     from geoprobe.backbone import load_backbone
-    from geoprobe.metrics.evaluator import features, gen_ppl, mauve_score
+    from geoprobe.metrics.evaluator import features, mauve_score, score
     from geoprobe.metrics.text import text_metrics
     from geoprobe.report.terminal import console
 
     sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
     backbone = load_backbone(evaluator, device=device)
-    results = {}
+    results, reference_features = {}, {}
     for name, texts in sets.items():
-        row = {"samples": len(texts), **text_metrics(texts), **gen_ppl(backbone, texts)}
+        ppl, feats = score(backbone, texts)
+        row = {"samples": len(texts), **text_metrics(texts), **ppl}
         if references is not None:
             refs = references_like(references, texts, seed)
             if len(refs) < len(texts):
@@ -78,7 +79,10 @@ def evaluate(
                                f"of the samples' length from {references}, {len(texts)} samples")
             if len(texts) < MAUVE_MIN_SAMPLES and not state.quiet:
                 console.print(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
-            row.update(mauve_score(features(backbone, texts), features(backbone, refs[: len(texts)])))
+            key = tuple(refs[: len(texts)])  # files of the same length share their references: one pass
+            if key not in reference_features:
+                reference_features[key] = features(backbone, list(key))
+            row.update(mauve_score(feats, reference_features[key]))
             if references.startswith("synthetic:"):
                 from geoprobe.synthetic import hmm_from_spec
 

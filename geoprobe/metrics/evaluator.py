@@ -35,39 +35,71 @@ def context_length(backbone) -> int:
     return int(getattr(backbone.config, "max_position_embeddings", 1024) or 1024)
 
 
+TOKENS_PER_BATCH = 8192  # padded tokens per forward pass: bounds the (B, L, vocab) logits
+
+
+def _batches(sequences: list[list[int]]):
+    """(indices, padded ids, mask) batches of similar length (right padding, so positions are
+    those of the unpadded sequence), at most TOKENS_PER_BATCH padded tokens each."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    batch: list[int] = []
+    for i in order + [None]:
+        if i is not None and (not batch or len(sequences[i]) * (len(batch) + 1) <= TOKENS_PER_BATCH):
+            batch.append(i)
+            continue
+        if batch:
+            width = len(sequences[batch[-1]])
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, j in enumerate(batch):
+                ids[row, : len(sequences[j])] = torch.tensor(sequences[j])
+                mask[row, : len(sequences[j])] = 1
+            yield batch, ids, mask
+        batch = [i] if i is not None else []
+
+
 @torch.no_grad()
-def gen_ppl(backbone, texts: list[str], context: int | None = None) -> dict:
+def score(backbone, texts: list[str], context: int | None = None) -> tuple[dict, np.ndarray]:
+    """Gen.PPL figures and MAUVE features of `texts` from the same batched forward passes.
+    Features: the final-normed last-layer state (`hidden_states[-1]`) at the last token of each
+    text's first context-length chunk."""
     context = min(context or context_length(backbone), context_length(backbone))
-    total_nll, total_tokens, per_sample = 0.0, 0, []
-    for text in texts:
+    chunks, owner = [], []  # each text cut into chunks of the evaluator's context
+    for index, text in enumerate(texts):
         ids = _ids(backbone, text)
-        nll, count = 0.0, 0
         for start in range(0, max(1, len(ids) - 1), context - 1):
-            chunk = torch.tensor([ids[start:start + context]], device=backbone.input_device)
-            if chunk.shape[1] < 2:
-                break
-            logits = backbone.model(input_ids=chunk, use_cache=False).logits[0, :-1].float()
-            nll += float(F.cross_entropy(logits, chunk[0, 1:], reduction="sum"))
-            count += chunk.shape[1] - 1
-        if count:
-            per_sample.append(math.exp(nll / count))
-            total_nll += nll
-            total_tokens += count
-    if not total_tokens:
+            if start == 0 or len(ids[start:start + context]) >= 2:
+                chunks.append(ids[start:start + context])
+                owner.append((index, start == 0))
+    nll, count = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
+    feats = np.zeros((len(texts), backbone.hidden_size), dtype=np.float32)
+    device = backbone.input_device
+    for rows, ids, mask in _batches(chunks):
+        ids, mask = ids.to(device), mask.to(device)
+        out = backbone.model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
+        losses = F.cross_entropy(out.logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+        losses = losses * mask[:, 1:]
+        last = out.hidden_states[-1][torch.arange(len(rows), device=device), mask.sum(1) - 1].float().cpu().numpy()
+        for row, chunk in enumerate(rows):
+            text, first = owner[chunk]
+            nll[text] += float(losses[row].sum())
+            count[text] += int(mask[row, 1:].sum())
+            if first:
+                feats[text] = last[row]
+    if not count.sum():
         raise BadInput("no text long enough to score (each sample needs at least one token after BOS)")
-    return {"gen_ppl": math.exp(total_nll / total_tokens), "gen_ppl_per_sample": per_sample,
-            "scored_tokens": total_tokens}
+    ppl = {"gen_ppl": math.exp(nll.sum() / count.sum()),
+           "gen_ppl_per_sample": [math.exp(n / c) for n, c in zip(nll, count) if c],
+           "scored_tokens": int(count.sum())}
+    return ppl, feats
 
 
-@torch.no_grad()
+def gen_ppl(backbone, texts: list[str], context: int | None = None) -> dict:
+    return score(backbone, texts, context)[0]
+
+
 def features(backbone, texts: list[str], context: int | None = None) -> np.ndarray:
-    context = min(context or context_length(backbone), context_length(backbone))
-    out = []
-    for text in texts:
-        ids = torch.tensor([_ids(backbone, text)[:context]], device=backbone.input_device)
-        hidden = backbone.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states[-1]
-        out.append(hidden[0, -1].float().cpu().numpy())
-    return np.stack(out)
+    return score(backbone, texts, context)[1]
 
 
 @contextlib.contextmanager
