@@ -173,7 +173,8 @@ def compare_plot(rows: list[dict], path: Path) -> Path:
     budget = rows[0]["budget"] if rows else ""
     left.set_xlabel("Gen.PPL under the evaluator (lower is better)")
     right.set_xlabel("MAUVE vs. references, mean ± std over seeds (higher is better)")
-    left.set_title(f"Gen.PPL ({budget} budget; gray: pretrained AR ceiling, orange: bridges)", fontsize=10)
+    legend = ["gray: pretrained AR ceiling"] * ("tab:gray" in colors) + ["orange: bridges"] * ("tab:orange" in colors)
+    left.set_title(f"Gen.PPL ({budget} budget{'; ' if legend else ''}{', '.join(legend)})", fontsize=10)
     right.set_title(f"MAUVE ({rows[0].get('samples') if rows else '?'} samples per generator)", fontsize=10)
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
