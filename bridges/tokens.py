@@ -26,6 +26,29 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=" ")
 
 
+TEXT8_SPLITS = {"train": (0.0, 0.9), "validation": (0.9, 0.95), "test": (0.95, 1.0)}  # 90M / 5M / 5M
+TEXT8_LENGTH = 256
+
+
+def is_text8(spec: str) -> bool:
+    """A Text8 file: one line of lowercase a-z and spaces (checked on its first megabyte)."""
+    path = Path(spec)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 20)
+    return len(head) > 0 and b"\n" not in head.rstrip(b"\n") and not head.rstrip(b"\n").translate(
+        None, TEXT8_ALPHABET.encode())
+
+
+def text8_split(spec: str, split: str) -> tuple[str, int, int]:
+    """(text, first char, end char) of a Text8 split: the usual 90% / 5% / 5% of the characters."""
+    text = Path(spec).read_text().rstrip("\n")
+    lo, hi = TEXT8_SPLITS[split]
+    start, end = int(round(lo * len(text))), int(round(hi * len(text)))
+    return text[start:end], start, end
+
+
 def train_bpe(documents: list[str], vocab_size: int):
     """A byte-level BPE of `vocab_size` tokens trained on the documents (with <eos>)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -144,3 +144,28 @@ def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkp
     assert_one_line_error(code, err, 2, "is empty")
     code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--snr", "cosine", "--out", tmp_path / "z")
     assert_one_line_error(code, err, 2, "unknown --snr 'cosine'")
+
+
+def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt, capsys):
+    import re
+
+    text = re.sub(" +", " ", re.sub("[^a-z ]", " ", corpus_txt.read_text().lower().replace("\n", " "))).strip()
+    text8 = tmp_path / "text8"  # a Text8-style file: one line of a-z and spaces, 60,000 characters
+    text8.write_text((text + " ") * (60000 // len(text) + 1))
+    text8.write_text(text8.read_text()[:60000])
+    char = tmp_path / "char"
+    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "char", "--steps", 3,
+                          "--batch-size", 4, "--seq-len", 32, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
+                          "--out", char, "--device", "cpu")
+    assert code == 0, err
+    for split, chars in (("test", [57000, 60000]), ("validation", [54000, 57000])):
+        code, out, err = invoke(capsys, "--format", "json", "nll", "--model", char, "--corpus", text8, "--split", split,
+                                "--max-seqs", 100, "--estimators", "mdlm", "--device", "cpu")
+        assert code == 0, err
+        result = json.loads(out)
+        assert result["protocol"] == "text8" and result["chars"] == chars and result["seq_len"] == 256
+        assert result["sequences"] == 3000 // 256  # every whole 256-character sequence of the 5% split
+        assert result["mdlm_bits_per_char"] == result["mdlm_bits_per_token"]
+        assert 0 < result["mdlm_bits_per_char"] < 3 * math.log2(27)
+    code, _, err = invoke(capsys, "nll", "--model", checkpoint, "--corpus", text8, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "its protocol needs a model trained with --tokenizer char")

@@ -295,13 +295,17 @@ def nll(
     max_seqs: Annotated[int, typer.Option(min=1, help="Held-out sequences to score.")] = 32,
     estimators: Annotated[str, typer.Option(help="Comma list of mdlm, roar, continuous.")] = "mdlm,roar,continuous",
     batch_size: BatchSize = 8, seed: Seed = 0, device: Device = "auto",
+    split: Annotated[str, typer.Option(help="Text8 files: the split to score (train, validation or test: the "
+                                            "90/5/5% character ranges).")] = "test",
 ):
-    """Bits per token (and per character) of held-out text under a DSL checkpoint."""
+    """Bits per token (and per character) of held-out text under a DSL checkpoint. Given a
+    Text8 file (one line of a-z and spaces) it follows the Text8 protocol: a `--tokenizer char`
+    model, the 90/5/5% split, sequences of 256 characters, bits per character."""
     import torch
 
     from bridges.dsl import read_config, sequences
     from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
-    from bridges.tokens import token_stream
+    from bridges.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
     from geoprobe.corpus import read_documents
     from geoprobe.errors import BadInput
 
@@ -312,16 +316,27 @@ def nll(
         raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")
     denoiser, tokenizer = _load_denoiser(model, device)
     trained = read_config(model)
-    if trained.get("identity", {}).get("corpus") == corpus:  # the training corpus: score its held-out documents
-        documents = _split(corpus, trained["training"]["train"]["seed"])[1]
+    protocol = {}
+    if is_text8(corpus):
+        if split not in TEXT8_SPLITS:
+            raise BadInput(f"unknown --split {split!r} (use {', '.join(TEXT8_SPLITS)})")
+        if tokenizer.get_vocab() != char_tokenizer().get_vocab():
+            raise BadInput(f"{corpus} is a Text8 file: its protocol needs a model trained with --tokenizer char")
+        text, start, end = text8_split(corpus, split)
+        seq_len, documents = TEXT8_LENGTH, [text]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # one id per character, no separators
+        protocol = {"protocol": "text8", "split": split, "chars": [start, end]}
     else:
-        documents = read_documents(corpus)
-    ids = token_stream(documents, tokenizer)
+        if trained.get("identity", {}).get("corpus") == corpus:  # the training corpus: its held-out documents
+            documents = _split(corpus, trained["training"]["train"]["seed"])[1]
+        else:
+            documents = read_documents(corpus)
+        ids = token_stream(documents, tokenizer)
     data = sequences(ids, seq_len)[:max_seqs]
     device_ = denoiser.table.raw.device
-    chars_per_token = sum(len(d) + 1 for d in documents) / max(1, len(ids))
+    chars_per_token = 1.0 if protocol else sum(len(d) + 1 for d in documents) / max(1, len(ids))
     result = {"model": str(model), "corpus": corpus, "documents": len(documents), "sequences": len(data),
-              "seq_len": seq_len, "seed": seed}
+              "seq_len": seq_len, "seed": seed, **protocol}
     for name in chosen:
         values = torch.cat([table[name](denoiser, data[i:i + batch_size].to(device_), seed=seed)
                             for i in range(0, len(data), batch_size)])
