@@ -23,8 +23,9 @@ from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-from geoprobe.store import (FLOAT16_MAX, MANIFEST, ShardWriter, check_writable, column_name, config_sha256, open_run,
-                            rank_parts, read_manifest, verify_shards, write_json_atomic)
+from geoprobe.store import (FLOAT16_MAX, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
+                            open_run, rank_parts, read_manifest, shard_file, verify_shards,
+                            write_json_atomic, write_rank_part)
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
@@ -226,21 +227,20 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
     verify_shards(out, {"shards": [e for entries in parts.values() for e in entries]})
     mine = parts.get(world.rank, []) if world.size > 1 else manifest["shards"]
     done = {e["file"] for e in manifest["shards"]} | {e["file"] for entries in parts.values() for e in entries}
-    todo = [(i, blocks) for i, blocks in shard_ranges
-            if i % world.size == world.rank and shard_file(i) not in done]
+    ours = [(i, blocks) for i, blocks in shard_ranges if i % world.size == world.rank]
+    todo = [(i, blocks) for i, blocks in ours if shard_file(i) not in done]
 
     def on_written(entry):
         mine.append(entry)
         if world.size == 1:
             write_json_atomic(out / MANIFEST, manifest)
         else:
-            (out / PARTS).mkdir(exist_ok=True)
-            write_json_atomic(out / PARTS / f"rank-{world.rank:03d}.json", mine)
+            write_rank_part(out, world.rank, mine)
 
     writer = ShardWriter(out, on_written)
     if progress is not None:
-        planned = sum(len(p.positions) for i, blocks in shard_ranges if i % world.size == world.rank for p in blocks)
-        progress.start(total=planned, completed=planned - sum(len(p.positions) for _, b in todo for p in b))
+        planned = sum(len(p.positions) for _, blocks in ours for p in blocks)
+        progress.start(total=planned, completed=planned - sum(len(p.positions) for _, blocks in todo for p in blocks))
     started = time.perf_counter()
     try:
         for index, blocks in todo:
@@ -268,13 +268,6 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
     merged = merge_manifest(out, manifest, len(shard_ranges), plan, seconds)
     world.barrier()
     return merged
-
-
-PARTS = "parts"
-
-
-def shard_file(index: int) -> str:
-    return f"hidden/part-{index:05d}.parquet"
 
 
 def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedBlock], seconds: float) -> dict:

@@ -28,8 +28,14 @@ from geoprobe.errors import BadInput, GeoprobeError
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
+PARTS = "parts"  # multi-rank extraction: each rank's finished shards until they are merged
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 META_COLUMNS = ("doc_id", "seq_id", "position", "token_id")
+
+
+def shard_file(index: int) -> str:
+    """The one name of shard `index`, relative to the run directory."""
+    return f"{HIDDEN}/part-{index:05d}.parquet"
 
 
 def column_name(layer: int) -> str:
@@ -73,7 +79,7 @@ def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
     if force and out.exists():
         if manifest_path.exists() or (out / HIDDEN).exists():
             (out / HIDDEN).exists() and shutil.rmtree(out / HIDDEN)
-            (out / "parts").exists() and shutil.rmtree(out / "parts")
+            (out / PARTS).exists() and shutil.rmtree(out / PARTS)
             manifest_path.unlink(missing_ok=True)
     if manifest_path.exists():
         manifest = read_manifest(out)
@@ -102,10 +108,16 @@ def read_manifest(run: Path) -> dict:
         raise BadInput(f"{path} is not valid JSON") from exc
 
 
+def write_rank_part(run: Path, rank: int, entries: list[dict]) -> None:
+    """Record the shards `rank` has finished (read back by `rank_parts`)."""
+    (Path(run) / PARTS).mkdir(exist_ok=True)
+    write_json_atomic(Path(run) / PARTS / f"rank-{rank:03d}.json", entries)
+
+
 def rank_parts(run: Path) -> dict[int, list[dict]]:
     """The shards each rank of a multi-process extraction has finished and not yet merged."""
     parts = {}
-    for path in sorted((Path(run) / "parts").glob("rank-*.json")):
+    for path in sorted((Path(run) / PARTS).glob("rank-*.json")):
         parts[int(path.stem.split("-")[1])] = json.loads(path.read_text())
     return parts
 
@@ -158,7 +170,7 @@ class ShardWriter:
                 continue
             index, table, extra = item
             try:
-                name = f"{HIDDEN}/part-{index:05d}.parquet"  # the one name per index
+                name = shard_file(index)
                 final = self.run / name
                 tmp = final.with_name(f".{final.name}.tmp")
                 # Hidden states barely compress and never repeat: no codec, no dictionary, no
