@@ -218,19 +218,16 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     x = states.to(torch.float64)
     d = x.shape[1]
 
-    norms = x.norm(dim=1)
-    every_norm = world.gather(norms)
+    every_norm = world.gather(x.norm(dim=1))
     all_norms = torch.cat(every_norm)
     n_all = len(all_norms)
     massive_all = all_norms > settings.massive_factor * all_norms.median()
-    sizes = [len(t) for t in every_norm]
-    mine = slice(sum(sizes[: world.rank]), sum(sizes[: world.rank + 1]))
-    if settings.drop_massive and massive_all.any():
-        x, docs = x[~massive_all[mine]], docs[~massive_all]
-        kept = [int((~massive_all[sum(sizes[:r]):sum(sizes[:r + 1])]).sum()) for r in range(world.size)]
+    keep = [~m for m in torch.split(massive_all, [len(t) for t in every_norm])]  # per rank
+    if settings.drop_massive and massive_all.any():  # (a copy of the layer only when something goes)
+        x, docs = x[keep[world.rank]], docs[~massive_all]
     else:
-        kept = sizes
-    n, offset = len(docs), sum(kept[: world.rank])
+        keep = [torch.ones_like(k) for k in keep]
+    n, offset = len(docs), sum(int(k.sum()) for k in keep[: world.rank])
 
     # covariance and its spectrum: one eigendecomposition per layer (two passes: exact centring)
     mean = world.sum(x.sum(0)) / n
@@ -306,16 +303,22 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     return result
 
 
+def _complete(local: torch.Tensor, where: torch.Tensor, world: World) -> torch.Tensor:
+    """Rows `local[where]` on every rank, `where` being -1 for rows another rank holds: each
+    rank fills in the rows it holds and a sum over ranks completes them (exact: every other
+    rank adds zeros)."""
+    held = where >= 0
+    out = torch.zeros((len(where), local.shape[1]), dtype=local.dtype, device=local.device)
+    out[held] = local[where[held]]
+    return world.sum(out)
+
+
 def _rows(x: torch.Tensor, rows: torch.Tensor, offset: int, world: World) -> torch.Tensor:
-    """The states of global `rows` on every rank: each rank fills in the rows it holds and a
-    sum over ranks completes them (exact: every other rank adds zeros)."""
+    """The states of global `rows` (this rank holds rows offset .. offset + len(x) - 1)."""
     if world.size == 1:
         return x[rows]
     local = rows - offset
-    held = (local >= 0) & (local < len(x))
-    out = torch.zeros((len(rows), x.shape[1]), dtype=x.dtype, device=x.device)
-    out[held] = x[local[held]]
-    return world.sum(out)
+    return _complete(x, torch.where((local >= 0) & (local < len(x)), local, -1), world)
 
 
 def _distinct_shared(x: torch.Tensor, offset: int, world: World):
@@ -350,10 +353,7 @@ def _neighbourhood_lambda_shared(reference, local_position, neighbours, world: W
     if world.size == 1:
         return neighbourhood_lambda_max(reference, neighbours, chunk=chunk)
     needed, position = torch.unique(neighbours, return_inverse=True)
-    where = local_position[needed]
-    rows = torch.zeros((len(needed), reference.shape[1]), dtype=reference.dtype, device=reference.device)
-    rows[where >= 0] = reference[where[where >= 0]]
-    return neighbourhood_lambda_max(world.sum(rows), position, chunk=chunk)
+    return neighbourhood_lambda_max(_complete(reference, local_position[needed], world), position, chunk=chunk)
 
 
 def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mono_values, docs_i, docs_j,
