@@ -43,9 +43,12 @@ class BlockBatches:
             raise BadInput("no training blocks: the corpus is empty or too short")
         self.blocks, self.pad_id, self.device = blocks, pad_id, device
 
+    def pick(self, size: int, generator: torch.Generator) -> list:
+        """`size` blocks drawn uniformly with replacement."""
+        return [self.blocks[i] for i in torch.randint(0, len(self.blocks), (size,), generator=generator).tolist()]
+
     def draw(self, size: int, generator: torch.Generator):
-        rows = torch.randint(0, len(self.blocks), (size,), generator=generator).tolist()
-        return pad_batch([self.blocks[i] for i in rows], self.pad_id, self.device)
+        return pad_batch(self.pick(size, generator), self.pad_id, self.device)
 
     def fixed(self, size: int):
         for start in range(0, len(self.blocks), size):
@@ -70,8 +73,7 @@ def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches,
     its rows (`shard`), padded to the global batch's length: any world size computes the same
     loss, and the frozen backbone runs only on the rank's own rows."""
     def loss_fn(model, generator, shard):
-        picks = torch.randint(0, len(batches.blocks), (batch_size,), generator=generator).tolist()
-        chosen = [batches.blocks[i] for i in picks]
+        chosen = batches.pick(batch_size, generator)
         length = max(len(b.tokens) for b in chosen)
         positions = sum(len(b.tokens) - 1 for b in chosen)  # what positions_weight keeps, whole batch
         ids, mask = pad_batch(shard.rows(chosen), batches.pad_id, batches.device, length=length)

@@ -45,13 +45,14 @@ def _fit(source, layer, root, args, force=False):
     check_layer(source, layer)
     cfg, train_cfg = _configs(source, layer, *args)
     out = bridge_dir(root, layer)
-    if force and out.exists() and world_from().is_main:
+    world = world_from()
+    if force and out.exists() and world.is_main:
         shutil.rmtree(out)
-    world_from().barrier()
+    world.barrier()
     bar = Bar(f"bridge layer {layer}", "step", quiet=state.quiet or state.format == "json")
     try:
         return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                          identity(source, layer), progress=bar, world=world_from()), out
+                          identity(source, layer), progress=bar, world=world), out
     finally:
         bar.stop()
 

@@ -95,9 +95,9 @@ def evaluate(
     header = {"evaluator": evaluator, "references": references, "seed": seed}
     if out is not None:
         out.write_text(json.dumps({**header, "results": results}, indent=2))
-    for name, row in ({} if out is not None else results).items():  # each beside its samples (never the
-        Path(name).with_suffix(".metrics.json").write_text(  # checkpoint's own metrics.json)
-            json.dumps({**header, "results": {name: row}}, indent=2))
+    else:  # each beside its samples file (never the checkpoint's own metrics.json)
+        for name, row in results.items():
+            Path(name).with_suffix(".metrics.json").write_text(json.dumps({**header, "results": {name: row}}, indent=2))
     target = out or Path(samples[0]).with_suffix(".metrics.json")
     if state.format == "json":
         emit_json(results)
