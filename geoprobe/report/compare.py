@@ -71,6 +71,14 @@ def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
     return rows
 
 
+def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """compare.csv / steps.csv: `columns` of each row, missing values left empty."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in columns} for r in rows)
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of compare.csv or steps.csv, numbers as floats and empty cells as None."""
     def value(text: str):
@@ -100,24 +108,28 @@ def markdown_table(rows: list[dict], columns=COLUMNS) -> str:
 def write_comparison(rows: list[dict], out: Path) -> tuple[Path, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "compare.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in COLUMNS} for r in rows)
+    write_rows(out / "compare.csv", rows, COLUMNS)
     (out / "compare.md").write_text("# Matched-budget comparison\n\n" + markdown_table(rows) + "\n")
     return out / "compare.csv", compare_plot(rows, out / "plots" / "compare.png")
 
 
+def _positive(values) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v) and v > 0]
+
+
+def _wide(values) -> bool:
+    """Whether Gen.PPL values span a range wide enough for a log axis (max/min > 3)."""
+    finite = _positive(values)
+    return bool(finite) and max(finite) / min(finite) > 3
+
+
 def steps_curve(rows: list[dict], out: Path) -> tuple[Path, Path]:
     """steps.csv and plots/steps.png: Gen.PPL and MAUVE against sampling steps, one line per sampler."""
-    from geoprobe.report.plots import plt
+    from geoprobe.report.plots import plt, save_figure
 
     out = Path(out)
     rows = sorted(rows, key=lambda r: (r["generator"], r["sampler"], r["steps"] or 0))
-    with open(out / "steps.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS[:-1])
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in COLUMNS[:-1]} for r in rows)
+    write_rows(out / "steps.csv", rows, COLUMNS[:-1])  # no budget column: the steps differ by design
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     lines: dict[str, list[dict]] = {}
     for r in rows:
@@ -129,8 +141,7 @@ def steps_curve(rows: list[dict], out: Path) -> tuple[Path, Path]:
                    marker="o", label=label)
     left.set_ylabel("Gen.PPL under the evaluator (lower is better)")
     right.set_ylabel("MAUVE vs. references (higher is better)")
-    ppl = [r["gen_ppl"] for r in rows if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) and r["gen_ppl"] > 0]
-    if ppl and max(ppl) / min(ppl) > 3:  # log only where the values span a wide range
+    if _wide([r["gen_ppl"] for r in rows]):
         left.set_yscale("log")
     from matplotlib.ticker import ScalarFormatter
 
@@ -142,17 +153,12 @@ def steps_curve(rows: list[dict], out: Path) -> tuple[Path, Path]:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     right.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path = out / "plots" / "steps.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return out / "steps.csv", path
+    return out / "steps.csv", save_figure(fig, out / "plots" / "steps.png")
 
 
 def compare_plot(rows: list[dict], path: Path) -> Path:
     """Two bar panels, one bar per generator: Gen.PPL and MAUVE (± std over k-means seeds)."""
-    from geoprobe.report.plots import plt
+    from geoprobe.report.plots import plt, save_figure
 
     labels = [f"{r['generator']} · {r['sampler']}" for r in rows]
     colors = ["tab:gray" if r["train_tokens"] is None else "tab:blue" if "bridges/" not in r["generator"]
@@ -161,10 +167,10 @@ def compare_plot(rows: list[dict], path: Path) -> Path:
     y = list(range(len(rows)))
     ppl = [r["gen_ppl"] if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) else math.nan for r in rows]
     left.barh(y, ppl, color=colors)
-    finite = [v for v in ppl if math.isfinite(v) and v > 0]
-    if finite and max(finite) / min(finite) > 3:
+    finite = _positive(ppl)
+    if _wide(ppl):
         left.set_xscale("log")
-    left.set_xlim(left=min(finite) * 0.9 if finite and min(finite) > 0 else 0)
+    left.set_xlim(left=min(finite) * 0.9 if finite else 0)
     mauve = [r["mauve"] if r.get("mauve") is not None else math.nan for r in rows]
     right.barh(y, mauve, xerr=[r.get("mauve_std") or 0 for r in rows], color=colors, capsize=3)
     right.set_xlim(0, 1.05)
@@ -178,11 +184,7 @@ def compare_plot(rows: list[dict], path: Path) -> Path:
     right.set_title(f"MAUVE ({rows[0].get('samples') if rows else '?'} samples per generator)", fontsize=10)
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(run: Path) -> Path:

@@ -16,6 +16,15 @@ PANELS = [("curv", "local curvature m_curv", "1/λmax of kNN covariance"),
           ("score", "selection score s", "z(curv)+z(mono)−z(erank)")]
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write as a 110-dpi PNG (creating the folder) and free the figure."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def geometry_plot(ranking: dict, geometry: dict, path: Path) -> Path:
     rows = ranking["rows"]
     layers = np.array([r["layer"] for r in rows])
@@ -40,11 +49,7 @@ def geometry_plot(ranking: dict, geometry: dict, path: Path) -> Path:
     fig.suptitle(f"Layer geometry of {geometry.get('model')} — {geometry['rows']} states/layer, "
                  f"ℓ* = {chosen} (first in {p_first:.0%} of bootstrap replicates)" if np.isfinite(p_first) else
                  f"Layer geometry of {geometry.get('model')} — ℓ* = {chosen}", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def curve_plot(curve: list, path: Path, title: str) -> Path:
@@ -62,11 +67,7 @@ def curve_plot(curve: list, path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def sweep_plot(rows: list[dict], loss: str, correlation: dict, path: Path, model: str) -> Path:
@@ -91,8 +92,4 @@ def sweep_plot(rows: list[dict], loss: str, correlation: dict, path: Path, model
     right.set_title("both against layer")
     right.grid(alpha=0.3)
     fig.suptitle(f"Layer sweep of {model}: does the geometry score predict the bridge's loss?", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
