@@ -234,7 +234,7 @@ def sample(
     denoiser, tokenizer = _load_denoiser(model, device, decode)
     result = chosen.sample(denoiser, num, length, seed)
     meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": decode}
-    _write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(model))
+    _write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(model.resolve()))  # compare may run from elsewhere
 
 
 def _write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: float, model: str) -> None:
