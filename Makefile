@@ -23,12 +23,13 @@ test: .venv/.installed .kjv
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
 
-bench: .venv/.installed
+bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py
 	$(PY) bench/extract_memory.py
 	$(PY) bench/geometry_speed.py
 	$(PY) bench/samplers_speed.py
 	$(PY) bench/bridge_step.py
+	$(PY) bench/scaling.py
 
 clean:
 	rm -rf .venv runs
