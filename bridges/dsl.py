@@ -25,7 +25,7 @@ from torch import nn
 from bridges.channel import S_MAX, TokenTable, channel, draw_snr
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig
-from bridges.train import WEIGHTS, TrainConfig, train
+from bridges.train import WEIGHTS, TrainConfig, Trained, train
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 
@@ -101,7 +101,7 @@ def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
 
 
 def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, out: Path, device: torch.device,
-              progress=None, world: World = SINGLE) -> list:
+              progress=None, world: World = SINGLE) -> Trained:
     """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed.
     Writes `config.json` first when the directory has none, so the result always loads."""
     if not (Path(out) / CONFIG).is_file() and world.is_main:

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from bridges.channel import channel, draw_snr
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
-from bridges.train import WEIGHTS, TrainConfig, train
+from bridges.train import WEIGHTS, TrainConfig, train, training_summary, write_training_record
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
@@ -91,28 +91,47 @@ def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches,
     return loss_fn
 
 
+def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: torch.Tensor,
+                generator: torch.Generator):
+    """(h^ at clean condition, the true h_l, the scored positions' weight, position offsets)."""
+    h0, hl = teacher.states(ids, mask)
+    offsets = teacher.offsets(ids.shape[1])
+    clean = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
+    z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
+    h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=generator)
+    h_hat[:, 0] = hl[:, 0]  # BOS is the backbone's, never generated
+    return h_hat, hl, positions_weight(mask), offsets
+
+
 @torch.no_grad()
-def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_size: int, seed: int = 0) -> dict:
+def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_size: int, seed: int = 0,
+             full: bool = True) -> dict:
+    """Validation losses on the fixed held-out blocks. `full=False` computes the clean-condition
+    nmse only (what the plateau rule watches); `full` adds the per-dimension nmse, the upper
+    stack's cross-entropy and the noisy-condition nmse.
+
+    nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with most of the
+    variance dominates both sums); nmse_dim = the mean over channels of that ratio taken per
+    channel (each channel standardised by its own variance, so no single channel dominates)."""
     g = torch.Generator().manual_seed(seed)
     layer = bridge.cfg.layer
-    sums = {"err": 0.0, "var": 0.0, "ce": 0.0, "ref_ce": 0.0, "ce_count": 0.0}
+    sums = {"err": 0.0, "ce": 0.0, "ref_ce": 0.0, "ce_count": 0.0}
+    err_dim = torch.zeros(bridge.cfg.hidden_size, dtype=torch.float64)
     noisy = {s: [0.0, 0.0] for s in NOISY_SNRS}
     all_targets = []
     for ids, mask in val.fixed(batch_size):
-        h0, hl = teacher.states(ids, mask)
-        weight = positions_weight(mask)
+        h_hat, hl, weight, offsets = reconstruct(bridge, teacher, ids, mask, g)
         all_targets.append(hl[weight.bool()].double())
-        offsets = teacher.offsets(ids.shape[1])
-        clean = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
-        z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
-        h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=g)
-        h_hat[:, 0] = hl[:, 0]  # BOS is the backbone's, never generated
+        squared = (h_hat - hl) ** 2 * weight[..., None]
+        sums["err"] += float(squared.sum())
+        if not full:
+            continue
+        err_dim += squared.double().sum((0, 1)).cpu()
         if layer == 0:  # the rounding baseline's decoder: nearest token embedding
             e = teacher.embeddings
             plain = h_hat - offsets
             nearest = ((plain * plain).sum(-1, keepdim=True) - 2 * plain @ e.T + (e * e).sum(-1)).argmin(-1)
             sums["round_correct"] = sums.get("round_correct", 0.0) + float(((nearest == ids).float() * weight).sum())
-        sums["err"] += float((((h_hat - hl) ** 2).sum(-1) * weight).sum())
         # next-token cross-entropy of the frozen upper stack: position i predicts i + 1
         pair = mask[:, 1:].float()
         for key, states in (("ce", h_hat), ("ref_ce", hl)):
@@ -125,10 +144,15 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
             noisy_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets), generator=g)
             noisy[s][0] += float((((noisy_hat - hl) ** 2).sum(-1) * weight).sum())
     targets = torch.cat(all_targets)
-    total_var = float(((targets - targets.mean(0)) ** 2).sum())
+    var_dim = ((targets - targets.mean(0)) ** 2).sum(0).cpu()
+    total_var = float(var_dim.sum())
     nmse = sums["err"] / total_var
+    if not full:
+        return {"layer": layer, "nmse": nmse}
+    varying = var_dim > 1e-12 * total_var  # a constant channel has nothing to reconstruct
     ce, ref_ce = sums["ce"] / sums["ce_count"], sums["ref_ce"] / sums["ce_count"]
-    return {"layer": layer, "nmse": nmse, "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
+    return {"layer": layer, "nmse": nmse, "nmse_dim": float((err_dim[varying] / var_dim[varying]).mean()),
+            "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
             "nmse_noisy": sum(v[0] / total_var for v in noisy.values()) / len(noisy),
             "nmse_by_snr": {str(s): v[0] / total_var for s, v in noisy.items()},
             "val_positions": int(targets.shape[0]), "seed": seed,
@@ -158,17 +182,16 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_bridge_config(out, cfg, {"training": record["training"], "identity": identity})
-    curve = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
-                  progress=progress, world=world)
+    # the plateau rule watches the clean-condition nmse on (at most) the first 8 validation blocks
+    watched = BlockBatches(val_blocks[:8], pad_id, device)
+    trained = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
+                    progress=progress, world=world,
+                    evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False)["nmse"])
     bridge.load_state_dict(load_file(out / WEIGHTS))  # validate the EMA weights
     bridge.eval()
     metrics = validate(bridge, teacher, val, train_cfg.batch_size)
-    metrics["final_train_loss"] = sum(l for _, l in curve[-10:]) / len(curve[-10:])
-    if not world.is_main:
-        return metrics
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    (out / "curve.csv").write_text("step,loss\n" + "".join(f"{s},{l:.6f}\n" for s, l in curve))
-    from geoprobe.report.plots import curve_plot
-
-    curve_plot(curve, out / "plots" / "curve.png", f"bridge at layer {layer}: training loss")
+    metrics.update(training_summary(trained, train_cfg))
+    if world.is_main:
+        write_training_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics
+

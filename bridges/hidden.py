@@ -50,6 +50,7 @@ class BridgeConfig:
     sigma_b: float = 0.0
     bridge_steps: int = 8
     clean_frac: float = 0.25
+    residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
 
 
 class HiddenBridge(nn.Module):
@@ -66,6 +67,9 @@ class HiddenBridge(nn.Module):
             self.inp = nn.Linear(2 * d, cfg.d_model)
             self.net = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cond_dim=cfg.d_model))
             self.out = nn.Linear(cfg.d_model, d)
+            if cfg.residual:  # start from the carried source: the update is learned from zero
+                nn.init.zeros_(self.out.weight)
+                nn.init.zeros_(self.out.bias)
         # standardisation of the source (layer-0 space) and the target (layer l): mean and a scalar scale
         for name in ("source_mean", "target_mean"):
             self.register_buffer(name, torch.zeros(d))
@@ -96,9 +100,18 @@ class HiddenBridge(nn.Module):
         return (h - self.target_mean) / self.target_scale
 
     def predict(self, y: torch.Tensor, tau: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """D(y_tau, tau, a~) -> h~ prediction, all standardised, tau per sequence (B,)."""
+        """D(y_tau, tau, a~) -> h~ prediction, all standardised, tau per sequence (B,).
+
+        Residual (the default): the prediction is the source carried into the target's
+        standardised coordinates plus the network's output, as the residual stream adds the
+        blocks' updates to layer 0. At layer 0 with a clean condition the answer is the source
+        itself, so a zero update is exact there instead of an identity to be learned."""
         cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
-        return self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
+        update = self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
+        if not self.cfg.residual:
+            return update
+        carried = (a * self.source_scale + self.source_mean - self.target_mean) / self.target_scale
+        return carried + update
 
     def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator | None = None,
              tau: torch.Tensor | None = None, eps: torch.Tensor | None = None,
@@ -227,6 +240,6 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = json.loads((Path(folder) / CONFIG).read_text())
     if record.get("kind") != "bridge":
         raise BadInput(f"{folder} is not a bridge checkpoint")
-    bridge = HiddenBridge(BridgeConfig(**record["bridge"]))
+    bridge = HiddenBridge(BridgeConfig(**{"residual": False, **record["bridge"]}))  # older records: no skip
     bridge.load_state_dict(load_file(Path(folder) / "model.safetensors"))
     return bridge.to(device).eval(), record

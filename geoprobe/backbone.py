@@ -228,6 +228,20 @@ def _pass_through(*args, **kwargs):
     return stream_arg(args, kwargs)
 
 
+def load_tokenizer(spec: str, trust_remote_code: bool = False):
+    """The tokenizer of a model spec alone (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    source = resolve_source(spec)
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file,
+                                             trust_remote_code=trust_remote_code,
+                                             local_files_only=offline and not source.is_local)
+    except (OSError, ValueError, TypeError) as exc:
+        raise BadInput(f"model {spec!r} has no usable tokenizer ({str(exc).splitlines()[0][:120]})") from exc
+
+
 def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
                   trust_remote_code: bool = False, revision: str | None = None) -> Backbone:
     """Load a causal LM from a hub id, a local folder, a .gguf file or `builtin:NAME`."""

@@ -29,7 +29,7 @@ first order, a lower bound); P is held at the full-data estimate. Intervals are 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ class GeometrySettings:
     normalize: str = "trace"
     drop_massive: bool = True
     massive_factor: float = 20.0
+    drop_massive_channels: bool = False
+    channel_factor: float = 20.0
     bootstrap: int = 200
     seed: int = 0
     chunk: int = 512  # anchors per kNN chunk: bounds the (chunk x N) distance matrix
@@ -69,6 +71,8 @@ class GeometrySettings:
             raise BadInput(f"--bootstrap must be >= 0, got {self.bootstrap}")
         if self.massive_factor <= 1:
             raise BadInput(f"--massive-factor must be > 1, got {self.massive_factor}")
+        if self.channel_factor <= 1:
+            raise BadInput(f"--channel-factor must be > 1, got {self.channel_factor}")
 
     def record(self) -> dict:
         data = asdict(self)
@@ -157,6 +161,15 @@ def neighbourhood_lambda_max(reference: torch.Tensor, neighbours: torch.Tensor, 
     return torch.cat(values)
 
 
+def massive_channels(variances: torch.Tensor, factor: float) -> torch.Tensor:
+    """Channels whose variance exceeds `factor` x the median channel variance (sorted indices).
+
+    The rule: a massive channel is one hidden dimension that carries an outsized share of the
+    layer's variance in every token, which a per-token norm filter cannot see. Against the
+    median (not the mean) so that the massive channel does not raise its own threshold."""
+    return torch.nonzero(variances > factor * variances.median()).squeeze(1)
+
+
 def weighted_median(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Lower weighted median of `values` (n,) under each row of `weights` (B x n)."""
     order = torch.argsort(values)
@@ -233,6 +246,12 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     mean = world.sum(x.sum(0)) / n
     centred = x - mean
     sigma = world.sum(centred.T @ centred) / max(n - 1, 1)
+    channels = massive_channels(torch.diagonal(sigma), settings.channel_factor)
+    channel_share = float(torch.diagonal(sigma)[channels].sum() / torch.diagonal(sigma).sum().clamp(min=1e-300))
+    if settings.drop_massive_channels and len(channels):
+        kept = torch.ones(d, dtype=torch.bool, device=x.device)
+        kept[channels] = False
+        x, mean, centred, sigma, d = x[:, kept], mean[kept], centred[:, kept], sigma[kept][:, kept], int(kept.sum())
     eigenvalues, eigenvectors = torch.linalg.eigh(sigma)
     trace = float(eigenvalues.clamp(min=0).sum())
     if n < 2 or trace <= 0:
@@ -285,6 +304,8 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     curv, mono = float(torch.quantile(curv_values, 0.5)), float(torch.quantile(mono_values, 0.5))
     result = {
         "layer": layer, "n_states": n_all, "n_used": n, "massive": int(massive_all.sum()),
+        "massive_rows": massive_all.nonzero().squeeze(1)[:1000].tolist(), "massive_channels": channels.tolist(),
+        "massive_channel_share": channel_share, "channels_used": d,
         "duplicate_fraction": duplicate_fraction, "n_pairs": len(valid), "scale": scale,
         "participation_ratio": spectrum["participation_ratio"], "entropy_rank": spectrum["entropy_rank"],
         "lambda_max": spectrum["lambda_max"], "trace": trace,
@@ -428,7 +449,13 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
     for layer in layers:
         parts = [torch.from_numpy(b) for b in reader.iter_layer(layer, rows=share)]
         states = (torch.cat(parts) if parts else torch.zeros((0, reader.hidden_size))).to(device, torch.float64)
-        results.append(layer_geometry(states, docs, settings, counts, rng_key=layer, layer=layer, world=world))
+        result = layer_geometry(states, docs, settings, counts, rng_key=layer, layer=layer, world=world)
+        if result["massive_channels"]:  # the ranking is shown both ways: the other choice for this layer
+            other = replace(settings, drop_massive_channels=not settings.drop_massive_channels)
+            result["other_channels"] = {k: v for k, v in layer_geometry(
+                states, docs, other, counts, rng_key=layer, layer=layer, world=world).items()
+                if k in ("none", "trace", "replicates", "channels_used")}
+        results.append(result)
         del states
         if progress is not None:
             progress.advance(1)

@@ -48,10 +48,14 @@ def selection_score(proxies: dict[str, np.ndarray], weights=(1.0, 1.0, 1.0), log
     return total
 
 
-def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False) -> dict:
-    """The ranking table of a geometry result (normalisation as recorded in its settings)."""
+def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, other_channels: bool = False) -> dict:
+    """The ranking table of a geometry result (normalisation as recorded in its settings).
+    `other_channels`: rank on the proxies computed with the opposite choice about massive
+    channels (excluded if the geometry kept them, kept if it excluded them); layers without
+    massive channels are the same either way."""
     norm = geometry["settings"]["normalize"]
-    layers = geometry["layers"]
+    drop = bool(geometry["settings"].get("drop_massive_channels", False)) != other_channels
+    layers = [{**l, **l.get("other_channels", {})} if other_channels else l for l in geometry["layers"]]
     if len(layers) < 2:
         raise BadInput("ranking needs at least two layers")
     points = {p: np.array([l[norm][p]["value"] for l in layers]) for p in PROXIES}
@@ -80,8 +84,14 @@ def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False) -> d
         row.update(score=float(score[idx]), score_lo=float(score_ci[idx, 0]), score_hi=float(score_ci[idx, 1]),
                    rank=int(rank[idx]), p_first=float(first[idx]),
                    participation_ratio=layer["participation_ratio"], entropy_rank=layer["entropy_rank"],
-                   duplicate_fraction=layer["duplicate_fraction"], massive=layer["massive"])
+                   duplicate_fraction=layer["duplicate_fraction"], massive=layer["massive"],
+                   massive_channels=len(layer.get("massive_channels", [])),
+                   channel_share=layer.get("massive_channel_share", 0.0))
         rows.append(row)
     best = rows[int(order[0])]
     return {"normalize": norm, "weights": list(weights), "log": log, "chosen_layer": best["layer"],
-            "chosen_p_first": best["p_first"], "rows": rows}
+            "chosen_p_first": best["p_first"], "drop_massive_channels": drop, "rows": rows}
+
+
+def has_massive_channels(geometry: dict) -> bool:
+    return any(l.get("massive_channels") for l in geometry["layers"])

@@ -12,7 +12,7 @@ import torch
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.geometry import GeometrySettings, compute_geometry, finished_run, run_fingerprint
-from geoprobe.ranking import rank_layers
+from geoprobe.ranking import has_massive_channels, rank_layers
 from geoprobe.report.plots import geometry_plot
 from geoprobe.report.tables import write_csv, write_markdown
 from geoprobe.store import write_json_atomic
@@ -60,9 +60,58 @@ def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, p
 
 
 def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, Path]:
+    """ranking.csv, ranking.md and the plot; when some layer has massive channels, the ranking
+    under the opposite choice about them is shown too (`ranking["other"]`)."""
     ranking = rank_layers(geometry, weights, log)
+    other = rank_layers(geometry, weights, log, other_channels=True) if has_massive_channels(geometry) else None
     run = Path(run)
     write_csv(ranking, run / "ranking.csv")
-    write_markdown(ranking, geometry, run / "ranking.md")
-    plot = geometry_plot(ranking, geometry, run / "plots" / "geometry.png")
+    write_markdown(ranking, geometry, run / "ranking.md", other)
+    plot = geometry_plot(ranking, geometry, run / "plots" / "geometry.png", other)
+    if other is not None:
+        ranking["other"] = other
     return ranking, plot
+
+
+def token_namer(run: Path):
+    """rows -> "'tok' x3, 'tok2' x1, …" for the massive-token warning, from the run's stored
+    token ids and the model's tokenizer (ids alone when the tokenizer cannot be loaded)."""
+    from collections import Counter
+
+    from geoprobe.store import RunReader
+
+    reader = RunReader(run)
+    ids = reader.read_meta()["token_id"]
+    try:
+        from geoprobe.backbone import load_tokenizer
+
+        decode = load_tokenizer(reader.manifest["config"]["model"]).decode
+    except Exception:  # a warning must not fail the scan: fall back to ids
+        decode = None
+
+    def name(rows: list[int]) -> str:
+        counts = Counter(int(ids[r]) for r in rows).most_common()
+        shown = [f"{decode([t])!r} x{c}" if decode else f"id {t} x{c}" for t, c in counts[:5]]
+        return "tokens " + ", ".join(shown) + (", …" if len(counts) > 5 else "")
+
+    return name
+
+
+def massive_warning(geometry: dict, tokens=None) -> str | None:
+    """One line naming the massive tokens and channels found, or None. `tokens(rows)` names the
+    tokens of the given row indices (the CLI decodes them with the run's tokenizer)."""
+    layers = geometry["layers"]
+    parts = []
+    token_layers = [l for l in layers if l.get("massive")]
+    if token_layers:
+        rows = sorted({r for l in token_layers for r in l.get("massive_rows", [])})
+        named = f" ({tokens(rows)})" if tokens is not None and rows else ""
+        parts.append(f"{sum(l['massive'] for l in token_layers)} massive-token states (norm > "
+                     f"{geometry['settings']['massive_factor']:g}x the median) at layers "
+                     f"{', '.join(str(l['layer']) for l in token_layers)}{named}")
+    channel_layers = [l for l in layers if l.get("massive_channels")]
+    if channel_layers:
+        parts.append("massive channels at layers " + ", ".join(
+            f"{l['layer']} ({', '.join(map(str, l['massive_channels'][:4]))}{', …' if len(l['massive_channels']) > 4 else ''};"
+            f" {l['massive_channel_share']:.0%} of the variance)" for l in channel_layers))
+    return "warning: " + "; ".join(parts) if parts else None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from geoprobe.errors import BadInput
 
-LOSSES = ("nmse", "delta_ce", "nmse_noisy")
+LOSSES = ("nmse", "nmse_dim", "delta_ce", "nmse_noisy")
 PRIMARY = "delta_ce"  # the loss that picks the oracle and worst layers
 
 
@@ -87,16 +87,19 @@ def identity(source: Source, layer: int) -> dict:
             "layer": layer, "corpus": source.corpus, "seq_len": source.seq_len}
 
 
-def write_sweep(run: Path, rows: list[dict], correlations: dict, model: str) -> Path:
-    from geoprobe.report.plots import sweep_plot
+SWEEP_COLUMNS = ["layer", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run", "stop"]
 
-    columns = ["layer", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss"]
-    with open(Path(run) / "sweep.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row[k] for k in columns})
+
+def write_sweep(run: Path, rows: list[dict], correlations: dict, model: str) -> Path:
+    """sweep.csv, sweep.json, plots/sweep.png (score against the loss) and plots/sweep-curves.png
+    (every layer's validation curve up to where its plateau rule stopped it)."""
+    from geoprobe.report.plots import curves_plot, sweep_plot
+    from geoprobe.report.compare import write_rows
+
+    write_rows(Path(run) / "sweep.csv", rows, SWEEP_COLUMNS)
     (Path(run) / "sweep.json").write_text(json.dumps({"rows": rows, "correlations": correlations}, indent=2))
+    curves_plot({f"layer {r['layer']}": r.get("val_curve") or [] for r in rows}, Path(run) / "plots" /
+                "sweep-curves.png", f"Bridge validation curves of {model}")
     return sweep_plot(rows, PRIMARY, correlations[PRIMARY], Path(run) / "plots" / "sweep.png", model)
 
 
@@ -109,4 +112,17 @@ def summarise(rows: list[dict], seed: int = 0) -> dict:
     result["chosen_layer"] = max(rows, key=lambda r: r["score"])["layer"]
     result["oracle_layer"] = min(rows, key=lambda r: r[PRIMARY])["layer"]
     result["worst_layer"] = max(rows, key=lambda r: r[PRIMARY])["layer"]
+    result["depth"] = depth_check(rows)
     return result
+
+
+def depth_check(rows: list[dict]) -> dict:
+    """Is the bridge at the deepest swept layer measurably harder than at the shallowest? Harder
+    means a larger nmse by more than a 10% relative margin (validation noise at these sizes is a
+    few percent); the answer is stated either way."""
+    first, last = min(rows, key=lambda r: r["layer"]), max(rows, key=lambda r: r["layer"])
+    harder = last["nmse"] > 1.1 * first["nmse"] and last["delta_ce"] > first["delta_ce"]
+    return {"first_layer": first["layer"], "last_layer": last["layer"], "harder": bool(harder),
+            "statement": (f"the bridge at layer {last['layer']} is {'' if harder else 'not '}measurably harder than "
+                          f"at layer {first['layer']} (nmse {last['nmse']:.3g} vs {first['nmse']:.3g}, delta_ce "
+                          f"{last['delta_ce']:.3g} vs {first['delta_ce']:.3g} nats)")}

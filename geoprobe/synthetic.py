@@ -4,11 +4,17 @@ Every text it emits has an exact log-probability (the forward algorithm, in log 
 generator's samples can be scored under the true distribution, and the entropy rate of the
 source, estimated as -log p(x_1..n) / n on long emitted sequences (consistent by the
 Shannon-McMillan-Breiman theorem, with exact probabilities), is the floor any model's NLL is
-measured against. Spec: `synthetic:hmm?states=8&vocab=200&docs=400&length=80&seed=0`.
+measured against. Spec: `synthetic:hmm?states=8&vocab=200&docs=400&length=80&seed=0`, plus three
+optional shape parameters: `emission` and `transition` (Dirichlet concentrations of the rows,
+default 0.1 and 0.5: smaller is peakier) and `stick` (probability of staying in the current
+state, default 0). A sticky HMM with peaked emissions is one whose next word depends on a long
+context: its entropy rate lies well below what a unigram or bigram model can reach, which makes
+"within 10% of the entropy rate" a test a model can fail (see `baselines`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
@@ -30,9 +36,12 @@ class HMM:
     words: list[str]
 
     @classmethod
-    def random(cls, states: int = 8, vocab: int = 200, seed: int = 0, concentration: float = 0.1) -> "HMM":
+    def random(cls, states: int = 8, vocab: int = 200, seed: int = 0, concentration: float = 0.1,
+               transition: float = 0.5, stick: float = 0.0) -> "HMM":
         if states < 1 or vocab < 2:
             raise BadInput("synthetic:hmm needs states >= 1 and vocab >= 2")
+        if concentration <= 0 or transition <= 0 or not 0 <= stick < 1:
+            raise BadInput("synthetic:hmm needs emission > 0, transition > 0 and 0 <= stick < 1")
         rng = np.random.default_rng(seed)
         words, seen = [], set()
         while len(words) < vocab:
@@ -40,9 +49,12 @@ class HMM:
             if word not in seen:
                 seen.add(word)
                 words.append(word)
-        transition = rng.dirichlet(np.full(states, 0.5), size=states)
+        moves = stick * np.eye(states) + (1 - stick) * rng.dirichlet(np.full(states, transition), size=states)
         emission = rng.dirichlet(np.full(vocab, concentration), size=states)
-        return cls(rng.dirichlet(np.ones(states)), transition, emission, words)
+        # a tiny floor: small concentrations draw exact zeros, and a word of probability 0 would
+        # make any model's sample that uses it infinitely unlikely rather than merely unlikely
+        emission = (emission + 1e-9) / (emission + 1e-9).sum(1, keepdims=True)
+        return cls(rng.dirichlet(np.ones(states)), moves, emission, words)
 
     def sample(self, length: int, rng: np.random.Generator) -> list[int]:
         state = rng.choice(len(self.initial), p=self.initial)
@@ -51,6 +63,31 @@ class HMM:
             out.append(int(rng.choice(self.emission.shape[1], p=self.emission[state])))
             state = rng.choice(len(self.initial), p=self.transition[state])
         return out
+
+    def sample_many(self, count: int, length: int, rng: np.random.Generator) -> np.ndarray:
+        """(count, length) word ids of `count` independent sequences, vectorised over sequences."""
+        states, vocab = self.emission.shape
+        cum_t, cum_e = np.cumsum(self.transition, 1), np.cumsum(self.emission, 1)
+        state = rng.choice(states, size=count, p=self.initial)
+        out = np.empty((count, length), dtype=np.int64)
+        for t in range(length):
+            out[:, t] = np.minimum((rng.random(count)[:, None] > cum_e[state]).sum(1), vocab - 1)
+            state = np.minimum((rng.random(count)[:, None] > cum_t[state]).sum(1), states - 1)
+        return out
+
+    def stationary(self) -> np.ndarray:
+        values, vectors = np.linalg.eig(self.transition.T)
+        pi = np.abs(np.real(vectors[:, np.argmin(np.abs(values - 1))]))
+        return pi / pi.sum()
+
+    def baselines(self) -> dict:
+        """Exact nats per word of the best unigram and bigram models of the stationary chain:
+        what a model reaches with no context, or with one word of it."""
+        marginal = self.stationary() @ self.emission
+        joint = (self.emission.T * self.stationary()) @ self.transition @ self.emission  # p(x_t, x_t+1)
+        conditional = joint / joint.sum(1, keepdims=True)
+        return {"unigram": float(-(marginal * np.log(marginal)).sum()),
+                "bigram": float(-(joint * np.log(conditional)).sum())}
 
     def text(self, ids: list[int]) -> str:
         return " ".join(self.words[i] for i in ids)
@@ -86,20 +123,25 @@ def parse_spec(spec: str) -> dict:
     if kind != "hmm":
         raise BadInput(f"unknown synthetic corpus {kind!r} (available: synthetic:hmm?states=8&vocab=200&docs=400)")
     options = {"states": 8, "vocab": 200, "docs": 400, "length": 80, "seed": 0}
+    shape = {"emission": 0.1, "transition": 0.5, "stick": 0.0}
     for key, value in parse_qsl(query):
-        if key not in options or not value.isdigit():
-            raise BadInput(f"malformed synthetic option {key}={value} (numbers for: {', '.join(options)})")
-        options[key] = int(value)
-    return options
+        if key in options and value.isdigit():
+            options[key] = int(value)
+        elif key in shape and re.fullmatch(r"\d+(\.\d*)?|\.\d+", value):
+            shape[key] = float(value)
+        else:
+            raise BadInput(f"malformed synthetic option {key}={value} (whole numbers for: {', '.join(options)}; "
+                           f"decimals for: {', '.join(shape)})")
+    return {**options, **shape}
 
 
 def hmm_from_spec(spec: str) -> HMM:
     o = parse_spec(spec)
-    return HMM.random(o["states"], o["vocab"], o["seed"])
+    return HMM.random(o["states"], o["vocab"], o["seed"], o["emission"], o["transition"], o["stick"])
 
 
 def documents(spec: str) -> list[str]:
     o = parse_spec(spec)
-    hmm = HMM.random(o["states"], o["vocab"], o["seed"])
-    rng = np.random.default_rng([o["seed"], 1])
-    return [hmm.text(hmm.sample(o["length"], rng)) for _ in range(o["docs"])]
+    ids = hmm_from_spec(spec).sample_many(o["docs"], o["length"], np.random.default_rng([o["seed"], 1]))
+    words = hmm_from_spec(spec).words
+    return [" ".join(words[i] for i in row) for row in ids]

@@ -129,3 +129,11 @@ def interrupted_copy(run: Path, dest: Path, keep_shards: int) -> Path:
     (copy / "manifest.json").write_text(json.dumps(manifest))
     (copy / "hidden" / f".part-{keep_shards:05d}.parquet.tmp").write_bytes(b"half a shard")
     return copy
+
+
+@pytest.fixture(scope="session")
+def testbed():
+    """builtin:hmm-tiny: (folder, its build record), trained once per cache (a few minutes the first time)."""
+    from geoprobe.assets import builtin_model
+
+    return builtin_model("hmm-tiny")

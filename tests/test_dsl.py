@@ -9,7 +9,7 @@ import torch
 
 from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
 from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
-from bridges.train import CHECKPOINT, TrainConfig
+from bridges.train import CHECKPOINT, WEIGHTS, TrainConfig, plateaued, train
 from tests.test_extract import assert_one_line_error, invoke
 
 V = 8
@@ -35,7 +35,7 @@ def test_a_trained_dsl_model_beats_the_unigram_entropy(tmp_path):
     model = small_model()
     settings = DSLTrainSettings(snr="mixed", seq_len=32,
                                 train=TrainConfig(steps=300, batch_size=32, lr=2e-3, warmup=30, save_every=300))
-    curve = train_dsl(model, data, settings, tmp_path / "dsl", torch.device("cpu"))
+    curve = train_dsl(model, data, settings, tmp_path / "dsl", torch.device("cpu")).curve
     assert sum(l for _, l in curve[-20:]) / 20 < 0.7 * sum(l for _, l in curve[:20]) / 20
     trained = load_dsl(tmp_path / "dsl")
     held_out = markov_sequences(32, 32, seed=1)
@@ -169,3 +169,60 @@ def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt, capsys
         assert 0 < result["mdlm_bits_per_char"] < 3 * math.log2(27)
     code, _, err = invoke(capsys, "nll", "--model", checkpoint, "--corpus", text8, "--device", "cpu")
     assert_one_line_error(code, err, 2, "its protocol needs a model trained with --tokenizer char")
+
+
+def _regression(seed=0):
+    """A linear model fitting y = x w* + noise: the validation MSE falls, then flattens at the noise."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(256, 8, generator=g), torch.randn(8, 1, generator=g)
+    y = x @ w + 0.3 * torch.randn(256, 1, generator=g)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(8, 1)
+
+    def loss_fn(m, generator, shard):
+        rows = torch.randint(0, 192, (16,), generator=generator)
+        return ((m(x[rows]) - y[rows]) ** 2).mean()
+
+    def evaluate(m):
+        with torch.no_grad():
+            return float(((m(x[192:]) - y[192:]) ** 2).mean())
+
+    return model, loss_fn, evaluate
+
+
+def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_the_same_stop(tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = TrainConfig(steps=2000, batch_size=16, lr=2e-2, warmup=5, save_every=50, eval_every=10, min_steps=50)
+    model, loss_fn, evaluate = _regression()
+    done = train(model, loss_fn, cfg, tmp_path / "full", torch.device("cpu"), evaluate=evaluate)
+    assert done.stop == "plateau" and 50 <= done.steps < 2000
+    curve = done.val_curve
+    assert plateaued(curve, cfg) and not any(plateaued(curve[:i], cfg) for i in range(1, len(curve)))
+    assert curve[-1][1] < 0.5 * curve[0][1]  # it did learn before it stopped
+    assert [s for s, _ in curve] == list(range(10, done.steps + 1, 10))
+    # a fixed budget ignores the rule; a cap too small to plateau says so
+    fixed = train(_regression()[0], loss_fn, TrainConfig(steps=30, batch_size=16, warmup=5), tmp_path / "fixed",
+                  torch.device("cpu"), evaluate=evaluate)
+    assert fixed.stop == "budget" and fixed.steps == 30 and fixed.val_curve == []
+    capped = train(_regression()[0], loss_fn, TrainConfig(steps=30, batch_size=16, warmup=5, eval_every=10,
+                                                          min_steps=50), tmp_path / "cap", torch.device("cpu"),
+                   evaluate=evaluate)
+    assert capped.stop == "cap" and capped.steps == 30 and len(capped.val_curve) == 3
+    # interrupted after a checkpoint, resumed: the same stop and the same weights
+    calls = {"n": 0}
+
+    def dying(m, generator, shard):
+        calls["n"] += 1
+        if calls["n"] == done.steps - 20:
+            raise KeyboardInterrupt
+        return loss_fn(m, generator, shard)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_regression()[0], dying, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=evaluate)
+    again = train(_regression(seed=0)[0], loss_fn, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=evaluate)
+    assert (again.steps, again.stop, again.val_curve) == (done.steps, done.stop, done.val_curve)
+    a, b = load_file(tmp_path / "full" / WEIGHTS), load_file(tmp_path / "cut" / WEIGHTS)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)

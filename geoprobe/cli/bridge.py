@@ -19,14 +19,25 @@ NLayers = Annotated[int, typer.Option("--n-layers", min=1, help="Bridge transfor
 NHeads = Annotated[int, typer.Option("--n-heads", min=1, help="Bridge attention heads.")]
 SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise (0 = deterministic path).")]
 BridgeSteps = Annotated[int, typer.Option("--bridge-steps", min=1, help="Bridge sampling steps K.")]
+Until = Annotated[str, typer.Option("--until", help="plateau: train until the validation nmse stops improving "
+                                    "(< 2% better over the last 20% of steps; --steps is the cap); steps: exactly "
+                                    "--steps.")]
+EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed):
+def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+             eval_every):
     from bridges.hidden import BridgeConfig
     from bridges.train import TrainConfig
+    from geoprobe.errors import BadInput
 
-    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=max(1, steps // 10), seed=seed,
-                            save_every=max(1, min(100, steps)), ema=0.99)
+    if until not in ("plateau", "steps"):
+        raise BadInput(f"--until must be plateau or steps, got {until!r}")
+    warmup = max(1, steps // 10)
+    every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
+    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
+                            save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
+                            min_steps=max(2 * warmup, 5 * every))
     train_cfg.validate()
     cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
                        hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
@@ -65,10 +76,10 @@ def bridge(
     layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
     run: Run = None, model: Model = None, corpus: CorpusOpt = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Root for bridges/layer-NN (default: --run).")] = None,
-    steps: Steps = 300, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
+    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
     n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
-    seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
-    device_map: DeviceMap = None,
+    seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, device: Device = "auto",
+    dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
 ):
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
@@ -87,7 +98,8 @@ def bridge(
         raise BadInput(f"--layer must be >= 0, got {layer}")
     source = open_source(run, model, corpus, seq_len, seed, world_from().device(device), dtype, device_map=device_map)
     metrics, folder = _fit(source, layer, out or run,
-                           (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed), force)
+                           (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+                            eval_every), force)
     if state.format == "json":
         emit_json({**metrics, "dir": str(folder)})
     elif not state.quiet:
@@ -101,10 +113,11 @@ def bridge(
                     "  geoprobe --format json sweep --run runs/demo --layers 0,3,6,9")
 def sweep(
     run: Annotated[Path, typer.Option("--run", help="A scanned run directory (its ranking gives the scores).")],
-    layers: Layers = "0-8",
-    steps: Steps = 200, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
+    layers: Layers = "all",
+    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
     n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
-    seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
+    seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, device: Device = "auto",
+    dtype: Dtype = "auto", force: Force = False,
 ):
     """One bridge per layer under one budget; Spearman ρ between geometry score and validation loss."""
     from geoprobe.distributed import world_from
@@ -114,7 +127,9 @@ def sweep(
     scores = {r["layer"]: r for r in ranking_rows(run)}
     source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
     chosen = parse_layers(layers, source.backbone.num_layers - 1)
-    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed)
+    if layers.strip() == "all":  # every layer that was scanned and has blocks above it
+        chosen = [l for l in chosen if l in scores]
+    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
     rows = []
     for layer in chosen:
         metrics, _ = _fit(source, layer, run, args, force)
@@ -126,13 +141,13 @@ def sweep(
     if state.format == "json":
         emit_json({"rows": rows, "correlations": summary, "plot": str(plot)})
     elif not state.quiet:
+        from geoprobe.metrics.correlation import describe
         from geoprobe.report.terminal import print_table
 
-        print_table(f"sweep of {run}", ["layer", "score", "rank", "nmse", "delta_ce", "nmse_noisy"],
-                    [[r["layer"], r["score"], r["rank"], r["nmse"], r["delta_ce"], r["nmse_noisy"]] for r in rows])
-        for loss in ("nmse", "delta_ce", "nmse_noisy"):
+        keys = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
+        print_table(f"sweep of {run}", keys, [[r[k] for k in keys] for r in rows])
+        for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy"):
             c = summary[loss]
-            print(f"Spearman(score, {loss}) = {c['rho']:.3f}  p = {c['p']:.3g}  95% CI [{c['ci'][0]:.3f}, "
-                  f"{c['ci'][1]:.3f}]  (n = {c['n']})")
+            print(describe(loss, c))
         print(f"geometry-chosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
-              f"worst layer {summary['worst_layer']}   plot: {plot}")
+              f"worst layer {summary['worst_layer']}; {summary['depth']['statement']}   plot: {plot}")

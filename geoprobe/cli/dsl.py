@@ -61,7 +61,7 @@ def train_cmd(
     from bridges.channel import SNR_SCHEMES
     from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, read_config, save_config, sequences, train_dsl
     from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
-    from bridges.train import TrainConfig
+    from bridges.train import TrainConfig, training_summary, write_training_record
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
     from geoprobe.errors import BadInput
@@ -107,15 +107,14 @@ def train_cmd(
     data = sequences(token_stream(train_docs, tok), seq_len)
     bar = Bar("dsl train", "step", quiet=state.quiet or state.format == "json")
     try:
-        curve = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=bar, world=world)
+        trained = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=bar, world=world)
     finally:
         bar.stop()
     if not world.is_main:  # data-parallel ranks: rank 0 evaluates and writes
         return
     metrics = _evaluate(out, val_docs, tok, seq_len, device)
-    metrics["final_train_loss"] = sum(l for _, l in curve[-20:]) / len(curve[-20:])
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    (out / "curve.csv").write_text("step,loss\n" + "".join(f"{s},{l:.6f}\n" for s, l in curve))
+    metrics.update(training_summary(trained, settings.train))
+    write_training_record(out, metrics, trained, "DSL model")
     _report(metrics, f"dsl train → {out}")
 
 

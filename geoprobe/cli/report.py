@@ -74,60 +74,47 @@ def _step(*argv) -> None:
         print(f"  {time.perf_counter() - started:6.1f} s  geoprobe {shown} …", file=sys.stderr, flush=True)
 
 
-# Every generator in the comparison trains on the same tokens (steps x batch x seq_len): the DSL
-# and MDLM models and, in the tiny demo, the sweep's bridges. SmolLM2 bridges sample through the
-# 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
-TINY = {"corpus": "synthetic:hmm?states=6&vocab=60&docs=300&length=60&seed=0", "tokens": 1500, "seq_len": 64,
-        "k": 8, "anchors": 256, "pairs": 512, "bootstrap": 50, "layers": "0-3", "bridge_steps": 60,
-        "bridge_batch": 8, "bridge_seq": 32, "bridge_width": 32, "dsl_tokenizer": None, "dsl_steps": 60,
-        "dsl_width": 64, "num": 12, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
-REAL = {"corpus": "kjv", "tokens": 4000, "seq_len": 256, "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200,
-        "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64,
-        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_width": 128, "num": 64, "length": 64, "steps": 64,
-        "curve": (16, 32), "bridges_compared": False}
-
-
-def _tiny_model(folder: Path, corpus: str) -> Path:
-    """A tiny random Llama with a word-level tokenizer of the corpus (generations stay in its vocabulary)."""
-    import torch
-    import transformers
-
-    from bridges.tokens import word_tokenizer
-    from geoprobe.corpus import read_documents
-
-    if not (folder / "config.json").is_file():
-        tokenizer = word_tokenizer(read_documents(corpus))
-        config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                          num_key_value_heads=2, intermediate_size=128, vocab_size=len(tokenizer),
-                                          max_position_embeddings=256)
-        torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-    return folder
+# Every generator in the comparison has one training budget (cap steps x batch x seq_len tokens):
+# the DSL and MDLM models train for exactly that; the sweep's bridges may stop earlier, when their
+# validation nmse plateaus (compare shows the tokens each one used). SmolLM2 bridges sample through
+# the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
+TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16", "k": 16, "anchors": 512,
+        "pairs": 1024, "bootstrap": 100, "layers": "all", "bridge_steps": 1000, "bridge_batch": 8, "bridge_seq": 33,
+        "bridge_width": 64, "bridge_blocks": 2, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 8, "dsl_seq": 33, "dsl_width": 64,
+        "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
+REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all", "k": 32, "anchors": 2048,
+        "pairs": 4096, "bootstrap": 200, "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64,
+        "bridge_width": 64, "bridge_blocks": 1, "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64, "dsl_width": 128,
+        "num": 64, "length": 64, "steps": 64, "curve": (16, 32), "bridges_compared": False}
 
 
 @app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # synthetic corpus, tiny model, < 1 min\n\n"
                     "  geoprobe demo --out runs/demo                  # SmolLM2 on the KJV (what `make demo` runs)")
 def demo(
-    tiny: Annotated[bool, typer.Option("--tiny", help="The synthetic HMM corpus and a tiny random model.")] = False,
+    tiny: Annotated[bool, typer.Option("--tiny", help="The testbed: builtin:hmm-tiny (a small Llama trained on a "
+                                                      "synthetic HMM with an exact likelihood) and its corpus.")] = False,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where everything goes.")] = Path("runs/demo"),
     device: Annotated[str, typer.Option("--device")] = "auto",
 ):
     """The whole pipeline end to end: scan, sweep, DSL, four samplers, eval, compare, report."""
+    from geoprobe.testbed import CORPUS
+
     p = TINY if tiny else REAL
-    corpus = p["corpus"]
+    corpus = p["corpus"] or CORPUS
     out.mkdir(parents=True, exist_ok=True)
-    model = _tiny_model(out / "tiny-model", corpus) if tiny else "builtin:smollm2"
+    model = p["model"]
     run = out / "run"
     dev = ["--device", device]
-    _step("scan", model, "--corpus", corpus, "--tokens", p["tokens"], "--seq-len", p["seq_len"], "--k", p["k"],
+    _step("scan", model, "--corpus", corpus, "--tokens", p["tokens"], "--seq-len", p["seq_len"], "--positions",
+          p["positions"], "--k", p["k"],
           "--anchors", p["anchors"], "--pairs", p["pairs"], "--bootstrap", p["bootstrap"], "--out", run, *dev)
     _step("sweep", "--run", run, "--layers", p["layers"], "--steps", p["bridge_steps"], "--batch-size",
-          p["bridge_batch"], "--seq-len", p["bridge_seq"], "--d-model", p["bridge_width"], "--n-layers", 1, *dev)
+          p["bridge_batch"], "--seq-len", p["bridge_seq"], "--d-model", p["bridge_width"], "--n-layers",
+          p["bridge_blocks"], *dev)
     models = {"dsl": ["--snr", "mixed"], "mdlm": ["--snr", "endpoint"]}  # DSL, and the endpoint-only MDLM model
     for name, snr in models.items():
         _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, *snr, "--steps",
-              p["dsl_steps"], "--batch-size", 8, "--seq-len", p["length"], "--d-model", p["dsl_width"],
+              p["dsl_steps"], "--batch-size", p["dsl_batch"], "--seq-len", p["dsl_seq"], "--d-model", p["dsl_width"],
               "--n-layers", 2, "--out", out / name, *dev)
     sweep = json.loads((run / "sweep.json").read_text())["correlations"]
     shape = ["--num", p["num"], "--length", p["length"]]

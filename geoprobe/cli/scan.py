@@ -20,6 +20,10 @@ Normalize = Annotated[str, typer.Option("--normalize", help="trace: divide each 
                                                             "(scale-free proxies); none: raw values.")]
 KeepMassive = Annotated[bool, typer.Option("--keep-massive", help="Keep states with norm > 20x the median "
                                                                   "(dropped by default, counted either way).")]
+DropChannels = Annotated[bool, typer.Option("--drop-massive-channels", help="Exclude channels whose variance exceeds "
+                                             "20x the median channel variance before the proxies are computed "
+                                             "(listed in geometry.json either way; the ranking is shown both ways "
+                                             "whenever a layer has them).")]
 Bootstrap = Annotated[int, typer.Option("--bootstrap", help="Bootstrap replicates over documents (0 = none).")]
 Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) + b z(mono) - c z(erank).")]
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
@@ -67,11 +71,12 @@ def _show_plan(model, out, cfg) -> None:
     check_fits(plan)
 
 
-def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed):
+def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_channels=False):
     from geoprobe.geometry import GeometrySettings
 
     return GeometrySettings(k=k, anchors=anchors, pairs=pairs, alpha=alpha, normalize=normalize,
-                            drop_massive=not keep_massive, bootstrap=bootstrap, seed=seed)
+                            drop_massive=not keep_massive, bootstrap=bootstrap, seed=seed,
+                            drop_massive_channels=drop_channels)
 
 
 def _geometry(run, settings, device):
@@ -93,16 +98,24 @@ def _rank_and_show(run, geometry, weights, log, extra=None):
     from geoprobe.distributed import world_from
     from geoprobe.ranking import parse_weights
     from geoprobe.report.tables import print_ranking
-    from geoprobe.scan import ranking_step
+    from geoprobe.scan import massive_warning, ranking_step, token_namer
 
     if not world_from().is_main:  # rank 0 writes the ranking and its plot
         return None
     ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
+    warning = massive_warning(geometry, token_namer(run))
+    if warning and not state.quiet:
+        from geoprobe.report.terminal import console
+
+        console.print(warning, markup=False, highlight=False, soft_wrap=True)
     if state.format == "json":
-        emit_json({**(extra or {}), "ranking": ranking, "plot": str(plot)})
+        emit_json({**(extra or {}), "ranking": ranking, "plot": str(plot), "warning": warning})
     elif not state.quiet:
         print_ranking(ranking, geometry)
-        print(f"chosen layer: {ranking['chosen_layer']}   plot: {plot}")
+        other = ranking.get("other")
+        alternative = (f"; with massive channels {'excluded' if other['drop_massive_channels'] else 'kept'}: "
+                       f"{other['chosen_layer']}" if other else "")
+        print(f"chosen layer: {ranking['chosen_layer']}{alternative}   plot: {plot}")
     return ranking
 
 
@@ -110,18 +123,21 @@ def _rank_and_show(run, geometry, weights, log, extra=None):
                     "  geoprobe geometry runs/kjv --k 16 --anchors 1024 --normalize none --device cuda")
 def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3,
              normalize: Normalize = "trace", keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200,
-             seed: Seed = 0, device: Device = "auto"):
+             seed: Seed = 0, device: Device = "auto", drop_massive_channels: DropChannels = False):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
-    result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed), device)
+    result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
+                                      drop_massive_channels), device)
     if state.format == "json":
         emit_json(result)
     elif not state.quiet:
         from geoprobe.report.terminal import print_table
 
         norm = result["settings"]["normalize"]
-        print_table(f"geometry of {run} (normalize={norm})", ["layer", "curv", "mono", "erank", "dup", "massive"],
+        print_table(f"geometry of {run} (normalize={norm})", ["layer", "curv", "mono", "erank", "dup", "massive",
+                                                               "massive channels"],
                     [[l["layer"], l[norm]["curv"]["value"], l[norm]["mono"]["value"], l[norm]["erank"]["value"],
-                      round(l["duplicate_fraction"], 3), l["massive"]] for l in result["layers"]])
+                      round(l["duplicate_fraction"], 3), l["massive"], len(l["massive_channels"])]
+                     for l in result["layers"]])
 
 
 @app.command(epilog="Examples:\n\n  geoprobe rank runs/kjv\n\n  geoprobe rank runs/kjv --weights 1,1,0 --log")
@@ -136,7 +152,7 @@ def rank(run: RunDir, weights: Weights = "1,1,1", log: Log = False):
                     "  geoprobe scan meta-llama/Llama-3.1-8B-Instruct --device cuda --dtype bfloat16 "
                     "--tokens 50000 --positions random:64 --out runs/llama8b")
 def scan(
-    model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, or builtin:smollm2.")],
+    model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, builtin:smollm2 or builtin:hmm-tiny (the trained testbed).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<model name>).")] = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: wikitext-103 when online "
                                                                 "with `datasets`, else the installed KJV).")] = None,
@@ -146,7 +162,8 @@ def scan(
     shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MB "
                                                          "of states per shard).")] = 0,
     k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3, normalize: Normalize = "trace",
-    keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200, weights: Weights = "1,1,1", log: Log = False,
+    keep_massive: KeepMassive = False, drop_massive_channels: DropChannels = False, bootstrap: Bootstrap = 200,
+    weights: Weights = "1,1,1", log: Log = False,
     seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", batch_size: BatchSize = 8,
     device_map: DeviceMap = None, trust_remote_code: TrustRemoteCode = False, force: Force = False,
     plan: Annotated[bool, typer.Option("--plan", help="Print the memory and disk this scan needs (from the config "
@@ -162,7 +179,7 @@ def scan(
     from geoprobe.scan import default_corpus
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
-    settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed)
+    settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels)
     settings.validate()  # before any extraction work
     cfg = ExtractConfig(model=model, corpus=corpus or default_corpus(), tokens=tokens, seq_len=seq_len,
                         layers=layers, positions=positions, skip_first=skip_first, seed=seed, dtype=dtype,

@@ -12,7 +12,12 @@ from scipy import stats
 def spearman_with_uncertainty(x, y, seed: int = 0, resamples: int = 9999) -> dict:
     """rho, a two-sided permutation-test p-value (exact when n! <= resamples, Monte Carlo
     otherwise, which for ~30 layers with 9,999 resamples resolves p down to 1e-4) and a 95%
-    percentile bootstrap interval over (x, y) pairs."""
+    percentile bootstrap interval over (x, y) pairs.
+
+    With few layers many bootstrap resamples repeat one pair so often that a rank is constant
+    and rho is undefined; the interval is taken over the valid resamples, whose count is
+    reported (`ci_valid`), and is None when fewer than half are valid: no interval is given
+    rather than a NaN or one that rests on a handful of resamples."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     rho = float(stats.spearmanr(x, y).statistic)
 
@@ -29,7 +34,17 @@ def _with_uncertainty(x, y, rho, statistic, seed, resamples):
     permutation = stats.permutation_test((x,), lambda a: statistic(a, y), permutation_type="pairings",
                                          n_resamples=resamples, alternative="two-sided",
                                          rng=np.random.default_rng(seed))
-    boot = stats.bootstrap((x, y), statistic, paired=True, vectorized=False, n_resamples=min(resamples, 2000),
-                           method="percentile", rng=np.random.default_rng(seed))
-    low, high = boot.confidence_interval
-    return {"rho": rho, "p": float(permutation.pvalue), "ci": [float(low), float(high)], "n": len(x)}
+    draws = np.random.default_rng(seed).integers(0, len(x), size=(min(resamples, 2000), len(x)))
+    values = np.array([statistic(x[rows], y[rows]) for rows in draws], dtype=float)
+    valid = values[np.isfinite(values)]
+    ci = [float(v) for v in np.percentile(valid, [2.5, 97.5])] if len(valid) >= len(values) / 2 else None
+    return {"rho": rho, "p": float(permutation.pvalue), "ci": ci, "ci_valid": int(len(valid)),
+            "ci_resamples": len(values), "n": len(x)}
+
+
+def describe(name: str, c: dict) -> str:
+    """One line for people: rho, p and the interval (or why there is none)."""
+    interval = (f"95% CI [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] ({c['ci_valid']} of {c['ci_resamples']} resamples "
+                f"defined)" if c.get("ci") else f"no interval: only {c.get('ci_valid', 0)} of "
+                f"{c.get('ci_resamples', 0)} bootstrap resamples define rho")
+    return f"Spearman(score, {name}) = {c['rho']:.3f}, permutation p = {c['p']:.3g}, {interval}, n = {c['n']}"

@@ -206,13 +206,21 @@ def write_report(run: Path) -> Path:
     if (run / "sweep.json").is_file():
         sweep = json.loads((run / "sweep.json").read_text())
         c = sweep["correlations"]
-        parts += ["## Bridge sweep", "", markdown_table(sweep["rows"], ["layer", "score", "rank", "nmse", "delta_ce",
-                                                                       "nmse_noisy"]), ""]
-        for loss in ("nmse", "delta_ce", "nmse_noisy"):
-            parts.append(f"- Spearman(score, {loss}) = {c[loss]['rho']:.3f}, permutation p = {c[loss]['p']:.3g}, "
-                         f"95% CI [{c[loss]['ci'][0]:.3f}, {c[loss]['ci'][1]:.3f}], n = {c[loss]['n']}")
-        parts += [f"- geometry-chosen layer {c['chosen_layer']}, oracle layer {c['oracle_layer']}, "
-                  f"worst layer {c['worst_layer']}", "", "![sweep](plots/sweep.png)", ""]
+        from geoprobe.metrics.correlation import describe
+
+        columns = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
+        parts += ["## Bridge sweep", "", "Each bridge trained until its validation nmse stopped improving (< 2% "
+                  "over the last 20% of its steps; `stop` says whether that rule or the step cap ended it). `nmse` "
+                  "is standardised by the total variance, `nmse_dim` by each channel's own variance (a channel with "
+                  "most of the variance cannot dominate it), `delta_ce` is the upper stack's next-token "
+                  "cross-entropy on the reconstruction minus on the true states (nats).", "",
+                  markdown_table(sweep["rows"], columns), ""]
+        parts += [f"- {describe(loss, c[loss])}" for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy") if loss in c]
+        parts += [f"- geometry-chosen layer {c['chosen_layer']}, oracle layer (lowest delta_ce) {c['oracle_layer']}, "
+                  f"worst layer {c['worst_layer']}"]
+        if "depth" in c:
+            parts.append(f"- {c['depth']['statement']}")
+        parts += ["", "![sweep](plots/sweep.png)", "", "![validation curves](plots/sweep-curves.png)", ""]
     if (run / "compare.md").is_file():
         parts += ["## Generation", "", (run / "compare.md").read_text().split("\n", 2)[2], "",
                   "![compare](plots/compare.png)", ""]

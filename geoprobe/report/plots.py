@@ -25,7 +25,9 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def geometry_plot(ranking: dict, geometry: dict, path: Path) -> Path:
+def geometry_plot(ranking: dict, geometry: dict, path: Path, other: dict | None = None) -> Path:
+    """The three proxies and the score against layer; `other` (the ranking under the opposite
+    choice about massive channels) adds its score and chosen layer to the score panel."""
     rows = ranking["rows"]
     layers = np.array([r["layer"] for r in rows])
     chosen = ranking["chosen_layer"]
@@ -37,6 +39,13 @@ def geometry_plot(ranking: dict, geometry: dict, path: Path) -> Path:
         if np.isfinite(lo).all():
             ax.fill_between(layers, lo, hi, color="tab:blue", alpha=0.2, label="95% bootstrap interval")
         ax.axvline(chosen, color="tab:red", ls="--", lw=1.2, label=f"chosen layer ℓ* = {chosen}")
+        if key == "score" and other is not None:
+            how = "excluded" if other["drop_massive_channels"] else "kept"
+            ax.plot(layers, [r["score"] for r in other["rows"]], "s--", color="tab:purple", ms=3.5,
+                    label=f"score, massive channels {how}")
+            ax.axvline(other["chosen_layer"], color="tab:purple", ls=":", lw=1.2,
+                       label=f"ℓ* with massive channels {how} = {other['chosen_layer']}")
+            ax.legend(loc="best", fontsize=7)
         if key in ("curv", "mono") and (value > 0).all() and value.max() / value.min() > 30:
             ax.set_yscale("log")
         ax.set_title(title)
@@ -52,7 +61,7 @@ def geometry_plot(ranking: dict, geometry: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def curve_plot(curve: list, path: Path, title: str) -> Path:
+def curve_plot(curve: list, path: Path, title: str, val_curve: list | None = None) -> Path:
     steps = np.array([s for s, _ in curve])
     losses = np.array([l for _, l in curve])
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -62,11 +71,35 @@ def curve_plot(curve: list, path: Path, title: str) -> Path:
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
         ax.plot(steps[window - 1:], smooth, color="tab:blue", lw=2, label=f"moving average ({window} steps)")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss (interpolant MSE, standardised)")
+    ax.set_ylabel("training loss")
     ax.set_yscale("log")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    handles = ax.get_legend_handles_labels()
+    if val_curve:
+        twin = ax.twinx()
+        twin.plot([s for s, _ in val_curve], [v for _, v in val_curve], "o-", color="tab:red", ms=3,
+                  label="validation score (plateau rule)")
+        twin.set_ylabel("validation score", color="tab:red")
+        handles = [a + b for a, b in zip(handles, twin.get_legend_handles_labels())]
+    ax.legend(*handles, fontsize=8)
+    return save_figure(fig, path)
+
+
+def curves_plot(curves: dict, path: Path, title: str) -> Path:
+    """Every layer's validation curve in one figure: {label: [[step, value], ...]}."""
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    colours = plt.cm.viridis(np.linspace(0, 0.9, max(len(curves), 1)))
+    for colour, (label, points) in zip(colours, curves.items()):
+        if points:
+            ax.plot([s for s, _ in points], [v for _, v in points], "o-", ms=2.5, color=colour, label=label)
+            ax.plot(points[-1][0], points[-1][1], "x", color=colour, ms=8)
+    ax.set_xlabel("optimizer step (× marks where training stopped)")
+    ax.set_ylabel("validation nmse at clean condition")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
     return save_figure(fig, path)
 
 
@@ -80,8 +113,10 @@ def sweep_plot(rows: list[dict], loss: str, correlation: dict, path: Path, model
         left.annotate(str(layer), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     left.set_xlabel("geometry score s (higher = predicted easier)")
     left.set_ylabel(f"bridge validation {loss}")
-    left.set_title(f"Spearman ρ = {correlation['rho']:.2f}, permutation p = {correlation['p']:.3g}, "
-                   f"95% CI [{correlation['ci'][0]:.2f}, {correlation['ci'][1]:.2f}]", fontsize=10)
+    ci = correlation.get("ci")
+    left.set_title(f"Spearman ρ = {correlation['rho']:.2f}, permutation p = {correlation['p']:.3g}, " +
+                   (f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "no bootstrap interval (too few layers)"),
+                   fontsize=10)
     left.grid(alpha=0.3)
     right.plot(layers, value, "o-", color="tab:red", label=f"validation {loss}")
     right.set_xlabel("layer")

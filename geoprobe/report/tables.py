@@ -8,7 +8,7 @@ from pathlib import Path
 
 COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", "erank", "erank_lo", "erank_hi",
            "score", "score_lo", "score_hi", "rank", "p_first", "participation_ratio", "entropy_rank",
-           "duplicate_fraction", "massive"]
+           "duplicate_fraction", "massive", "massive_channels", "channel_share"]
 
 
 def _fmt(value) -> str:
@@ -22,7 +22,7 @@ def write_csv(ranking: dict, path: Path) -> None:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         for row in ranking["rows"]:
-            writer.writerow({k: row[k] for k in COLUMNS})
+            writer.writerow({k: row.get(k) for k in COLUMNS})
 
 
 def _interval(row, name) -> str:
@@ -34,13 +34,15 @@ def display_rows(ranking: dict, intervals: bool = True) -> tuple[list[str], list
     def cell(r, name):
         return _interval(r, name) if intervals else _fmt(r[name])
 
-    head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "dup", "massive"]
+    head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "dup", "massive",
+            "mch (var)"]
     rows = [[str(r["layer"]), cell(r, "curv"), cell(r, "mono"), cell(r, "erank"), _fmt(r["score"]),
              f"[{_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}]", str(r["rank"]), _percent(r["p_first"]),
-             f"{r['duplicate_fraction']:.2f}", str(r["massive"])] for r in ranking["rows"]]
+             f"{r['duplicate_fraction']:.2f}", str(r["massive"]),
+             f"{r.get('massive_channels', 0)} ({r.get('channel_share', 0.0):.0%})"] for r in ranking["rows"]]
     if intervals:
         head = ["layer", "curv [95% CI]", "mono [95% CI]", "erank [95% CI]", "score [95% CI]", "rank", "P(first)",
-                "dup", "massive"]
+                "dup", "massive", "massive channels (their variance share)"]
         for row, r in zip(rows, ranking["rows"]):
             row[4:6] = [_interval(r, "score")]
     return head, rows
@@ -55,16 +57,24 @@ def caption(ranking: dict, geometry: dict) -> str:
     return (f"{geometry.get('model')}: {geometry['rows']} states/layer from {geometry['n_docs']} documents; "
             f"normalize={ranking['normalize']}, weights={ranking['weights']}, log={ranking['log']}, k={s['k']}, "
             f"anchors={s['anchors']}, pairs={s['pairs']}, alpha={s['alpha']}, bootstrap={s['bootstrap']}, "
-            f"seed={s['seed']}, drop_massive={s['drop_massive']}. Chosen layer: {ranking['chosen_layer']} "
+            f"seed={s['seed']}, drop_massive={s['drop_massive']}, massive channels "
+            f"{'excluded' if ranking.get('drop_massive_channels') else 'kept'} (a channel is massive when its variance "
+            f"exceeds {s.get('channel_factor', 20.0):g}x the median channel variance). Chosen layer: {ranking['chosen_layer']} "
             f"(ranked first in {_percent(ranking['chosen_p_first'])} of bootstrap replicates).")
 
 
-def write_markdown(ranking: dict, geometry: dict, path: Path) -> None:
-    head, rows = display_rows(ranking)
-    lines = ["# Layer ranking", "", caption(ranking, geometry), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    path.write_text("\n".join(lines) + "\n")
+def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None = None) -> None:
+    """ranking.md; with `other` (the ranking under the opposite choice about massive channels)
+    a second table follows the first."""
+    lines = ["# Layer ranking", ""]
+    for table in [ranking] + ([other] if other else []):
+        head, rows = display_rows(table)
+        if other:
+            lines += [f"## Massive channels {'excluded' if table['drop_massive_channels'] else 'kept'}"
+                      f"{' (the primary ranking)' if table is ranking else ''}", ""]
+        lines += [caption(table, geometry), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    path.write_text("\n".join(lines))
 
 
 def print_ranking(ranking: dict, geometry: dict) -> None:
