@@ -14,6 +14,7 @@ context: its entropy rate lies well below what a unigram or bigram model can rea
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
@@ -145,3 +146,34 @@ def documents(spec: str) -> list[str]:
     ids = hmm_from_spec(spec).sample_many(o["docs"], o["length"], np.random.default_rng([o["seed"], 1]))
     words = hmm_from_spec(spec).words
     return [" ".join(words[i] for i in row) for row in ids]
+
+
+def oracle_scores(hmm: HMM, texts: list[str]) -> dict:
+    """Exact NLL per word of generated texts under the true HMM, next to its entropy rate.
+
+    A text holding a word the HMM cannot emit (an unknown or special token) has probability 0;
+    such texts are counted (`oracle_invalid`) and the NLL is over the others, so that one stray
+    token does not turn a generator's whole row into infinity, nor hide."""
+    scores = [(hmm.text_log_prob(t), len(t.split())) for t in texts]
+    valid = [(lp, n) for lp, n in scores if math.isfinite(lp)]
+    words = sum(n for _, n in valid)
+    return {"oracle_nll_per_word": -sum(lp for lp, _ in valid) / words if words else math.inf,
+            "oracle_invalid": len(scores) - len(valid), "oracle_entropy_rate": hmm.entropy_rate()}
+
+
+def reference_sample_scores(hmm: HMM, length: int, count: int = 200, seed: int = 0) -> dict:
+    """Oracle NLL per word of `length`-word samples from the HMM itself and from its best
+    bigram and unigram models: where a generator's `oracle_nll_per_word` sits between them."""
+    rng = np.random.default_rng([seed, 0x0AC1E])
+    marginal = hmm.stationary() @ hmm.emission
+    joint = (hmm.emission.T * hmm.stationary()) @ hmm.transition @ hmm.emission
+    conditional = joint / joint.sum(1, keepdims=True)
+    vocab = len(marginal)
+    bigram = np.empty((count, length), dtype=np.int64)
+    bigram[:, 0] = rng.choice(vocab, size=count, p=marginal)
+    cumulative = np.cumsum(conditional, 1)
+    for t in range(1, length):
+        bigram[:, t] = np.minimum((rng.random(count)[:, None] > cumulative[bigram[:, t - 1]]).sum(1), vocab - 1)
+    samples = {"hmm": hmm.sample_many(count, length, rng), "bigram": bigram,
+               "unigram": rng.choice(vocab, size=(count, length), p=marginal)}
+    return {k: float(np.mean([-hmm.log_prob(row.tolist()) for row in v]) / length) for k, v in samples.items()}

@@ -103,7 +103,7 @@ def checkpoint(tmp_path_factory, corpus_txt):
 def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, capsys, tmp_path):
     metrics = json.loads((checkpoint / "metrics.json").read_text())
     assert metrics["val_mdlm_elbo_bits_per_token"] > 0
-    assert (checkpoint / "curve.csv").read_text().startswith("step,loss\n0,")
+    assert (checkpoint / "curve.csv").read_text().startswith("step,loss,val\n0,")
     code, out, err = invoke(capsys, "--format", "json", "sample", "--model", checkpoint, "--sampler", "roar",
                             "--num", 3, "--length", 10, "--out", tmp_path, "--device", "cpu")
     assert code == 0, err

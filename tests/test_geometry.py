@@ -195,3 +195,23 @@ def test_score_and_rank_stability():
     assert [r["rank"] for r in ranking["rows"]] == [3, 1, 2]
     assert sum(r["p_first"] for r in ranking["rows"]) == pytest.approx(1.0)
     assert ranking["rows"][1]["p_first"] == 1.0
+
+
+def test_massive_channels_are_listed_and_excluding_them_equals_computing_without_them():
+    lam = np.ones(8)
+    x = gaussian(3000, lam, seed=2, rotate=False)
+    x[:, 3] = 3.0 + 30.0 * (x[:, 3] - 3.0)  # one channel with 900x the others' variance, in every token
+    kept = run(x, bootstrap=20)
+    assert kept["massive_channels"] == [3] and kept["channels_used"] == 8
+    assert kept["massive_channel_share"] == pytest.approx(900 / 907, abs=0.02)
+    assert kept["none"]["erank"]["value"] < 1.05  # the channel is the whole spectrum
+    dropped = run(x, bootstrap=20, drop_massive_channels=True)
+    oracle = run(x[:, [0, 1, 2, 4, 5, 6, 7]], bootstrap=20)  # the same states without the channel
+    assert dropped["channels_used"] == 7 and oracle["massive_channels"] == []
+    for norm in ("none", "trace"):
+        for proxy in ("curv", "mono", "erank"):
+            assert dropped[norm][proxy]["value"] == pytest.approx(oracle[norm][proxy]["value"], rel=1e-9)
+            assert dropped[norm][proxy]["ci"] == pytest.approx(oracle[norm][proxy]["ci"], rel=1e-9)
+    assert dropped["none"]["erank"]["value"] > 4  # isotropic once the channel is gone
+    # the rule is against the median channel: a spread-out spectrum has no massive channel
+    assert run(gaussian(3000, np.linspace(1, 10, 8), seed=2))["massive_channels"] == []

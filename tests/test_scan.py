@@ -135,3 +135,32 @@ def test_bad_weights(extracted, capsys):
     assert invoke(capsys, "-q", "geometry", extracted, *SMALL)[0] == 0
     code, _, err = invoke(capsys, "rank", extracted, "--weights", "1,2")
     assert_one_line_error(code, err, 2, "malformed --weights")
+
+
+def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_txt, capsys):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import build_model
+
+    folder = build_model("llama", tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():  # channel 5 of every token's embedding carries most of the residual stream
+        model.get_input_embeddings().weight[:, 5] = 40.0 * model.get_input_embeddings().weight[:, 5].abs() + 5.0
+    model.save_pretrained(folder)
+    args = ["scan", folder, "--corpus", corpus_txt, "--tokens", 800, "--seq-len", 64, "--out", tmp_path / "s", *SMALL]
+    code, out, err = invoke(capsys, *args)
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warning) == 1 and "massive channels at layers 0" in warning[0] and "(5;" in warning[0]
+    geometry = json.loads((tmp_path / "s" / "geometry.json").read_text())
+    assert 5 in geometry["layers"][0]["massive_channels"] and geometry["layers"][0]["massive_channel_share"] > 0.5
+    assert "other_channels" in geometry["layers"][0]
+    ranking = (tmp_path / "s" / "ranking.md").read_text()
+    assert "## Massive channels kept (the primary ranking)" in ranking and "## Massive channels excluded" in ranking
+    assert "with massive channels excluded:" in out
+    code, out, err = invoke(capsys, "--format", "json", *args[:-len(SMALL)], *SMALL, "--drop-massive-channels")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["ranking"]["drop_massive_channels"] and not data["ranking"]["other"]["drop_massive_channels"]
+    assert data["warning"].startswith("warning: ")

@@ -273,12 +273,15 @@ def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out:
     tok = backbone.tokenizer
     start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     prompt = torch.full((num, 1), start_id, device=backbone.input_device)
+    # a fixed-length sample has no end and no unknown word: neither token may be drawn
+    suppressed = sorted({t for t in (tok.eos_token_id, tok.unk_token_id) if t is not None})
     torch.manual_seed(seed)
     began = time.perf_counter()
     with torch.no_grad():
         generated = backbone.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
                                             top_p=top_p, top_k=0, max_new_tokens=length, min_new_tokens=length,
-                                            pad_token_id=start_id, eos_token_id=None, use_cache=True)
+                                            pad_token_id=start_id, eos_token_id=None, use_cache=True,
+                                            suppress_tokens=suppressed or None)
     seconds = time.perf_counter() - began
     meta = {"sampler": "ar", "steps": length, "top_p": top_p, "seed": seed, "num": num, "length": length,
             "nfe": length, "skipped_calls": 0, "decode": "causal"}

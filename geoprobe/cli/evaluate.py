@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -84,13 +83,10 @@ def evaluate(
                 reference_features[key] = features(backbone, list(key))
             row.update(mauve_score(feats, reference_features[key]))
             if references.startswith("synthetic:"):
-                from geoprobe.synthetic import hmm_from_spec
+                from geoprobe.synthetic import hmm_from_spec, oracle_scores
 
                 hmm = hmm_from_spec(references)
-                lps = [hmm.text_log_prob(t) for t in texts]
-                words = sum(len(t.split()) for t in texts)
-                row["oracle_nll_per_word"] = -sum(lps) / words if all(math.isfinite(l) for l in lps) else math.inf
-                row["oracle_entropy_rate"] = hmm.entropy_rate()
+                row.update(oracle_scores(hmm, texts))
         results[name] = row
     header = {"evaluator": evaluator, "references": references, "seed": seed}
     if out is not None:

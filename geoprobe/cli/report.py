@@ -80,11 +80,11 @@ def _step(*argv) -> None:
 # the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
 TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16", "k": 16, "anchors": 512,
         "pairs": 1024, "bootstrap": 100, "layers": "all", "bridge_steps": 1000, "bridge_batch": 8, "bridge_seq": 33,
-        "bridge_width": 64, "bridge_blocks": 2, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 8, "dsl_seq": 33, "dsl_width": 64,
+        "bridge_width": 64, "bridge_blocks": 2, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 8, "dsl_seq": 33, "dsl_width": 64, "dsl_lr": 2e-3,
         "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
 REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all", "k": 32, "anchors": 2048,
         "pairs": 4096, "bootstrap": 200, "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64,
-        "bridge_width": 64, "bridge_blocks": 1, "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64, "dsl_width": 128,
+        "bridge_width": 64, "bridge_blocks": 1, "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64, "dsl_width": 128, "dsl_lr": 3e-4,
         "num": 64, "length": 64, "steps": 64, "curve": (16, 32), "bridges_compared": False}
 
 
@@ -114,7 +114,7 @@ def demo(
     models = {"dsl": ["--snr", "mixed"], "mdlm": ["--snr", "endpoint"]}  # DSL, and the endpoint-only MDLM model
     for name, snr in models.items():
         _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, *snr, "--steps",
-              p["dsl_steps"], "--batch-size", p["dsl_batch"], "--seq-len", p["dsl_seq"], "--d-model", p["dsl_width"],
+              p["dsl_steps"], "--batch-size", p["dsl_batch"], "--seq-len", p["dsl_seq"], "--lr", p["dsl_lr"], "--d-model", p["dsl_width"],
               "--n-layers", 2, "--out", out / name, *dev)
     sweep = json.loads((run / "sweep.json").read_text())["correlations"]
     shape = ["--num", p["num"], "--length", p["length"]]
@@ -141,19 +141,24 @@ def demo(
     from geoprobe.report.compare import read_rows, write_report
 
     path = write_report(run)
+    losses = [k for k in ("nmse", "nmse_dim", "delta_ce") if k in sweep]
     summary = {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
-               "worst_layer": sweep["worst_layer"], "spearman_delta_ce": sweep["delta_ce"]["rho"],
-               "spearman_delta_ce_p": sweep["delta_ce"]["p"],
-               "generation": [{k: r[k] for k in ("generator", "sampler", "gen_ppl", "mauve", "budget")}
-                              for r in read_rows(run / "compare.csv")]}
+               "worst_layer": sweep["worst_layer"], "correlations": {k: sweep[k] for k in losses},
+               "depth": sweep.get("depth", {}).get("statement"),
+               "generation": [{k: r.get(k) for k in ("generator", "sampler", "gen_ppl", "mauve", "oracle_nll_per_word",
+                                                     "budget")} for r in read_rows(run / "compare.csv")]}
     if state.format == "json":
         emit_json(summary)
         return
+    from geoprobe.metrics.correlation import describe
     from geoprobe.report.terminal import print_table
 
-    print_table("generation (matched budget)", ["generator", "sampler", "Gen.PPL", "MAUVE"],
-                [[g["generator"], g["sampler"], g["gen_ppl"], g["mauve"]] for g in summary["generation"]])
+    print_table("generation (matched budget)", ["generator", "sampler", "Gen.PPL", "MAUVE", "oracle NLL/word"],
+                [[g["generator"], g["sampler"], g["gen_ppl"], g["mauve"], g["oracle_nll_per_word"] or "—"]
+                 for g in summary["generation"]])
     print(f"layers: geometry-chosen {summary['chosen_layer']}, oracle {summary['oracle_layer']}, worst "
-          f"{summary['worst_layer']}; Spearman(score, delta_ce) = {summary['spearman_delta_ce']:.3f} "
-          f"(p = {summary['spearman_delta_ce_p']:.3g})\nreport: {path}")
+          f"{summary['worst_layer']}; {summary['depth']}")
+    for loss in losses:
+        print(describe(loss, sweep[loss]))
+    print(f"report: {path}")
 

@@ -47,4 +47,16 @@ def describe(name: str, c: dict) -> str:
     interval = (f"95% CI [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] ({c['ci_valid']} of {c['ci_resamples']} resamples "
                 f"defined)" if c.get("ci") else f"no interval: only {c.get('ci_valid', 0)} of "
                 f"{c.get('ci_resamples', 0)} bootstrap resamples define rho")
-    return f"Spearman(score, {name}) = {c['rho']:.3f}, permutation p = {c['p']:.3g}, {interval}, n = {c['n']}"
+    return (f"Spearman(score, {name}) = {c['rho']:.3f}, permutation p = {c['p']:.3g}, {interval}, n = {c['n']}: "
+            f"{verdict(c)}")
+
+
+def verdict(c: dict, alpha: float = 0.05) -> str:
+    """What rho says about the claim that the geometry score predicts the bridge's loss. The
+    score is higher for layers predicted easier and a loss is higher for harder ones, so the
+    claim predicts rho < 0."""
+    if c["p"] >= alpha:
+        return f"inconclusive (p = {c['p']:.3g} >= {alpha})"
+    if c["rho"] < 0:
+        return "supports the claim (higher score, lower loss)"
+    return "contradicts the claim: the score ranks layers opposite to how hard their bridges are"

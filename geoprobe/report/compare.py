@@ -17,21 +17,26 @@ from pathlib import Path
 
 from geoprobe.errors import BadInput
 
-COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "samples", "gen_ppl", "diversity",
-           "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "budget"]
+COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "used_tokens", "samples", "gen_ppl",
+           "diversity", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "oracle_invalid", "budget"]
 
 
-def training_tokens(model_dir: Path) -> int | None:
+def training_tokens(model_dir: Path) -> tuple[int | None, int | None]:
+    """(budget, used): the tokens a model was allowed (step cap x batch x sequence length) and
+    those it trained on (steps run, from metrics.json: fewer when the plateau rule stopped it)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        return None
+        return None, None
     record = json.loads(path.read_text())
     training = record.get("training", {})
     loop = training.get("train", training)
     seq_len = training.get("seq_len") or record.get("identity", {}).get("seq_len")
     if not all(k in loop for k in ("steps", "batch_size")) or not seq_len:
-        return None
-    return int(loop["steps"]) * int(loop["batch_size"]) * int(seq_len)
+        return None, None
+    per_step = int(loop["batch_size"]) * int(seq_len)
+    metrics = Path(model_dir) / "metrics.json"
+    ran = json.loads(metrics.read_text()).get("steps_run") if metrics.is_file() else None
+    return int(loop["steps"]) * per_step, (int(ran) * per_step if ran else None)
 
 
 def comparison_row(samples: Path) -> dict:
@@ -52,11 +57,12 @@ def comparison_row(samples: Path) -> dict:
     model = Path(meta["model"])
     name = f"{model.parent.name}/{model.name}" if model.is_dir() else meta["model"]
     suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
+    budget, used = training_tokens(model)
     return {"generator": name + suffix,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
-            "seconds": meta["seconds"], "train_tokens": training_tokens(model),
+            "seconds": meta["seconds"], "train_tokens": budget, "used_tokens": used,
             **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity", "unigram_entropy", "mauve", "mauve_std",
-                                          "oracle_nll_per_word")}}
+                                          "oracle_nll_per_word", "oracle_invalid")}}
 
 
 def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
@@ -198,7 +204,14 @@ def write_report(run: Path) -> Path:
              f"layers {manifest['layers'][0]}..{manifest['layers'][-1]}, seq_len {manifest['config']['seq_len']}, "
              f"seed {manifest['config']['seed']}",
              f"- model: {manifest['model'].get('architecture')}, config sha256 "
-             f"`{manifest['model']['config_sha256'][:16]}…`, dtype {manifest['model'].get('dtype')}", ""]
+             f"`{manifest['model']['config_sha256'][:16]}…`, dtype {manifest['model'].get('dtype')}"]
+    model = manifest["model"]
+    if "entropy_rate" in model:  # the trained testbed records how close it is to the true distribution
+        parts.append(f"- testbed fit: held-out NLL {model['model_nll']:.3f} nats/word against the HMM's entropy rate "
+                     f"{model['entropy_rate']:.3f} (+{model['model_nll'] / model['entropy_rate'] - 1:.1%}); the "
+                     f"best unigram model reaches {model['unigram_nll']:.3f} and the best bigram model "
+                     f"{model['bigram_nll']:.3f}")
+    parts.append("")
     if (run / "ranking.md").is_file():
         geometry = json.loads((run / "geometry.json").read_text())
         parts += ["## Geometry and ranking", "", f"Settings: `{json.dumps(geometry['settings'])}`", "",
@@ -215,6 +228,8 @@ def write_report(run: Path) -> Path:
                   "most of the variance cannot dominate it), `delta_ce` is the upper stack's next-token "
                   "cross-entropy on the reconstruction minus on the true states (nats).", "",
                   markdown_table(sweep["rows"], columns), ""]
+        parts += ["The score is higher for layers it predicts easier and every loss is higher for harder bridges, "
+                  "so the claim that the score predicts the bridge's loss means ρ < 0 here.", ""]
         parts += [f"- {describe(loss, c[loss])}" for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy") if loss in c]
         parts += [f"- geometry-chosen layer {c['chosen_layer']}, oracle layer (lowest delta_ce) {c['oracle_layer']}, "
                   f"worst layer {c['worst_layer']}"]
@@ -222,8 +237,27 @@ def write_report(run: Path) -> Path:
             parts.append(f"- {c['depth']['statement']}")
         parts += ["", "![sweep](plots/sweep.png)", "", "![validation curves](plots/sweep-curves.png)", ""]
     if (run / "compare.md").is_file():
-        parts += ["## Generation", "", (run / "compare.md").read_text().split("\n", 2)[2], "",
-                  "![compare](plots/compare.png)", ""]
+        rows = read_rows(run / "compare.csv")
+        corpus = manifest["config"]["corpus"]
+        samples = min((r["samples"] for r in rows if r.get("samples")), default=0)
+        parts += ["## Generation", "", "`train_tokens` is each model's budget (for bridges, the step cap), "
+                  "`used_tokens` what it trained on before it stopped. `oracle_nll_per_word` is the exact NLL of "
+                  "the samples under the true HMM (synthetic corpora only; `oracle_invalid` counts samples holding a "
+                  "word the HMM cannot emit, left out of it)." + (
+                      f" MAUVE on {samples:.0f} samples per generator is biased upwards and too noisy to rank "
+                      "generators (mauve-text's authors use thousands); read it as a sanity check only."
+                      if samples < 1000 else ""), "",
+                  (run / "compare.md").read_text().split("\n", 2)[2], ""]
+        if corpus.startswith("synthetic:") and any(r.get("oracle_nll_per_word") is not None for r in rows):
+            from geoprobe.synthetic import hmm_from_spec, reference_sample_scores
+
+            hmm = hmm_from_spec(corpus)
+            length = int(min((r["steps"] for r in rows if "AR ceiling" in r["generator"]), default=32))
+            ref = reference_sample_scores(hmm, length)
+            parts += [f"Reference points for `oracle_nll_per_word` ({length}-word samples): the HMM's own samples "
+                      f"score {ref['hmm']:.3f} nats/word (its entropy rate is {hmm.entropy_rate():.3f}), samples of "
+                      f"the best bigram model {ref['bigram']:.3f}, of the best unigram model {ref['unigram']:.3f}.", ""]
+        parts += ["![compare](plots/compare.png)", ""]
     if (run / "steps.csv").is_file():
         curve = read_rows(run / "steps.csv")
         parts += ["## Quality against sampling steps", "", markdown_table(curve, ["generator", "sampler", "steps", "nfe",
