@@ -27,6 +27,7 @@ bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py
 	$(PY) bench/extract_memory.py
 	$(PY) bench/geometry_speed.py
+	$(PY) bench/geometry_gram.py
 	$(PY) bench/samplers_speed.py
 	$(PY) bench/bridge_step.py
 	$(PY) bench/scaling.py

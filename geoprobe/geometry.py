@@ -161,6 +161,31 @@ def neighbourhood_lambda_max(reference: torch.Tensor, neighbours: torch.Tensor, 
     return torch.cat(values)
 
 
+GRAM_BELOW = 1.0  # use the N x N Gram matrix when N < GRAM_BELOW * d
+
+
+def covariance_spectrum(centred: torch.Tensor, n: int, world: World = SINGLE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (ascending) and eigenvectors (columns) of Sigma = X^T X / (n - 1).
+
+    With fewer states than dimensions (one process), Sigma has at most N non-zero eigenvalues,
+    and they are those of the N x N Gram matrix G = X X^T / (n - 1): with G u = lambda u, the
+    unit eigenvector of Sigma is X^T u / sqrt((n - 1) lambda). One N x N eigendecomposition
+    instead of a d x d one (for d = 4096 and a few thousand states, seconds instead of a
+    minute); only the non-zero part of the spectrum is returned (the `thin` case), which every
+    proxy handles. Otherwise one d x d eigendecomposition of the all-reduced covariance."""
+    d = centred.shape[1]
+    if world.size == 1 and n < GRAM_BELOW * d:
+        gram = centred @ centred.T / max(n - 1, 1)
+        values, vectors = torch.linalg.eigh(gram)
+        # the centring null direction (and any numerically zero one): its u would be noise
+        keep = values > values.max().clamp(min=0) * 1e-10
+        values, vectors = values[keep], vectors[:, keep]
+        directions = centred.T @ vectors / (values * max(n - 1, 1)).sqrt()
+        return values, directions
+    sigma = world.sum(centred.T @ centred) / max(n - 1, 1)
+    return torch.linalg.eigh(sigma)
+
+
 def massive_channels(variances: torch.Tensor, factor: float) -> torch.Tensor:
     """Channels whose variance exceeds `factor` x the median channel variance (sorted indices).
 
@@ -242,17 +267,17 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
         keep = [torch.ones_like(k) for k in keep]
     n, offset = len(docs), sum(int(k.sum()) for k in keep[: world.rank])
 
-    # covariance and its spectrum: one eigendecomposition per layer (two passes: exact centring)
+    # channel variances, massive channels, then the covariance spectrum (two passes: exact centring)
     mean = world.sum(x.sum(0)) / n
     centred = x - mean
-    sigma = world.sum(centred.T @ centred) / max(n - 1, 1)
-    channels = massive_channels(torch.diagonal(sigma), settings.channel_factor)
-    channel_share = float(torch.diagonal(sigma)[channels].sum() / torch.diagonal(sigma).sum().clamp(min=1e-300))
+    variances = world.sum((centred * centred).sum(0)) / max(n - 1, 1)
+    channels = massive_channels(variances, settings.channel_factor)
+    channel_share = float(variances[channels].sum() / variances.sum().clamp(min=1e-300))
     if settings.drop_massive_channels and len(channels):
         kept = torch.ones(d, dtype=torch.bool, device=x.device)
         kept[channels] = False
-        x, mean, centred, sigma, d = x[:, kept], mean[kept], centred[:, kept], sigma[kept][:, kept], int(kept.sum())
-    eigenvalues, eigenvectors = torch.linalg.eigh(sigma)
+        x, mean, centred, d = x[:, kept], mean[kept], centred[:, kept], int(kept.sum())
+    eigenvalues, eigenvectors = covariance_spectrum(centred, n, world)
     trace = float(eigenvalues.clamp(min=0).sum())
     if n < 2 or trace <= 0:
         raise BadInput(f"{name}: all states are identical (zero covariance); nothing to measure")
@@ -295,10 +320,15 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     i, j = torch.from_numpy(cand_i).to(x.device), torch.from_numpy(cand_j).to(x.device)
     valid = (inverse[i] != inverse[j]).nonzero().squeeze(1)[: settings.pairs]
     i, j = i[valid], j[valid]
-    projected = (_rows(x, i, offset, world) - _rows(x, j, offset, world)) @ eigenvectors
+    delta = _rows(x, i, offset, world) - _rows(x, j, offset, world)
     ridge = settings.alpha * scale
-    sq = projected ** 2
-    mono_values = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1) / sq.sum(1)
+    sq = (delta @ eigenvectors) ** 2
+    quotient = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1)
+    if eigenvectors.shape[1] < d:  # thin spectrum (Gram path): the rest of delta lies where Sigma is 0
+        total = (delta * delta).sum(1)
+        mono_values = (quotient + (total - sq.sum(1)).clamp(min=0) / ridge) / total
+    else:
+        mono_values = quotient / sq.sum(1)
 
     # the usual median (mean of the two middle values for an even count), as numpy defines it
     curv, mono = float(torch.quantile(curv_values, 0.5)), float(torch.quantile(mono_values, 0.5))

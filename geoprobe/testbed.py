@@ -106,6 +106,7 @@ def train_testbed(folder: Path, progress=None) -> dict:
               **fit, "entropy_rate": hmm.entropy_rate(), **{f"{k}_nll": v for k, v in hmm.baselines().items()}}
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must stay readable
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "geoprobe-source.json").write_text(json.dumps(record, indent=2))

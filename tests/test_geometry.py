@@ -215,3 +215,22 @@ def test_massive_channels_are_listed_and_excluding_them_equals_computing_without
     assert dropped["none"]["erank"]["value"] > 4  # isotropic once the channel is gone
     # the rule is against the median channel: a spread-out spectrum has no massive channel
     assert run(gaussian(3000, np.linspace(1, 10, 8), seed=2))["massive_channels"] == []
+
+
+def test_fewer_states_than_dimensions_uses_the_gram_matrix_with_the_same_numbers(monkeypatch):
+    import geoprobe.geometry as geometry
+
+    lam = np.geomspace(10.0, 0.01, 96)
+    x = gaussian(80, lam, seed=4)  # N = 80 < d = 96
+    settings = dict(bootstrap=20, per_doc=4, anchors=60, k=8, pairs=500)
+    gram = run(x, **settings)
+    values, vectors = geometry.covariance_spectrum(x - x.mean(0), len(x))
+    assert values.shape == (79,) and torch.allclose(vectors.T @ vectors, torch.eye(79, dtype=x.dtype), atol=1e-8)
+    monkeypatch.setattr(geometry, "GRAM_BELOW", 0.0)  # force the d x d eigendecomposition
+    full = run(x, **settings)
+    for norm in ("none", "trace"):
+        for proxy in ("curv", "mono", "erank"):
+            assert gram[norm][proxy]["value"] == pytest.approx(full[norm][proxy]["value"], rel=1e-8), (norm, proxy)
+            assert gram[norm][proxy]["ci"] == pytest.approx(full[norm][proxy]["ci"], rel=1e-6), (norm, proxy)
+    for key in ("participation_ratio", "entropy_rank", "lambda_max", "scale"):
+        assert gram[key] == pytest.approx(full[key], rel=1e-8), key

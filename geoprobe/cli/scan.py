@@ -94,20 +94,28 @@ def _geometry(run, settings, device):
         bar.stop()
 
 
-def _rank_and_show(run, geometry, weights, log, extra=None):
-    from geoprobe.distributed import world_from
-    from geoprobe.ranking import parse_weights
-    from geoprobe.report.tables import print_ranking
-    from geoprobe.scan import massive_warning, ranking_step, token_namer
+def _warn_massive(run, geometry) -> str | None:
+    """The one warning line about massive tokens and channels (stderr), also returned for JSON."""
+    from geoprobe.scan import massive_warning, token_namer
 
-    if not world_from().is_main:  # rank 0 writes the ranking and its plot
-        return None
-    ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
     warning = massive_warning(geometry, token_namer(run))
     if warning and not state.quiet:
         from geoprobe.report.terminal import console
 
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
+    return warning
+
+
+def _rank_and_show(run, geometry, weights, log, extra=None):
+    from geoprobe.distributed import world_from
+    from geoprobe.ranking import parse_weights
+    from geoprobe.report.tables import print_ranking
+    from geoprobe.scan import ranking_step
+
+    if not world_from().is_main:  # rank 0 writes the ranking and its plot
+        return None
+    ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
+    warning = _warn_massive(run, geometry)
     if state.format == "json":
         emit_json({**(extra or {}), "ranking": ranking, "plot": str(plot), "warning": warning})
     elif not state.quiet:
@@ -127,6 +135,7 @@ def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 409
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
     result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
                                       drop_massive_channels), device)
+    _warn_massive(run, result)
     if state.format == "json":
         emit_json(result)
     elif not state.quiet:

@@ -260,8 +260,9 @@ def write_report(run: Path) -> Path:
         parts += ["![compare](plots/compare.png)", ""]
     if (run / "steps.csv").is_file():
         curve = read_rows(run / "steps.csv")
-        parts += ["## Quality against sampling steps", "", markdown_table(curve, ["generator", "sampler", "steps", "nfe",
-                                                                                 "seconds", "gen_ppl", "mauve"]), "",
+        columns = ["generator", "sampler", "steps", "nfe", "seconds", "gen_ppl", "mauve"]
+        columns += ["oracle_nll_per_word"] * any(r.get("oracle_nll_per_word") is not None for r in curve)
+        parts += ["## Quality against sampling steps", "", markdown_table(curve, columns), "",
                   "![steps](plots/steps.png)", ""]
     path = run / "report.md"
     path.write_text("\n".join(parts) + "\n")
