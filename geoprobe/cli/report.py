@@ -78,17 +78,20 @@ def _step(*argv) -> None:
 # the DSL and MDLM models train for exactly that; the sweep's bridges may stop earlier, when their
 # validation nmse plateaus (compare shows the tokens each one used). SmolLM2 bridges sample through
 # the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
-TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16", "k": 16, "anchors": 512,
-        "pairs": 1024, "bootstrap": 100, "layers": "all", "bridge_steps": 1000, "bridge_batch": 8, "bridge_seq": 33,
-        "bridge_width": 64, "bridge_blocks": 2, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 8, "dsl_seq": 33, "dsl_width": 64, "dsl_lr": 2e-3,
-        "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
-REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all", "k": 32, "anchors": 2048,
-        "pairs": 4096, "bootstrap": 200, "layers": "0-3", "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64,
-        "bridge_width": 64, "bridge_blocks": 1, "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64, "dsl_width": 128, "dsl_lr": 3e-4,
-        "num": 64, "length": 64, "steps": 64, "curve": (16, 32), "bridges_compared": False}
+TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16",
+        "k": 16, "anchors": 512, "pairs": 1024, "bootstrap": 100, "layers": "all",
+        "bridge_steps": 1000, "bridge_batch": 8, "bridge_seq": 33, "bridge_width": 64, "bridge_blocks": 2,
+        "bridge_lr": 2e-3, "bridge_eval_every": 25, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 8, "dsl_seq": 33, "dsl_width": 64,
+        "dsl_lr": 2e-3, "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
+REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all",
+        "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200, "layers": "0-3",
+        "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64, "bridge_blocks": 1,
+        "bridge_lr": 1e-3, "bridge_eval_every": 10, "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64,
+        "dsl_width": 128, "dsl_lr": 3e-4, "num": 64, "length": 64, "steps": 64, "curve": (16, 32),
+        "bridges_compared": False}
 
 
-@app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # synthetic corpus, tiny model, < 1 min\n\n"
+@app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # the testbed, ~3 min (+3 once to train it)\n\n"
                     "  geoprobe demo --out runs/demo                  # SmolLM2 on the KJV (what `make demo` runs)")
 def demo(
     tiny: Annotated[bool, typer.Option("--tiny", help="The testbed: builtin:hmm-tiny (a small Llama trained on a "
@@ -110,7 +113,7 @@ def demo(
           "--anchors", p["anchors"], "--pairs", p["pairs"], "--bootstrap", p["bootstrap"], "--out", run, *dev)
     _step("sweep", "--run", run, "--layers", p["layers"], "--steps", p["bridge_steps"], "--batch-size",
           p["bridge_batch"], "--seq-len", p["bridge_seq"], "--d-model", p["bridge_width"], "--n-layers",
-          p["bridge_blocks"], *dev)
+          p["bridge_blocks"], "--lr", p["bridge_lr"], "--eval-every", p["bridge_eval_every"], *dev)
     models = {"dsl": ["--snr", "mixed"], "mdlm": ["--snr", "endpoint"]}  # DSL, and the endpoint-only MDLM model
     for name, snr in models.items():
         _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, *snr, "--steps",
