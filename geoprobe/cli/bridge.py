@@ -109,8 +109,9 @@ def bridge(
                     [[k, v] for k, v in metrics.items() if not isinstance(v, dict)])
 
 
-@app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo --layers 0-8 --steps 200\n\n"
-                    "  geoprobe --format json sweep --run runs/demo --layers 0,3,6,9")
+@app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo                     # every scanned layer, each to its plateau\n\n"
+                    "  geoprobe sweep --run runs/demo --layers 0-8 --steps 3000 --eval-every 50\n\n"
+                    "  geoprobe --format json sweep --run runs/demo --layers 0,3,6,9 --until steps --steps 200")
 def sweep(
     run: Annotated[Path, typer.Option("--run", help="A scanned run directory (its ranking gives the scores).")],
     layers: Layers = "all",
@@ -119,7 +120,8 @@ def sweep(
     seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False,
 ):
-    """One bridge per layer under one budget; Spearman ρ between geometry score and validation loss."""
+    """One bridge per layer, each trained to its plateau under one step cap; Spearman ρ between
+    the geometry score and each validation loss (nmse, nmse_dim, delta_ce, nmse_noisy)."""
     from geoprobe.distributed import world_from
     from geoprobe.extract import parse_layers
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
