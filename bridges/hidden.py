@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
@@ -88,10 +87,10 @@ class HiddenBridge(nn.Module):
                clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
         """a = pi E + pi_mask m + p; rows flagged `clean` use the one-hot mixture of their tokens."""
         probs = self.converter(z, self.table())
-        if clean is not None and clean.any():
-            one_hot = F.one_hot(clean_tokens, probs.shape[-1]).to(probs.dtype)
-            probs = torch.where(clean[:, None, None], one_hot, probs)
-        return Converter.mix(probs, embeddings.to(probs.dtype), self.mask_vector) + offsets
+        a = Converter.mix(probs, embeddings.to(probs.dtype), self.mask_vector)
+        if clean is not None and clean.any():  # the one-hot mixture is the token's row: index, never a B x L x V one-hot
+            a = torch.where(clean[:, None, None], embeddings[clean_tokens].to(a.dtype), a)
+        return a + offsets
 
     def standardise_source(self, a):
         return (a - self.source_mean) / self.source_scale

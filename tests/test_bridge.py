@@ -175,3 +175,15 @@ def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned,
     code, _, err = invoke(capsys, "sample", "--model", tmp_path / "b" / "bridges" / "layer-01", "--decode", "round",
                           "--num", 1, "--length", 4, "--out", tmp_path / "s", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--decode round is the layer-0 baseline")
+
+
+def test_the_clean_condition_source_is_exactly_layer_0(llama):
+    teacher = Teacher(llama, 2)
+    bridge = HiddenBridge(small(2, llama)).eval()
+    ids = torch.randint(5, 300, (3, 9))
+    h0, _ = teacher.states(ids)
+    z = torch.randn(3, 9, bridge.cfg.d_tok)  # whatever the noisy state, a clean row ignores it
+    clean = torch.tensor([True, False, True])
+    a = bridge.source(z, teacher.embeddings, teacher.offsets(9), ids, clean)
+    assert torch.equal(a[clean], h0[clean])
+    assert not torch.allclose(a[~clean], h0[~clean])
