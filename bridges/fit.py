@@ -84,7 +84,8 @@ def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches,
         z = channel(model.table(), ids, snr.to(ids.device), noise=noise)
         a = model.source(z, teacher.embeddings, teacher.offsets(length), ids, clean)
         tau = shard.rows(torch.rand(batch_size, generator=generator))
-        eps = shard.rows(torch.randn((batch_size, length, hl.shape[-1]), generator=generator))
+        eps = (shard.rows(torch.randn((batch_size, length, hl.shape[-1]), generator=generator))
+               if model.cfg.sigma_b > 0 else None)  # the last draw of the step: skipping it changes nothing else
         return model.loss(a, hl, positions_weight(mask), tau=tau, eps=eps,
                           denominator=max(positions, 1) / shard.count)
 

@@ -120,9 +120,11 @@ class HiddenBridge(nn.Module):
         weight / world size as `denominator`, so averaging the ranks' gradients is exact."""
         a_std, h_std = self.standardise_source(a), self.standardise_target(h)
         tau = (torch.rand(len(a), generator=generator) if tau is None else tau).to(a.device)
-        eps = (torch.randn(a.shape, generator=generator) if eps is None else eps).to(a.device, a.dtype)
         t = tau[:, None, None]
-        y = (1 - t) * a_std + t * h_std + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
+        y = (1 - t) * a_std + t * h_std
+        if self.cfg.sigma_b > 0:  # a deterministic path (the default) draws no B x L x d noise
+            eps = (torch.randn(a.shape, generator=generator) if eps is None else eps).to(a.device, a.dtype)
+            y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
         err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
         return (err * weight).sum() / (weight.sum().clamp(min=1) if denominator is None else denominator)
 
