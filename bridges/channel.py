@@ -41,7 +41,10 @@ def channel(table: torch.Tensor, tokens: torch.Tensor, snr: torch.Tensor,
             generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """z = s e_x + sqrt(s) eps for token ids (B, L) and per-token SNRs (B, L) -> (B, L, d);
     eps is `noise` when given (a data-parallel rank's rows of the global batch's draw)."""
-    e = table[tokens]
+    # F.embedding, not table[tokens]: its CPU backward gives each thread its own rows of the
+    # table, while indexing's backward (index_put_ with accumulate) sums in a thread-dependent
+    # order, which made two identical training runs end differently
+    e = F.embedding(tokens, table)
     if noise is None:  # drawn where the generator lives (the CPU for reproducible runs), then moved
         where = generator.device if generator is not None else e.device
         noise = torch.randn(e.shape, generator=generator, device=where, dtype=e.dtype)

@@ -117,12 +117,14 @@ def summarise(rows: list[dict], seed: int = 0) -> dict:
 
 
 def depth_check(rows: list[dict]) -> dict:
-    """Is the bridge at the deepest swept layer measurably harder than at the shallowest? Harder
-    means a larger nmse by more than a 10% relative margin (validation noise at these sizes is a
-    few percent); the answer is stated either way."""
+    """Is the bridge at the deepest swept layer measurably harder than at the shallowest?
+    Harder means a validation nmse more than 10% (relative) above it: validation noise at these
+    sizes is a few percent. delta_ce is stated beside it but does not decide: the bridge is
+    bidirectional and sees the next token at clean condition, so its reconstruction can carry
+    information the true state does not have, and delta_ce can even be negative."""
     first, last = min(rows, key=lambda r: r["layer"]), max(rows, key=lambda r: r["layer"])
-    harder = last["nmse"] > 1.1 * first["nmse"] and last["delta_ce"] > first["delta_ce"]
+    harder = last["nmse"] > 1.1 * first["nmse"]
     return {"first_layer": first["layer"], "last_layer": last["layer"], "harder": bool(harder),
             "statement": (f"the bridge at layer {last['layer']} is {'' if harder else 'not '}measurably harder than "
-                          f"at layer {first['layer']} (nmse {last['nmse']:.3g} vs {first['nmse']:.3g}, delta_ce "
+                          f"at layer {first['layer']} (nmse {last['nmse']:.3g} vs {first['nmse']:.3g}; delta_ce "
                           f"{last['delta_ce']:.3g} vs {first['delta_ce']:.3g} nats)")}

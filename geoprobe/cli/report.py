@@ -80,8 +80,8 @@ def _step(*argv) -> None:
 # the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
 TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16",
         "k": 16, "anchors": 512, "pairs": 1024, "bootstrap": 100, "layers": "all",
-        "bridge_steps": 1000, "bridge_batch": 8, "bridge_seq": 33, "bridge_width": 64, "bridge_blocks": 2,
-        "bridge_lr": 2e-3, "bridge_eval_every": 25, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 8, "dsl_seq": 33, "dsl_width": 64,
+        "bridge_steps": 1000, "bridge_batch": 16, "bridge_seq": 33, "bridge_width": 64, "bridge_blocks": 2,
+        "bridge_lr": 2e-3, "bridge_eval_every": 25, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 16, "dsl_seq": 33, "dsl_width": 64,
         "dsl_lr": 2e-3, "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
 REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all",
         "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200, "layers": "0-3",

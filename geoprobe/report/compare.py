@@ -226,7 +226,9 @@ def write_report(run: Path) -> Path:
                   "over the last 20% of its steps; `stop` says whether that rule or the step cap ended it). `nmse` "
                   "is standardised by the total variance, `nmse_dim` by each channel's own variance (a channel with "
                   "most of the variance cannot dominate it), `delta_ce` is the upper stack's next-token "
-                  "cross-entropy on the reconstruction minus on the true states (nats).", "",
+                  "cross-entropy on the reconstruction minus on the true states (nats). The bridge is bidirectional "
+                  "and, at clean condition, sees the token each position must predict: its reconstruction can carry "
+                  "that token, so delta_ce can fall below zero and measures reconstruction only in part.", "",
                   markdown_table(sweep["rows"], columns), ""]
         parts += ["The score is higher for layers it predicts easier and every loss is higher for harder bridges, "
                   "so the claim that the score predicts the bridge's loss means ρ < 0 here.", ""]
