@@ -74,6 +74,16 @@ class GeometrySettings:
         if self.channel_factor <= 1:
             raise BadInput(f"--channel-factor must be > 1, got {self.channel_factor}")
 
+    def check_rows(self, rows: int) -> None:
+        """Refuse, before any extraction, a row count the geometry could never use: every layer
+        stores `rows` states, and needs at least --anchors of them and k + 1 distinct ones."""
+        if rows < self.anchors:
+            raise BadInput(f"--tokens {rows} stores fewer states per layer than --anchors {self.anchors}: raise "
+                           f"--tokens or lower --anchors")
+        if rows < self.k + 1:
+            raise BadInput(f"--tokens {rows} stores fewer states per layer than k + 1 = {self.k + 1}: raise "
+                           f"--tokens or lower --k")
+
     def record(self) -> dict:
         data = asdict(self)
         data.pop("chunk")  # speed only

@@ -164,3 +164,14 @@ def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_tx
     data = json.loads(out)
     assert data["ranking"]["drop_massive_channels"] and not data["ranking"]["other"]["drop_massive_channels"]
     assert data["warning"].startswith("warning: ")
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--tokens", 100, "--anchors", 200], "--tokens 100 stores fewer states per layer than --anchors 200"),
+    (["--tokens", 100, "--anchors", 50, "--k", 100], "fewer states per layer than k + 1 = 101"),
+])
+def test_scan_refuses_too_few_tokens_before_extracting(flags, fragment, tmp_path, capsys):
+    code, _, err = invoke(capsys, "scan", tmp_path / "no-model-needed", "--corpus", tmp_path / "none.txt",
+                          "--out", tmp_path / "s", "--device", "cpu", *flags)
+    assert_one_line_error(code, err, 2, fragment)
+    assert not (tmp_path / "s").exists()  # refused before the model, the corpus or the run directory

@@ -200,6 +200,7 @@ def scan(
     if plan:
         _show_plan(model, out, cfg)
         return
+    settings.check_rows(tokens)  # a scan whose geometry must fail is refused before extracting
     world = world_from(rank, world_size)
     existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
     finished = existing.get("status") == "complete" and _same_extraction(existing, cfg)
