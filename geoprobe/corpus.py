@@ -32,7 +32,19 @@ from geoprobe.errors import BadInput
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 
 
+def check_text(path: Path, sample: int = 1 << 16) -> None:
+    """Refuse a file that is not text (judged on its first 64 KiB): a NUL byte, or more than 1% of
+    the characters undecodable as UTF-8. Tokenising a binary file would only make noise."""
+    with open(path, "rb") as handle:
+        head = handle.read(sample)
+    decoded = head.decode("utf-8", errors="replace")
+    if b"\0" in head or decoded.count("\ufffd") > 0.01 * max(len(decoded), 1):
+        raise BadInput(f"corpus file {path} is not text (binary or not UTF-8); pass a .txt, .jsonl or .parquet "
+                       "corpus")
+
+
 def _txt_documents(path: Path) -> Iterator[str]:
+    check_text(path)
     text = path.read_text(encoding="utf-8", errors="replace")
     for chunk in text.replace("\r\n", "\n").split("\n\n"):
         if chunk.strip():

@@ -196,6 +196,10 @@ def test_corpus_missing_empty_or_too_short(tmp_path, tiny_models, capsys):
     (tmp_path / "empty.txt").write_text("\n\n")
     code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "r")
     assert_one_line_error(code, err, 2, "is empty")
+    (tmp_path / "weights.bin").write_bytes(bytes(range(256)) * 64)  # a binary file is refused, not tokenised
+    code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "weights.bin", "--out", tmp_path / "r")
+    assert_one_line_error(code, err, 2, "is not text (binary or not UTF-8)")
+    assert not (tmp_path / "r").exists()
     (tmp_path / "short.txt").write_text("light water earth\n\nking stone\n")
     code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "short.txt", "--tokens", 1000,
                           "--out", tmp_path / "r", "--device", "cpu")
