@@ -80,6 +80,24 @@ class ModelSource:
     extra_identity: dict = field(default_factory=dict)
 
 
+def check_gguf(path: Path) -> None:
+    """A .gguf file's magic, header and tensor extents, read without loading the weights: a
+    truncated or corrupt file is one line naming it instead of a struct error deep in a loader."""
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise BadInput(f"{path} is not a GGUF file (its first bytes are {magic!r}, not b'GGUF')")
+    try:
+        from gguf import GGUFReader
+
+        tensors = GGUFReader(path).tensors
+    except Exception as exc:  # the reader fails in many ways on a cut-off header or tensor table
+        raise BadInput(f"{path} is truncated or corrupt: it cannot be read as GGUF ({exc})") from None
+    end = max((t.data_offset + t.n_bytes for t in tensors), default=0)
+    if end > path.stat().st_size:
+        raise BadInput(f"{path} is truncated: its tensors need {end:,} bytes, the file has {path.stat().st_size:,}")
+
+
 def resolve_source(spec: str) -> ModelSource:
     if spec.startswith(BUILTIN_PREFIX):
         from geoprobe.assets import builtin_model
@@ -90,6 +108,7 @@ def resolve_source(spec: str) -> ModelSource:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise BadInput(f"model file not found: {spec}")
+        check_gguf(path)
         return ModelSource(spec, str(path.parent), gguf_file=path.name,
                            extra_identity={"file_sha256": sha256_file(path)})
     if path.is_dir():

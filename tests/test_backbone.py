@@ -103,3 +103,18 @@ def test_identity_records_config_hash_and_gguf_sha(tiny_models):
     assert len(backbone.identity["config_sha256"]) == 64
     other = load_backbone(str(tiny_models("llama")), device="cpu")
     assert other.identity["config_sha256"] != backbone.identity["config_sha256"]
+
+
+@pytest.mark.real
+def test_a_truncated_or_foreign_gguf_file_is_one_line(tmp_path, capsys):
+    from geoprobe.assets import smollm2_gguf
+    from tests.test_extract import assert_one_line_error, invoke
+
+    data = smollm2_gguf().read_bytes()
+    for name, content, fragment in (("cut-tensors.gguf", data[: len(data) - 4096], "is truncated or corrupt"),
+                                    ("cut-header.gguf", data[:2000], "is truncated or corrupt"),
+                                    ("not.gguf", b"PK\x03\x04" + data[4:5000], "is not a GGUF file")):
+        (tmp_path / name).write_bytes(content)
+        code, _, err = invoke(capsys, "extract", tmp_path / name, "--corpus", "kjv", "--out", tmp_path / "r")
+        assert_one_line_error(code, err, 2, fragment)
+        assert not (tmp_path / "r").exists()
