@@ -67,6 +67,50 @@ def empty_model(config):
         return AutoModelForCausalLM.from_config(config)
 
 
+def parameter_count(config) -> int:
+    return sum(p.numel() for p in empty_model(config).parameters())
+
+
+def memory_available(device: torch.device) -> int:
+    """Free GPU memory, or the RAM available on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
+    """One forward batch: the residual stream, one block's attention scores and MLP."""
+    d, heads = config.hidden_size, config.num_attention_heads
+    intermediate = getattr(config, "intermediate_size", None) or 4 * d
+    tokens = batch_size * seq_len
+    return tokens * d * width * 2 + batch_size * heads * seq_len ** 2 * width + tokens * 2 * intermediate * width
+
+
+def cpu_load_dtype(config, dtype: torch.dtype, requested: str, batch_size: int = 8, seq_len: int = 512,
+                   say=print) -> torch.dtype:
+    """The dtype to load a model in on a CPU, checked before any weight is read: `dtype` when the
+    weights and one batch fit the available RAM; bfloat16 when `requested` is auto and only
+    bfloat16 fits (said in one line); otherwise a one-line refusal naming what would fit."""
+    count, available = parameter_count(config), memory_available(torch.device("cpu"))
+
+    def need(d: torch.dtype) -> int:
+        width = torch.finfo(d).bits // 8
+        return count * width + working_bytes(config, width, batch_size, seq_len)
+
+    if need(dtype) <= available:
+        return dtype
+    if requested == "auto" and dtype == torch.float32 and need(torch.bfloat16) <= available:
+        say(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of RAM is "
+            f"available: loading in bfloat16 ({human(need(torch.bfloat16))}); --dtype float32 insists")
+        return torch.bfloat16
+    smaller = " --dtype bfloat16," if dtype == torch.float32 and need(torch.bfloat16) <= available else ""
+    raise BadInput(f"the model ({count:,} parameters) and one batch need {human(need(dtype))} of RAM in "
+                   f"{str(dtype).removeprefix('torch.')} but only {human(available)} is available; use{smaller} "
+                   "--device-map auto (offloads layers to disk), or a smaller --batch-size")
+
+
 def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
               device: str, dtype: str, trust_remote_code: bool = False) -> ScanPlan:
     from geoprobe.backbone import check_architecture, load_config, resolve_device, resolve_dtype, resolve_source
@@ -79,24 +123,14 @@ def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, sto
     target = resolve_device(device)
     load_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
     width = torch.finfo(load_dtype).bits // 8
-    skeleton = empty_model(config)
-    count = sum(p.numel() for p in skeleton.parameters())
+    count = parameter_count(config)
     d, n = config.hidden_size, config.num_hidden_layers
     captured = parse_layers(layers, n)
-    heads = config.num_attention_heads
-    intermediate = getattr(config, "intermediate_size", None) or 4 * d
-    tokens_per_batch = batch_size * seq_len
-    captured_bytes = tokens_per_batch * d * width * len(captured)
-    working = tokens_per_batch * d * width * 2 + batch_size * heads * seq_len ** 2 * width \
-        + tokens_per_batch * 2 * intermediate * width
+    captured_bytes = batch_size * seq_len * d * width * len(captured)
+    working = working_bytes(config, width, batch_size, seq_len)
     storage_bytes = 2 if storage == "float16" else 4
     disk = tokens * (len(captured) * d * storage_bytes + META_BYTES)
-    if target.type == "cuda":
-        memory = torch.cuda.mem_get_info(target)[0]
-    else:
-        import psutil
-
-        memory = psutil.virtual_memory().available
+    memory = memory_available(target)
     nearest = out if out.exists() else next(p for p in Path(out).absolute().parents if p.exists())
     return ScanPlan(model=model, device=str(target), dtype=str(load_dtype).removeprefix("torch."), parameters=count,
                     parameter_bytes=count * width, layers=len(captured), hidden_size=d, rows=tokens,

@@ -53,3 +53,39 @@ def test_plan_refuses_a_batch_the_memory_cannot_hold(tmp_path, tiny_models, corp
                             "--batch-size", 10**6, "--seq-len", 4096, "--out", tmp_path / "run", "--plan",
                             "--device", "cpu")
     assert_one_line_error(code, err, 2, "the model and one batch need")
+
+
+def _llama_8b_config(folder):
+    """The real Llama-3.1-8B shape as a config alone: nothing to load, everything to count."""
+    import transformers
+
+    transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
+                             rope_theta=500000.0, tie_word_embeddings=False).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("available_gib,dtype,fragment", [
+    (20, "float32", "use --dtype bfloat16, --device-map auto"),  # 32 GB of float32 weights, 16 GB would fit
+    (8, "auto", "only 8.0 GiB is available; use --device-map auto"),  # not even bfloat16 fits
+])
+def test_a_model_that_cannot_fit_is_refused_before_loading(available_gib, dtype, fragment, tmp_path, corpus_txt,
+                                                           capsys, monkeypatch):
+    import geoprobe.plan
+
+    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: available_gib * 2**30)
+    model = _llama_8b_config(tmp_path / "llama-8b")
+    code, _, err = invoke(capsys, "extract", model, "--corpus", corpus_txt, "--dtype", dtype, "--out", tmp_path / "r",
+                          "--device", "cpu")
+    assert_one_line_error(code, err, 2, fragment)
+    assert not (tmp_path / "r").exists()
+
+
+def test_dtype_auto_picks_bfloat16_on_a_cpu_when_only_that_fits(tmp_path, corpus_txt, capsys, monkeypatch):
+    import geoprobe.plan
+
+    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: 20 * 2**30)
+    model = _llama_8b_config(tmp_path / "llama-8b")
+    code, _, err = invoke(capsys, "extract", model, "--corpus", corpus_txt, "--out", tmp_path / "r", "--device", "cpu")
+    # the config has no weights, so the load itself fails after the choice was made and said
+    assert "loading in bfloat16" in err and code == 2
