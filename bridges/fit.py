@@ -77,12 +77,15 @@ def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches,
         length = max(len(b.tokens) for b in chosen)
         positions = sum(len(b.tokens) - 1 for b in chosen)  # what positions_weight keeps, whole batch
         ids, mask = pad_batch(shard.rows(chosen), batches.pad_id, batches.device, length=length)
-        h0, hl = teacher.states(ids, mask)
         snr = shard.rows(draw_snr("mixed", (batch_size, length), generator=generator))
         clean = shard.rows(torch.rand(batch_size, generator=generator) < model.cfg.clean_frac).to(ids.device)
         noise = shard.rows(torch.randn((batch_size, length, model.table().shape[1]), generator=generator))
-        z = channel(model.table(), ids, snr.to(ids.device), noise=noise)
-        a = model.source(z, teacher.embeddings, teacher.offsets(length), ids, clean)
+        # the teacher's states and the converter's mixture in float32 even under the loop's bf16
+        # autocast (CUDA): validation computes both in float32, and the target must not move with it
+        with torch.autocast(ids.device.type, enabled=False):
+            h0, hl = teacher.states(ids, mask)
+            z = channel(model.table(), ids, snr.to(ids.device), noise=noise)
+            a = model.source(z, teacher.embeddings, teacher.offsets(length), ids, clean)
         tau = shard.rows(torch.rand(batch_size, generator=generator))
         eps = (shard.rows(torch.randn((batch_size, length, hl.shape[-1]), generator=generator))
                if model.cfg.sigma_b > 0 else None)  # the last draw of the step: skipping it changes nothing else

@@ -187,3 +187,31 @@ def test_the_clean_condition_source_is_exactly_layer_0(llama):
     a = bridge.source(z, teacher.embeddings, teacher.offsets(9), ids, clean)
     assert torch.equal(a[clean], h0[clean])
     assert not torch.allclose(a[~clean], h0[~clean])
+
+
+def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, blocks):
+    """The training loop runs the loss under bf16 autocast on CUDA; the teacher's states and the
+    converter's source must not follow it (checked here with CPU autocast, which casts the same
+    way): they equal, bit for bit, what the same step computes without autocast."""
+    from bridges.fit import BlockBatches, training_loss
+    from bridges.train import Shard, step_generator
+
+    bridge = HiddenBridge(small(2, llama))
+    teacher = Teacher(llama, 2)
+    batches = BlockBatches(blocks[0], 0, torch.device("cpu"))
+    seen = []
+    original_loss = HiddenBridge.loss
+
+    def spy(self, a, h, *args, **kwargs):
+        seen.append((a.detach().clone(), h.clone()))
+        return original_loss(self, a, h, *args, **kwargs)
+
+    HiddenBridge.loss = spy
+    try:
+        training_loss(bridge, teacher, batches, 4)(bridge, step_generator(0, 0), Shard())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            training_loss(bridge, teacher, batches, 4)(bridge, step_generator(0, 0), Shard())
+    finally:
+        HiddenBridge.loss = original_loss
+    (a, h), (a_auto, h_auto) = seen
+    assert torch.equal(h, h_auto) and torch.equal(a, a_auto)
