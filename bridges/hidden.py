@@ -169,7 +169,10 @@ class Teacher:
         from geoprobe.capture import capture
 
         got = capture(self.backbone, ids, mask, layers=sorted({0, self.layer}))
-        return got[0].float(), got[self.layer].float()
+        # with device_map="auto" layer l lives on the GPU of block l: bring both to the input device,
+        # where the bridge, the embeddings and the offsets are
+        device = self.backbone.input_device
+        return got[0].float().to(device), got[self.layer].float().to(device)
 
 
 class HybridDenoiser(nn.Module):

@@ -165,7 +165,9 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
         ema[k].copy_(tensors[f"ema.{k}"])
     params = trainable(model)
     for name, p in params.items():
-        state = {key.rsplit(".", 1)[1]: v.to(p.device) for key, v in tensors.items()
+        # AdamW keeps its step count on the CPU (unless fused/capturable): moving it to the GPU
+        # would make every step synchronise on it
+        state = {key.rsplit(".", 1)[1]: v if key.endswith(".step") else v.to(p.device) for key, v in tensors.items()
                  if key.startswith(f"opt.{name}.") and key[len(f"opt.{name}."):].count(".") == 0}
         if state:
             optimizer.state[p] = state
