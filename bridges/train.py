@@ -23,6 +23,7 @@ checkpoint (written by rank 0) resumes on any world size.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -253,6 +254,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
                                                     "seconds": f"{time.perf_counter() - began:.3f}"})
     world.barrier()  # the other ranks may read the weights from here on
+    if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
+        del step_loss
+        gc.collect()
     return Trained(curve, val_curve, steps_run, stop or "budget")
 
 

@@ -231,6 +231,21 @@ def bootstrap_counts(n_docs: int, replicates: int, seed: int) -> np.ndarray:
     return rng.multinomial(n_docs, np.full(n_docs, 1.0 / n_docs), size=replicates).astype(np.float64)
 
 
+MIN_UNITS = 20  # fewer resampling units than this give intervals that mean nothing
+
+
+def resampling_units(doc_ids: np.ndarray, seq_ids: np.ndarray) -> tuple[np.ndarray, str]:
+    """(unit index of every row, unit): documents when at least MIN_UNITS back the states;
+    otherwise blocks (document, sequence), which are nearer to independent than tokens; and
+    "none" when even the blocks are too few, so that no interval is printed at all (a
+    one-document corpus used to give zero-width intervals and "P(first) 100%")."""
+    _, by_document = np.unique(doc_ids, return_inverse=True)
+    if by_document.max() + 1 >= MIN_UNITS:
+        return by_document.reshape(-1), "document"
+    _, by_block = np.unique(np.stack([doc_ids, seq_ids], 1), axis=0, return_inverse=True)
+    return by_block.reshape(-1), ("block" if by_block.max() + 1 >= MIN_UNITS else "none")
+
+
 def interval(replicates: torch.Tensor | np.ndarray) -> list[float]:
     values = np.asarray(replicates, dtype=np.float64)
     if values.size == 0:
@@ -476,11 +491,14 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
     ranks, each holds a contiguous share of the layer's rows)."""
     settings.validate()
     reader = finished_run(run)
-    doc_ids = reader.read_meta()["doc_id"]
-    _, doc_index = np.unique(doc_ids, return_inverse=True)
-    n_docs = int(doc_index.max()) + 1
-    docs = torch.from_numpy(doc_index.astype(np.int64)).to(device)
-    counts = torch.from_numpy(bootstrap_counts(n_docs, settings.bootstrap, settings.seed)).to(device)
+    meta = reader.read_meta()
+    doc_ids = meta["doc_id"]
+    n_docs = len(np.unique(doc_ids))
+    unit_index, unit = resampling_units(doc_ids, meta["seq_id"])
+    n_units = int(unit_index.max()) + 1
+    docs = torch.from_numpy(unit_index.astype(np.int64)).to(device)
+    replicates = settings.bootstrap if unit != "none" else 0
+    counts = torch.from_numpy(bootstrap_counts(n_units, replicates, settings.seed)).to(device)
     layers = reader.layers if layers is None else layers
     share = world.share(len(doc_ids))
     results = []
@@ -502,4 +520,5 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
     manifest = reader.manifest
     return {"tool": "geoprobe", "command": "geometry", "run_fingerprint": run_fingerprint(manifest),
             "model": manifest["model"].get("spec"), "rows": reader.num_rows, "n_docs": n_docs,
+            "bootstrap_unit": unit, "bootstrap_units": n_units if unit != "none" else 0,
             "hidden_size": reader.hidden_size, "settings": settings.record(), "layers": results}

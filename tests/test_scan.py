@@ -1,6 +1,7 @@
 """geometry / rank / scan commands: outputs, determinism, resumption, and bad input."""
 
 import json
+import math
 
 import pytest
 
@@ -175,3 +176,25 @@ def test_scan_refuses_too_few_tokens_before_extracting(flags, fragment, tmp_path
                           "--out", tmp_path / "s", "--device", "cpu", *flags)
     assert_one_line_error(code, err, 2, fragment)
     assert not (tmp_path / "s").exists()  # refused before the model, the corpus or the run directory
+
+
+def test_few_documents_resample_blocks_and_too_few_blocks_give_no_interval(tmp_path, tiny_models, capsys):
+    from tests.conftest import synthetic_text
+    import random
+
+    (tmp_path / "one.txt").write_text(synthetic_text(3000, random.Random(0)) + "\n")  # a single document
+    for seq_len, unit in ((32, "block"), (512, "none")):
+        run = tmp_path / f"r{seq_len}"
+        code, _, err = invoke(capsys, "-q", "scan", tiny_models("llama"), "--corpus", tmp_path / "one.txt", "--tokens",
+                              800, "--seq-len", seq_len, "--out", run, *SMALL)
+        assert code == 0, err
+        geometry = json.loads((run / "geometry.json").read_text())
+        assert geometry["n_docs"] == 1 and geometry["bootstrap_unit"] == unit
+        caption = (run / "ranking.md").read_text()
+        if unit == "block":
+            assert geometry["bootstrap_units"] >= 20 and "intervals resample the" in caption and "blocks" in caption
+            lo, hi = geometry["layers"][1]["trace"]["erank"]["ci"]
+            assert lo < hi  # a real spread, not a one-document zero-width interval
+        else:
+            assert "no interval can be given" in caption
+            assert all(math.isnan(v) for v in geometry["layers"][1]["trace"]["erank"]["ci"])

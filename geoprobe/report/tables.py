@@ -13,7 +13,7 @@ COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", 
 
 def _fmt(value) -> str:
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
+        return "—" if math.isnan(value) else f"{value:.4g}"  # NaN only ever means "no interval"
     return str(value)
 
 
@@ -54,7 +54,12 @@ def _percent(value: float) -> str:
 
 def caption(ranking: dict, geometry: dict) -> str:
     s = geometry["settings"]
-    return (f"{geometry.get('model')}: {geometry['rows']} states/layer from {geometry['n_docs']} documents; "
+    unit, units = geometry.get("bootstrap_unit", "document"), geometry.get("bootstrap_units", geometry["n_docs"])
+    intervals = {"document": f"intervals resample the {units} documents",
+                 "block": f"fewer than 20 documents: intervals resample the {units} blocks (sequences) instead",
+                 "none": "fewer than 20 documents and blocks: no interval can be given"}[unit]
+    return (f"{geometry.get('model')}: {geometry['rows']} states/layer from {geometry['n_docs']} documents "
+            f"({intervals}); "
             f"normalize={ranking['normalize']}, weights={ranking['weights']}, log={ranking['log']}, k={s['k']}, "
             f"anchors={s['anchors']}, pairs={s['pairs']}, alpha={s['alpha']}, bootstrap={s['bootstrap']}, "
             f"seed={s['seed']}, drop_massive={s['drop_massive']}, massive channels "
