@@ -28,7 +28,15 @@ def ranking_rows(run: Path) -> list[dict]:
 
 
 def chosen_layer(run: Path) -> int:
-    return min(ranking_rows(run), key=lambda r: r["rank"])["layer"]
+    """The best-ranked layer that can host a bridge. The scan ranks every stored layer, the last
+    block's output included, but a bridge needs blocks above it: that layer is passed over."""
+    from geoprobe.store import read_manifest
+
+    blocks = read_manifest(run)["model"]["num_layers"]
+    rows = [r for r in ranking_rows(run) if r["layer"] < blocks]
+    if not rows:
+        raise BadInput(f"{run}: no scanned layer has blocks above it (layers 0..{blocks - 1} can host a bridge)")
+    return min(rows, key=lambda r: r["rank"])["layer"]
 
 
 @dataclass

@@ -215,3 +215,19 @@ def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, blocks):
         HiddenBridge.loss = original_loss
     (a, h), (a_auto, h_auto) = seen
     assert torch.equal(h, h_auto) and torch.equal(a, a_auto)
+
+
+def test_the_chosen_layer_passes_over_the_last_block_output(scanned, tmp_path):
+    import shutil
+
+    from geoprobe.sweep import chosen_layer
+
+    run = shutil.copytree(scanned, tmp_path / "run")
+    rows = list(csv.DictReader((run / "ranking.csv").open()))
+    for row in rows:  # the last layer (3, after the last block) first, then layer 1
+        row["rank"] = {"3": "1", "1": "2"}.get(row["layer"], str(int(row["layer"]) + 3))
+    with open(run / "ranking.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert chosen_layer(run) == 1
