@@ -98,7 +98,8 @@ def _warn_massive(run, geometry) -> str | None:
     """The one warning line about massive tokens and channels (stderr), also returned for JSON."""
     from geoprobe.scan import massive_warning, token_namer
 
-    warning = massive_warning(geometry, token_namer(run))
+    massive_tokens = any(l.get("massive") for l in geometry["layers"])  # naming them loads the tokenizer
+    warning = massive_warning(geometry, token_namer(run) if massive_tokens else None)
     if warning and not state.quiet:
         from geoprobe.report.terminal import console
 
