@@ -198,3 +198,17 @@ def test_few_documents_resample_blocks_and_too_few_blocks_give_no_interval(tmp_p
         else:
             assert "no interval can be given" in caption
             assert all(math.isnan(v) for v in geometry["layers"][1]["trace"]["erank"]["ci"])
+
+
+def test_massive_warning_names_counts_layers_and_tokens():
+    from geoprobe.scan import massive_warning
+
+    geometry = {"settings": {"massive_factor": 20.0}, "layers": [
+        {"layer": 0, "massive": 0, "massive_rows": [], "massive_channels": []},
+        {"layer": 3, "massive": 2, "massive_rows": [5, 9], "massive_channels": [7], "massive_channel_share": 0.91},
+        {"layer": 4, "massive": 1, "massive_rows": [5], "massive_channels": []}]}
+    line = massive_warning(geometry, lambda rows: f"tokens {rows}")
+    assert line == ("warning: 3 massive-token states (norm > 20x the median) at layers 3, 4 (tokens [5, 9]); "
+                    "massive channels at layers 3 (7; 91% of the variance)")
+    quiet = {"settings": {"massive_factor": 20.0}, "layers": [{"layer": 0, "massive": 0, "massive_channels": []}]}
+    assert massive_warning(quiet) is None
