@@ -231,19 +231,20 @@ def bootstrap_counts(n_docs: int, replicates: int, seed: int) -> np.ndarray:
     return rng.multinomial(n_docs, np.full(n_docs, 1.0 / n_docs), size=replicates).astype(np.float64)
 
 
-MIN_UNITS = 20  # fewer resampling units than this give intervals that mean nothing
+MIN_DOCUMENTS = 20  # fewer documents than this: resample blocks instead
+MIN_BLOCKS = 5  # fewer blocks than this: no interval at all
 
 
 def resampling_units(doc_ids: np.ndarray, seq_ids: np.ndarray) -> tuple[np.ndarray, str]:
-    """(unit index of every row, unit): documents when at least MIN_UNITS back the states;
+    """(unit index of every row, unit): documents when at least MIN_DOCUMENTS back the states;
     otherwise blocks (document, sequence), which are nearer to independent than tokens; and
-    "none" when even the blocks are too few, so that no interval is printed at all (a
-    one-document corpus used to give zero-width intervals and "P(first) 100%")."""
+    "none" when even the blocks are fewer than MIN_BLOCKS, so that no interval is printed at
+    all (a one-document corpus used to give zero-width intervals and "P(first) 100%")."""
     _, by_document = np.unique(doc_ids, return_inverse=True)
-    if by_document.max() + 1 >= MIN_UNITS:
+    if by_document.max() + 1 >= MIN_DOCUMENTS:
         return by_document.reshape(-1), "document"
     _, by_block = np.unique(np.stack([doc_ids, seq_ids], 1), axis=0, return_inverse=True)
-    return by_block.reshape(-1), ("block" if by_block.max() + 1 >= MIN_UNITS else "none")
+    return by_block.reshape(-1), ("block" if by_block.max() + 1 >= MIN_BLOCKS else "none")
 
 
 def interval(replicates: torch.Tensor | np.ndarray) -> list[float]:

@@ -193,6 +193,7 @@ def test_few_documents_resample_blocks_and_too_few_blocks_give_no_interval(tmp_p
         caption = (run / "ranking.md").read_text()
         if unit == "block":
             assert geometry["bootstrap_units"] >= 20 and "intervals resample the" in caption and "blocks" in caption
+            assert "rough" not in caption
             lo, hi = geometry["layers"][1]["trace"]["erank"]["ci"]
             assert lo < hi  # a real spread, not a one-document zero-width interval
         else:

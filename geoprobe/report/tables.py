@@ -56,8 +56,9 @@ def caption(ranking: dict, geometry: dict) -> str:
     s = geometry["settings"]
     unit, units = geometry.get("bootstrap_unit", "document"), geometry.get("bootstrap_units", geometry["n_docs"])
     intervals = {"document": f"intervals resample the {units} documents",
-                 "block": f"fewer than 20 documents: intervals resample the {units} blocks (sequences) instead",
-                 "none": "fewer than 20 documents and blocks: no interval can be given"}[unit]
+                 "block": f"fewer than 20 documents: intervals resample the {units} blocks (sequences) instead"
+                          + (", too few for more than a rough interval" if units < 20 else ""),
+                 "none": "fewer than 20 documents and 5 blocks: no interval can be given"}[unit]
     return (f"{geometry.get('model')}: {geometry['rows']} states/layer from {geometry['n_docs']} documents "
             f"({intervals}); "
             f"normalize={ranking['normalize']}, weights={ranking['weights']}, log={ranking['log']}, k={s['k']}, "
