@@ -67,13 +67,12 @@ class HMM:
 
     def sample_many(self, count: int, length: int, rng: np.random.Generator) -> np.ndarray:
         """(count, length) word ids of `count` independent sequences, vectorised over sequences."""
-        states, vocab = self.emission.shape
         cum_t, cum_e = np.cumsum(self.transition, 1), np.cumsum(self.emission, 1)
-        state = rng.choice(states, size=count, p=self.initial)
+        state = rng.choice(len(self.initial), size=count, p=self.initial)
         out = np.empty((count, length), dtype=np.int64)
         for t in range(length):
-            out[:, t] = np.minimum((rng.random(count)[:, None] > cum_e[state]).sum(1), vocab - 1)
-            state = np.minimum((rng.random(count)[:, None] > cum_t[state]).sum(1), states - 1)
+            out[:, t] = draw_rows(cum_e[state], rng)
+            state = draw_rows(cum_t[state], rng)
         return out
 
     def stationary(self) -> np.ndarray:
@@ -81,12 +80,17 @@ class HMM:
         pi = np.abs(np.real(vectors[:, np.argmin(np.abs(values - 1))]))
         return pi / pi.sum()
 
+    def word_models(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The best unigram and bigram models of the stationary chain: (p(x), p(x_t, x_t+1),
+        p(x_t+1 | x_t))."""
+        marginal = self.stationary() @ self.emission
+        joint = (self.emission.T * self.stationary()) @ self.transition @ self.emission
+        return marginal, joint, joint / joint.sum(1, keepdims=True)
+
     def baselines(self) -> dict:
         """Exact nats per word of the best unigram and bigram models of the stationary chain:
         what a model reaches with no context, or with one word of it."""
-        marginal = self.stationary() @ self.emission
-        joint = (self.emission.T * self.stationary()) @ self.transition @ self.emission  # p(x_t, x_t+1)
-        conditional = joint / joint.sum(1, keepdims=True)
+        marginal, joint, conditional = self.word_models()
         return {"unigram": float(-(marginal * np.log(marginal)).sum()),
                 "bigram": float(-(joint * np.log(conditional)).sum())}
 
@@ -143,13 +147,18 @@ def hmm_from_spec(spec: str) -> HMM:
 
 def documents(spec: str) -> list[str]:
     o = parse_spec(spec)
-    ids = hmm_from_spec(spec).sample_many(o["docs"], o["length"], np.random.default_rng([o["seed"], 1]))
-    words = hmm_from_spec(spec).words
-    return [" ".join(words[i] for i in row) for row in ids]
+    hmm = hmm_from_spec(spec)
+    ids = hmm.sample_many(o["docs"], o["length"], np.random.default_rng([o["seed"], 1]))
+    return [hmm.text(row) for row in ids]
+
+
+def draw_rows(cumulative: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One index per row of `cumulative` (row-wise cumulative probabilities), by inverse CDF."""
+    return np.minimum((rng.random(len(cumulative))[:, None] > cumulative).sum(1), cumulative.shape[1] - 1)
 
 
 def oracle_scores(hmm: HMM, texts: list[str]) -> dict:
-    """Exact NLL per word of generated texts under the true HMM, next to its entropy rate.
+    """Exact NLL per word of generated texts under the true HMM.
 
     A text holding a word the HMM cannot emit (an unknown or special token) has probability 0;
     such texts are counted (`oracle_invalid`) and the NLL is over the others, so that one stray
@@ -158,22 +167,20 @@ def oracle_scores(hmm: HMM, texts: list[str]) -> dict:
     valid = [(lp, n) for lp, n in scores if math.isfinite(lp)]
     words = sum(n for _, n in valid)
     return {"oracle_nll_per_word": -sum(lp for lp, _ in valid) / words if words else math.inf,
-            "oracle_invalid": len(scores) - len(valid), "oracle_entropy_rate": hmm.entropy_rate()}
+            "oracle_invalid": len(scores) - len(valid)}
 
 
 def reference_sample_scores(hmm: HMM, length: int, count: int = 200, seed: int = 0) -> dict:
     """Oracle NLL per word of `length`-word samples from the HMM itself and from its best
     bigram and unigram models: where a generator's `oracle_nll_per_word` sits between them."""
     rng = np.random.default_rng([seed, 0x0AC1E])
-    marginal = hmm.stationary() @ hmm.emission
-    joint = (hmm.emission.T * hmm.stationary()) @ hmm.transition @ hmm.emission
-    conditional = joint / joint.sum(1, keepdims=True)
+    marginal, _, conditional = hmm.word_models()
     vocab = len(marginal)
     bigram = np.empty((count, length), dtype=np.int64)
     bigram[:, 0] = rng.choice(vocab, size=count, p=marginal)
     cumulative = np.cumsum(conditional, 1)
     for t in range(1, length):
-        bigram[:, t] = np.minimum((rng.random(count)[:, None] > cumulative[bigram[:, t - 1]]).sum(1), vocab - 1)
+        bigram[:, t] = draw_rows(cumulative[bigram[:, t - 1]], rng)
     samples = {"hmm": hmm.sample_many(count, length, rng), "bigram": bigram,
                "unigram": rng.choice(vocab, size=(count, length), p=marginal)}
     return {k: float(np.mean([-hmm.log_prob(row.tolist()) for row in v]) / length) for k, v in samples.items()}

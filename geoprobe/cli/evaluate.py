@@ -68,6 +68,12 @@ def evaluate(
     sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
     backbone = load_backbone(evaluator, device=device)
     results, reference_features = {}, {}
+    oracle = None
+    if references is not None and references.startswith("synthetic:"):  # one HMM and one entropy rate per call
+        from geoprobe.synthetic import hmm_from_spec, oracle_scores
+
+        oracle = hmm_from_spec(references)
+        entropy_rate = oracle.entropy_rate()
     for name, texts in sets.items():
         ppl, feats = score(backbone, texts)
         row = {"samples": len(texts), **text_metrics(texts), **ppl}
@@ -82,11 +88,8 @@ def evaluate(
             if key not in reference_features:
                 reference_features[key] = features(backbone, list(key))
             row.update(mauve_score(feats, reference_features[key]))
-            if references.startswith("synthetic:"):
-                from geoprobe.synthetic import hmm_from_spec, oracle_scores
-
-                hmm = hmm_from_spec(references)
-                row.update(oracle_scores(hmm, texts))
+            if oracle is not None:
+                row.update(oracle_scores(oracle, texts), oracle_entropy_rate=entropy_rate)
         results[name] = row
     header = {"evaluator": evaluator, "references": references, "seed": seed}
     if out is not None:
