@@ -194,8 +194,7 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     bridge.load_state_dict(load_file(out / WEIGHTS))  # validate the EMA weights
     bridge.eval()
     metrics = validate(bridge, teacher, val, train_cfg.batch_size)
-    metrics.update(training_summary(trained, train_cfg))
+    metrics.update(training_summary(trained))
     if world.is_main:
         write_training_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics
-

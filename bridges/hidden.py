@@ -88,7 +88,8 @@ class HiddenBridge(nn.Module):
         """a = pi E + pi_mask m + p; rows flagged `clean` use the one-hot mixture of their tokens."""
         probs = self.converter(z, self.table())
         a = Converter.mix(probs, embeddings.to(probs.dtype), self.mask_vector)
-        if clean is not None and clean.any():  # the one-hot mixture is the token's row: index, never a B x L x V one-hot
+        # a clean row's one-hot mixture is its token's row: index it, never build a B x L x V one-hot
+        if clean is not None and clean.any():
             a = torch.where(clean[:, None, None], embeddings[clean_tokens].to(a.dtype), a)
         return a + offsets
 

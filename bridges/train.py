@@ -7,8 +7,8 @@ weights are scored on fixed validation data; at step t >= `min_steps` training s
 best score of the last `plateau_window` share of steps (after 0.8 t by default, and never fewer
 than `plateau_evals` evaluations, so that an early flat stretch of two or three points cannot
 stop a run) is less than `plateau_rel` (2%) better than the score at the window's start.
-`steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap") are kept in the
-checkpoint, so a resumed run stops where an uninterrupted one does.
+`steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap")
+are kept in the checkpoint, so a resumed run stops where an uninterrupted one does.
 
 Everything random in step t is drawn from a generator seeded by (seed, t), so a run resumed
 from a checkpoint at step k repeats exactly what an uninterrupted run does from step k on.
@@ -175,7 +175,8 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
     for group, saved in zip(optimizer.param_groups, json.loads(meta["param_groups"])):
         group.update(saved)
     scheduler.load_state_dict(json.loads(meta["scheduler"]))
-    return int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")), meta.get("stop") or None
+    val_curve = json.loads(meta.get("val_curve", "[]"))
+    return int(meta["step"]), json.loads(meta["curve"]), val_curve, meta.get("stop") or None
 
 
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
@@ -275,9 +276,9 @@ def _score_ema(model: torch.nn.Module, params: dict, ema: dict, evaluate: Callab
         model.train()
 
 
-def training_summary(trained: Trained, cfg: TrainConfig, window: int = 20) -> dict:
+def training_summary(trained: Trained, window: int = 20) -> dict:
     """The metrics every trained model records about its training: the mean training loss over
-    the last `window` steps, steps run, why it stopped and the tokens it saw."""
+    the last `window` steps, the steps run, why it stopped and the validation curve."""
     tail = trained.curve[-window:]
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
             "stop": trained.stop, "val_curve": trained.val_curve}

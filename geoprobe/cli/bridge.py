@@ -109,7 +109,7 @@ def bridge(
                     [[k, v] for k, v in metrics.items() if not isinstance(v, dict)])
 
 
-@app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo                     # every scanned layer, each to its plateau\n\n"
+@app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo       # every scanned layer, each to its plateau\n\n"
                     "  geoprobe sweep --run runs/demo --layers 0-8 --steps 3000 --eval-every 50\n\n"
                     "  geoprobe --format json sweep --run runs/demo --layers 0,3,6,9 --until steps --steps 200")
 def sweep(

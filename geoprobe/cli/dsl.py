@@ -113,7 +113,7 @@ def train_cmd(
     if not world.is_main:  # data-parallel ranks: rank 0 evaluates and writes
         return
     metrics = _evaluate(out, val_docs, tok, seq_len, device)
-    metrics.update(training_summary(trained, settings.train))
+    metrics.update(training_summary(trained))
     write_training_record(out, metrics, trained, "DSL model")
     _report(metrics, f"dsl train → {out}")
 

@@ -81,14 +81,15 @@ def _step(*argv) -> None:
 TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16",
         "k": 16, "anchors": 512, "pairs": 1024, "bootstrap": 100, "layers": "all",
         "bridge_steps": 1000, "bridge_batch": 16, "bridge_seq": 33, "bridge_width": 64, "bridge_blocks": 2,
-        "bridge_lr": 2e-3, "bridge_eval_every": 25, "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 16, "dsl_seq": 33, "dsl_width": 64,
-        "dsl_lr": 2e-3, "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
+        "bridge_lr": 2e-3, "bridge_eval_every": 25,
+        "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 16, "dsl_seq": 33, "dsl_width": 64, "dsl_lr": 2e-3,
+        "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
 REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all",
         "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200, "layers": "0-3",
         "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64, "bridge_blocks": 1,
-        "bridge_lr": 1e-3, "bridge_eval_every": 10, "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64,
-        "dsl_width": 128, "dsl_lr": 3e-4, "num": 64, "length": 64, "steps": 64, "curve": (16, 32),
-        "bridges_compared": False}
+        "bridge_lr": 1e-3, "bridge_eval_every": 10,
+        "dsl_tokenizer": "train:2048", "dsl_steps": 300, "dsl_batch": 8, "dsl_seq": 64, "dsl_width": 128,
+        "dsl_lr": 3e-4, "num": 64, "length": 64, "steps": 64, "curve": (16, 32), "bridges_compared": False}
 
 
 @app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # the testbed, ~3 min (+3 once to train it)\n\n"
@@ -117,7 +118,8 @@ def demo(
     models = {"dsl": ["--snr", "mixed"], "mdlm": ["--snr", "endpoint"]}  # DSL, and the endpoint-only MDLM model
     for name, snr in models.items():
         _step("dsl", "train", "--corpus", corpus, "--tokenizer", p["dsl_tokenizer"] or model, *snr, "--steps",
-              p["dsl_steps"], "--batch-size", p["dsl_batch"], "--seq-len", p["dsl_seq"], "--lr", p["dsl_lr"], "--d-model", p["dsl_width"],
+              p["dsl_steps"], "--batch-size", p["dsl_batch"], "--seq-len", p["dsl_seq"], "--lr", p["dsl_lr"],
+              "--d-model", p["dsl_width"],
               "--n-layers", 2, "--out", out / name, *dev)
     sweep = json.loads((run / "sweep.json").read_text())["correlations"]
     shape = ["--num", p["num"], "--length", p["length"]]
