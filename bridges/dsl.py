@@ -12,14 +12,12 @@ tokenizer files.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
 from bridges.channel import S_MAX, TokenTable, channel, draw_snr
@@ -28,8 +26,8 @@ from bridges.nn import Transformer, TransformerConfig
 from bridges.train import WEIGHTS, TrainConfig, Trained, train
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
+from geoprobe.rundir import CONFIG, build, load_weights, read_config, write_config
 
-CONFIG = "config.json"
 
 
 @dataclass
@@ -123,14 +121,7 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
 
 def save_config(out: Path, cfg: DSLConfig, settings: DSLTrainSettings, extra: dict) -> None:
     record = {"kind": "dsl", "model": asdict(cfg), "training": {**asdict(settings)}, **extra}
-    (Path(out) / CONFIG).write_text(json.dumps(record, indent=2))
-
-
-def read_config(folder: Path) -> dict:
-    path = Path(folder) / CONFIG
-    if not path.is_file():
-        raise BadInput(f"{folder} is not a DSL or bridge checkpoint directory (no {CONFIG})")
-    return json.loads(path.read_text())
+    write_config(out, record)
 
 
 def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
@@ -138,8 +129,6 @@ def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
     record = read_config(folder)
     if record.get("kind") != "dsl":
         raise BadInput(f"{folder} holds a {record.get('kind')!r} checkpoint, not a DSL model")
-    if not (Path(folder) / WEIGHTS).is_file():
-        raise BadInput(f"{folder} has no {WEIGHTS}: training has not finished")
-    model = DSLModel(DSLConfig(**record["model"]))
-    model.load_state_dict(load_file(Path(folder) / WEIGHTS))
+    model = DSLModel(build(DSLConfig, record.get("model", {}), Path(folder) / CONFIG))
+    load_weights(model, Path(folder) / WEIGHTS)
     return model.to(device).eval()

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from bridges.channel import channel, draw_snr
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
@@ -24,6 +23,7 @@ from bridges.train import WEIGHTS, TrainConfig, train, training_summary, write_t
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
+from geoprobe.rundir import CONFIG, METRICS, load_weights, read_config
 
 NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -173,13 +173,15 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     pad_id = backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
     batches, val = BlockBatches(train_blocks, pad_id, device), BlockBatches(val_blocks, pad_id, device)
     record = {"kind": "bridge", "bridge": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
-    if (out / "config.json").is_file():
-        old = json.loads((out / "config.json").read_text())
+    if (out / CONFIG).is_file():
+        old = read_config(out)
         if old.get("identity") != identity or old.get("bridge") != record["bridge"]:
             keys = sorted(k for k in {**old.get("identity", {}), **identity}
                           if old.get("identity", {}).get(k) != identity.get(k))
             raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
                            f"(differs in: {', '.join(keys) or 'bridge settings'}); use another --out or --force")
+        if old.get("training") == record["training"] and (out / METRICS).is_file():
+            return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
     world.barrier()  # every rank has checked the directory before rank 0 writes into it
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
     fit_statistics(bridge, teacher, batches, train_cfg.batch_size, train_cfg.seed)
@@ -191,7 +193,7 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     trained = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
                     progress=progress, world=world,
                     evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False)["nmse"])
-    bridge.load_state_dict(load_file(out / WEIGHTS))  # validate the EMA weights
+    load_weights(bridge, out / WEIGHTS)  # validate the EMA weights
     bridge.eval()
     metrics = validate(bridge, teacher, val, train_cfg.batch_size)
     metrics.update(training_summary(trained))

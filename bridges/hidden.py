@@ -21,20 +21,18 @@ shifted so that position i scores token x_i: any DSL sampler can generate with i
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from bridges.channel import S_MAX, TokenTable
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig, timestep_embedding
 from geoprobe.errors import BadInput
+from geoprobe.rundir import CONFIG, WEIGHTS, build, load_weights, read_config, write_config
 
-CONFIG = "config.json"
 
 
 @dataclass
@@ -238,13 +236,14 @@ class RoundingDenoiser(HybridDenoiser):
 
 
 def save_bridge_config(out: Path, cfg: BridgeConfig, extra: dict) -> None:
-    (Path(out) / CONFIG).write_text(json.dumps({"kind": "bridge", "bridge": asdict(cfg), **extra}, indent=2))
+    write_config(out, {"kind": "bridge", "bridge": asdict(cfg), **extra})
 
 
 def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
-    record = json.loads((Path(folder) / CONFIG).read_text())
+    record = read_config(folder)
     if record.get("kind") != "bridge":
         raise BadInput(f"{folder} is not a bridge checkpoint")
-    bridge = HiddenBridge(BridgeConfig(**{"residual": False, **record["bridge"]}))  # older records: no skip
-    bridge.load_state_dict(load_file(Path(folder) / "model.safetensors"))
+    # older records have no skip connection
+    bridge = HiddenBridge(build(BridgeConfig, {"residual": False, **record.get("bridge", {})}, Path(folder) / CONFIG))
+    load_weights(bridge, Path(folder) / WEIGHTS)
     return bridge.to(device).eval(), record

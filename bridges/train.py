@@ -37,10 +37,10 @@ import torch
 from safetensors.torch import load_file, safe_open, save_file
 
 from geoprobe.distributed import SINGLE, World
-from geoprobe.errors import BadInput
+from geoprobe.errors import BadInput, short
+from geoprobe.rundir import METRICS, WEIGHTS, disk_full_message, is_disk_full, write_json_atomic
 
 CHECKPOINT = "checkpoint.safetensors"
-WEIGHTS = "model.safetensors"  # the EMA weights: what sampling and evaluation load
 
 
 @dataclass
@@ -153,15 +153,29 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
     meta = {"step": str(step), "curve": json.dumps(curve), "scheduler": json.dumps(scheduler.state_dict()),
             "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or ""}
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, tmp, metadata=meta)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise BadInput(disk_full_message(path, sum(t.numel() * t.element_size() for t in tensors.values()))) \
+                from exc
+        raise
     os.replace(tmp, path)
 
 
 def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list, list, str | None]:
-    tensors = load_file(path)
-    with safe_open(path, "pt") as handle:
-        meta = handle.metadata()
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    try:
+        tensors = load_file(path)
+        with safe_open(path, "pt") as handle:
+            meta = handle.metadata()
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        for k in ema:
+            tensors[f"ema.{k}"]
+        int(meta["step"])
+    except Exception as exc:  # a file cut short by a full disk or a copy, or written by another version
+        raise BadInput(f"checkpoint {path} is truncated, corrupt or from another version ({short(exc)}); "
+                       "delete it to train from the start, or use --force") from exc
     for k in ema:
         ema[k].copy_(tensors[f"ema.{k}"])
     params = trainable(model)
@@ -290,9 +304,9 @@ def write_training_record(out: Path, metrics: dict, trained: Trained, title: str
     from geoprobe.report.plots import curve_plot  # matplotlib: imported only when a record is written
 
     out = Path(out)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     scored = dict((int(s), v) for s, v in trained.val_curve)
     (out / "curve.csv").write_text("step,loss,val\n" + "".join(
         f"{s},{l:.6f},{'' if s + 1 not in scored else f'{scored[s + 1]:.6f}'}\n" for s, l in trained.curve))
     curve_plot(trained.curve, out / "plots" / "curve.png", f"{title}: stopped at step {trained.steps} "
                f"({trained.stop})", val_curve=trained.val_curve)
+    write_json_atomic(out / METRICS, metrics)  # last: its presence means the record is whole

@@ -11,3 +11,9 @@ class BadInput(GeoprobeError):
     """The user asked for something that cannot be done as given (exit code 2)."""
 
     exit_code = 2
+
+
+def short(exc: BaseException) -> str:
+    """An exception as a few words for a one-line message."""
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

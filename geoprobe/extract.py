@@ -23,8 +23,9 @@ from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-from geoprobe.store import (FLOAT16_MAX, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
-                            open_run, rank_parts, read_manifest, shard_file, verify_shards,
+from geoprobe.rundir import disk_full_message, holding, is_disk_full
+from geoprobe.store import (FLOAT16_MAX, HIDDEN, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
+                            open_run, rank_parts, read_manifest, shard_file, check_shards,
                             write_json_atomic, write_rank_part)
 
 
@@ -173,6 +174,14 @@ def shard_rows(cfg: ExtractConfig, n_layers: int, hidden_size: int) -> int:
     return int(np.clip(SHARD_BYTES // (4 * n_layers * hidden_size), cfg.seq_len, 65536))
 
 
+def row_bytes(written: list[dict], n_layers: int, hidden_size: int) -> float:
+    """Disk bytes per stored row: measured on the shards written so far, else float16 states."""
+    rows = sum(e["rows"] for e in written if "bytes" in e)
+    if rows:
+        return sum(e["bytes"] for e in written if "bytes" in e) / rows
+    return 2 * n_layers * hidden_size + 32
+
+
 def tokenizer_identity(tokenizer) -> dict:
     return {"class": type(tokenizer).__name__, "name_or_path": tokenizer.name_or_path,
             "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
@@ -199,6 +208,11 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
         raise BadInput("--force with --world-size > 1 would let one rank delete another's shards; "
                        "start over with a single process or under torchrun")
     check_writable(out)
+    with holding(out, "geoprobe extract", world.rank):
+        return _extract(cfg, out, force, backbone, progress, world)
+
+
+def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
     documents = read_documents(cfg.corpus, cfg.text_field)
     backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device),
                                          device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code)
@@ -224,7 +238,7 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
     shard_ranges = [(i, plan[s:s + shard_blocks]) for i, s in enumerate(range(0, len(plan), shard_blocks))]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     parts = rank_parts(out)
-    verify_shards(out, {"shards": [e for entries in parts.values() for e in entries]})
+    check_shards(out, {"shards": [e for entries in parts.values() for e in entries]}, full=True)
     mine = parts.get(world.rank, []) if world.size > 1 else manifest["shards"]
     done = {e["file"] for e in manifest["shards"]} | {e["file"] for entries in parts.values() for e in entries}
     ours = [(i, blocks) for i, blocks in shard_ranges if i % world.size == world.rank]
@@ -253,13 +267,21 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
             table, dtypes = to_table(batches, layers)
             writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(blocks)],
                                          "dtypes": dtypes})
+        writer.close()
     except BaseException as exc:
-        writer.close()  # keep every shard that was complete; the partial one is dropped
+        cause = writer.abandon() or exc  # every shard that was complete is kept; a partial one is dropped
         if world.size == 1:
-            manifest.update(status="interrupted", error=str(exc) or type(exc).__name__)
-            write_json_atomic(out / MANIFEST, manifest)
+            manifest.update(status="interrupted", error=str(cause) or type(cause).__name__)
+            try:
+                write_json_atomic(out / MANIFEST, manifest)
+            except OSError:
+                pass  # a full disk: the manifest on disk still lists exactly the whole shards
+        if is_disk_full(cause):
+            planned = sum(len(p.positions) for _, blocks in ours for p in blocks)
+            left = planned - sum(e["rows"] for e in mine)
+            raise BadInput(disk_full_message(out / HIDDEN, left * row_bytes(mine, len(layers), backbone.hidden_size))) \
+                from cause
         raise
-    writer.close()
     seconds = round(time.perf_counter() - started, 3)
     world.barrier()  # under torchrun every rank's shards exist from here on
     if world.connected and not world.is_main:

@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from geoprobe.backbone import sha256_file
 from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.rundir import is_empty, write_json_atomic
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
@@ -40,12 +42,6 @@ def shard_file(index: int) -> str:
 
 def column_name(layer: int) -> str:
     return f"h{layer:02d}"
-
-
-def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def config_sha256(config: dict) -> str:
@@ -87,9 +83,12 @@ def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
         if keys:
             raise BadInput(f"{out} holds a different run (differs in: {', '.join(keys)}); "
                            "use another --out or --force to start over")
-        verify_shards(out, manifest)
+        dropped = drop_damaged(out, manifest)
+        if dropped:
+            print(f"note: re-extracting {len(dropped)} missing or damaged shard(s): {', '.join(dropped)}",
+                  file=sys.stderr)
         return manifest
-    if out.exists() and any(out.iterdir()) and not (out / HIDDEN).exists():
+    if not is_empty(out) and not (out / HIDDEN).exists():
         raise BadInput(f"output directory {out} is not empty and holds no geoprobe run; use another --out")
     try:
         (out / HIDDEN).mkdir(parents=True, exist_ok=True)
@@ -122,13 +121,51 @@ def rank_parts(run: Path) -> dict[int, list[dict]]:
     return parts
 
 
-def verify_shards(run: Path, manifest: dict) -> None:
+def damaged_shard(run: Path, shard: dict, full: bool = False) -> str | None:
+    """Why shard `shard` of `run` cannot be trusted, or None. Always: it exists, has the recorded
+    size and a readable Parquet footer with the recorded rows (one small read per shard); with
+    `full`, also its SHA-256 (reads the whole file). Every data page also carries a CRC that
+    each read checks, so a flipped byte the cheap check misses is still caught when read."""
+    path = Path(run) / shard["file"]
+    if not path.is_file():
+        return "is missing"
+    size = path.stat().st_size
+    if "bytes" in shard and size != shard["bytes"]:
+        return f"has {size} bytes where {shard['bytes']} were written (truncated or changed)"
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception:
+        return "is not a readable Parquet file (truncated or corrupt)"
+    if rows != shard["rows"]:
+        return f"holds {rows} rows where {shard['rows']} were written"
+    if full and sha256_file(path) != shard["sha256"]:
+        return "does not match its checksum (changed after it was written)"
+    return None
+
+
+def shard_refusal(run: Path, file: str, why: str) -> BadInput:
+    return BadInput(f"shard {Path(run) / file} {why}; delete it and rerun the same `geoprobe scan` or "
+                    "`extract` command to re-extract it")
+
+
+def check_shards(run: Path, manifest: dict, full: bool = False) -> None:
+    """Refuse, naming the first damaged shard, before anything computes on the run."""
     for shard in manifest["shards"]:
-        path = Path(run) / shard["file"]
-        if not path.is_file():
-            raise BadInput(f"shard {shard['file']} listed in the manifest is missing; rerun with --force")
-        if sha256_file(path) != shard["sha256"]:
-            raise BadInput(f"shard {shard['file']} does not match its checksum; rerun with --force")
+        why = damaged_shard(run, shard, full)
+        if why:
+            raise shard_refusal(run, shard["file"], why)
+
+
+def drop_damaged(run: Path, manifest: dict) -> list[str]:
+    """Resume: forget (and delete) every shard that fails the full check, so it is extracted again;
+    returns their names."""
+    dropped = [s["file"] for s in manifest["shards"] if damaged_shard(run, s, full=True)]
+    for name in dropped:
+        (Path(run) / name).unlink(missing_ok=True)
+    manifest["shards"] = [s for s in manifest["shards"] if s["file"] not in dropped]
+    if dropped:
+        manifest["status"] = "running"
+    return dropped
 
 
 class ShardWriter:
@@ -156,6 +193,12 @@ class ShardWriter:
         self.thread.join()
         self._raise_if_failed()
 
+    def abandon(self) -> BaseException | None:
+        """Stop after the shards already queued (each whole or not at all); the writer's error, if any."""
+        self.queue.put(None)
+        self.thread.join()
+        return self.error
+
     def _raise_if_failed(self):
         if self.error is not None:
             raise GeoprobeError(f"writing a shard failed: {self.error}") from self.error
@@ -169,29 +212,32 @@ class ShardWriter:
             if self.error is not None:
                 continue
             index, table, extra = item
+            name = shard_file(index)
+            final = self.run / name
+            tmp = final.with_name(f".{final.name}.tmp")
             try:
-                name = shard_file(index)
-                final = self.run / name
-                tmp = final.with_name(f".{final.name}.tmp")
                 # Hidden states barely compress and never repeat: no codec, no dictionary, no
                 # statistics, and v1 data pages measured ~2x faster to write than the defaults.
+                # page CRCs: every later read verifies them, at a cost too small to measure (bench/README.md)
                 pq.write_table(table, tmp, compression="none", use_dictionary=False, write_statistics=False,
-                               data_page_version="1.0")
-                entry = {"file": name, "rows": table.num_rows, "sha256": sha256_file(tmp), **extra}
+                               data_page_version="1.0", write_page_checksum=True)
+                entry = {"file": name, "rows": table.num_rows, "bytes": tmp.stat().st_size,
+                         "sha256": sha256_file(tmp), **extra}
                 os.replace(tmp, final)
                 self.on_written(entry)
             except BaseException as exc:  # surfaced to the producer on its next call
                 self.error = exc
+                tmp.unlink(missing_ok=True)  # a partial shard is never left behind (disk full: frees it)
 
 
 class RunReader:
     """Streams one layer of a run as float32 batches without loading the whole run."""
 
     def __init__(self, run, verify: bool = False):
+        """Checks every shard's size and footer (cheap); `verify` adds the full SHA-256."""
         self.run = Path(run)
         self.manifest = read_manifest(self.run)
-        if verify:
-            verify_shards(self.run, self.manifest)
+        check_shards(self.run, self.manifest, full=verify)
 
     @property
     def layers(self) -> list[int]:
@@ -208,9 +254,16 @@ class RunReader:
     def _files(self):
         return [self.run / s["file"] for s in self.manifest["shards"]]
 
+    def _read(self, path: Path, read):
+        """`read(ParquetFile)` with every page's CRC checked; a damaged page is one line naming the shard."""
+        try:
+            return read(pq.ParquetFile(path, page_checksum_verification=True))
+        except OSError as exc:
+            raise shard_refusal(self.run, path.relative_to(self.run), f"is corrupt ({exc})") from exc
+
     def iter_columns(self, columns, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
         for path in self._files():
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=list(columns))
+            yield from self._read(path, lambda f: list(f.iter_batches(batch_size=batch_rows, columns=list(columns))))
 
     def _batches(self, columns, batch_rows: int, rows: tuple[int, int] | None) -> Iterator[pa.RecordBatch]:
         if rows is None:
@@ -221,7 +274,8 @@ class RunReader:
         for shard, path in zip(self.manifest["shards"], self._files()):
             stop = start + shard["rows"]
             if stop > lo and start < hi:
-                table = pq.read_table(path, columns=list(columns)).slice(max(lo - start, 0), min(hi, stop) - max(lo, start))
+                table = self._read(path, lambda f: f.read(columns=list(columns)))
+                table = table.slice(max(lo - start, 0), min(hi, stop) - max(lo, start))
                 yield from table.to_batches(max_chunksize=batch_rows)
             start = stop
 

@@ -59,9 +59,10 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
 
     scanned = None
     if run is not None:
-        from geoprobe.store import read_manifest
+        from geoprobe.store import check_shards, read_manifest
 
         manifest = read_manifest(run)
+        check_shards(run, manifest)  # the ranking that picks the layer came from these shards
         model, corpus = model or manifest["config"]["model"], corpus or manifest["config"]["corpus"]
         scanned = manifest["layers"]
     if model is None or corpus is None:

@@ -239,20 +239,6 @@ def test_foreign_folder_is_refused(tmp_path, tiny_models, corpus_txt, capsys):
     assert (tmp_path / "r" / "thesis.tex").read_text() == "precious"
 
 
-def test_checksum_mismatch_is_reported(tmp_path, tiny_models, corpus_txt, capsys):
-    common = ["-q", "extract", tiny_models("llama"), "--corpus", corpus_txt, "--seq-len", 64, "--tokens", 300,
-              "--out", tmp_path / "r", "--device", "cpu"]
-    assert invoke(capsys, *common)[0] == 0
-    shard = next((tmp_path / "r" / "hidden").glob("part-*.parquet"))
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    code, _, err = invoke(capsys, *common)
-    assert_one_line_error(code, err, 2, "does not match its checksum")
-    with pytest.raises(Exception, match="does not match its checksum"):
-        RunReader(tmp_path / "r", verify=True)
-
-
 def test_nan_activations_are_refused(tmp_path, corpus_txt, capsys):
     folder = build_model("llama", tmp_path / "nan")
     from safetensors.torch import load_file, save_file

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -97,6 +98,11 @@ def _run(argv: list[str] | None) -> None:
             sys.exit(exc.exit_code)
         if state.debug:
             raise
+        from geoprobe.rundir import disk_full_message, is_disk_full  # here, not at the top: it imports torch
+
+        if is_disk_full(exc):  # where no command caught it with a better estimate
+            print(f"error: {disk_full_message(Path(exc.filename or '.'))}", file=sys.stderr)
+            sys.exit(2)
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (use --debug for the traceback)",
               file=sys.stderr)
         sys.exit(1)

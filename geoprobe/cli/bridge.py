@@ -46,26 +46,26 @@ def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, s
 
 
 def _fit(source, layer, root, args, force=False):
-    import shutil
-
     from bridges.fit import fit_bridge
     from geoprobe.distributed import world_from
     from geoprobe.report.terminal import Bar
+    from geoprobe.rundir import clear, holding
     from geoprobe.sweep import bridge_dir, check_layer, identity
 
     check_layer(source, layer)
     cfg, train_cfg = _configs(source, layer, *args)
     out = bridge_dir(root, layer)
     world = world_from()
-    if force and out.exists() and world.is_main:
-        shutil.rmtree(out)
-    world.barrier()
-    bar = Bar(f"bridge layer {layer}", "step", quiet=state.quiet or state.format == "json")
-    try:
-        return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                          identity(source, layer), progress=bar, world=world), out
-    finally:
-        bar.stop()
+    with holding(out, "geoprobe bridge", world.rank):
+        if force and world.is_main:
+            clear(out)
+        world.barrier()
+        bar = Bar(f"bridge layer {layer}", "step", quiet=state.quiet or state.format == "json")
+        try:
+            return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
+                              identity(source, layer), progress=bar, world=world), out
+        finally:
+            bar.stop()
 
 
 @app.command(epilog="Examples:\n\n  geoprobe bridge --run runs/demo            # at the layer the scan chose\n\n"
@@ -86,7 +86,8 @@ def bridge(
     large frozen backbone over the GPUs while the bridge trains on the first."""
     from geoprobe.distributed import world_from
     from geoprobe.errors import BadInput
-    from geoprobe.sweep import chosen_layer, open_source
+    from geoprobe.rundir import holding
+    from geoprobe.sweep import bridge_dir, chosen_layer, open_source
 
     if run is None and out is None:
         raise BadInput("pass --run RUN, or --out DIR with --model and --corpus")
@@ -96,10 +97,12 @@ def bridge(
         layer = chosen_layer(run)
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
-    source = open_source(run, model, corpus, seq_len, seed, world_from().device(device), dtype, device_map=device_map)
-    metrics, folder = _fit(source, layer, out or run,
-                           (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                            eval_every), force)
+    with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
+        source = open_source(run, model, corpus, seq_len, seed, world_from().device(device), dtype,
+                             device_map=device_map)
+        metrics, folder = _fit(source, layer, out or run,
+                               (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+                                eval_every), force)
     if state.format == "json":
         emit_json({**metrics, "dir": str(folder)})
     elif not state.quiet:
@@ -124,22 +127,24 @@ def sweep(
     the geometry score and each validation loss (nmse, nmse_dim, delta_ce, nmse_noisy)."""
     from geoprobe.distributed import world_from
     from geoprobe.extract import parse_layers
+    from geoprobe.rundir import holding
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
 
     scores = {r["layer"]: r for r in ranking_rows(run)}
-    source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
-    chosen = parse_layers(layers, source.backbone.num_layers - 1)
-    if layers.strip() == "all":  # every layer that was scanned and has blocks above it
-        chosen = [l for l in chosen if l in scores]
-    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
-    rows = []
-    for layer in chosen:
-        metrics, _ = _fit(source, layer, run, args, force)
-        rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
-    if not world_from().is_main:  # data-parallel ranks: rank 0 writes the sweep
-        return
-    summary = summarise(rows, seed)
-    plot = write_sweep(run, rows, summary, source.model)
+    with holding(run / "bridges", "geoprobe sweep", world_from().rank):  # one sweep at a time on a run
+        source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
+        chosen = parse_layers(layers, source.backbone.num_layers - 1)
+        if layers.strip() == "all":  # every layer that was scanned and has blocks above it
+            chosen = [l for l in chosen if l in scores]
+        args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
+        rows = []
+        for layer in chosen:
+            metrics, _ = _fit(source, layer, run, args, force)
+            rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+        if not world_from().is_main:  # data-parallel ranks: rank 0 writes the sweep
+            return
+        summary = summarise(rows, seed)
+        plot = write_sweep(run, rows, summary, source.model)
     if state.format == "json":
         emit_json({"rows": rows, "correlations": summary, "plot": str(plot)})
     elif not state.quiet:

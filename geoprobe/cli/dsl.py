@@ -55,7 +55,6 @@ def train_cmd(
     seed: Seed = 0, device: Device = "auto", force: Force = False,
 ):
     """Train a DSL denoiser (fixed budget, resumable)."""
-    import shutil
     from dataclasses import asdict
 
     from bridges.channel import SNR_SCHEMES
@@ -66,6 +65,7 @@ def train_cmd(
     from geoprobe.distributed import world_from
     from geoprobe.errors import BadInput
     from geoprobe.report.terminal import Bar
+    from geoprobe.rundir import clear, holding, is_empty
 
     if snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {snr!r} (use {', '.join(SNR_SCHEMES)})")
@@ -76,46 +76,47 @@ def train_cmd(
     train_docs, val_docs = _split(corpus, seed)
     identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None}
     world = world_from()
-    if force and out.exists() and world.is_main:
-        shutil.rmtree(out)
-    world.barrier()
-    if (out / "config.json").is_file():
-        old = read_config(out)
-        if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
-            raise BadInput(f"{out} holds another training run; use another --out or --force")
-        tok = load_saved_tokenizer(out)
-        model = DSLModel(DSLConfig(**old["model"]), seed=seed)
-    else:
-        if out.exists() and any(out.iterdir()):
-            raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
-        tok = load_tokenizer(tokenizer, train_docs)
-        model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                              norm_input=norm_input, learn_table=not freeze_table)
-        model = DSLModel(model_cfg, table_init=_table_init(table_init, tokenizer, len(tok), d_tok), seed=seed)
-        if init is not None:
-            start = load_dsl(init)
-            if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
-                raise BadInput(f"tokenizer mismatch: {init} was trained with another vocabulary than --tokenizer {tokenizer}")
-            if start.cfg != model_cfg:
-                raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
-            model.load_state_dict(start.state_dict())
-        world.barrier()  # every rank has looked at the directory before rank 0 fills it
-        if world.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            save_tokenizer(tok, out)
-            save_config(out, model_cfg, settings, {"identity": identity})
-    data = sequences(token_stream(train_docs, tok), seq_len)
-    bar = Bar("dsl train", "step", quiet=state.quiet or state.format == "json")
-    try:
-        trained = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=bar, world=world)
-    finally:
-        bar.stop()
-    if not world.is_main:  # data-parallel ranks: rank 0 evaluates and writes
-        return
-    metrics = _evaluate(out, val_docs, tok, seq_len, device)
-    metrics.update(training_summary(trained))
-    write_training_record(out, metrics, trained, "DSL model")
-    _report(metrics, f"dsl train → {out}")
+    with holding(out, "geoprobe dsl train", world.rank):
+        if force and world.is_main:
+            clear(out)
+        world.barrier()
+        if (out / "config.json").is_file():
+            old = read_config(out)
+            if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
+                raise BadInput(f"{out} holds another training run; use another --out or --force")
+            tok = load_saved_tokenizer(out)
+            model = DSLModel(DSLConfig(**old["model"]), seed=seed)
+        else:
+            if not is_empty(out):
+                raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
+            tok = load_tokenizer(tokenizer, train_docs)
+            model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                  norm_input=norm_input, learn_table=not freeze_table)
+            model = DSLModel(model_cfg, table_init=_table_init(table_init, tokenizer, len(tok), d_tok), seed=seed)
+            if init is not None:
+                start = load_dsl(init)
+                if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
+                    raise BadInput(f"tokenizer mismatch: {init} was trained with another vocabulary than --tokenizer {tokenizer}")
+                if start.cfg != model_cfg:
+                    raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
+                model.load_state_dict(start.state_dict())
+            world.barrier()  # every rank has looked at the directory before rank 0 fills it
+            if world.is_main:
+                out.mkdir(parents=True, exist_ok=True)
+                save_tokenizer(tok, out)
+                save_config(out, model_cfg, settings, {"identity": identity})
+        data = sequences(token_stream(train_docs, tok), seq_len)
+        bar = Bar("dsl train", "step", quiet=state.quiet or state.format == "json")
+        try:
+            trained = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=bar, world=world)
+        finally:
+            bar.stop()
+        if not world.is_main:  # data-parallel ranks: rank 0 evaluates and writes
+            return
+        metrics = _evaluate(out, val_docs, tok, seq_len, device)
+        metrics.update(training_summary(trained))
+        write_training_record(out, metrics, trained, "DSL model")
+        _report(metrics, f"dsl train → {out}")
 
 
 def _table_init(kind: str, tokenizer_spec: str, vocab_size: int, d_tok: int):

@@ -84,12 +84,14 @@ def _geometry(run, settings, device):
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
     from geoprobe.report.terminal import Bar
+    from geoprobe.rundir import holding
     from geoprobe.scan import geometry_step
 
     world = world_from()
     bar = Bar("geometry", "layer", quiet=state.quiet or state.format == "json")
     try:
-        return geometry_step(run, settings, resolve_device(world.device(device)), progress=bar, world=world)[0]
+        with holding(run, "geoprobe geometry", world.rank):
+            return geometry_step(run, settings, resolve_device(world.device(device)), progress=bar, world=world)[0]
     finally:
         bar.stop()
 
@@ -186,6 +188,7 @@ def scan(
     from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig, extract
     from geoprobe.report.terminal import Bar
+    from geoprobe.rundir import holding
     from geoprobe.scan import default_corpus
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
@@ -196,25 +199,27 @@ def scan(
                         shard_rows=shard_rows,
                         batch_size=batch_size, device=device, device_map=device_map,
                         trust_remote_code=trust_remote_code)
-    from geoprobe.store import MANIFEST, read_manifest
+    from geoprobe.store import MANIFEST, damaged_shard, read_manifest
 
     if plan:
         _show_plan(model, out, cfg)
         return
     settings.check_rows(tokens)  # a scan whose geometry must fail is refused before extracting
     world = world_from(rank, world_size)
-    existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
-    finished = existing.get("status") == "complete" and _same_extraction(existing, cfg)
-    if not finished:  # a finished extraction is not even reloaded: the model stays on disk
-        bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
-        try:
-            manifest = extract(cfg, out, force=force, progress=bar, world=world)
-        finally:
-            bar.stop()
-        if manifest["status"] != "complete":  # ranks started by hand: the last one to finish goes on
-            from geoprobe.errors import GeoprobeError
+    with holding(out, "geoprobe scan", world.rank):
+        existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
+        finished = (existing.get("status") == "complete" and _same_extraction(existing, cfg)
+                    and not any(damaged_shard(out, shard) for shard in existing["shards"]))
+        if not finished:  # a finished extraction is not even reloaded (extract re-extracts damaged shards)
+            bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
+            try:
+                manifest = extract(cfg, out, force=force, progress=bar, world=world)
+            finally:
+                bar.stop()
+            if manifest["status"] != "complete":  # ranks started by hand: the last one to finish goes on
+                from geoprobe.errors import GeoprobeError
 
-            raise GeoprobeError(f"rank {world.rank} finished its shards; {manifest.get('error')}: rerun the "
-                                "remaining ranks (or this command without --rank) to finish the scan")
-    geometry_result = _geometry(out, settings, device)
-    _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out)})
+                raise GeoprobeError(f"rank {world.rank} finished its shards; {manifest.get('error')}: rerun the "
+                                    "remaining ranks (or this command without --rank) to finish the scan")
+        geometry_result = _geometry(out, settings, device)
+        _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out)})
