@@ -66,6 +66,7 @@ class ExtractConfig:
     seq_len: int = 256
     layers: str = "all"
     positions: str = "all"
+    doc_blocks: int = 0  # at most this many blocks per document (0 = all): rows from many documents
     skip_first: int = 1
     seed: int = 0
     storage: str = "float16"
@@ -81,6 +82,8 @@ class ExtractConfig:
         """What defines the rows: a directory holding a run with another identity is refused."""
         skip = {"batch_size", "device", "device_map", "trust_remote_code", "layers"}
         data = {k: v for k, v in asdict(self).items() if k not in skip}
+        if not self.doc_blocks:  # runs from before the option resume as they were
+            data.pop("doc_blocks")
         data.update(layers=layers, model_config_sha256=backbone.identity["config_sha256"],
                     model_dtype=backbone.identity["dtype"])
         if "file_sha256" in backbone.identity:
@@ -97,8 +100,11 @@ class PlannedBlock:
 def plan_blocks(documents, tokenizer, cfg: ExtractConfig) -> list[PlannedBlock]:
     """Blocks and their selected positions until exactly `cfg.tokens` rows are planned."""
     special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
-    plan, rows = [], 0
+    plan, rows, per_doc = [], 0, {}
     for block in iter_blocks(documents, tokenizer, cfg.seq_len, cfg.seed):
+        if cfg.doc_blocks and per_doc.get(block.doc_id, 0) >= cfg.doc_blocks:
+            continue
+        per_doc[block.doc_id] = per_doc.get(block.doc_id, 0) + 1
         # seeded per block, so the choice depends neither on batching nor on resume
         rng = np.random.default_rng([cfg.seed, block.doc_id, block.seq_id])
         eligible = select_positions(block.tokens, special, cfg.skip_first, cfg.positions, rng)

@@ -53,6 +53,7 @@ class GeometrySettings:
     drop_massive_channels: bool = False
     channel_factor: float = 20.0
     bootstrap: int = 200
+    reseeds: int = 8  # extra draws of anchors and pairs: how stable the choice is against the estimator
     seed: int = 0
     chunk: int = 512  # anchors per kNN chunk: bounds the (chunk x N) distance matrix
 
@@ -69,6 +70,8 @@ class GeometrySettings:
             raise BadInput(f"--normalize must be trace or none, got {self.normalize!r}")
         if self.bootstrap < 0:
             raise BadInput(f"--bootstrap must be >= 0, got {self.bootstrap}")
+        if self.reseeds < 0:
+            raise BadInput(f"--reseeds must be >= 0, got {self.reseeds}")
         if self.massive_factor <= 1:
             raise BadInput(f"--massive-factor must be > 1, got {self.massive_factor}")
         if self.channel_factor <= 1:
@@ -254,11 +257,12 @@ def interval(replicates: torch.Tensor | np.ndarray) -> list[float]:
     return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
 
 
-def draw_samples(n: int, settings: GeometrySettings, key: int):
-    """Anchor rows (sorted, without replacement) and candidate pair rows, from (seed, key) only.
+def draw_samples(n: int, settings: GeometrySettings, key: int, reseed: int = 0):
+    """Anchor rows (sorted, without replacement) and candidate pair rows, from (seed, key, reseed)
+    only (reseed 0 is the estimate; 1..R the draws that measure the estimator's own spread).
 
     Pairs are drawn 4x over: the first `pairs` candidates whose states differ are used."""
-    rng = np.random.default_rng([settings.seed, key])
+    rng = np.random.default_rng([settings.seed, key] + ([reseed] if reseed else []))
     anchors = np.sort(rng.choice(n, size=settings.anchors, replace=False))
     return anchors, rng.integers(0, n, size=4 * settings.pairs), rng.integers(0, n, size=4 * settings.pairs)
 
@@ -324,50 +328,59 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     if n < settings.anchors:
         raise BadInput(f"{name} has {n} states, fewer than --anchors {settings.anchors}; "
                        "extract more tokens or lower --anchors")
-    anchors, cand_i, cand_j = draw_samples(n, settings, rng_key)
-    anchor_rows = torch.from_numpy(anchors).to(x.device)
     local_position = torch.full((n_distinct,), -1, dtype=torch.int64, device=x.device)
     local_position[reference_ids] = torch.arange(len(reference_ids), device=x.device)
-    queries = _rows(x, anchor_rows, offset, world)
-    if len(reference):
-        dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[anchor_rows]],
-                                   chunk=settings.chunk)
-        found = (dist, reference_ids[idx])
-    else:
-        found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
-                 torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
-    dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
-    ids = torch.cat(world.gather(found[1].T.contiguous())).T
-    neighbours = nearest(dist, ids, settings.k)
-    lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
-    curv_values = 1.0 / lam.clamp(min=EPS_REL * scale)
-
-    # monotonicity on random pairs of non-identical states
-    i, j = torch.from_numpy(cand_i).to(x.device), torch.from_numpy(cand_j).to(x.device)
-    valid = (inverse[i] != inverse[j]).nonzero().squeeze(1)[: settings.pairs]
-    i, j = i[valid], j[valid]
-    delta = _rows(x, i, offset, world) - _rows(x, j, offset, world)
     ridge = settings.alpha * scale
-    sq = (delta @ eigenvectors) ** 2
-    quotient = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1)
-    if eigenvectors.shape[1] < d:  # thin spectrum (Gram path): the rest of delta lies where Sigma is 0
-        total = (delta * delta).sum(1)
-        mono_values = (quotient + (total - sq.sum(1)).clamp(min=0) / ridge) / total
-    else:
-        mono_values = quotient / sq.sum(1)
 
+    def estimate(reseed: int):
+        """Per-anchor curvatures and per-pair monotonicities for one draw of anchors and pairs."""
+        anchors, cand_i, cand_j = draw_samples(n, settings, rng_key, reseed)
+        anchor_rows = torch.from_numpy(anchors).to(x.device)
+        queries = _rows(x, anchor_rows, offset, world)
+        if len(reference):
+            dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[anchor_rows]],
+                                       chunk=settings.chunk)
+            found = (dist, reference_ids[idx])
+        else:
+            found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
+                     torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
+        dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
+        ids = torch.cat(world.gather(found[1].T.contiguous())).T
+        neighbours = nearest(dist, ids, settings.k)
+        lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
+        curv_values = 1.0 / lam.clamp(min=EPS_REL * scale)
+
+        # monotonicity on random pairs of non-identical states
+        i, j = torch.from_numpy(cand_i).to(x.device), torch.from_numpy(cand_j).to(x.device)
+        valid = (inverse[i] != inverse[j]).nonzero().squeeze(1)[: settings.pairs]
+        i, j = i[valid], j[valid]
+        delta = _rows(x, i, offset, world) - _rows(x, j, offset, world)
+        sq = (delta @ eigenvectors) ** 2
+        quotient = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1)
+        if eigenvectors.shape[1] < d:  # thin spectrum (Gram path): the rest of delta lies where Sigma is 0
+            total = (delta * delta).sum(1)
+            mono_values = (quotient + (total - sq.sum(1)).clamp(min=0) / ridge) / total
+        else:
+            mono_values = quotient / sq.sum(1)
+        return curv_values, mono_values, anchor_rows, i, j
+
+    curv_values, mono_values, anchor_rows, i, j = estimate(0)
     # the usual median (mean of the two middle values for an even count), as numpy defines it
     curv, mono = float(torch.quantile(curv_values, 0.5)), float(torch.quantile(mono_values, 0.5))
+    reseeded = [estimate(r)[:2] for r in range(1, settings.reseeds + 1)]
     result = {
         "layer": layer, "n_states": n_all, "n_used": n, "massive": int(massive_all.sum()),
         "massive_rows": massive_all.nonzero().squeeze(1)[:1000].tolist(), "massive_channels": channels.tolist(),
         "massive_channel_share": channel_share, "channels_used": d,
-        "duplicate_fraction": duplicate_fraction, "n_pairs": len(valid), "scale": scale,
+        "duplicate_fraction": duplicate_fraction, "n_pairs": len(i), "scale": scale,
         "participation_ratio": spectrum["participation_ratio"], "entropy_rank": spectrum["entropy_rank"],
         "lambda_max": spectrum["lambda_max"], "trace": trace,
     }
     points = {"none": {"curv": curv, "mono": mono, "erank": spectrum["erank"]},
               "trace": {"curv": curv * scale, "mono": mono * scale, "erank": spectrum["erank"]}}
+    if reseeded:  # raw medians per draw; the ranking scales them like the point estimate
+        result["reseeds"] = {"curv": [float(torch.quantile(c, 0.5)) for c, _ in reseeded],
+                             "mono": [float(torch.quantile(m, 0.5)) for _, m in reseeded]}
     reps = {"none": {}, "trace": {}}
     if counts is not None and len(counts):
         reps = _bootstrap(centred, docs[offset:offset + len(x)], counts, eigenvectors, curv_values,
@@ -513,7 +526,7 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
             other = replace(settings, drop_massive_channels=not settings.drop_massive_channels)
             result["other_channels"] = {k: v for k, v in layer_geometry(
                 states, docs, other, counts, rng_key=layer, layer=layer, world=world).items()
-                if k in ("none", "trace", "replicates", "channels_used")}
+                if k in ("none", "trace", "replicates", "reseeds", "channels_used", "scale")}
         results.append(result)
         del states
         if progress is not None:

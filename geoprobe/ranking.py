@@ -72,6 +72,7 @@ def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, othe
     else:
         first = np.full(len(layers), np.nan)
         score_ci = np.full((len(layers), 2), np.nan)
+    first_reseed = _first_over_reseeds(layers, norm, weights, log)
     order = np.argsort(-score, kind="stable")
     rank = np.empty(len(layers), dtype=int)
     rank[order] = np.arange(1, len(layers) + 1)
@@ -82,7 +83,7 @@ def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, othe
             row[p] = layer[norm][p]["value"]
             row[f"{p}_lo"], row[f"{p}_hi"] = layer[norm][p]["ci"]
         row.update(score=float(score[idx]), score_lo=float(score_ci[idx, 0]), score_hi=float(score_ci[idx, 1]),
-                   rank=int(rank[idx]), p_first=float(first[idx]),
+                   rank=int(rank[idx]), p_first=float(first[idx]), p_first_reseed=float(first_reseed[idx]),
                    participation_ratio=layer["participation_ratio"], entropy_rank=layer["entropy_rank"],
                    duplicate_fraction=layer["duplicate_fraction"], massive=layer["massive"],
                    massive_channels=len(layer.get("massive_channels", [])),
@@ -90,7 +91,26 @@ def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, othe
         rows.append(row)
     best = rows[int(order[0])]
     return {"normalize": norm, "weights": list(weights), "log": log, "chosen_layer": best["layer"],
-            "chosen_p_first": best["p_first"], "drop_massive_channels": drop, "rows": rows}
+            "chosen_p_first": best["p_first"], "chosen_p_first_reseed": best["p_first_reseed"],
+            "reseeds": len(layers[0].get("reseeds", {}).get("curv", [])) + 1 if has_reseeds(layers) else 0,
+            "drop_massive_channels": drop, "rows": rows}
+
+
+def has_reseeds(layers: list[dict]) -> bool:
+    return all(l.get("reseeds", {}).get("curv") for l in layers)
+
+
+def _first_over_reseeds(layers: list[dict], norm: str, weights, log: bool) -> np.ndarray:
+    """How often each layer ranks first when only the estimator's own randomness changes: the
+    point estimate and every redraw of anchors and pairs (same states, erank is deterministic)."""
+    if not has_reseeds(layers):
+        return np.full(len(layers), np.nan)
+    scale = np.array([l["scale"] if norm == "trace" else 1.0 for l in layers])
+    draws = {p: np.array([[l[norm][p]["value"]] + [v * s for v in l["reseeds"][p]] for l, s in zip(layers, scale)]).T
+             for p in ("curv", "mono")}  # (R + 1, L)
+    draws["erank"] = np.broadcast_to([l[norm]["erank"]["value"] for l in layers], draws["curv"].shape)
+    scores = selection_score(draws, weights, log)
+    return np.bincount(scores.argmax(axis=1), minlength=len(layers)) / len(scores)
 
 
 def has_massive_channels(geometry: dict) -> bool:

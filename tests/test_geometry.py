@@ -234,3 +234,43 @@ def test_fewer_states_than_dimensions_uses_the_gram_matrix_with_the_same_numbers
             assert gram[norm][proxy]["ci"] == pytest.approx(full[norm][proxy]["ci"], rel=1e-6), (norm, proxy)
     for key in ("participation_ratio", "entropy_rank", "lambda_max", "scale"):
         assert gram[key] == pytest.approx(full[key], rel=1e-8), key
+
+
+def test_each_reseed_is_the_estimator_run_on_another_draw_of_anchors_and_pairs(monkeypatch):
+    import geoprobe.geometry as geometry
+
+    x = gaussian(600, np.linspace(1.0, 4.0, 8), seed=3)
+    reseeded = run(x, reseeds=3)["reseeds"]
+    assert len(reseeded["curv"]) == len(reseeded["mono"]) == 3
+    assert len(set(reseeded["curv"])) == 3  # three different draws, three different medians
+    real_draw = geometry.draw_samples
+    for r in (1, 3):  # oracle: the plain estimator, its one draw replaced by draw r
+        monkeypatch.setattr(geometry, "draw_samples", lambda n, s, key, reseed=0, r=r: real_draw(n, s, key, r))
+        single = run(x, reseeds=0)
+        assert single["none"]["curv"]["value"] == pytest.approx(reseeded["curv"][r - 1], rel=1e-12)
+        assert single["none"]["mono"]["value"] == pytest.approx(reseeded["mono"][r - 1], rel=1e-12)
+        assert "reseeds" not in single
+
+
+def test_p_first_over_reseeds_counts_the_draws_each_layer_wins():
+    def layer(i, curv, reseeds):
+        v = lambda value: {"value": value, "ci": [value, value]}
+        return {"layer": i, "scale": 2.0, "none": {"curv": v(curv), "mono": v(1.0), "erank": v(5.0)},
+                "reseeds": {"curv": reseeds, "mono": [1.0] * len(reseeds)}, "participation_ratio": 1.0,
+                "entropy_rank": 1.0, "duplicate_fraction": 0.0, "massive": 0}
+
+    # only the curvature counts; layer 2 wins the point estimate and 6 of its 8 redraws, layer 1 the other 2
+    geometry = {"settings": {"normalize": "none"}, "layers": [
+        layer(0, 1.0, [1.0] * 8), layer(1, 2.0, [2.0] * 8), layer(2, 3.0, [3, 3, 0, 0, 3, 3, 3, 3])]}
+    ranking = rank_layers(geometry, weights=(1, 0, 0))
+    assert [r["p_first_reseed"] for r in ranking["rows"]] == pytest.approx([0, 2 / 9, 7 / 9])
+    assert ranking["reseeds"] == 9 and ranking["chosen_p_first_reseed"] == pytest.approx(7 / 9)
+    # under trace normalisation the redraws are scaled like the point estimate: with layer 2's
+    # scale halved, its 3s become 1.5 < 2 and layer 1 wins every draw (unscaled redraws would not)
+    geometry["layers"][2]["scale"] = 0.5
+    for l in geometry["layers"]:
+        l["trace"] = {p: {"value": l["none"][p]["value"] * (l["scale"] if p != "erank" else 1.0), "ci": [0, 0]}
+                      for p in ("curv", "mono", "erank")}
+    geometry["settings"]["normalize"] = "trace"
+    ranking = rank_layers(geometry, weights=(1, 0, 0))
+    assert ranking["chosen_layer"] == 1 and ranking["chosen_p_first_reseed"] == 1.0

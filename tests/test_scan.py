@@ -213,3 +213,35 @@ def test_massive_warning_names_counts_layers_and_tokens():
                     "massive channels at layers 3 (7; 91% of the variance)")
     quiet = {"settings": {"massive_factor": 20.0}, "layers": [{"layer": 0, "massive": 0, "massive_channels": []}]}
     assert massive_warning(quiet) is None
+
+
+def test_doc_blocks_spreads_the_rows_over_many_documents(tmp_path, tiny_models, capsys):
+    from geoprobe.store import RunReader
+    from tests.conftest import write_corpus
+
+    corpus = write_corpus(tmp_path / "long.txt", n_docs=40, words=(300, 400), seed=5)  # many blocks each
+    common = ["extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 240, "--seq-len", 32,
+              "--positions", "random:8", "--device", "cpu", "--layers", "0"]
+    assert invoke(capsys, *common, "--out", tmp_path / "all")[0] == 0
+    assert invoke(capsys, *common, "--doc-blocks", 1, "--out", tmp_path / "one")[0] == 0
+    meta = {name: RunReader(tmp_path / name).read_meta() for name in ("all", "one")}
+    blocks = {name: set(zip(m["doc_id"].tolist(), m["seq_id"].tolist())) for name, m in meta.items()}
+    assert len(blocks["all"]) == len(blocks["one"]) == 30  # 240 rows, 8 per block
+    assert len({d for d, _ in blocks["all"]}) <= 4  # consecutive blocks of the first few documents
+    assert len({d for d, _ in blocks["one"]}) == 30  # the first block of each of 30 documents
+    assert all(seq == 0 for _, seq in blocks["one"])
+    code, _, err = invoke(capsys, *common, "--doc-blocks", 1, "--tokens", 400, "--out", tmp_path / "x")
+    assert_one_line_error(code, err, 2, "has only 320 eligible tokens")
+
+
+def test_scan_takes_one_block_per_chapter_of_the_default_corpus(tmp_path, tiny_models, capsys):
+    from geoprobe.store import RunReader, read_manifest
+
+    code, _, err = invoke(capsys, "scan", tiny_models("llama"), "--tokens", 600, "--seq-len", 32, "--anchors", 64,
+                          "--k", 8, "--pairs", 128, "--bootstrap", 20, "--out", tmp_path / "r", "--device", "cpu")
+    assert code == 0, err
+    assert read_manifest(tmp_path / "r")["config"]["doc_blocks"] == 1
+    meta = RunReader(tmp_path / "r").read_meta()
+    assert len(set(meta["doc_id"].tolist())) == 20 and set(meta["seq_id"].tolist()) == {0}  # 600 rows / 30
+    geometry = json.loads((tmp_path / "r" / "geometry.json").read_text())
+    assert geometry["bootstrap_unit"] == "document" and geometry["bootstrap_units"] == 20

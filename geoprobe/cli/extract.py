@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, Dtype, Force, Layers, Out, Seed, SeqLen,
-                                  Rank, Tokens, TrustRemoteCode, WorldSize, state)
+from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Out, Seed,
+                                  SeqLen, Rank, Tokens, TrustRemoteCode, WorldSize, state)
 
 
 @app.command(epilog="Examples:\n\n"
@@ -25,6 +25,7 @@ def extract(
     seq_len: SeqLen = 256,
     layers: Layers = "all",
     positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
+    doc_blocks: DocBlocks = None,
     skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions (the attention sink).")] = 1,
     storage: Annotated[str, typer.Option(help="float16 (float32 where a value would overflow) or float32.")] = "float16",
     text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet corpora.")] = "text",
@@ -48,7 +49,7 @@ def extract(
     from geoprobe.report.terminal import Bar, print_table
 
     cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
-                        positions=positions, skip_first=skip_first, seed=seed, storage=storage,
+                        positions=positions, doc_blocks=doc_blocks or 0, skip_first=skip_first, seed=seed, storage=storage,
                         text_field=text_field, shard_rows=shard_rows, dtype=dtype, batch_size=batch_size,
                         device=device, device_map=device_map, trust_remote_code=trust_remote_code)
     bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")

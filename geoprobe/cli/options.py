@@ -28,6 +28,9 @@ SeqLen = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per packed
 Tokens = Annotated[int, typer.Option("--tokens", help="Token states to store per layer (rows).")]
 Layers = Annotated[str, typer.Option("--layers", help="all, a range 0-8, a list 0,3,7, or a mix 0-3,7. "
                                                       "0 = embedding output, l = after block l.")]
+DocBlocks = Annotated[int | None, typer.Option("--doc-blocks", min=0, help="At most N blocks (sequences) per "
+                                             "document, so that the rows come from many documents (0 = all; "
+                                             "default: 1 for scan's default corpus, else 0).")]
 Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (training budget).")]
 Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parquet file, a folder, a glob, "
                                                       "or hf:NAME?split=train.")]

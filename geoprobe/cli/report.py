@@ -79,12 +79,17 @@ def _step(*argv) -> None:
 # validation nmse plateaus (compare shows the tokens each one used). SmolLM2 bridges sample through
 # the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
 TINY = {"model": "builtin:hmm-tiny", "corpus": None, "tokens": 2000, "seq_len": 65, "positions": "random:16",
+        "doc_blocks": 0,
         "k": 16, "anchors": 512, "pairs": 1024, "bootstrap": 100, "layers": "all",
         "bridge_steps": 1000, "bridge_batch": 16, "bridge_seq": 33, "bridge_width": 64, "bridge_blocks": 2,
         "bridge_lr": 2e-3, "bridge_eval_every": 25,
         "dsl_tokenizer": None, "dsl_steps": 1000, "dsl_batch": 16, "dsl_seq": 33, "dsl_width": 64, "dsl_lr": 2e-3,
         "num": 32, "length": 32, "steps": 32, "curve": (8, 16), "bridges_compared": True}
-REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "all",
+# the real demo's 4,000 states: 64 random positions from the first block of each of 63 chapters
+# (in the seeded document order), not every position of 16 blocks from 6 chapters: its intervals
+# resample documents
+REAL = {"model": "builtin:smollm2", "corpus": "kjv", "tokens": 4000, "seq_len": 256, "positions": "random:64",
+        "doc_blocks": 1,
         "k": 32, "anchors": 2048, "pairs": 4096, "bootstrap": 200, "layers": "0-3",
         "bridge_steps": 40, "bridge_batch": 4, "bridge_seq": 64, "bridge_width": 64, "bridge_blocks": 1,
         "bridge_lr": 1e-3, "bridge_eval_every": 10,
@@ -110,7 +115,7 @@ def demo(
     run = out / "run"
     dev = ["--device", device]
     _step("scan", model, "--corpus", corpus, "--tokens", p["tokens"], "--seq-len", p["seq_len"], "--positions",
-          p["positions"], "--k", p["k"],
+          p["positions"], "--doc-blocks", p["doc_blocks"], "--k", p["k"],
           "--anchors", p["anchors"], "--pairs", p["pairs"], "--bootstrap", p["bootstrap"], "--out", run, *dev)
     _step("sweep", "--run", run, "--layers", p["layers"], "--steps", p["bridge_steps"], "--batch-size",
           p["bridge_batch"], "--seq-len", p["bridge_seq"], "--d-model", p["bridge_width"], "--n-layers",

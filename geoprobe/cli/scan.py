@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Rank, Seed, SeqLen, Tokens,
+from geoprobe.cli.options import (BatchSize, DocBlocks, Device, DeviceMap, Dtype, Force, Layers, Rank, Seed, SeqLen, Tokens,
                                   TrustRemoteCode, WorldSize, state)
 
 RunDir = Annotated[Path, typer.Argument(help="A run directory written by `geoprobe extract` or `scan`.")]
@@ -25,6 +25,8 @@ DropChannels = Annotated[bool, typer.Option("--drop-massive-channels", help="Exc
                                              "(listed in geometry.json either way; the ranking is shown both ways "
                                              "whenever a layer has them).")]
 Bootstrap = Annotated[int, typer.Option("--bootstrap", help="Bootstrap replicates over documents (0 = none).")]
+Reseeds = Annotated[int, typer.Option("--reseeds", help="Extra draws of anchors and pairs: the ranking reports how "
+                                                       "often each layer ranks first across them (0 = none).")]
 Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) + b z(mono) - c z(erank).")]
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
 
@@ -40,7 +42,7 @@ def _same_extraction(manifest: dict, cfg) -> bool:
     wanted = asdict(cfg)
     keys = ("model", "corpus", "tokens", "seq_len", "positions", "skip_first", "seed", "storage", "text_field",
             "dtype")
-    if any(stored.get(k) != wanted[k] for k in keys):
+    if any(stored.get(k) != wanted[k] for k in keys) or stored.get("doc_blocks", 0) != wanted["doc_blocks"]:
         return False
     try:
         return parse_layers(cfg.layers, manifest["model"]["num_layers"]) == stored["layers"]
@@ -71,12 +73,12 @@ def _show_plan(model, out, cfg) -> None:
     check_fits(plan)
 
 
-def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_channels=False):
+def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_channels=False, reseeds=8):
     from geoprobe.geometry import GeometrySettings
 
     return GeometrySettings(k=k, anchors=anchors, pairs=pairs, alpha=alpha, normalize=normalize,
                             drop_massive=not keep_massive, bootstrap=bootstrap, seed=seed,
-                            drop_massive_channels=drop_channels)
+                            drop_massive_channels=drop_channels, reseeds=reseeds)
 
 
 def _geometry(run, settings, device):
@@ -134,10 +136,11 @@ def _rank_and_show(run, geometry, weights, log, extra=None):
                     "  geoprobe geometry runs/kjv --k 16 --anchors 1024 --normalize none --device cuda")
 def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3,
              normalize: Normalize = "trace", keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200,
-             seed: Seed = 0, device: Device = "auto", drop_massive_channels: DropChannels = False):
+             reseeds: Reseeds = 8, seed: Seed = 0, device: Device = "auto",
+             drop_massive_channels: DropChannels = False):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
     result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
-                                      drop_massive_channels), device)
+                                      drop_massive_channels, reseeds), device)
     _warn_massive(run, result)
     if state.format == "json":
         emit_json(result)
@@ -170,12 +173,13 @@ def scan(
                                                                 "with `datasets`, else the installed KJV).")] = None,
     tokens: Tokens = 10000, seq_len: SeqLen = 256, layers: Layers = "all",
     positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
+    doc_blocks: DocBlocks = None,
     skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = 1,
     shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MB "
                                                          "of states per shard).")] = 0,
     k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3, normalize: Normalize = "trace",
     keep_massive: KeepMassive = False, drop_massive_channels: DropChannels = False, bootstrap: Bootstrap = 200,
-    weights: Weights = "1,1,1", log: Log = False,
+    reseeds: Reseeds = 8, weights: Weights = "1,1,1", log: Log = False,
     seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", batch_size: BatchSize = 8,
     device_map: DeviceMap = None, trust_remote_code: TrustRemoteCode = False, force: Force = False,
     plan: Annotated[bool, typer.Option("--plan", help="Print the memory and disk this scan needs (from the config "
@@ -192,10 +196,14 @@ def scan(
     from geoprobe.scan import default_corpus
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
-    settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels)
+    settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels,
+                         reseeds)
     settings.validate()  # before any extraction work
     cfg = ExtractConfig(model=model, corpus=corpus or default_corpus(), tokens=tokens, seq_len=seq_len,
                         layers=layers, positions=positions, skip_first=skip_first, seed=seed, dtype=dtype,
+                        # the default corpus is a few long books of chapters: one block from each of
+                        # many chapters, so that the bootstrap has many documents to resample
+                        doc_blocks=(1 if corpus is None else 0) if doc_blocks is None else doc_blocks,
                         shard_rows=shard_rows,
                         batch_size=batch_size, device=device, device_map=device_map,
                         trust_remote_code=trust_remote_code)

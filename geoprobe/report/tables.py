@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", "erank", "erank_lo", "erank_hi",
-           "score", "score_lo", "score_hi", "rank", "p_first", "participation_ratio", "entropy_rank",
+           "score", "score_lo", "score_hi", "rank", "p_first", "p_first_reseed", "participation_ratio", "entropy_rank",
            "duplicate_fraction", "massive", "massive_channels", "channel_share"]
 
 
@@ -34,15 +34,16 @@ def display_rows(ranking: dict, intervals: bool = True) -> tuple[list[str], list
     def cell(r, name):
         return _interval(r, name) if intervals else _fmt(r[name])
 
-    head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "dup", "massive",
-            "mch (var)"]
+    head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "P(first) reseeds", "dup",
+            "massive", "mch (var)"]
     rows = [[str(r["layer"]), cell(r, "curv"), cell(r, "mono"), cell(r, "erank"), _fmt(r["score"]),
              f"[{_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}]", str(r["rank"]), _percent(r["p_first"]),
+             _percent(r.get("p_first_reseed", float("nan"))),
              f"{r['duplicate_fraction']:.2f}", str(r["massive"]),
              f"{r.get('massive_channels', 0)} ({r.get('channel_share', 0.0):.0%})"] for r in ranking["rows"]]
     if intervals:
         head = ["layer", "curv [95% CI]", "mono [95% CI]", "erank [95% CI]", "score [95% CI]", "rank", "P(first)",
-                "dup", "massive", "massive channels (their variance share)"]
+                "P(first) reseeds", "dup", "massive", "massive channels (their variance share)"]
         for row, r in zip(rows, ranking["rows"]):
             row[4:6] = [_interval(r, "score")]
     return head, rows
@@ -66,7 +67,9 @@ def caption(ranking: dict, geometry: dict) -> str:
             f"seed={s['seed']}, drop_massive={s['drop_massive']}, massive channels "
             f"{'excluded' if ranking.get('drop_massive_channels') else 'kept'} (a channel is massive when its variance "
             f"exceeds {s.get('channel_factor', 20.0):g}x the median channel variance). Chosen layer: {ranking['chosen_layer']} "
-            f"(ranked first in {_percent(ranking['chosen_p_first'])} of bootstrap replicates).")
+            f"(ranked first in {_percent(ranking['chosen_p_first'])} of bootstrap replicates"
+            + (f" and in {_percent(ranking['chosen_p_first_reseed'])} of {ranking['reseeds']} draws of anchors and pairs"
+               if ranking.get("reseeds") else "") + ").")
 
 
 def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None = None) -> None:
