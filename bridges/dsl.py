@@ -89,6 +89,11 @@ class DSLTrainSettings:
     seq_len: int = 128
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def validate(self) -> None:
+        if not 0 <= self.roar_frac <= 1:  # also refuses NaN
+            raise BadInput(f"--roar-frac must be in [0, 1], got {self.roar_frac}")
+        self.train.validate()
+
 
 def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
     """The id stream cut into (n, seq_len) rows (the tail that does not fill a row is dropped)."""

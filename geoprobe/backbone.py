@@ -42,6 +42,14 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return device
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's placement strategies
+
+
+def check_device_map(device_map: str | None) -> None:
+    if device_map is not None and device_map not in DEVICE_MAPS:
+        raise BadInput(f"unknown --device-map {device_map!r} (use {', '.join(DEVICE_MAPS)})")
+
+
 def resolve_dtype(spec: str, device: torch.device, checkpoint_dtype) -> torch.dtype:
     """auto = the checkpoint's dtype on a GPU, float32 on the CPU (half matmuls are slow there)."""
     if spec == "auto":
@@ -266,6 +274,7 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     """Load a causal LM from a hub id, a local folder, a .gguf file or `builtin:NAME`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_device_map(device_map)
     source = resolve_source(spec)
     config = load_config(source, trust_remote_code)
     check_architecture(config)

@@ -126,6 +126,18 @@ def source_files(spec: str) -> list[Path]:
     return files
 
 
+def check_source(spec: str) -> None:
+    """Refuse a corpus spec that names nothing, without reading it (files exist, a synthetic spec parses)."""
+    if spec == "kjv" or spec.startswith("hf:"):
+        return
+    if spec.startswith("synthetic:"):
+        from geoprobe.synthetic import hmm_from_spec
+
+        hmm_from_spec(spec)
+        return
+    source_files(spec)
+
+
 def iter_documents(spec: str, text_field: str = "text") -> Iterator[str]:
     """Every document of the source, in a fixed order."""
     if spec == "kjv":

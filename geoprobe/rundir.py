@@ -24,6 +24,7 @@ from geoprobe.plan import human
 
 LOCK = ".geoprobe.lock"
 _held: dict[Path, int] = {}  # lock path -> nesting depth in this process (scan holds what extract locks again)
+_created: dict[Path, list[Path]] = {}  # lock path -> the directories taking it created (removed if left empty)
 
 
 def lock_name(rank: int = 0) -> str:
@@ -91,6 +92,7 @@ def acquire(directory: Path, command: str, rank: int = 0) -> Path:
     if path in _held:
         _held[path] += 1
         return path
+    missing = [p for p in (directory, *directory.absolute().parents) if not p.exists()]
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -111,6 +113,7 @@ def acquire(directory: Path, command: str, rank: int = 0) -> Path:
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(me) + "\n")
         _held[path] = 1
+        _created[path] = missing
         return path
     holder = _read(path)
     raise BadInput(_describe(holder, path))
@@ -125,10 +128,11 @@ def release(path: Path) -> None:
         return
     _held.pop(path, None)
     path.unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()  # only succeeds when empty: a refused or failed first run leaves nothing
-    except OSError:
-        pass
+    for directory in _created.pop(path, []):  # deepest first
+        try:
+            directory.rmdir()  # only when empty: a refused or failed first run leaves nothing behind
+        except OSError:
+            break
 
 
 @contextmanager

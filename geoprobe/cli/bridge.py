@@ -25,20 +25,30 @@ Until = Annotated[str, typer.Option("--until", help="plateau: train until the va
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-             eval_every):
-    from bridges.hidden import BridgeConfig
+def _train_config(steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every):
+    """The training settings, every flag checked: called before anything loads."""
     from bridges.train import TrainConfig
     from geoprobe.errors import BadInput
 
     if until not in ("plateau", "steps"):
         raise BadInput(f"--until must be plateau or steps, got {until!r}")
+    if not 0 <= sigma_b < float("inf"):
+        raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     warmup = max(1, steps // 10)
     every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                             save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
                             min_steps=max(2 * warmup, 5 * every))
     train_cfg.validate()
+    return train_cfg
+
+
+def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+             eval_every):
+    from bridges.hidden import BridgeConfig
+
+    train_cfg = _train_config(steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+                              eval_every)
     cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
                        hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
                        n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps)
@@ -85,6 +95,7 @@ def bridge(
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
     from geoprobe.distributed import world_from
+    from geoprobe.backbone import check_device_map
     from geoprobe.errors import BadInput
     from geoprobe.rundir import holding
     from geoprobe.sweep import bridge_dir, chosen_layer, open_source
@@ -97,12 +108,13 @@ def bridge(
         layer = chosen_layer(run)
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
+    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
+    _train_config(*args)
+    check_device_map(device_map)
     with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
         source = open_source(run, model, corpus, seq_len, seed, world_from().device(device), dtype,
                              device_map=device_map)
-        metrics, folder = _fit(source, layer, out or run,
-                               (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                                eval_every), force)
+        metrics, folder = _fit(source, layer, out or run, args, force)
     if state.format == "json":
         emit_json({**metrics, "dir": str(folder)})
     elif not state.quiet:
@@ -130,13 +142,14 @@ def sweep(
     from geoprobe.rundir import holding
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
 
+    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
+    _train_config(*args)
     scores = {r["layer"]: r for r in ranking_rows(run)}
     with holding(run / "bridges", "geoprobe sweep", world_from().rank):  # one sweep at a time on a run
         source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
         if layers.strip() == "all":  # every layer that was scanned and has blocks above it
             chosen = [l for l in chosen if l in scores]
-        args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
         rows = []
         for layer in chosen:
             metrics, _ = _fit(source, layer, run, args, force)

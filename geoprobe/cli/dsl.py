@@ -71,8 +71,9 @@ def train_cmd(
         raise BadInput(f"unknown --snr {snr!r} (use {', '.join(SNR_SCHEMES)})")
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                             save_every=max(1, min(200, steps)))
-    train_cfg.validate()
     settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
+    settings.validate()
+    resolve_device(device)
     train_docs, val_docs = _split(corpus, seed)
     identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None}
     world = world_from()
@@ -214,23 +215,26 @@ def sample(
     import inspect
 
     from geoprobe.errors import BadInput
-    from samplers import SAMPLERS, make_sampler
+    from geoprobe.store import check_writable
+    from samplers import SAMPLERS, check_options, make_sampler
 
+    check_options(steps=steps, top_p=top_p, per_step=per_step, eta=eta, eta_cap=eta_cap, switch_snr=switch_snr,
+                  finisher=finisher, num=num, length=length)
+    if out is not None:
+        check_writable(out)
     if sampler == "ar":  # the ceiling: the backbone itself, sampled left to right with its KV cache
         return _sample_autoregressive(str(model), num, length, top_p, out, seed, device)
     if sampler not in SAMPLERS:
         raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)}, or ar for a causal LM)")
+    if decode not in ("stack", "round"):
+        raise BadInput(f"unknown --decode {decode!r} (use stack or round)")
     options = {"steps": steps if steps is not None else (None if sampler == "roar" else 64), "top_p": top_p,
                "per_step": per_step, "eta": eta, "eta_cap": eta_cap, "switch_snr": switch_snr}
     if sampler == "hybrid":
-        if finisher not in ("mdlm", "remdm-cap", "remdm-rescale", "remdm-loop"):
-            raise BadInput(f"unknown --finisher {finisher!r} (use mdlm, remdm-cap, remdm-rescale or remdm-loop)")
         finishing = {k: v for k, v in options.items() if k in inspect.signature(SAMPLERS[finisher]).parameters}
         options["finisher"] = make_sampler(finisher, **finishing)
     accepted = inspect.signature(SAMPLERS[sampler]).parameters
     chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
-    if decode not in ("stack", "round"):
-        raise BadInput(f"unknown --decode {decode!r} (use stack or round)")
     denoiser, tokenizer = _load_denoiser(model, device, decode)
     result = chosen.sample(denoiser, num, length, seed)
     meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": decode}
@@ -317,12 +321,12 @@ def nll(
     unknown = [e for e in chosen if e not in table]
     if unknown:
         raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")
+    if split not in TEXT8_SPLITS:  # checked whatever the corpus: a wrong flag is a mistake either way
+        raise BadInput(f"unknown --split {split!r} (use {', '.join(TEXT8_SPLITS)})")
     denoiser, tokenizer = _load_denoiser(model, device)
     trained = read_config(model)
     protocol = {}
     if is_text8(corpus):
-        if split not in TEXT8_SPLITS:
-            raise BadInput(f"unknown --split {split!r} (use {', '.join(TEXT8_SPLITS)})")
         if tokenizer.get_vocab() != char_tokenizer().get_vocab():
             raise BadInput(f"{corpus} is a Text8 file: its protocol needs a model trained with --tokenizer char")
         text, start, end = text8_split(corpus, split)

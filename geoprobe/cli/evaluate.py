@@ -61,11 +61,17 @@ def evaluate(
 ):
     """Gen.PPL, diversity, entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
     from geoprobe.backbone import load_backbone
+    from geoprobe.corpus import check_source
     from geoprobe.metrics.evaluator import features, mauve_score, score
+    from geoprobe.store import check_writable
     from geoprobe.metrics.text import text_metrics
     from geoprobe.report.terminal import console
 
     sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
+    if references is not None:
+        check_source(references)
+    if out is not None:
+        check_writable(out.parent)
     backbone = load_backbone(evaluator, device=device)
     results, reference_features = {}, {}
     oracle = None

@@ -19,7 +19,7 @@ class GlobalState:
 state = GlobalState()
 
 Out = Annotated[Path, typer.Option("--out", "-o", help="Run directory this command writes (created if missing).")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice; recorded in the outputs.")]
+Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed for every random choice; recorded in the outputs.")]
 Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="Model weights: auto (checkpoint dtype on GPU, float32 on CPU), "
                                                     "float32, bfloat16 or float16.")]

@@ -24,7 +24,9 @@ def compare(
 ):
     """One table at one budget: every generator with its sampler, NFE, time and metrics."""
     from geoprobe.report.compare import compare as build, comparison_row, steps_curve, write_comparison
+    from geoprobe.store import check_writable
 
+    check_writable(out)
     rows = build(samples, allow_mismatch)
     table, plot = write_comparison(rows, out)
     result = {"rows": rows, "table": str(table), "plot": str(plot)}
@@ -106,8 +108,12 @@ def demo(
     device: Annotated[str, typer.Option("--device")] = "auto",
 ):
     """The whole pipeline end to end: scan, sweep, DSL, four samplers, eval, compare, report."""
+    from geoprobe.backbone import resolve_device
+    from geoprobe.store import check_writable
     from geoprobe.testbed import CORPUS
 
+    resolve_device(device)
+    check_writable(out)
     p = TINY if tiny else REAL
     corpus = p["corpus"] or CORPUS
     out.mkdir(parents=True, exist_ok=True)

@@ -192,6 +192,7 @@ def scan(
     from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig, extract
     from geoprobe.report.terminal import Bar
+    from geoprobe.ranking import parse_weights
     from geoprobe.rundir import holding
     from geoprobe.scan import default_corpus
 
@@ -199,6 +200,7 @@ def scan(
     settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels,
                          reseeds)
     settings.validate()  # before any extraction work
+    parse_weights(weights)
     cfg = ExtractConfig(model=model, corpus=corpus or default_corpus(), tokens=tokens, seq_len=seq_len,
                         layers=layers, positions=positions, skip_first=skip_first, seed=seed, dtype=dtype,
                         # the default corpus is a few long books of chapters: one block from each of
