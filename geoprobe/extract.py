@@ -25,7 +25,7 @@ from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.rundir import disk_full_message, holding, is_disk_full
 from geoprobe.store import (FLOAT16_MAX, HIDDEN, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
-                            open_run, rank_parts, read_manifest, shard_file, check_shards,
+                            open_run, rank_parts, read_manifest, shard_file, check_shards, state_array,
                             write_json_atomic, write_rank_part)
 
 
@@ -163,8 +163,7 @@ def to_table(parts: list[dict], layers: list[int]) -> tuple[pa.Table, dict]:
         name = column_name(layer)
         dtype = np.result_type(*[p[name].dtype for p in parts])
         # chunks, not one concatenated copy: this runs on the model's thread
-        arrays[name] = pa.chunked_array([pa.FixedSizeListArray.from_arrays(
-            pa.array(p[name].astype(dtype, copy=False).reshape(-1)), p[name].shape[1]) for p in parts])
+        arrays[name] = pa.chunked_array([state_array(p[name].astype(dtype, copy=False)) for p in parts])
         dtypes[name] = dtype.name
     return pa.table(arrays), dtypes
 
@@ -250,8 +249,9 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
     ours = [(i, blocks) for i, blocks in shard_ranges if i % world.size == world.rank]
     todo = [(i, blocks) for i, blocks in ours if shard_file(i) not in done]
 
-    def on_written(entry):
+    def on_written(entry):  # writers finish out of order: the list stays in shard order
         mine.append(entry)
+        mine.sort(key=lambda e: e["file"])
         if world.size == 1:
             write_json_atomic(out / MANIFEST, manifest)
         else:

@@ -332,23 +332,31 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     local_position[reference_ids] = torch.arange(len(reference_ids), device=x.device)
     ridge = settings.alpha * scale
 
+    # every draw of anchors (the estimate's, then --reseeds more): a row's curvature does not depend
+    # on the draw, so it is computed once for the union of the anchors (where anchors are a large
+    # share of the rows the draws overlap, and R more draws cost far less than R times one)
+    draws = [draw_samples(n, settings, rng_key, reseed) for reseed in range(settings.reseeds + 1)]
+    union = np.unique(np.concatenate([anchors for anchors, _, _ in draws]))
+    union_rows = torch.from_numpy(union).to(x.device)
+    queries = _rows(x, union_rows, offset, world)
+    if len(reference):
+        dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[union_rows]],
+                                   chunk=settings.chunk)
+        found = (dist, reference_ids[idx])
+    else:
+        found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
+                 torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
+    dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
+    ids = torch.cat(world.gather(found[1].T.contiguous())).T
+    neighbours = nearest(dist, ids, settings.k)
+    lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
+    union_curv = 1.0 / lam.clamp(min=EPS_REL * scale)
+
     def estimate(reseed: int):
         """Per-anchor curvatures and per-pair monotonicities for one draw of anchors and pairs."""
-        anchors, cand_i, cand_j = draw_samples(n, settings, rng_key, reseed)
+        anchors, cand_i, cand_j = draws[reseed]
         anchor_rows = torch.from_numpy(anchors).to(x.device)
-        queries = _rows(x, anchor_rows, offset, world)
-        if len(reference):
-            dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[anchor_rows]],
-                                       chunk=settings.chunk)
-            found = (dist, reference_ids[idx])
-        else:
-            found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
-                     torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
-        dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
-        ids = torch.cat(world.gather(found[1].T.contiguous())).T
-        neighbours = nearest(dist, ids, settings.k)
-        lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
-        curv_values = 1.0 / lam.clamp(min=EPS_REL * scale)
+        curv_values = union_curv[torch.from_numpy(np.searchsorted(union, anchors)).to(x.device)]
 
         # monotonicity on random pairs of non-identical states
         i, j = torch.from_numpy(cand_i).to(x.device), torch.from_numpy(cand_j).to(x.device)

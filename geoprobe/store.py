@@ -2,9 +2,11 @@
 
 Layout (DESIGN.md): `manifest.json` and `hidden/part-NNNNN.parquet`, one row per sampled
 token with columns `doc_id, seq_id, position, token_id, h00, h01, ...`; each hidden column
-is a fixed-size list of float16 (when no value overflows it) or float32. A shard is written
-to a temporary name, checksummed, and renamed into place; only then does the manifest, itself
-replaced atomically, list it. So a crash at any point leaves a directory that resumes.
+holds one row's state per value, as the raw bytes of d float16 (when no value overflows) or
+float32 numbers (`state_array`; runs written before hold fixed-size float lists, still read).
+A shard is written to a temporary name, checksummed, and renamed into place; only then does
+the manifest, itself replaced atomically, list it. So a crash at any point leaves a directory
+that resumes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,27 @@ HIDDEN = "hidden"
 PARTS = "parts"  # multi-rank extraction: each rank's finished shards until they are merged
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 META_COLUMNS = ("doc_id", "seq_id", "position", "token_id")
+
+
+def state_array(states: np.ndarray) -> pa.Array:
+    """(rows, d) float16/float32 states as one Parquet FIXED_LEN_BYTE_ARRAY value per row: the
+    row's little-endian bytes, written as they are (no per-value encoding: ~20x faster to write
+    than a list of float16). Any Parquet reader gets them back with one line:
+    `np.frombuffer(pq.read_table(shard, columns=["h03"])["h03"].combine_chunks().buffers()[1],
+    np.float16).reshape(-1, d)` (float32 where the manifest's shard "dtypes" say so)."""
+    states = np.ascontiguousarray(states)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(states.shape[1] * states.itemsize), len(states),
+                                                [None, pa.py_buffer(states)])
+
+
+def states_of(column: pa.Array, d: int) -> np.ndarray:
+    """(rows, d) numpy states of one column of a batch: the row-bytes layout, or the float lists
+    of runs written before it; float16 or float32, told apart by the bytes per row."""
+    if pa.types.is_fixed_size_binary(column.type):
+        width = column.type.byte_width
+        raw = np.frombuffer(column.buffers()[1], dtype=np.uint8)[column.offset * width:(column.offset + len(column)) * width]
+        return raw.view(np.float16 if width == 2 * d else np.float32).reshape(-1, d)
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, d)  # flatten: respects a slice
 
 
 def shard_file(index: int) -> str:
@@ -168,35 +191,47 @@ def drop_damaged(run: Path, manifest: dict) -> list[str]:
     return dropped
 
 
-class ShardWriter:
-    """Writes shards on a background thread so the model never waits on the disk.
+def writer_threads() -> int:
+    """Two writers on a small machine (encoding and hashing release the GIL), up to four on a
+    GPU host, where one GPU's states arrive faster than one thread writes them."""
+    return max(2, min(4, (os.cpu_count() or 2) // 4))
 
-    The queue is bounded (two shards), which bounds memory: a producer faster than the disk
-    blocks instead of accumulating. `on_written(entry)` runs on the writer thread after the
-    atomic rename, in shard order.
+
+class ShardWriter:
+    """Writes shards on background threads so the model never waits on the disk.
+
+    The queue is bounded (two shards per thread), which bounds memory: a producer faster than the
+    disk blocks instead of accumulating. `on_written(entry)` runs on a writer thread after the
+    atomic rename, one call at a time, in the order the shards finish (not always their index
+    order: a caller that lists them sorts).
     """
 
-    def __init__(self, run: Path, on_written):
+    def __init__(self, run: Path, on_written, threads: int | None = None):
         self.run = Path(run)
         self.on_written = on_written
-        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        count = threads or writer_threads()
+        self.queue: queue.Queue = queue.Queue(maxsize=2 * count)
+        self.done = threading.Lock()  # serialises on_written (the manifest is rewritten there)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, name="geoprobe-shard-writer", daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._loop, name=f"geoprobe-shard-writer-{i}", daemon=True)
+                        for i in range(count)]
+        for thread in self.threads:
+            thread.start()
 
     def submit(self, index: int, table: pa.Table, extra: dict) -> None:
         self._raise_if_failed()
         self.queue.put((index, table, extra))
 
     def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
+        self.abandon()
         self._raise_if_failed()
 
     def abandon(self) -> BaseException | None:
-        """Stop after the shards already queued (each whole or not at all); the writer's error, if any."""
-        self.queue.put(None)
-        self.thread.join()
+        """Stop after the shards already queued (each whole or not at all); the writers' error, if any."""
+        for _ in self.threads:
+            self.queue.put(None)
+        for thread in self.threads:
+            thread.join()
         return self.error
 
     def _raise_if_failed(self):
@@ -218,13 +253,14 @@ class ShardWriter:
             try:
                 # Hidden states barely compress and never repeat: no codec, no dictionary, no
                 # statistics, and v1 data pages measured ~2x faster to write than the defaults.
-                # page CRCs: every later read verifies them, at a cost too small to measure (bench/README.md)
+                # Page CRCs: every later read verifies them (bench/store_integrity.py has the cost).
                 pq.write_table(table, tmp, compression="none", use_dictionary=False, write_statistics=False,
                                data_page_version="1.0", write_page_checksum=True)
                 entry = {"file": name, "rows": table.num_rows, "bytes": tmp.stat().st_size,
                          "sha256": sha256_file(tmp), **extra}
                 os.replace(tmp, final)
-                self.on_written(entry)
+                with self.done:
+                    self.on_written(entry)
             except BaseException as exc:  # surfaced to the producer on its next call
                 self.error = exc
                 tmp.unlink(missing_ok=True)  # a partial shard is never left behind (disk full: frees it)
@@ -287,8 +323,7 @@ class RunReader:
             raise BadInput(f"layer {layer} was not captured in {self.run} (captured: {self.layers})")
         d = self.hidden_size
         for batch in self._batches([column_name(layer)], batch_rows, rows):
-            values = batch.column(0).flatten().to_numpy(zero_copy_only=False)  # flatten: respects a slice
-            array = values.astype(np.float32, copy=False).reshape(-1, d)
+            array = states_of(batch.column(0), d).astype(np.float32)
             if torch_device is None:
                 yield array
             else:

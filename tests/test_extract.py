@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -17,7 +18,7 @@ from geoprobe.backbone import load_backbone
 from geoprobe.capture import capture
 from geoprobe.cli.app import main
 from geoprobe.extract import ExtractConfig, extract, parse_layers
-from geoprobe.store import RunReader, read_manifest
+from geoprobe.store import RunReader, read_manifest, state_array
 from tests.conftest import build_model, interrupted_copy, read_json, write_corpus
 
 
@@ -68,7 +69,7 @@ def test_extract_writes_the_run_directory(tmp_path, tiny_models, corpus_txt, lla
     table = all_rows(run)
     assert table.column_names == ["doc_id", "seq_id", "position", "token_id", "h00", "h01", "h02", "h03"]
     assert table.num_rows == 1500
-    assert str(table.schema.field("h00").type) == "fixed_size_list<element: halffloat>[64]"
+    assert str(table.schema.field("h00").type) == "fixed_size_binary[128]"  # 64 float16 per row
     keys = list(zip(*(table.column(c).to_pylist() for c in ("doc_id", "seq_id", "position"))))
     assert len(set(keys)) == 1500
     positions = np.array(table.column("position"))
@@ -79,6 +80,24 @@ def test_extract_writes_the_run_directory(tmp_path, tiny_models, corpus_txt, lla
     h0 = RunReader(run).read_layer(0)
     table0 = llama.model.get_input_embeddings().weight.detach().numpy()[tokens]
     np.testing.assert_allclose(h0, table0.astype(np.float16).astype(np.float32), rtol=0, atol=0)
+    # the one-line read the store documents, with nothing but pyarrow and numpy
+    shard = run / read_manifest(run)["shards"][0]["file"]
+    plain = np.frombuffer(pq.read_table(shard, columns=["h00"])["h00"].combine_chunks().buffers()[1],
+                          np.float16).reshape(-1, 64)
+    np.testing.assert_array_equal(plain.astype(np.float32), h0[: len(plain)])
+
+
+def test_runs_written_as_float_lists_are_still_read(tmp_path):
+    from geoprobe.store import states_of
+
+    states = np.random.default_rng(0).standard_normal((7, 5)).astype(np.float16)
+    as_list = pa.FixedSizeListArray.from_arrays(pa.array(states.reshape(-1)), 5)
+    as_bytes = state_array(states)
+    for column in (as_list, as_bytes, as_list.slice(2, 3), as_bytes.slice(2, 3)):
+        expected = states[2:5] if len(column) == 3 else states
+        np.testing.assert_array_equal(states_of(column, 5), expected)
+    wide = state_array(states.astype(np.float32))
+    assert states_of(wide, 5).dtype == np.float32 and np.array_equal(states_of(wide, 5), states)
 
 
 def test_stored_states_equal_a_direct_forward_pass(tmp_path, tiny_models, corpus_txt, llama):
