@@ -26,6 +26,8 @@ demo: .venv/.installed .kjv
 bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py
 	$(PY) bench/extract_memory.py
+	$(PY) bench/store_throughput.py
+	$(PY) bench/store_integrity.py
 	$(PY) bench/geometry_speed.py
 	$(PY) bench/geometry_gram.py
 	$(PY) bench/samplers_speed.py

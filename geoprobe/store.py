@@ -33,7 +33,6 @@ from geoprobe.rundir import is_empty, write_json_atomic
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
 PARTS = "parts"  # multi-rank extraction: each rank's finished shards until they are merged
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 META_COLUMNS = ("doc_id", "seq_id", "position", "token_id")
 
 
