@@ -81,6 +81,8 @@ class Trained:
     val_curve: list
     steps: int
     stop: str  # "budget" (fixed steps), "cap" (the plateau rule never fired) or "plateau"
+    seconds: float = 0.0  # this session's training loop (a resumed run counts only its own steps)
+    session_steps: int = 0
 
 
 def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
@@ -262,17 +264,18 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         if stop is not None:
             break
     model.eval()
+    seconds = time.perf_counter() - began
     steps_run = int(curve[-1][0]) + 1 if curve else 0
     if world.is_main:
         weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
         save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
-                                                    "seconds": f"{time.perf_counter() - began:.3f}"})
+                                                    "seconds": f"{seconds:.3f}"})
     world.barrier()  # the other ranks may read the weights from here on
     if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
         del step_loss
         gc.collect()
-    return Trained(curve, val_curve, steps_run, stop or "budget")
+    return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start)
 
 
 @torch.no_grad()
@@ -295,7 +298,8 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
     the last `window` steps, the steps run, why it stopped and the validation curve."""
     tail = trained.curve[-window:]
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
-            "stop": trained.stop, "val_curve": trained.val_curve}
+            "stop": trained.stop, "val_curve": trained.val_curve, "train_seconds": round(trained.seconds, 3),
+            "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
 
 
 def write_training_record(out: Path, metrics: dict, trained: Trained, title: str) -> None:

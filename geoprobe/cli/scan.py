@@ -189,6 +189,8 @@ def scan(
 ):
     """Extract, measure and rank every layer in one resumable command (several ranks under
     torchrun: each extracts its share of the shards and of every layer's geometry)."""
+    import time
+
     from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig, extract
     from geoprobe.report.terminal import Bar
@@ -220,6 +222,7 @@ def scan(
         existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
         finished = (existing.get("status") == "complete" and _same_extraction(existing, cfg)
                     and not any(damaged_shard(out, shard) for shard in existing["shards"]))
+        began = time.perf_counter()
         if not finished:  # a finished extraction is not even reloaded (extract re-extracts damaged shards)
             bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
             try:
@@ -231,5 +234,13 @@ def scan(
 
                 raise GeoprobeError(f"rank {world.rank} finished its shards; {manifest.get('error')}: rerun the "
                                     "remaining ranks (or this command without --rank) to finish the scan")
+        extracted = time.perf_counter()
         geometry_result = _geometry(out, settings, device)
-        _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out)})
+        measured = time.perf_counter()
+        manifest = read_manifest(out)
+        timing = {"extract_seconds": round(extracted - began, 3) if not finished else 0.0,  # model load included
+                  "forward_seconds": manifest.get("seconds_last_session"),
+                  "tokens_forwarded": manifest.get("tokens_forwarded"), "rows": manifest.get("rows"),
+                  "geometry_seconds": round(measured - extracted, 3),
+                  "geometry_seconds_per_layer": round((measured - extracted) / len(geometry_result["layers"]), 3)}
+        _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out), "timing": timing})

@@ -1,0 +1,156 @@
+"""Random-weight stand-ins for the paper's 8B backbones, written into a local Hugging Face cache.
+
+`write_fixture("meta-llama/Llama-3.1-8B-Instruct", hf_home)` writes the model's real config
+(the published architecture numbers), random bfloat16 weights in safetensors shards with their
+index, and a small byte-level BPE tokenizer trained here, under
+`HF_HOME/hub/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/<revision>/` with `refs/main`,
+exactly where the hub client looks. With `HF_HOME` pointing there and `HF_HUB_OFFLINE=1`, every
+command that takes a model resolves the hub id offline, as it would after a download: memory
+planning, loading, sharding, dtype handling and the GPU path all see an 8B model. Nothing comes
+from the hub: the weights are noise (std 0.02, norms at 1) and the tokenizer is a stand-in
+(its ids are a subset of the real vocabulary range), so no number measured on it is a result
+about the real model; speed and memory are. `tiny=True` keeps the architecture and shrinks
+every size, for tests and `bench/gpu_check.sh --tiny`.
+
+    python -m geoprobe.fixtures meta-llama/Llama-3.1-8B-Instruct --hf-home /data/hf   # ~16 GB
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from geoprobe.errors import BadInput
+
+# The published configs (architecture numbers only; no weights or text).
+CONFIGS = {
+    "meta-llama/Llama-3.1-8B-Instruct": ("LlamaConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, hidden_act="silu",
+        attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+        rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        dtype="bfloat16")),
+    "Qwen/Qwen3-8B": ("Qwen3Config", dict(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu",
+        attention_bias=False, bos_token_id=151643, eos_token_id=151645, dtype="bfloat16")),
+}
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, vocab_size=1024, max_position_embeddings=4096, bos_token_id=0, eos_token_id=1)
+SHARD_BYTES = 2 * 2**30  # safetensors shards of about 2 GiB, as the hub's checkpoints are cut
+TOKENIZER_WORDS = 1000  # the stand-in tokenizer's vocabulary
+
+
+def config_for(repo_id: str, tiny: bool = False):
+    import transformers
+
+    if repo_id not in CONFIGS:
+        raise BadInput(f"no fixture for {repo_id!r} (have: {', '.join(CONFIGS)})")
+    class_name, fields = CONFIGS[repo_id]
+    fields = {**fields, **TINY, "rope_scaling": None} if tiny else fields
+    return getattr(transformers, class_name)(**fields)
+
+
+def snapshot_dir(repo_id: str, hf_home: Path, revision: str) -> Path:
+    return Path(hf_home) / "hub" / f"models--{repo_id.replace('/', '--')}" / "snapshots" / revision
+
+
+def _tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE trained on the synthetic corpus's words: any text tokenizes, ids < vocab."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from geoprobe.synthetic import documents
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|begin_of_text|>", "<|end_of_text|>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(documents("synthetic:hmm?docs=400&length=64&seed=7"), trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                            unk_token="<unk>").save_pretrained(folder)
+
+
+def _random_tensor(name: str, shape, generator: torch.Generator) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=torch.bfloat16)
+    return (torch.randn(shape, generator=generator, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+
+
+def write_fixture(repo_id: str, hf_home: Path, tiny: bool = False, seed: int = 0, progress=None) -> Path:
+    """Write the fixture (idempotent: an existing complete snapshot is kept); returns its folder."""
+    from accelerate import init_empty_weights
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    config = config_for(repo_id, tiny)
+    revision = hashlib.sha1(json.dumps([repo_id, tiny, seed, config.to_dict()], sort_keys=True,
+                                       default=str).encode()).hexdigest()
+    folder = snapshot_dir(repo_id, hf_home, revision)
+    if (folder / "model.safetensors.index.json").is_file():
+        return folder
+    partial = folder.with_name(f".{revision}.partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(partial)
+    _tokenizer(partial, min(TOKENIZER_WORDS, config.vocab_size))
+    with init_empty_weights():
+        shapes = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    generator = torch.Generator().manual_seed(seed)
+    groups, current, size = [], [], 0
+    for name, shape in shapes.items():
+        nbytes = 2 * int(torch.Size(shape).numel())
+        if current and size + nbytes > SHARD_BYTES:
+            groups.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += nbytes
+    groups.append(current)
+    weight_map, total = {}, 0
+    if progress is not None:
+        progress.start(total=len(groups))
+    for number, names in enumerate(groups, 1):
+        file = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {name: _random_tensor(name, shapes[name], generator) for name in names}
+        save_file(tensors, partial / file, metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        weight_map.update({name: file for name in names})
+        del tensors
+        if progress is not None:
+            progress.advance(1)
+    (partial / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    os.replace(partial, folder)  # whole or absent: an interrupted build starts over
+    refs = folder.parent.parent / "refs"
+    refs.mkdir(exist_ok=True)
+    (refs / "main").write_text(revision)
+    return folder
+
+
+def main(repo_id: str, hf_home: Path, tiny: bool = False) -> None:
+    from geoprobe.report.terminal import Bar
+
+    bar = Bar(f"fixture {repo_id}{' (tiny)' if tiny else ''}", "shard")
+    try:
+        folder = write_fixture(repo_id, Path(hf_home), tiny, progress=bar)
+    finally:
+        bar.stop()
+    print(folder)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a random-weight 8B fixture into a Hugging Face cache.")
+    parser.add_argument("repo_id", choices=sorted(CONFIGS))
+    parser.add_argument("--hf-home", required=True, type=Path)
+    parser.add_argument("--tiny", action="store_true", help="same architecture, every size shrunk")
+    args = parser.parse_args()
+    main(args.repo_id, args.hf_home, args.tiny)
