@@ -35,8 +35,20 @@ class World:
         """True when a process group carries collectives between the ranks."""
         return self.size > 1 and dist.is_available() and dist.is_initialized()
 
-    def device(self, requested: str) -> str:
-        """Each rank on its own GPU under torchrun (`auto` or `cuda`); the request otherwise."""
+    def device(self, requested: str, device_map: str | None = None) -> str:
+        """Each rank on its own GPU when there are several (`auto` or `cuda`: the GPU of its local
+        rank); the request otherwise. Placements that would put every rank on the same GPUs are
+        refused: `--device cuda:N` with several ranks, and `--device-map` with several ranks (each
+        would spread its own copy over every GPU) or with `--device cuda:N` (it ignores N)."""
+        if self.size > 1 and requested.startswith("cuda:"):
+            raise BadInput(f"--device {requested} would put all {self.size} ranks on one GPU; use --device cuda "
+                           "(each rank takes the GPU of its local rank)")
+        if device_map is not None and self.size > 1:
+            raise BadInput("--device-map spreads one copy of the model over every GPU; with several ranks each "
+                           "would do so: run one process with --device-map auto, or one rank per GPU without it")
+        if device_map is not None and requested.startswith("cuda:"):
+            raise BadInput(f"--device-map {device_map} places the model over every GPU and would ignore "
+                           f"--device {requested}; pass one of them")
         if self.size > 1 and requested in ("auto", "cuda") and torch.cuda.is_available():
             return f"cuda:{self.local_rank % torch.cuda.device_count()}"
         return requested
@@ -95,11 +107,15 @@ def world_from(rank: int | None = None, world_size: int | None = None, connect: 
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise BadInput(f"--rank must be in 0..{world_size - 1}, got {rank}")
+    if env_size <= 1:  # ranks started by hand have no LOCAL_RANK: one machine, GPU = rank modulo the GPUs
+        local = rank
     world = World(rank, world_size, local)
     if connect and env_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(local % torch.cuda.device_count())
+        bound = {}
+        if backend == "nccl":  # bound before the first collective: a barrier then knows its GPU
+            bound["device_id"] = torch.device("cuda", local % torch.cuda.device_count())
+            torch.cuda.set_device(bound["device_id"])
         # extraction of a large model can keep ranks apart for a long time before they meet again
-        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6), **bound)
     return world

@@ -23,10 +23,10 @@ from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-from geoprobe.rundir import disk_full_message, holding, is_disk_full
+from geoprobe.rundir import disk_full_message, holding, is_disk_full, write_json_atomic
 from geoprobe.store import (HIDDEN, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
                             open_run, rank_parts, read_manifest, shard_file, check_shards, state_array,
-                            write_json_atomic, write_rank_part)
+                            JOURNAL, append_journal, merge_entries, rank_journal, read_journal)
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
@@ -184,6 +184,34 @@ def shard_rows(cfg: ExtractConfig, n_layers: int, hidden_size: int) -> int:
     return int(np.clip(SHARD_BYTES // (4 * n_layers * hidden_size), cfg.seq_len, 65536))
 
 
+def blocks_per_shard(cfg: ExtractConfig, n_layers: int, hidden_size: int) -> int:
+    """Blocks per shard so that a shard holds about `shard_rows` rows: a block gives seq_len rows,
+    or K with --positions random:K (a d = 4096 model with random:32 used to get one block, 32
+    rows, per shard)."""
+    per_block = int(cfg.positions.split(":", 1)[1]) if cfg.positions.startswith("random:") else cfg.seq_len
+    return max(1, shard_rows(cfg, n_layers, hidden_size) // per_block)
+
+
+def extract_shards(backbone: Backbone, todo: list, layers: list[int], pad_id: int, cfg: ExtractConfig, progress):
+    """(shard index, per-block row parts) for every shard of `todo`, in order. The forward batches
+    run over the blocks of consecutive shards alike (a batch is --batch-size blocks even when a
+    shard holds fewer), and a shard is yielded as soon as its last block is done."""
+    flat = [(index, block) for index, blocks in todo for block in blocks]
+    pending: dict[int, list] = {}
+    remaining = {index: len(blocks) for index, blocks in todo}
+    for start in range(0, len(flat), cfg.batch_size):
+        chunk = flat[start:start + cfg.batch_size]
+        columns = extract_batch(backbone, [block for _, block in chunk], layers, pad_id, cfg.storage)
+        bounds = np.cumsum([0] + [len(block.positions) for _, block in chunk])
+        for k, (index, _) in enumerate(chunk):
+            pending.setdefault(index, []).append({name: value[bounds[k]:bounds[k + 1]] for name, value in columns.items()})
+            remaining[index] -= 1
+            if remaining[index] == 0:
+                yield index, pending.pop(index)
+        if progress is not None:
+            progress.advance(int(bounds[-1]))
+
+
 def row_bytes(written: list[dict], n_layers: int, hidden_size: int) -> float:
     """Disk bytes per stored row: measured on the shards written so far, else float16 states."""
     rows = sum(e["rows"] for e in written if "bytes" in e)
@@ -224,7 +252,7 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
 
 def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
     documents = read_documents(cfg.corpus, cfg.text_field)
-    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device),
+    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device, cfg.device_map),
                                          device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code)
     layers = parse_layers(cfg.layers, backbone.num_layers)
     tokenizer = backbone.tokenizer
@@ -240,27 +268,27 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
         "model": backbone.identity, "tokenizer": tokenizer_identity(tokenizer),
         "layers": layers, "hidden_size": backbone.hidden_size, "storage": cfg.storage,
         "rows_target": cfg.tokens, "shards": [], "status": "running",
+        "shard_blocks": blocks_per_shard(cfg, len(layers), backbone.hidden_size),
     }
-    if world.is_main and existing is None:
+    # runs from before the field was recorded were cut at shard_rows // seq_len blocks per shard
+    shard_blocks = manifest.get("shard_blocks") or max(1, shard_rows(cfg, len(layers), backbone.hidden_size) // cfg.seq_len)
+    if world.is_main:  # the shards of the last session's journal folded in, the journal restarted
         write_json_atomic(out / MANIFEST, manifest)
+        (out / JOURNAL).unlink(missing_ok=True)
 
-    shard_blocks = max(1, shard_rows(cfg, len(layers), backbone.hidden_size) // cfg.seq_len)
     shard_ranges = [(i, plan[s:s + shard_blocks]) for i, s in enumerate(range(0, len(plan), shard_blocks))]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     parts = rank_parts(out)
     check_shards(out, {"shards": [e for entries in parts.values() for e in entries]}, full=True)
-    mine = parts.get(world.rank, []) if world.size > 1 else manifest["shards"]
+    mine = list(parts.get(world.rank, [])) if world.size > 1 else manifest["shards"]
     done = {e["file"] for e in manifest["shards"]} | {e["file"] for entries in parts.values() for e in entries}
     ours = [(i, blocks) for i, blocks in shard_ranges if i % world.size == world.rank]
     todo = [(i, blocks) for i, blocks in ours if shard_file(i) not in done]
+    journal = out / JOURNAL if world.size == 1 else rank_journal(out, world.rank)
 
-    def on_written(entry):  # writers finish out of order: the list stays in shard order
+    def on_written(entry):  # one appended line per shard; the manifest is rewritten only at the end
         mine.append(entry)
-        mine.sort(key=lambda e: e["file"])
-        if world.size == 1:
-            write_json_atomic(out / MANIFEST, manifest)
-        else:
-            write_rank_part(out, world.rank, mine)
+        append_journal(journal, entry)
 
     # a model on the CPU shares the cores with the writers: one writer thread costs it least
     # (measured: 1.10-1.14x a bare forward with one, 1.16-1.23x with two, on 2 cores)
@@ -270,25 +298,21 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
         progress.start(total=planned, completed=planned - sum(len(p.positions) for _, blocks in todo for p in blocks))
     started = time.perf_counter()
     try:
-        for index, blocks in todo:
-            batches = []
-            for start in range(0, len(blocks), cfg.batch_size):
-                batch = blocks[start:start + cfg.batch_size]
-                batches.append(extract_batch(backbone, batch, layers, pad_id, cfg.storage))
-                if progress is not None:
-                    progress.advance(len(batches[-1]["position"]))
-            table, dtypes = to_table(batches, layers)
-            writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(blocks)],
+        for index, parts_of_shard in extract_shards(backbone, todo, layers, pad_id, cfg, progress):
+            table, dtypes = to_table(parts_of_shard, layers)
+            writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(parts_of_shard)],
                                          "dtypes": dtypes})
         writer.close()
     except BaseException as exc:
         cause = writer.abandon() or exc  # every shard that was complete is kept; a partial one is dropped
         if world.size == 1:
             manifest.update(status="interrupted", error=str(cause) or type(cause).__name__)
+            manifest["shards"] = merge_entries(mine)
             try:
                 write_json_atomic(out / MANIFEST, manifest)
+                (out / JOURNAL).unlink(missing_ok=True)
             except OSError:
-                pass  # a full disk: the manifest on disk still lists exactly the whole shards
+                pass  # a full disk: the manifest and its journal on disk still list exactly the whole shards
         if is_disk_full(cause):
             planned = sum(len(p.positions) for _, blocks in ours for p in blocks)
             left = planned - sum(e["rows"] for e in mine)
@@ -306,11 +330,10 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
 
 
 def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedBlock], seconds: float) -> dict:
-    """Fold every rank's part file into the manifest; complete when all `n_shards` shards exist."""
-    entries = {e["file"]: e for e in manifest["shards"]}
-    for part in rank_parts(out).values():
-        entries.update({e["file"]: e for e in part})
-    manifest["shards"] = [entries[f] for f in sorted(entries)]
+    """Fold every rank's journal (and this process's) into the manifest; complete when all
+    `n_shards` shards exist."""
+    manifest["shards"] = merge_entries(manifest["shards"], read_journal(out / JOURNAL), *rank_parts(out).values())
+    entries = manifest["shards"]
     if len(entries) < n_shards:  # another rank is still at work (or was stopped): resume finishes it
         manifest.update(status="running", error=f"{n_shards - len(entries)} of {n_shards} shards missing")
     else:
@@ -318,7 +341,8 @@ def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedB
         manifest.update(status="complete", rows=sum(s["rows"] for s in manifest["shards"]),
                         tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)), seconds_last_session=seconds)
     write_json_atomic(out / MANIFEST, manifest)
+    (out / JOURNAL).unlink(missing_ok=True)  # folded into the manifest
     if manifest["status"] == "complete" and (out / PARTS).is_dir():
-        shutil.rmtree(out / PARTS)  # folded into the manifest
+        shutil.rmtree(out / PARTS)
     return manifest
 

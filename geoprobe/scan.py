@@ -15,7 +15,7 @@ from geoprobe.geometry import GeometrySettings, compute_geometry, finished_run, 
 from geoprobe.ranking import has_massive_channels, rank_layers
 from geoprobe.report.plots import geometry_plot
 from geoprobe.report.tables import write_csv, write_markdown
-from geoprobe.store import write_json_atomic
+from geoprobe.rundir import write_json_atomic
 
 GEOMETRY = "geometry.json"
 DEFAULT_HF_CORPUS = "hf:Salesforce/wikitext?config=wikitext-103-raw-v1&split=train"

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from geoprobe.backbone import sha256_file
 from geoprobe.errors import BadInput, GeoprobeError
-from geoprobe.rundir import is_empty, write_json_atomic
+from geoprobe.rundir import is_empty
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
@@ -119,28 +119,60 @@ def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
     return None
 
 
+JOURNAL = "shards.jsonl"  # shards finished since the manifest was last written, one JSON line each
+
+
 def read_manifest(run: Path) -> dict:
+    """The manifest, with the shards its journal lists since it was last written folded in."""
     path = Path(run) / MANIFEST
     if not path.is_file():
         raise BadInput(f"{run} is not a geoprobe run directory (no {MANIFEST})")
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise BadInput(f"{path} is not valid JSON") from exc
+    journal = read_journal(Path(run) / JOURNAL)
+    if journal:
+        manifest["shards"] = merge_entries(manifest["shards"], journal)
+    return manifest
 
 
-def write_rank_part(run: Path, rank: int, entries: list[dict]) -> None:
-    """Record the shards `rank` has finished (read back by `rank_parts`)."""
+def merge_entries(*lists: list[dict]) -> list[dict]:
+    """Shard entries of several lists, one per file (the later list wins), in shard order."""
+    entries = {e["file"]: e for entries in lists for e in entries}
+    return [entries[f] for f in sorted(entries)]
+
+
+def append_journal(path: Path, entry: dict) -> None:
+    """Record one finished shard: one appended line (constant work per shard, where rewriting the
+    whole manifest was quadratic in the number of shards), flushed to the disk."""
+    with open(path, "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_journal(path: Path) -> list[dict]:
+    """The entries of a journal; a last line cut short by a crash is ignored (its shard is redone)."""
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return entries
+
+
+def rank_journal(run: Path, rank: int) -> Path:
     (Path(run) / PARTS).mkdir(exist_ok=True)
-    write_json_atomic(Path(run) / PARTS / f"rank-{rank:03d}.json", entries)
+    return Path(run) / PARTS / f"rank-{rank:03d}.jsonl"
 
 
 def rank_parts(run: Path) -> dict[int, list[dict]]:
     """The shards each rank of a multi-process extraction has finished and not yet merged."""
-    parts = {}
-    for path in sorted((Path(run) / PARTS).glob("rank-*.json")):
-        parts[int(path.stem.split("-")[1])] = json.loads(path.read_text())
-    return parts
+    return {int(path.stem.split("-")[1]): read_journal(path) for path in sorted((Path(run) / PARTS).glob("rank-*.jsonl"))}
 
 
 def damaged_shard(run: Path, shard: dict, full: bool = False) -> str | None:

@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
+from geoprobe.store import read_journal
 from tests import distributed_worker
 from tests.conftest import read_json, run_cli, write_corpus
 from tests.test_extract import all_rows
@@ -131,13 +132,13 @@ def test_a_killed_rank_resumes_with_any_world_size(tmp_path, tiny_models):
     run = tmp_path / "shared"
     victim = subprocess.Popen([*args, "--out", str(run), "--rank", "1", "--world-size", "2"], env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    part = run / "parts" / "rank-001.json"
+    part = run / "parts" / "rank-001.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and not (part.exists() and len(read_json(part)) >= 2):
+    while time.time() < deadline and not len(read_journal(part)) >= 2:
         time.sleep(0.05)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    killed_with = len(read_json(part))
+    killed_with = len(read_journal(part))
     rank0 = subprocess.run([*args, "--out", str(run), "--rank", "0", "--world-size", "2"], env=env,
                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert rank0.returncode == 0, rank0.stderr
@@ -215,3 +216,28 @@ def test_training_resumes_on_another_world_size(tmp_path, before, after):
     straight, resumed = (load_file(tmp_path / run / "checkpoint.safetensors") for run in ("straight", "resumed"))
     for key in straight:
         assert torch.allclose(straight[key], resumed[key], rtol=1e-5, atol=1e-6), key
+
+
+def test_placement_gives_each_rank_its_own_gpu_and_refuses_shared_ones(monkeypatch):
+    from geoprobe.distributed import World, world_from
+    from geoprobe.errors import BadInput
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    # ranks started by hand have no LOCAL_RANK: each still gets its own GPU (rank modulo the GPUs)
+    assert [world_from(r, 6).device("auto") for r in range(6)] == [f"cuda:{i}" for i in (0, 1, 2, 3, 0, 1)]
+    # under torchrun the local rank picks the GPU (two nodes of two: global rank 3 is local rank 1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert world_from(connect=False).device("cuda") == "cuda:1"
+    assert World(0, 1, 0).device("cuda:2") == "cuda:2"  # one process: the request as given
+    with pytest.raises(BadInput, match="all 2 ranks on one GPU"):
+        World(1, 2, 1).device("cuda:0")
+    with pytest.raises(BadInput, match="each would do so"):
+        World(1, 2, 1).device("auto", device_map="auto")
+    with pytest.raises(BadInput, match="would ignore --device cuda:1"):
+        World(0, 1, 0).device("cuda:1", device_map="auto")
+    assert World(0, 1, 0).device("auto", device_map="auto") == "auto"

@@ -112,7 +112,7 @@ def bridge(
     _train_config(*args)
     check_device_map(device_map)
     with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
-        source = open_source(run, model, corpus, seq_len, seed, world_from().device(device), dtype,
+        source = open_source(run, model, corpus, seq_len, seed, world_from().device(device, device_map), dtype,
                              device_map=device_map)
         metrics, folder = _fit(source, layer, out or run, args, force)
     if state.format == "json":
