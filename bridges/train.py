@@ -196,7 +196,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
 
 
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
-          progress=None, log: Callable[[int, float], None] | None = None, world: World = SINGLE,
+          progress=None, world: World = SINGLE,
           evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
     """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
     global batch's random numbers from `generator` and computes the loss on `shard.rows` of it.
@@ -235,6 +235,13 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
     began = time.perf_counter()
+    pending = []  # (step, loss on the device): read back in one transfer at checkpoints, not every step
+
+    def flush():
+        if pending:
+            curve.extend([s, v] for (s, _), v in zip(pending, torch.stack([l for _, l in pending]).tolist()))
+            pending.clear()
+
     for step in range(start, cfg.steps if stop is None else start):
         with autocast:
             loss = step_loss(step_generator(cfg.seed, step), shard)
@@ -248,10 +255,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         with torch.no_grad():
             for k, p in params.items():
                 ema[k].lerp_(p.detach().float(), 1 - decay_now)
-        value = loss.item()
-        curve.append([step, value])
-        if log is not None:
-            log(step, value)
+        pending.append((step, loss.detach().float()))
         if progress is not None:
             progress.advance(1)
         if plateau_rule and (step + 1) % cfg.eval_every == 0:
@@ -259,10 +263,13 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             stop = "plateau" if plateaued(val_curve, cfg) else None
         if step + 1 == cfg.steps and stop is None:
             stop = "cap" if plateau_rule else "budget"
+        if stop is not None or (step + 1) % cfg.save_every == 0:
+            flush()
         if (stop is not None or (step + 1) % cfg.save_every == 0) and world.is_main:
             _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop)
         if stop is not None:
             break
+    flush()
     model.eval()
     seconds = time.perf_counter() - began
     steps_run = int(curve[-1][0]) + 1 if curve else 0

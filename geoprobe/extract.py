@@ -142,20 +142,29 @@ def extract_batch(backbone: Backbone, planned: list[PlannedBlock], layers: list[
         "position": rows_p,
         "token_id": ids.cpu().numpy()[rows_b, rows_p],
     }
-    index = {}
+    index, picked, stored = {}, {}, {}
     for layer in layers:
         hidden = states[layer]
         if hidden.device not in index:
             index[hidden.device] = (torch.from_numpy(rows_b).to(hidden.device), torch.from_numpy(rows_p).to(hidden.device))
-        picked = hidden[index[hidden.device]]
+        picked[layer] = hidden[index[hidden.device]]
         # cast first and check the (half-size) result: a value float16 cannot hold becomes inf there
-        stored = picked.to(torch.float16) if storage == "float16" else picked.float()
-        if not bool(torch.isfinite(stored).all()):
-            if not bool(torch.isfinite(picked).all()):
+        stored[layer] = picked[layer].to(torch.float16) if storage == "float16" else picked[layer].float()
+    # one host sync for the whole batch (not one per layer): which layers are all finite
+    finite = torch.stack([torch.isfinite(stored[l]).all().to(stored[layers[0]].device) for l in layers]).tolist()
+    for layer, ok in zip(layers, finite):
+        if not ok:
+            if not bool(torch.isfinite(picked[layer]).all()):
                 raise BadInput(f"layer {layer} has NaN or Inf activations (document {planned[0].block.doc_id}); "
                                "try --dtype float32")
-            stored = picked.float()  # overflowed float16: this batch (and its shard) stays float32
-        columns[column_name(layer)] = stored.cpu().numpy()
+            stored[layer] = picked[layer].float()  # overflowed float16: this batch (and its shard) stays float32
+    # one device-to-host copy per device and dtype (not one per layer); the layers are views of it
+    groups: dict = {}
+    for layer in layers:
+        groups.setdefault((stored[layer].device, stored[layer].dtype), []).append(layer)
+    for members in groups.values():
+        host = torch.stack([stored[l] for l in members]).cpu().numpy()
+        columns.update({column_name(l): host[i] for i, l in enumerate(members)})
     return columns
 
 

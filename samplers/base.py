@@ -1,5 +1,5 @@
 """What every sampler shares: the TokenDenoiser protocol, nucleus filtering, float64 Gumbel
-sampling, a denoiser wrapper that counts evaluations (NFE) and skips a call when its input did
+sampling (the noise drawn on the denoiser's device), a denoiser wrapper that counts evaluations (NFE) and skips a call when its input did
 not change, and the state of a partially revealed sequence.
 
 A `TokenDenoiser` maps noisy token states z (B, L, d_tok) to logits (B, L, V); it exposes
@@ -43,7 +43,7 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def gumbel_sample(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Categorical draws via argmax(logits + Gumbel noise), the noise in float64 (float32 noise
     cannot produce the rare tail draws a large vocabulary needs)."""
-    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64).to(logits.device)
+    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=generator.device)
     tiny = torch.finfo(torch.float64).tiny
     gumbel = -torch.log(-torch.log(u.clamp(min=tiny, max=1 - 1e-16)))
     return (logits.double() + gumbel).argmax(-1)
@@ -105,7 +105,8 @@ class RevealState:
     def __init__(self, table: torch.Tensor, s_max: float, num: int, length: int, generator: torch.Generator):
         self.table, self.s_max = table, s_max
         self.tokens = torch.full((num, length), MASK, dtype=torch.long, device=table.device)
-        self.noise = torch.randn(num, length, table.shape[1], generator=generator, dtype=table.dtype).to(table.device)
+        self.noise = torch.randn(num, length, table.shape[1], generator=generator, dtype=table.dtype,
+                                 device=generator.device)
 
     @property
     def masked(self) -> torch.Tensor:
@@ -146,7 +147,9 @@ class Sampler:
             raise BadInput(f"--num and --length must be positive, got {num} and {length}")
         self.check(length)
         model = CountingDenoiser(denoiser, self.cache)
-        generator = torch.Generator().manual_seed(seed)
+        # on the denoiser's device: V-wide float64 noise drawn on the CPU and copied over would
+        # cost a transfer and a sync per step (the same seed gives other samples on another device)
+        generator = torch.Generator(device=denoiser.token_table().device).manual_seed(seed)
         start = time.perf_counter()
         tokens = self.run(model, num, length, generator)
         return SampleResult(tokens.cpu(), model.nfe, model.skipped, model.rows, time.perf_counter() - start,

@@ -18,7 +18,7 @@ def localize(model, z: torch.Tensor, grid: torch.Tensor, generator: torch.Genera
     for s, s_next in zip(grid[:-1].tolist(), grid[1:].tolist()):
         ds = s_next - s
         x_hat = model(z).softmax(-1) @ table
-        noise = torch.randn(z.shape, generator=generator, dtype=z.dtype).to(z.device)
+        noise = torch.randn(z.shape, generator=generator, dtype=z.dtype, device=generator.device)
         z = z + ds * x_hat + ds ** 0.5 * noise
     return z
 

@@ -58,7 +58,7 @@ class MDLM(Sampler):
         for remask_p, reveal_p in self.transitions(steps):
             logits = model(state.z())
             masked = state.masked
-            u = torch.rand(masked.shape, generator=generator).to(masked.device)
+            u = torch.rand(masked.shape, generator=generator, device=generator.device)
             reveal = masked & (u < reveal_p)
             remask = ~masked & (u < remask_p)
             if reveal.any():

@@ -37,7 +37,7 @@ class ROAR(Sampler):
         k = self.plan(length)
         self.steps = math.ceil(length / k)
         state = RevealState(model.denoiser.token_table(), model.denoiser.s_max, num, length, generator)
-        order = torch.rand(num, length, generator=generator).argsort(dim=1).to(state.tokens.device)
+        order = torch.rand(num, length, generator=generator, device=generator.device).argsort(dim=1)
         rows = torch.arange(num, device=state.tokens.device)[:, None]
         for start in range(0, length, k):
             logits = model(state.z())
