@@ -439,9 +439,12 @@ def _row_hash(x: torch.Tensor, seed: int) -> torch.Tensor:
     unfolded product would keep only ~22 bits of hash (colliding on a few thousand rows)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     multipliers = (torch.randint(-2**62, 2**62, (x.shape[1],), generator=g, dtype=torch.int64) | 1).to(x.device)
-    bits = x.contiguous().view(torch.int64)
-    bits = bits ^ ((bits >> 32) & 0xFFFFFFFF)
-    return (bits * multipliers).sum(1)
+    hashes = []
+    for chunk in x.split(4096):  # the integer temporaries of a chunk, not of the whole layer
+        bits = chunk.contiguous().view(torch.int64)
+        bits = bits ^ ((bits >> 32) & 0xFFFFFFFF)
+        hashes.append((bits * multipliers).sum(1))
+    return torch.cat(hashes) if hashes else torch.zeros(0, dtype=torch.int64, device=x.device)
 
 
 def _neighbourhood_lambda_shared(reference, local_position, neighbours, world: World, chunk: int) -> torch.Tensor:
@@ -527,8 +530,12 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
     if progress is not None:
         progress.start(total=len(layers))
     for layer in layers:
-        parts = [torch.from_numpy(b) for b in reader.iter_layer(layer, rows=share)]
-        states = (torch.cat(parts) if parts else torch.zeros((0, reader.hidden_size))).to(device, torch.float64)
+        # filled batch by batch: no whole-layer float32 copy on the host next to the float64 one
+        states = torch.empty((share[1] - share[0], reader.hidden_size), dtype=torch.float64, device=device)
+        filled = 0
+        for batch in reader.iter_layer(layer, rows=share):
+            states[filled:filled + len(batch)] = torch.from_numpy(batch).to(device)
+            filled += len(batch)
         result = layer_geometry(states, docs, settings, counts, rng_key=layer, layer=layer, world=world)
         if result["massive_channels"]:  # the ranking is shown both ways: the other choice for this layer
             other = replace(settings, drop_massive_channels=not settings.drop_massive_channels)

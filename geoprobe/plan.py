@@ -54,8 +54,17 @@ class ScanPlan:
     def memory_bytes(self) -> int:
         return self.parameter_bytes + self.activation_bytes
 
+    @property
+    def geometry_bytes(self) -> int:
+        """What the geometry holds for one layer (run after the model is unloaded): the states in
+        float64 (held once), the centred copy, and one (512 x rows) distance chunk of the kNN.
+        A layer with massive rows or channels to drop adds one more copy of the states."""
+        states = 8 * self.rows * self.hidden_size
+        return 2 * states + 8 * 512 * self.rows
+
     def record(self) -> dict:
-        return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes}
+        return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes,
+                "geometry_bytes": self.geometry_bytes}
 
 
 def empty_model(config):
