@@ -184,16 +184,21 @@ def write_config(folder: Path, record: dict) -> None:
     write_json_atomic(Path(folder) / CONFIG, record)
 
 
+def read_json(path: Path, missing: str):
+    """A JSON file the run or checkpoint directory owns; one line (`missing`, or that it is cut
+    short) when it cannot be read."""
+    if not path.is_file():
+        raise BadInput(missing)
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, OSError) as exc:
+        raise BadInput(f"{path} is truncated or not JSON ({short(exc)}); delete it or use --force") from exc
+
+
 def read_config(folder: Path) -> dict:
     """A checkpoint directory's `config.json` (bridge or DSL), or one line saying why it cannot be read."""
     path = Path(folder) / CONFIG
-    if not path.is_file():
-        raise BadInput(f"{folder} is not a DSL or bridge checkpoint directory (no {CONFIG})")
-    try:
-        record = json.loads(path.read_text())
-    except (ValueError, OSError) as exc:
-        raise BadInput(f"{path} is truncated or not JSON ({short(exc)}); delete the directory or use --force") \
-            from exc
+    record = read_json(path, f"{folder} is not a DSL or bridge checkpoint directory (no {CONFIG})")
     if not isinstance(record, dict) or "kind" not in record:
         raise BadInput(f"{path} is not a geoprobe checkpoint config (no 'kind'); written by another tool or version")
     return record

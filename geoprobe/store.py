@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from geoprobe.backbone import sha256_file
 from geoprobe.errors import BadInput, GeoprobeError
-from geoprobe.rundir import is_empty
+from geoprobe.rundir import is_empty, read_json
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
@@ -124,13 +124,7 @@ JOURNAL = "shards.jsonl"  # shards finished since the manifest was last written,
 
 def read_manifest(run: Path) -> dict:
     """The manifest, with the shards its journal lists since it was last written folded in."""
-    path = Path(run) / MANIFEST
-    if not path.is_file():
-        raise BadInput(f"{run} is not a geoprobe run directory (no {MANIFEST})")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{path} is not valid JSON") from exc
+    manifest = read_json(Path(run) / MANIFEST, f"{run} is not a geoprobe run directory (no {MANIFEST})")
     journal = read_journal(Path(run) / JOURNAL)
     if journal:
         manifest["shards"] = merge_entries(manifest["shards"], journal)
