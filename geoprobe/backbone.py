@@ -151,17 +151,6 @@ def check_architecture(config) -> None:
                        f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
 
-def _needs_device_map(config, device: torch.device, dtype: torch.dtype) -> bool:
-    """True when the parameters alone would not fit the free memory of the chosen GPU."""
-    if device.type != "cuda":
-        return False
-    from geoprobe.plan import parameter_count
-
-    need = parameter_count(config) * torch.finfo(dtype).bits // 8
-    free, _ = torch.cuda.mem_get_info(device)
-    return need > 0.9 * free
-
-
 class Backbone:
     """A frozen causal LM with generic access to embeddings, blocks, final norm and head."""
 
@@ -280,13 +269,11 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     check_architecture(config)
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None))
-    if device_map is None and target.type == "cpu":  # checked before any weight is read
-        from geoprobe.plan import cpu_load_dtype
+    if device_map is None:  # checked before any weight is read, on the CPU and on one GPU alike
+        from geoprobe.plan import load_dtype
         from geoprobe.report.terminal import console
 
-        torch_dtype = cpu_load_dtype(config, torch_dtype, dtype, say=lambda line: console.print(line, markup=False))
-    if device_map is None and _needs_device_map(config, target, torch_dtype):
-        device_map = "auto"
+        torch_dtype = load_dtype(config, torch_dtype, dtype, target, say=lambda line: console.print(line, markup=False))
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
                   local_files_only=offline and not source.is_local)

@@ -97,12 +97,16 @@ def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
     return tokens * d * width * 2 + batch_size * heads * seq_len ** 2 * width + tokens * 2 * intermediate * width
 
 
-def cpu_load_dtype(config, dtype: torch.dtype, requested: str, batch_size: int = 8, seq_len: int = 512,
-                   say=print) -> torch.dtype:
-    """The dtype to load a model in on a CPU, checked before any weight is read: `dtype` when the
-    weights and one batch fit the available RAM; bfloat16 when `requested` is auto and only
-    bfloat16 fits (said in one line); otherwise a one-line refusal naming what would fit."""
-    count, available = parameter_count(config), memory_available(torch.device("cpu"))
+def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,
+               seq_len: int = 512, say=print) -> torch.dtype:
+    """The dtype to load a model in on `device` (the CPU or one GPU), checked before any weight is
+    read: `dtype` when the weights and one batch fit its free memory; bfloat16 when `requested` is
+    auto and only bfloat16 fits (said in one line); otherwise a one-line refusal naming what
+    would fit."""
+    count, available = parameter_count(config), memory_available(device)
+    memory = "RAM" if device.type == "cpu" else f"free memory on {device}"
+    spread = ("--device-map auto (offloads layers to disk)" if device.type == "cpu"
+              else "--device-map auto (spreads the layers over the GPUs)")
 
     def need(d: torch.dtype) -> int:
         width = torch.finfo(d).bits // 8
@@ -111,13 +115,13 @@ def cpu_load_dtype(config, dtype: torch.dtype, requested: str, batch_size: int =
     if need(dtype) <= available:
         return dtype
     if requested == "auto" and dtype == torch.float32 and need(torch.bfloat16) <= available:
-        say(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of RAM is "
+        say(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of {memory} is "
             f"available: loading in bfloat16 ({human(need(torch.bfloat16))}); --dtype float32 insists")
         return torch.bfloat16
     smaller = " --dtype bfloat16," if dtype == torch.float32 and need(torch.bfloat16) <= available else ""
-    raise BadInput(f"the model ({count:,} parameters) and one batch need {human(need(dtype))} of RAM in "
+    raise BadInput(f"the model ({count:,} parameters) and one batch need {human(need(dtype))} of {memory} in "
                    f"{str(dtype).removeprefix('torch.')} but only {human(available)} is available; use{smaller} "
-                   "--device-map auto (offloads layers to disk), or a smaller --batch-size")
+                   f"{spread}, or a smaller --batch-size")
 
 
 def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,

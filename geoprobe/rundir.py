@@ -74,7 +74,7 @@ def _alive(holder: dict) -> bool:
 
 def _describe(holder: dict, path: Path) -> str:
     what = holder.get("command", "geoprobe")
-    return (f"{path.parent} is in use by `{what}` (pid {holder.get('pid')} on {holder.get('host')}, since "
+    return (f"{path.parent} is in use by '{what}' (pid {holder.get('pid')} on {holder.get('host')}, since "
             f"{holder.get('since', '?')}); wait for it or use another --out (if that process is gone, delete {path})")
 
 

@@ -157,7 +157,7 @@ def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(t
     began = time.perf_counter()
     second = finish(args)
     assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
-    assert f"pid {first.pid}" in second.stderr and "geoprobe extract" in second.stderr
+    assert f"pid {first.pid}" in second.stderr and "'geoprobe extract'" in second.stderr
     assert time.perf_counter() - began < 30  # refused before loading anything
     assert first.wait(timeout=300) == 0, first.stderr.read()
     assert not lock.exists()
@@ -184,7 +184,7 @@ def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_m
             time.sleep(0.02)
         argv = [str(a).format(model=tiny_models("llama"), corpus=corpus_txt, out=out, root=out) for a in command]
         code, _, err = invoke(capsys, *argv, "--device", "cpu")
-        assert_one_line_error(code, err, 2, f"is in use by `a test holding the directory` (pid {holder.pid}")
+        assert_one_line_error(code, err, 2, f"is in use by 'a test holding the directory' (pid {holder.pid}")
     finally:
         holder.kill()
         holder.wait()

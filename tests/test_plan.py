@@ -89,3 +89,22 @@ def test_dtype_auto_picks_bfloat16_on_a_cpu_when_only_that_fits(tmp_path, corpus
     code, _, err = invoke(capsys, "extract", model, "--corpus", corpus_txt, "--out", tmp_path / "r", "--device", "cpu")
     # the config has no weights, so the load itself fails after the choice was made and said
     assert "loading in bfloat16" in err and code == 2
+
+
+def test_a_model_that_cannot_fit_one_gpu_is_refused_naming_what_would(tmp_path, monkeypatch):
+    """The GPU path of the same check (no GPU here: the free memory of cuda:1 is stood in for)."""
+    import torch
+    import transformers
+
+    import geoprobe.plan
+    from geoprobe.errors import BadInput
+
+    config = transformers.AutoConfig.from_pretrained(_llama_8b_config(tmp_path / "llama-8b"))
+    asked = []
+    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: asked.append(device) or 12 * 2**30)
+    with pytest.raises(BadInput, match=r"of free memory on cuda:1 in bfloat16 but only 12.0 GiB is available; "
+                                       r"use --device-map auto \(spreads the layers over the GPUs\)"):
+        geoprobe.plan.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1))
+    assert asked == [torch.device("cuda", 1)]
+    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: 40 * 2**30)  # an H200 holds it
+    assert geoprobe.plan.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1)) == torch.bfloat16
