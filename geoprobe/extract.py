@@ -71,7 +71,7 @@ class ExtractConfig:
     seed: int = 0
     storage: str = "float16"
     text_field: str = "text"
-    shard_rows: int = 0  # 0 = auto: about 256 MB of float32 states per shard
+    shard_rows: int = 0  # 0 = auto: about 64 MiB of float32 states per shard
     dtype: str = "auto"
     batch_size: int = 8  # placement and speed only: not part of the run's identity
     device: str = "auto"

@@ -225,3 +225,13 @@ def test_every_baseline_is_valid_so_each_refusal_is_the_bad_value(command, world
     code = main_code(argv)
     err = capsys.readouterr().err
     assert code == 0 or (code == 1 and "work started before" in err), f"{argv}: exit {code}: {err}"
+
+
+def test_help_lists_the_commands_in_the_order_a_user_runs_them(capsys):
+    from geoprobe.cli.app import ORDER
+
+    assert main_code(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[1] for line in out.splitlines() if line.startswith("│ ") and len(line.split()) > 2
+              and line.split()[1] in commands() | {"dsl": None}]
+    assert listed == list(ORDER)

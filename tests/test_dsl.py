@@ -144,6 +144,11 @@ def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkp
     assert_one_line_error(code, err, 2, "is empty")
     code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--snr", "cosine", "--out", tmp_path / "z")
     assert_one_line_error(code, err, 2, "unknown --snr 'cosine'")
+    bridge = tmp_path / "bridge"
+    bridge.mkdir()
+    (bridge / "config.json").write_text(json.dumps({"kind": "bridge", "bridge": {}}))
+    code, _, err = invoke(capsys, "nll", "--model", bridge, "--corpus", corpus_txt, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "nll scores DSL checkpoints")
 
 
 def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt, capsys):

@@ -10,10 +10,23 @@ from typing import Annotated
 
 import typer
 
+from typer.core import TyperGroup
+
 from geoprobe.cli.options import state
 from geoprobe.errors import GeoprobeError
 
+# `geoprobe --help` lists the commands in the order a user runs them
+ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "sample", "nll", "eval", "compare", "report",
+         "demo")
+
+
+class InUserOrder(TyperGroup):
+    def list_commands(self, ctx):
+        return sorted(super().list_commands(ctx), key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+
 app = typer.Typer(
+    cls=InUserOrder,
     name="geoprobe",
     help="Where can diffusion enter a pretrained language model?\n\n"
          "Examples:\n\n"

@@ -323,8 +323,11 @@ def nll(
         raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")
     if split not in TEXT8_SPLITS:  # checked whatever the corpus: a wrong flag is a mistake either way
         raise BadInput(f"unknown --split {split!r} (use {', '.join(TEXT8_SPLITS)})")
-    denoiser, tokenizer = _load_denoiser(model, device)
     trained = read_config(model)
+    if trained.get("kind") != "dsl":  # a bridge's likelihood passes through the frozen backbone: not defined here
+        raise BadInput(f"nll scores DSL checkpoints; {model} holds a {trained.get('kind')!r} checkpoint "
+                       "(score its samples with `geoprobe eval` instead)")
+    denoiser, tokenizer = _load_denoiser(model, device)
     protocol = {}
     if is_text8(corpus):
         if tokenizer.get_vocab() != char_tokenizer().get_vocab():
