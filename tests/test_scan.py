@@ -202,7 +202,7 @@ def test_few_documents_resample_blocks_and_too_few_blocks_give_no_interval(tmp_p
 
 
 def test_massive_warning_names_counts_layers_and_tokens():
-    from geoprobe.scan import massive_warning
+    from geoprobe.pipeline import massive_warning
 
     geometry = {"settings": {"massive_factor": 20.0}, "layers": [
         {"layer": 0, "massive": 0, "massive_rows": [], "massive_channels": []},

@@ -89,7 +89,7 @@ def _geometry(run, settings, device):
     from geoprobe.distributed import world_from
     from geoprobe.report.terminal import Bar
     from geoprobe.rundir import holding
-    from geoprobe.scan import geometry_step
+    from geoprobe.pipeline import geometry_step
 
     world = world_from()
     bar = Bar("geometry", "layer", quiet=state.quiet or state.format == "json")
@@ -102,7 +102,7 @@ def _geometry(run, settings, device):
 
 def _warn_massive(run, geometry) -> str | None:
     """The one warning line about massive tokens and channels (stderr), also returned for JSON."""
-    from geoprobe.scan import massive_warning, token_namer
+    from geoprobe.pipeline import massive_warning, token_namer
 
     massive_tokens = any(l.get("massive") for l in geometry["layers"])  # naming them loads the tokenizer
     warning = massive_warning(geometry, token_namer(run) if massive_tokens else None)
@@ -117,7 +117,7 @@ def _rank_and_show(run, geometry, weights, log, extra=None):
     from geoprobe.distributed import world_from
     from geoprobe.ranking import parse_weights
     from geoprobe.report.tables import print_ranking
-    from geoprobe.scan import ranking_step
+    from geoprobe.pipeline import ranking_step
 
     if not world_from().is_main:  # rank 0 writes the ranking and its plot
         return None
@@ -160,7 +160,7 @@ def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 409
 @app.command(epilog="Examples:\n\n  geoprobe rank runs/kjv\n\n  geoprobe rank runs/kjv --weights 1,1,0 --log")
 def rank(run: RunDir, weights: Weights = "1,1,1", log: Log = False):
     """Rank layers from geometry.json → ranking.csv, ranking.md, plots/geometry.png."""
-    from geoprobe.scan import load_geometry
+    from geoprobe.pipeline import load_geometry
 
     _rank_and_show(run, load_geometry(run), weights, log)
 
@@ -198,7 +198,7 @@ def scan(
     from geoprobe.report.terminal import Bar
     from geoprobe.ranking import parse_weights
     from geoprobe.rundir import holding
-    from geoprobe.scan import default_corpus
+    from geoprobe.pipeline import default_corpus
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
     settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels,

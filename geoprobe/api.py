@@ -1,0 +1,159 @@
+"""The Python API, for notebooks: the run directory as pandas tables and arrays, and the commands
+as functions with the commands' own defaults.
+
+    import geoprobe
+    run = geoprobe.scan("builtin:smollm2", "runs/demo", corpus="kjv", tokens=4000)
+    run.ranking()                      # DataFrame: one row per layer, proxies, intervals, P(first)
+    run.geometry()                     # DataFrame: every proxy, raw and trace-normalised
+    x = run.states(3)                  # (rows, d) float32 numpy (torch_device="cuda" for a tensor)
+    df = run.to_pandas(layers=[3])     # row metadata, plus one column of state vectors per layer
+    geoprobe.bridge(run, layer=3, steps=500)          # metrics dict
+    geoprobe.sample("runs/demo/bridges/layer-03", sampler="roar", num=4, length=32)   # texts
+
+The functions run the same code as `geoprobe scan|bridge|sample` (they parse the same flags, so
+the defaults cannot drift apart) and raise `geoprobe.errors.BadInput` where the command would
+print its one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from geoprobe.errors import BadInput
+from geoprobe.store import META_COLUMNS, RunReader, column_name
+
+
+class Run:
+    """A run directory written by `extract` or `scan` (and, later, `sweep`, `compare`)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.reader = RunReader(self.path)  # checks every shard's size and footer
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"Run({str(self.path)!r}: {m['model'].get('spec')}, {self.reader.num_rows:,} rows x "
+                f"{len(self.layers)} layers x d={self.hidden_size}, {m['status']})")
+
+    @property
+    def manifest(self) -> dict:
+        return self.reader.manifest
+
+    @property
+    def layers(self) -> list[int]:
+        return self.reader.layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.reader.hidden_size
+
+    def states(self, layer: int, rows: tuple[int, int] | None = None, torch_device=None):
+        """One layer's states, (rows, d) float32: numpy, or a torch tensor on `torch_device`."""
+        batches = list(self.reader.iter_layer(layer, rows=rows, torch_device=torch_device))
+        if torch_device is not None:
+            import torch
+
+            return torch.cat(batches) if batches else torch.zeros((0, self.hidden_size), device=torch_device)
+        return np.concatenate(batches) if batches else np.zeros((0, self.hidden_size), np.float32)
+
+    def to_pandas(self, layers: list[int] | None = None, text: bool = False) -> pd.DataFrame:
+        """One row per stored token: doc_id, seq_id, position, token_id (and the token's text with
+        `text`, which loads the tokenizer), plus an `hNN` column of float32 vectors per layer asked."""
+        frame = pd.DataFrame(self.reader.read_meta(), columns=list(META_COLUMNS))
+        for layer in layers or []:
+            frame[column_name(layer)] = list(self.states(layer))
+        if text:
+            from transformers import AutoTokenizer
+
+            from geoprobe.backbone import resolve_source
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_source(self.manifest["config"]["model"]).location)
+            frame["token"] = tokenizer.convert_ids_to_tokens(frame["token_id"].tolist())
+        return frame
+
+    def geometry(self) -> pd.DataFrame:
+        """One row per layer: every proxy, trace-normalised (`curv`, `curv_lo`, `curv_hi`, ...) and
+        raw (`raw_curv`, ...), with the counts that qualify them."""
+        from geoprobe.pipeline import load_geometry
+
+        rows = []
+        for layer in load_geometry(self.path)["layers"]:
+            row = {"layer": layer["layer"]}
+            for norm, prefix in (("trace", ""), ("none", "raw_")):
+                for proxy in ("curv", "mono", "erank"):
+                    entry = layer[norm][proxy]
+                    row[f"{prefix}{proxy}"] = entry["value"]
+                    row[f"{prefix}{proxy}_lo"], row[f"{prefix}{proxy}_hi"] = entry["ci"]
+            row.update({k: layer[k] for k in ("n_states", "n_used", "massive", "duplicate_fraction", "scale",
+                                              "participation_ratio", "entropy_rank", "massive_channel_share")
+                        if k in layer})
+            row["massive_channels"] = len(layer.get("massive_channels", []))
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("layer")
+
+    def _table(self, name: str, producer: str) -> pd.DataFrame:
+        path = self.path / name
+        if not path.is_file():
+            raise BadInput(f"{self.path} has no {name}: run `geoprobe {producer}` first")
+        return pd.read_csv(path)
+
+    def ranking(self) -> pd.DataFrame:
+        """ranking.csv: layer, proxies with intervals, score, rank, P(first) (bootstrap and reseeds)."""
+        return self._table("ranking.csv", "rank").set_index("layer")
+
+    def sweep(self) -> pd.DataFrame:
+        """sweep.csv: per layer, the geometry score and rank beside every bridge validation loss."""
+        return self._table("sweep.csv", "sweep").set_index("layer")
+
+    def bridges(self) -> pd.DataFrame:
+        """Every trained bridge of the run (bridges/layer-NN/metrics.json), one row per layer."""
+        rows = [{"layer": int(p.parent.name.split("-")[1]), **{k: v for k, v in json.loads(p.read_text()).items()
+                                                               if not isinstance(v, (dict, list))}}
+                for p in sorted((self.path / "bridges").glob("layer-*/metrics.json"))]
+        return pd.DataFrame(rows).set_index("layer") if rows else pd.DataFrame()
+
+
+def open_run(path) -> Run:
+    return Run(path)
+
+
+def _invoke(command: list[str], **flags) -> None:
+    """Run a command in-process with `flags` as its options (python names; True = a bare flag)."""
+    from geoprobe.cli.app import _register, app
+
+    _register()
+    argv = ["--quiet", *command]
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        argv.append("--" + name.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    app(args=argv, standalone_mode=False)
+
+
+def scan(model: str, out, **flags) -> Run:
+    """`geoprobe scan MODEL --out OUT ...flags`; the finished run."""
+    _invoke(["scan", model, "--out", str(out)], **flags)
+    return Run(out)
+
+
+def bridge(run, layer: int | None = None, **flags) -> dict:
+    """`geoprobe bridge --run RUN [--layer L] ...flags`; the bridge's validation metrics."""
+    root = Path(run.path if isinstance(run, Run) else run)
+    _invoke(["bridge", "--run", str(root)], layer=layer, **flags)
+    from geoprobe.sweep import bridge_dir, chosen_layer
+
+    folder = bridge_dir(Path(flags.get("out") or root), chosen_layer(root) if layer is None else layer)
+    return json.loads((folder / "metrics.json").read_text())
+
+
+def sample(model, sampler: str = "roar", out=None, **flags) -> list[str]:
+    """`geoprobe sample --model MODEL --sampler S ...flags`; the generated texts."""
+    _invoke(["sample", "--model", str(model), "--sampler", sampler], out=out, **flags)
+    path = Path(out or model) / "samples.jsonl"
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()]

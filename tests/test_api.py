@@ -1,0 +1,78 @@
+"""The Python API: the same run the CLI writes, as pandas tables and arrays; the commands as
+functions with the commands' defaults."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import geoprobe
+from geoprobe.errors import BadInput
+from geoprobe.store import RunReader
+
+FLAGS = dict(tokens=400, seq_len=32, anchors=64, k=8, pairs=256, bootstrap=20, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_models, corpus_txt):
+    return geoprobe.scan(str(tiny_models("llama")), tmp_path_factory.mktemp("api") / "run", corpus=str(corpus_txt),
+                         **FLAGS)
+
+
+def test_a_scan_from_python_equals_the_command(run, tmp_path, tiny_models, corpus_txt):
+    from geoprobe.cli.app import main
+
+    argv = ["-q", "scan", str(tiny_models("llama")), "--corpus", str(corpus_txt), "--out", str(tmp_path / "cli")]
+    for name, value in FLAGS.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    main(argv)
+    assert (run.path / "ranking.csv").read_text() == (tmp_path / "cli" / "ranking.csv").read_text()
+    assert "rows x 4 layers x d=64" in repr(run)
+
+
+def test_tables_and_arrays_match_the_files(run):
+    ranking = run.ranking()
+    with open(run.path / "ranking.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(ranking.index) == [int(r["layer"]) for r in rows]
+    assert np.allclose(ranking["score"], [float(r["score"]) for r in rows])
+    assert {"p_first", "p_first_reseed", "curv_lo"} <= set(ranking.columns)
+    geometry = run.geometry()
+    stored = json.loads((run.path / "geometry.json").read_text())["layers"]
+    assert np.allclose(geometry["curv"], [l["trace"]["curv"]["value"] for l in stored])
+    assert np.allclose(geometry["raw_mono_hi"], [l["none"]["mono"]["ci"][1] for l in stored])
+    states = run.states(2)
+    np.testing.assert_array_equal(states, RunReader(run.path).read_layer(2))
+    assert states.shape == (400, 64) and states.dtype == np.float32
+    frame = run.to_pandas(layers=[0, 2])
+    assert isinstance(frame, pd.DataFrame) and len(frame) == 400
+    assert list(frame.columns[:4]) == ["doc_id", "seq_id", "position", "token_id"]
+    np.testing.assert_array_equal(np.stack(frame["h02"]), states)
+    assert run.states(2, rows=(10, 20)).shape == (10, 64)
+    import torch
+
+    assert torch.equal(run.states(2, torch_device="cpu"), torch.from_numpy(states))
+
+
+def test_bridge_and_sample_from_python(run, tmp_path):
+    metrics = geoprobe.bridge(run, layer=1, steps=6, until="steps", batch_size=4, seq_len=16, d_model=16,
+                              n_layers=1, device="cpu")
+    assert metrics == json.loads((run.path / "bridges" / "layer-01" / "metrics.json").read_text())
+    assert metrics["steps_run"] == 6
+    assert set(run.bridges().index) == {1}
+    texts = geoprobe.sample(run.path / "bridges" / "layer-01", sampler="mdlm", out=tmp_path / "s", num=3, length=8,
+                            steps=4, device="cpu")
+    assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
+
+
+def test_the_api_raises_what_the_command_refuses(run, tmp_path):
+    with pytest.raises(BadInput, match="is not a geoprobe run directory"):
+        geoprobe.open_run(tmp_path)
+    with pytest.raises(BadInput, match="has no sweep.csv"):
+        run.sweep()
+    with pytest.raises(BadInput, match="--anchors"):
+        geoprobe.scan("builtin:hmm-tiny", tmp_path / "x", tokens=10, anchors=100)
