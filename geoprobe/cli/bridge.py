@@ -81,7 +81,7 @@ def _fit(source, layer, root, args, force=False):
 @app.command(epilog="Examples:\n\n  geoprobe bridge --run runs/demo            # at the layer the scan chose\n\n"
                     "  geoprobe bridge --run runs/demo --layer 3 --steps 500\n\n"
                     "  geoprobe bridge --model builtin:smollm2 --corpus kjv --layer 2 --out runs/b\n\n"
-                  "  torchrun --nproc-per-node 4 -m geoprobe bridge --run runs/llama8b --batch-size 64")
+                  "  torchrun --nproc-per-node 4 -m geoprobe -- bridge --run runs/llama8b --batch-size 64")
 def bridge(
     layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
     run: Run = None, model: Model = None, corpus: CorpusOpt = None,
