@@ -109,14 +109,18 @@ def test_kill_9_during_bridge_then_rerun_equals_an_uninterrupted_run(scanned, tm
     assert not (a / LOCK).exists()
 
 
-def test_kill_9_inside_a_sweep_resumes_at_its_layer_and_keeps_finished_ones(scanned, tmp_path):
+def test_kill_9_between_and_inside_sweep_layers_resumes_and_keeps_finished_ones(scanned, tmp_path):
     killed, clean = shutil.copytree(scanned, tmp_path / "killed"), shutil.copytree(scanned, tmp_path / "clean")
     args = ["sweep", "--layers", "0-2", *BRIDGE]
-    victim = start([*args, "--run", killed])
-    inside = killed / "bridges" / "layer-01" / "checkpoint.safetensors"
-    kill_when(victim, inside.is_file)  # layer 0 finished, layer 1 part-way
     first = killed / "bridges" / "layer-00" / "metrics.json"
+    # between layers: the moment layer 0's record is whole, before layer 1 has a checkpoint
+    victim = start([*args, "--run", killed])
+    kill_when(victim, first.is_file)
+    assert not (killed / "bridges" / "layer-01" / "checkpoint.safetensors").exists()
     kept = first.stat().st_mtime_ns
+    # inside a layer: the rerun is killed again, part-way through layer 1
+    victim = start([*args, "--run", killed])
+    kill_when(victim, (killed / "bridges" / "layer-01" / "checkpoint.safetensors").is_file)
     assert not (killed / "sweep.csv").exists()
     for run in (killed, clean):
         done = finish([*args, "--run", run])
