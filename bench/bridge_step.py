@@ -1,7 +1,11 @@
 """Where a bridge training step spends its time: the teacher prefix (frozen blocks 1..l with
 early stop), the bridge (converter, source mixing, forward and backward), the optimizer (AdamW +
 EMA). Target (issue 4): the teacher costs <= 25% of a step at l <= N/4 on the tiny benchmark
-model (Llama d=256, 8 layers, so l = 2)."""
+model (Llama d=256, 8 layers, so l = 2).
+
+    python bench/bridge_step.py                                          # the tiny benchmark model
+    python bench/bridge_step.py --model builtin:smollm2 --corpus kjv --layer 3 --steps 10   # issue 12's figure
+"""
 
 from __future__ import annotations
 
@@ -21,12 +25,21 @@ from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
 
-LAYER, BATCH, SEQ, STEPS = 2, 8, 128, 30
+BATCH, SEQ = 8, 128
 
 
 def main():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", help="a backbone (default: the tiny benchmark Llama)")
+    parser.add_argument("--corpus", help="its corpus (default: the benchmark's)")
+    parser.add_argument("--layer", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    LAYER, STEPS = args.layer, args.steps
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
-    model, corpus = tiny_llama(work, n_docs=200)
+    model, corpus = tiny_llama(work, n_docs=200) if args.model is None else (args.model, args.corpus)
     backbone = load_backbone(str(model), device="cpu")
     blocks = list(iter_blocks(read_documents(str(corpus)), backbone.tokenizer, SEQ, seed=0))
     batches = BlockBatches(blocks, 0, backbone.input_device)
@@ -37,7 +50,7 @@ def main():
     params = [p for p in bridge.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-3)
     ema = [p.detach().clone() for p in params]
-    times = {"teacher": 0.0, "bridge": 0.0, "optimizer": 0.0}
+    times = {"teacher": 0.0, "source": 0.0, "network": 0.0, "optimizer": 0.0}
     tokens = 0
     for step in range(STEPS + 3):
         g = torch.Generator().manual_seed(step)
@@ -48,6 +61,7 @@ def main():
         snr = draw_snr("mixed", ids.shape, generator=g)
         z = channel(bridge.table(), ids, snr, generator=g)
         a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]))
+        t_source = time.perf_counter()
         loss = bridge.loss(a, hl, positions_weight(mask), g)
         optimizer.zero_grad()
         loss.backward()
@@ -59,12 +73,16 @@ def main():
         t3 = time.perf_counter()
         if step >= 3:  # warm-up excluded
             times["teacher"] += t1 - t0
-            times["bridge"] += t2 - t1
+            times["source"] += t_source - t1
+            times["network"] += t2 - t_source
             times["optimizer"] += t3 - t2
             tokens += int(mask.sum())
     total = sum(times.values())
-    print(f"tiny Llama d=256, 8 layers, bridge at layer {LAYER} (N/4), bridge d_model 256 x 4 blocks, "
-          f"batch {BATCH} x {SEQ}, {STEPS} steps, torch threads {torch.get_num_threads()}")
+    print(f"{args.model or 'tiny Llama d=256, 8 layers'} (vocabulary {backbone.config.vocab_size:,}), bridge at "
+          f"layer {LAYER}, bridge d_model 256 x 4 blocks, batch {BATCH} x {SEQ}, {STEPS} steps, "
+          f"torch threads {torch.get_num_threads()}")
+    print("  source = the converter's posterior over the vocabulary and the embedding mixture (forward); "
+          "network = the bridge's loss forward and the whole backward")
     print(f"bridge training: {tokens / total:,.0f} tokens/s, {1000 * total / STEPS:.1f} ms/step")
     for name, seconds in times.items():
         print(f"  {name:9s}: {1000 * seconds / STEPS:7.1f} ms/step  {seconds / total:6.1%}")
