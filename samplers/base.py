@@ -119,6 +119,25 @@ class RevealState:
         return z * revealed[..., None]
 
 
+def check_flags(steps=None, top_p=None, per_step=None, eta=None, eta_cap=None, switch_snr=None, num=None,
+                length=None) -> None:
+    """The range of every sampling flag, in one place (None: not given). Each sampler checks its
+    own when it is built; `geoprobe sample` checks all of them, since a flag out of range is a
+    mistake even where the chosen sampler ignores it. NaN fails every comparison and is refused."""
+    for flag, value in (("--steps", steps), ("--per-step", per_step)):
+        if value is not None and not value >= 1:
+            raise BadInput(f"{flag} must be at least 1, got {value}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
+    for flag, value in (("--eta", eta), ("--eta-cap", eta_cap)):
+        if value is not None and not 0 <= value <= 1:
+            raise BadInput(f"{flag} must be in [0, 1], got {value}")
+    if switch_snr is not None and not 0 < switch_snr < float("inf"):
+        raise BadInput(f"--switch-snr must be positive and finite, got {switch_snr}")
+    if (num is not None or length is not None) and not (num >= 1 and length >= 1):
+        raise BadInput(f"--num and --length must be positive, got {num} and {length}")
+
+
 class Sampler:
     """One generation path. Subclasses implement `run(model, num, length, generator, device)`
     over a `CountingDenoiser` and return token ids."""
@@ -126,10 +145,7 @@ class Sampler:
     name = "base"
 
     def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True):
-        if steps < 1:
-            raise BadInput(f"--steps must be at least 1, got {steps}")
-        if not 0 < top_p <= 1:
-            raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
+        check_flags(steps=steps, top_p=top_p)
         self.steps, self.top_p, self.cache = steps, top_p, cache
 
     def settings(self) -> dict:
@@ -143,8 +159,7 @@ class Sampler:
 
     @torch.no_grad()
     def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
-        if num < 1 or length < 1:
-            raise BadInput(f"--num and --length must be positive, got {num} and {length}")
+        check_flags(num=num, length=length)
         self.check(length)
         model = CountingDenoiser(denoiser, self.cache)
         # on the denoiser's device: V-wide float64 noise drawn on the CPU and copied over would

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from geoprobe.errors import BadInput
-from samplers.base import RevealState, Sampler
+from samplers.base import RevealState, Sampler, check_flags
 from samplers.continuous import localize, snr_grid
 from samplers.masked import MDLM
 
@@ -21,8 +21,9 @@ class Hybrid(Sampler):
         self.continuous_steps = continuous_steps if continuous_steps is not None else steps // 2
         if steps < 3 or not 1 <= self.continuous_steps <= steps - 2:
             raise BadInput(f"hybrid needs --steps >= 3 with 1 <= continuous steps <= steps - 2, got {steps}")
-        if switch_snr <= 0 or not 0 < confidence <= 1:
-            raise BadInput("hybrid needs --switch-snr > 0 and --confidence in (0, 1]")
+        check_flags(switch_snr=switch_snr)
+        if not 0 < confidence <= 1:
+            raise BadInput(f"hybrid needs a confidence in (0, 1], got {confidence}")
         self.switch_snr, self.confidence = switch_snr, confidence
         self.finisher = finisher or MDLM(steps, top_p, cache)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from geoprobe.errors import BadInput
-from samplers.base import MASK, CountingDenoiser, RevealState, Sampler
+from samplers.base import MASK, CountingDenoiser, RevealState, Sampler, check_flags
 
 
 def sigma_max(alpha_s: float, alpha_t: float) -> float:
@@ -76,8 +76,7 @@ class ReMDMCap(MDLM):
 
     def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True, eta_cap: float = 0.02):
         super().__init__(steps, top_p, cache)
-        if not 0 <= eta_cap <= 1:
-            raise BadInput(f"--eta-cap must be in [0, 1], got {eta_cap}")
+        check_flags(eta_cap=eta_cap)
         self.eta_cap = eta_cap
 
     def sigma(self, alpha_s, alpha_t, t):
@@ -89,8 +88,7 @@ class ReMDMRescale(MDLM):
 
     def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True, eta: float = 0.02):
         super().__init__(steps, top_p, cache)
-        if not 0 <= eta <= 1:
-            raise BadInput(f"--eta must be in [0, 1], got {eta}")
+        check_flags(eta=eta)
         self.eta = eta
 
     def sigma(self, alpha_s, alpha_t, t):
@@ -103,6 +101,7 @@ class ReMDMLoop(MDLM):
     def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True, t_on: float = 0.55,
                  t_off: float = 0.05, alpha_on: float = 0.9, eta: float = 0.02):
         super().__init__(steps, top_p, cache)
+        check_flags(eta=eta)
         if not 0 < t_off < t_on < 1 or not 0 < alpha_on < 1:
             raise BadInput("remdm-loop needs 0 < t_off < t_on < 1 and 0 < alpha_on < 1")
         self.t_on, self.t_off, self.alpha_on, self.eta = t_on, t_off, alpha_on, eta

@@ -8,7 +8,7 @@ import math
 import torch
 
 from geoprobe.errors import BadInput
-from samplers.base import RevealState, Sampler
+from samplers.base import RevealState, Sampler, check_flags
 
 
 class ROAR(Sampler):
@@ -16,8 +16,7 @@ class ROAR(Sampler):
 
     def __init__(self, steps: int | None = None, top_p: float = 1.0, cache: bool = True, per_step: int | None = None):
         super().__init__(steps or 1, top_p, cache)
-        if per_step is not None and per_step < 1:
-            raise BadInput(f"--per-step must be at least 1, got {per_step}")
+        check_flags(per_step=per_step)
         self.requested_steps, self.per_step = steps, per_step
 
     def check(self, length: int) -> None:
