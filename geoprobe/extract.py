@@ -302,8 +302,8 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
     # a model on the CPU shares the cores with the writers: one writer thread costs it least
     # (measured: 1.10-1.14x a bare forward with one, 1.16-1.23x with two, on 2 cores)
     writer = ShardWriter(out, on_written, threads=1 if backbone.input_device.type == "cpu" else None)
+    planned = sum(len(p.positions) for _, blocks in ours for p in blocks)  # this rank's rows
     if progress is not None:
-        planned = sum(len(p.positions) for _, blocks in ours for p in blocks)
         progress.start(total=planned, completed=planned - sum(len(p.positions) for _, blocks in todo for p in blocks))
     started = time.perf_counter()
     try:
@@ -323,7 +323,6 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
             except OSError:
                 pass  # a full disk: the manifest and its journal on disk still list exactly the whole shards
         if is_disk_full(cause):
-            planned = sum(len(p.positions) for _, blocks in ours for p in blocks)
             left = planned - sum(e["rows"] for e in mine)
             raise BadInput(disk_full_message(out / HIDDEN, left * row_bytes(mine, len(layers), backbone.hidden_size))) \
                 from cause

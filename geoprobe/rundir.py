@@ -147,7 +147,7 @@ def holding(directory: Path, command: str, rank: int = 0):
 
 def disk_full_message(path: Path, needed_bytes: int | None = None) -> str:
     """One line for ENOSPC: where, how much is free, and (when known) how much the run still needs."""
-    free = shutil.disk_usage(_existing(Path(path))).free
+    free = shutil.disk_usage(nearest_existing(Path(path))).free
     need = f"; the run still needs about {human(needed_bytes)}" if needed_bytes else ""
     return (f"disk full while writing {path} ({human(free)} free{need}); free some space and rerun the same "
             "command: it resumes from what was written")
@@ -160,7 +160,8 @@ def is_disk_full(exc: BaseException) -> bool:
     return any(text in str(exc) for text in ("No space left on device", "os error 28", "Disk quota exceeded"))
 
 
-def _existing(path: Path) -> Path:
+def nearest_existing(path: Path) -> Path:
+    """`path` itself, or its closest ancestor that exists (what a command would write under)."""
     return next(p for p in (path, *path.absolute().parents) if p.exists())
 
 

@@ -5,8 +5,8 @@ token with columns `doc_id, seq_id, position, token_id, h00, h01, ...`; each hid
 holds one row's state per value, as the raw bytes of d float16 (when no value overflows) or
 float32 numbers (`state_array`; runs written before hold fixed-size float lists, still read).
 A shard is written to a temporary name, checksummed, and renamed into place; only then does
-the manifest, itself replaced atomically, list it. So a crash at any point leaves a directory
-that resumes.
+the shard journal (`shards.jsonl`, folded into the atomically replaced manifest at the end)
+list it. So a crash at any point leaves a directory that resumes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from geoprobe.backbone import sha256_file
 from geoprobe.errors import BadInput, GeoprobeError
-from geoprobe.rundir import is_empty, read_json
+from geoprobe.rundir import is_empty, nearest_existing, read_json
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
@@ -76,7 +76,7 @@ def differing_keys(old: dict, new: dict) -> list[str]:
 
 def check_writable(out: Path) -> None:
     """Refuse early, before any work, and without creating anything."""
-    nearest = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
+    nearest = nearest_existing(out)
     try:
         if not nearest.is_dir():
             raise NotADirectoryError(f"{nearest} is a file")
@@ -236,7 +236,7 @@ class ShardWriter:
         self.on_written = on_written
         count = threads or writer_threads()
         self.queue: queue.Queue = queue.Queue(maxsize=2 * count)
-        self.done = threading.Lock()  # serialises on_written (the manifest is rewritten there)
+        self.done = threading.Lock()  # serialises on_written (the caller's journal is appended there)
         self.error: BaseException | None = None
         self.threads = [threading.Thread(target=self._loop, name=f"geoprobe-shard-writer-{i}", daemon=True)
                         for i in range(count)]

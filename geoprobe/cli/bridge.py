@@ -25,7 +25,7 @@ Until = Annotated[str, typer.Option("--until", help="plateau: train until the va
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _train_config(steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every):
+def _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every):
     """The training settings, every flag checked: called before anything loads."""
     from bridges.train import TrainConfig
     from geoprobe.errors import BadInput
@@ -47,8 +47,7 @@ def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, s
              eval_every):
     from bridges.hidden import BridgeConfig
 
-    train_cfg = _train_config(steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                              eval_every)
+    train_cfg = _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every)
     cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
                        hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
                        n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps)
@@ -109,7 +108,7 @@ def bridge(
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
     args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
-    _train_config(*args)
+    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every)
     check_device_map(device_map)
     with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
         source = open_source(run, model, corpus, seq_len, seed, world_from().device(device, device_map), dtype,
@@ -143,7 +142,7 @@ def sweep(
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
 
     args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every)
-    _train_config(*args)
+    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every)
     scores = {r["layer"]: r for r in ranking_rows(run)}
     with holding(run / "bridges", "geoprobe sweep", world_from().rank):  # one sweep at a time on a run
         source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
