@@ -65,7 +65,7 @@ def train_cmd(
     from geoprobe.distributed import world_from
     from geoprobe.errors import BadInput
     from geoprobe.report.terminal import Bar
-    from geoprobe.rundir import clear, holding, is_empty
+    from geoprobe.rundir import CONFIG, build, clear, holding, is_empty
 
     if snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {snr!r} (use {', '.join(SNR_SCHEMES)})")
@@ -81,12 +81,12 @@ def train_cmd(
         if force and world.is_main:
             clear(out)
         world.barrier()
-        if (out / "config.json").is_file():
+        if (out / CONFIG).is_file():
             old = read_config(out)
             if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
                 raise BadInput(f"{out} holds another training run; use another --out or --force")
             tok = load_saved_tokenizer(out)
-            model = DSLModel(DSLConfig(**old["model"]), seed=seed)
+            model = DSLModel(build(DSLConfig, old.get("model", {}), out / CONFIG), seed=seed)
         else:
             if not is_empty(out):
                 raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
