@@ -28,6 +28,7 @@ import json
 import math
 import os
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -242,46 +243,52 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             curve.extend([s, v] for (s, _), v in zip(pending, torch.stack([l for _, l in pending]).tolist()))
             pending.clear()
 
-    for step in range(start, cfg.steps if stop is None else start):
-        with autocast:
-            loss = step_loss(step_generator(cfg.seed, step), shard)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
-        optimizer.step()
-        scheduler.step()
-        # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
-        decay_now = min(cfg.ema, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for k, p in params.items():
-                ema[k].lerp_(p.detach().float(), 1 - decay_now)
-        pending.append((step, loss.detach().float()))
-        if progress is not None:
-            progress.advance(1)
-        if plateau_rule and (step + 1) % cfg.eval_every == 0:
-            val_curve.append([step + 1, _score_ema(model, params, ema, evaluate)])
-            stop = "plateau" if plateaued(val_curve, cfg) else None
-        if step + 1 == cfg.steps and stop is None:
-            stop = "cap" if plateau_rule else "budget"
-        if stop is not None or (step + 1) % cfg.save_every == 0:
-            flush()
-        if (stop is not None or (step + 1) % cfg.save_every == 0) and world.is_main:
-            _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop)
-        if stop is not None:
-            break
-    flush()
-    model.eval()
-    seconds = time.perf_counter() - began
-    steps_run = int(curve[-1][0]) + 1 if curve else 0
-    if world.is_main:
-        weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
-        save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
-                                                    "seconds": f"{seconds:.3f}"})
-    world.barrier()  # the other ranks may read the weights from here on
-    if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
-        del step_loss
-        gc.collect()
+    try:
+        for step in range(start, cfg.steps if stop is None else start):
+            with autocast:
+                loss = step_loss(step_generator(cfg.seed, step), shard)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
+            optimizer.step()
+            scheduler.step()
+            # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
+            decay_now = min(cfg.ema, (1 + step) / (10 + step))
+            with torch.no_grad():
+                for k, p in params.items():
+                    ema[k].lerp_(p.detach().float(), 1 - decay_now)
+            pending.append((step, loss.detach().float()))
+            if progress is not None:
+                progress.advance(1)
+            if plateau_rule and (step + 1) % cfg.eval_every == 0:
+                val_curve.append([step + 1, _score_ema(model, params, ema, evaluate)])
+                stop = "plateau" if plateaued(val_curve, cfg) else None
+            if step + 1 == cfg.steps and stop is None:
+                stop = "cap" if plateau_rule else "budget"
+            if stop is not None or (step + 1) % cfg.save_every == 0:
+                flush()
+            if (stop is not None or (step + 1) % cfg.save_every == 0) and world.is_main:
+                _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop)
+            if stop is not None:
+                break
+        flush()
+        model.eval()
+        seconds = time.perf_counter() - began
+        steps_run = int(curve[-1][0]) + 1 if curve else 0
+        if world.is_main:
+            weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+            weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
+            save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
+                                                        "seconds": f"{seconds:.3f}"})
+        world.barrier()  # the other ranks may read the weights from here on
+    except BaseException as exc:
+        if world.connected:  # the traceback's frames hold the DDP wrapper: let it go with them
+            traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
+            del step_loss
+            gc.collect()
     return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start)
 
 
