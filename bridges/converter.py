@@ -24,7 +24,7 @@ class Converter(nn.Module):
 
     def forward(self, z: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """(B, L, d_tok) states -> (B, L, V + 1) probabilities; the last slot is the mask."""
-        token_logits = self.beta * (z @ table.T) + self.bias
+        token_logits = torch.addmm(self.bias, (self.beta * z).flatten(0, -2), table.T).view(*z.shape[:-1], -1)
         mask_logit = self.mask_bias.to(token_logits.dtype).expand(*token_logits.shape[:-1], 1)
         return torch.cat([token_logits, mask_logit], dim=-1).softmax(dim=-1)
 

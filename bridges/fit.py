@@ -11,9 +11,10 @@ averaged over a grid of condition SNRs.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +54,13 @@ class BlockBatches:
     def fixed(self, size: int):
         for start in range(0, len(self.blocks), size):
             yield pad_batch(self.blocks[start:start + size], self.pad_id, self.device)
+
+
+def corpus_support(blocks, tokenizer) -> torch.Tensor:
+    """The sorted backbone ids that occur in `blocks`, with the tokenizer's special tokens: the
+    tokens a converter restricted to the corpus can put mass on."""
+    ids = np.unique(np.concatenate([np.asarray(b.tokens) for b in blocks] + [np.asarray(tokenizer.all_special_ids)]))
+    return torch.from_numpy(ids.astype(np.int64))
 
 
 def fit_statistics(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int, seed: int,
@@ -172,6 +180,9 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     device = backbone.input_device
     pad_id = backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
     batches, val = BlockBatches(train_blocks, pad_id, device), BlockBatches(val_blocks, pad_id, device)
+    support = corpus_support([*train_blocks, *val_blocks], backbone.tokenizer) if cfg.vocab == "corpus" else None
+    if support is not None:
+        cfg = replace(cfg, support_size=len(support))
     record = {"kind": "bridge", "bridge": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
     if (out / CONFIG).is_file():
         old = read_config(out)
@@ -184,6 +195,8 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
             return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
     world.barrier()  # every rank has checked the directory before rank 0 writes into it
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
+    if support is not None:
+        bridge.set_support(support.to(device))
     fit_statistics(bridge, teacher, batches, train_cfg.batch_size, train_cfg.seed)
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)

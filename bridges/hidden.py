@@ -4,10 +4,13 @@ The lower prefix of a causal LM (embeddings + blocks 1..l) is replaced by a cond
 diffusion bridge that reconstructs h_l from the tokens seen through the DSL channel:
 
 * condition: z_i = s_i e(x_i) + sqrt(s_i) eps on a unit-norm token table; the converter turns z_i
-  into a mixture pi_i over the V tokens and a mask slot, and the source state is
+  into a mixture pi_i over the tokens and a mask slot, and the source state is
   a_i = sum_v pi_iv E[v] + pi_i,mask m + p_i, with E the backbone's own input embedding (frozen),
   m learned, and p_i = embed(.)_i - E[.] the backbone's additive position embedding (zero for
   rotary models, GPT-2's wpe otherwise). At clean SNR (pi one-hot) a is exactly layer 0.
+  The mixture covers the tokens the corpus contains (and the specials), not the whole vocabulary:
+  the exact posterior under a prior that gives the others probability 0, and ~5x cheaper on
+  SmolLM2's 49,152 tokens with the KJV's 9,578.
 * bridge, in standardised coordinates (per-layer mean and scalar scale): the interpolant
   y_tau = (1 - tau) a~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps, tau ~ U[0, 1]; a bidirectional
   transformer D(y_tau, tau, a~) with adaLN on tau predicts h~; loss = MSE over positions >= 1.
@@ -26,10 +29,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from bridges.channel import S_MAX, TokenTable
 from bridges.converter import Converter
-from bridges.nn import Transformer, TransformerConfig, timestep_embedding
+from bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.errors import BadInput
 from geoprobe.rundir import CONFIG, WEIGHTS, build, load_weights, read_config, write_config
 
@@ -48,6 +52,10 @@ class BridgeConfig:
     bridge_steps: int = 8
     clean_frac: float = 0.25
     residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
+    # the converter's vocabulary: "corpus" = the tokens of the training corpus and the specials
+    # (support_size of them, ids in the `support` buffer), "all" = the backbone's whole vocabulary
+    vocab: str = "corpus"
+    support_size: int = 0  # 0: the whole vocabulary
 
 
 class HiddenBridge(nn.Module):
@@ -58,7 +66,7 @@ class HiddenBridge(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.table = TokenTable(cfg.vocab_size, cfg.d_tok)
-            self.converter = Converter(cfg.vocab_size)
+            self.converter = Converter(cfg.support_size or cfg.vocab_size)
             self.mask_vector = nn.Parameter(torch.zeros(d))
             self.time_mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.SiLU())
             self.inp = nn.Linear(2 * d, cfg.d_model)
@@ -67,6 +75,8 @@ class HiddenBridge(nn.Module):
             if cfg.residual:  # start from the carried source: the update is learned from zero
                 nn.init.zeros_(self.out.weight)
                 nn.init.zeros_(self.out.bias)
+        if cfg.support_size:
+            self.register_buffer("support", torch.zeros(cfg.support_size, dtype=torch.long))
         # standardisation of the source (layer-0 space) and the target (layer l): mean and a scalar scale
         for name in ("source_mean", "target_mean"):
             self.register_buffer(name, torch.zeros(d))
@@ -81,15 +91,49 @@ class HiddenBridge(nn.Module):
             getattr(self, f"{prefix}_mean").copy_(mean.float())
             getattr(self, f"{prefix}_scale").copy_(scale.float().clamp(min=1e-8))
 
+    def set_support(self, ids: torch.Tensor) -> None:
+        """The backbone ids the converter can put mass on (sorted, unique, `support_size` of them)."""
+        self.support.copy_(ids)
+        self._kept = None
+
+    def _kept_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """The rows of the backbone's embedding table the mixture uses (the support's, or all), in
+        the mixture's dtype: gathered and cast once per table."""
+        kept = getattr(self, "_kept", None)
+        if kept is None or kept[0] is not embeddings:
+            rows = embeddings[self.support] if self.cfg.support_size else embeddings
+            self._kept = kept = (embeddings, rows.to(torch.bfloat16 if native_bf16(embeddings.device) else rows.dtype))
+        return kept[1]
+
     def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,
                clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
-        """a = pi E + pi_mask m + p; rows flagged `clean` use the one-hot mixture of their tokens."""
-        probs = self.converter(z, self.table())
-        a = Converter.mix(probs, embeddings.to(probs.dtype), self.mask_vector)
-        # a clean row's one-hot mixture is its token's row: index it, never build a B x L x V one-hot
-        if clean is not None and clean.any():
-            a = torch.where(clean[:, None, None], embeddings[clean_tokens].to(a.dtype), a)
+        """a = pi E + pi_mask m + p; rows flagged `clean` use the one-hot mixture of their tokens.
+
+        With a corpus support the posterior covers only the tokens the corpus contains: exactly
+        the full-vocabulary converter whose prior (bias) is -inf on every other token, at a
+        fraction of the cost (the B x L x V mixture is the bridge step's largest product). Where
+        the device computes bf16 natively the product pi E takes bf16 inputs with float32
+        accumulation (0.2% relative error in a, far below the channel's noise; 2x faster);
+        training, validation and sampling compute it the same way."""
+        table = self.table()
+        if self.cfg.support_size:
+            table = F.embedding(self.support, table)
+        kept = self._kept_embeddings(embeddings)
+        if clean is None or not clean.any():
+            a = self._mixture(z, table, kept)
+        else:
+            # a clean row's one-hot mixture is its token's row: index it, and spend the mixture
+            # only on the noisy rows (a quarter of the batch is clean in training)
+            a = embeddings[clean_tokens].to(table.dtype)
+            noisy = (~clean).nonzero(as_tuple=True)[0]
+            if len(noisy):
+                a = a.index_put((noisy,), self._mixture(z[noisy], table, kept))
         return a + offsets
+
+    def _mixture(self, z: torch.Tensor, table: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        probs = self.converter(z, table)
+        mixed = (probs[..., :-1].to(embeddings.dtype) @ embeddings).to(probs.dtype)
+        return mixed + probs[..., -1:] * self.mask_vector
 
     def standardise_source(self, a):
         return (a - self.source_mean) / self.source_scale
@@ -243,7 +287,8 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = read_config(folder)
     if record.get("kind") != "bridge":
         raise BadInput(f"{folder} is not a bridge checkpoint")
-    # older records have no skip connection
-    bridge = HiddenBridge(build(BridgeConfig, {"residual": False, **record.get("bridge", {})}, Path(folder) / CONFIG))
+    # older records have no skip connection and a whole-vocabulary converter
+    bridge = HiddenBridge(build(BridgeConfig, {"residual": False, "vocab": "all", **record.get("bridge", {})},
+                                Path(folder) / CONFIG))
     load_weights(bridge, Path(folder) / WEIGHTS)
     return bridge.to(device).eval(), record

@@ -95,6 +95,13 @@ class Transformer(nn.Module):
         return self.norm(x)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 matrices natively (CUDA; a CPU with AVX512-BF16 or AMX,
+    where oneDNN runs them at ~1.9x float32's rate); elsewhere bf16 would be emulated, slower."""
+    return device.type == "cuda" or (device.type == "cpu" and torch.backends.mkldnn.is_available()
+                                     and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal features of a scalar per sequence (B,) -> (B, dim)."""
     half = dim // 2

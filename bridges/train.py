@@ -1,6 +1,6 @@
 """One training loop for every trainable model: a budget (fixed, or a step cap with a plateau
 rule), AdamW, linear warmup then cosine decay, gradient clipping, an EMA of the weights, bf16
-autocast on CUDA, and resumable single-file checkpoints.
+autocast where the device computes bf16 natively, and resumable single-file checkpoints.
 
 Plateau rule (`eval_every` > 0 and an `evaluate` function): every `eval_every` steps the EMA
 weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
+from bridges.nn import native_bf16
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
 from geoprobe.rundir import METRICS, WEIGHTS, disk_full_message, is_disk_full, write_json_atomic
@@ -196,6 +197,16 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
     return int(meta["step"]), json.loads(meta["curve"]), val_curve, meta.get("stop") or None
 
 
+def mixed_precision(device: torch.device):
+    """bf16 autocast for the trained network's products where the device computes bf16 natively
+    (CUDA; CPUs with AVX512-BF16 or AMX, ~1.9x float32's matrix rate): the same precision on a
+    laptop as on the GPU. Inputs and targets a loss computes under `torch.autocast(enabled=False)`
+    stay float32."""
+    if native_bf16(device):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
           progress=None, world: World = SINGLE,
           evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
@@ -224,14 +235,15 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     decay = [p for n, p in params.items() if p.ndim >= 2]
     no_decay = [p for n, p in params.items() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                                  fused=device.type == "cpu")  # one kernel for all parameters: ~3x on a CPU
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ema = {k: v.detach().clone().float() for k, v in params.items()}
     start, curve, val_curve, stop = 0, [], [], None
     if (out / CHECKPOINT).is_file():
         start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler)
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    autocast = mixed_precision(device)
     model.train()
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
