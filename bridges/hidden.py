@@ -56,6 +56,7 @@ class BridgeConfig:
     # (support_size of them, ids in the `support` buffer), "all" = the backbone's whole vocabulary
     vocab: str = "corpus"
     support_size: int = 0  # 0: the whole vocabulary
+    precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
 
 
 class HiddenBridge(nn.Module):
@@ -102,7 +103,8 @@ class HiddenBridge(nn.Module):
         kept = getattr(self, "_kept", None)
         if kept is None or kept[0] is not embeddings:
             rows = embeddings[self.support] if self.cfg.support_size else embeddings
-            self._kept = kept = (embeddings, rows.to(torch.bfloat16 if native_bf16(embeddings.device) else rows.dtype))
+            fast = self.cfg.precision == "auto" and native_bf16(embeddings.device)
+            self._kept = kept = (embeddings, rows.to(torch.bfloat16 if fast else rows.dtype))
         return kept[1]
 
     def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,

@@ -61,8 +61,11 @@ class TrainConfig:
     plateau_window: float = 0.2
     plateau_evals: int = 5
     min_steps: int = 0
+    precision: str = "auto"  # auto: bf16 autocast where the device computes bf16 natively; float32: never
 
     def validate(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise BadInput(f"--precision must be auto or float32, got {self.precision!r}")
         if self.steps < 1:
             raise BadInput(f"--steps must be at least 1, got {self.steps}")
         if self.batch_size < 1:
@@ -197,12 +200,15 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
     return int(meta["step"]), json.loads(meta["curve"]), val_curve, meta.get("stop") or None
 
 
-def mixed_precision(device: torch.device):
+PRECISIONS = ("auto", "float32")
+
+
+def mixed_precision(device: torch.device, precision: str = "auto"):
     """bf16 autocast for the trained network's products where the device computes bf16 natively
     (CUDA; CPUs with AVX512-BF16 or AMX, ~1.9x float32's matrix rate): the same precision on a
     laptop as on the GPU. Inputs and targets a loss computes under `torch.autocast(enabled=False)`
-    stay float32."""
-    if native_bf16(device):
+    stay float32. `precision` "float32" turns it off (e.g. to compare runs bit for bit)."""
+    if precision == "auto" and native_bf16(device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -243,7 +249,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     if (out / CHECKPOINT).is_file():
         start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler)
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
-    autocast = mixed_precision(device)
+    autocast = mixed_precision(device, cfg.precision)
     model.train()
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)

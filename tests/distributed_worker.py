@@ -63,7 +63,7 @@ def train_worker(rank: int, world_size: int, port: int, out: str, stop_at: int) 
                 raise RuntimeError("simulated crash")
             return ((m(x[rows]) - y[rows] - 0.01 * noise) ** 2).mean()
 
-        cfg = TrainConfig(steps=6, batch_size=8, lr=0.05, warmup=2, save_every=2)
+        cfg = TrainConfig(steps=6, batch_size=8, lr=0.05, warmup=2, save_every=2, precision="float32")
         try:
             train(model, loss_fn, cfg, Path(out), torch.device("cpu"), world=world_from())
         except RuntimeError as exc:

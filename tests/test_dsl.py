@@ -231,3 +231,68 @@ def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_t
     a, b = load_file(tmp_path / "full" / WEIGHTS), load_file(tmp_path / "cut" / WEIGHTS)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_dsl_from_a_pretrained_lm_starts_as_that_lm_with_bidirectional_attention(arch, tiny_models):
+    """Oracle: run causally on clean inputs, the new denoiser's logits at position i are the
+    pretrained model's next-token logits after [BOS, x_0..x_{i-1}]; run as it trains, every
+    position sees the later ones."""
+    from bridges.dsl import pretrained_dsl
+    from geoprobe.backbone import load_backbone
+
+    backbone = load_backbone(str(tiny_models(arch)), device="cpu", dtype="float32")
+    model = pretrained_dsl(str(tiny_models(arch)), backbone.tokenizer, d_tok=16).eval()
+    lm = backbone.model.eval()
+    assert torch.equal(model.lm.get_output_embeddings().weight, lm.get_output_embeddings().weight)
+    ids = torch.randint(5, 300, (2, 7), generator=torch.Generator().manual_seed(0))
+    x = model.embed.weight[ids]
+    bos = torch.full((2, 1), model.cfg.bos_id)
+    with torch.no_grad():
+        expected = lm(input_ids=torch.cat([bos, ids], dim=1)).logits[:, :-1]
+        torch.testing.assert_close(model.pretrained_logits(x, causal=True), expected, rtol=1e-4, atol=1e-4)
+        later = x.clone()
+        later[:, -1] += torch.randn(later[:, -1].shape, generator=torch.Generator().manual_seed(1))
+        first = model.pretrained_logits(x)[:, 0]
+        assert not torch.allclose(first, model.pretrained_logits(later)[:, 0])  # bidirectional
+        z = 300.0 * model.table()[ids]  # a clean state: the converter puts its mass on the token
+        assert model(z).shape == (2, 7, model.cfg.vocab_size)
+
+
+def test_dsl_train_init_from_a_pretrained_lm_then_sample_and_nll(tiny_models, corpus_txt, capsys, tmp_path):
+    model_dir = tiny_models("qwen3")
+    out = tmp_path / "dsl"
+    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--steps", 4,
+                          "--batch-size", 2, "--seq-len", 16, "--out", out, "--device", "cpu")
+    assert code == 0, err
+    record = json.loads((out / "config.json").read_text())
+    assert record["model"]["backbone"]["model_type"] == "qwen3"
+    assert record["identity"]["init_from"] == str(model_dir)
+    assert json.loads((out / "metrics.json").read_text())["val_mdlm_elbo_bits_per_token"] > 0
+    for sampler in ("mdlm", "roar", "continuous", "hybrid"):
+        code, data, err = invoke(capsys, "--format", "json", "sample", "--model", out, "--sampler", sampler,
+                                 "--steps", 4, "--num", 2, "--length", 8, "--out", tmp_path / sampler, "--device", "cpu")
+        assert code == 0, err
+        assert len(json.loads(data)["samples"]) == 2
+    code, data, err = invoke(capsys, "--format", "json", "nll", "--model", out, "--corpus", corpus_txt, "--seq-len", 8,
+                             "--max-seqs", 1, "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(data)["mdlm_bits_per_token"] > 0
+    # the same command again resumes (nothing to do) instead of refusing
+    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--steps", 4,
+                          "--batch-size", 2, "--seq-len", 16, "--out", out, "--device", "cpu")
+    assert code == 0, err
+
+
+def test_init_from_refuses_another_tokenizer_and_init_together(tiny_models, corpus_txt, capsys, tmp_path):
+    model_dir = tiny_models("llama")
+    code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--tokenizer",
+                          "train:300", "--steps", 2, "--out", tmp_path / "a", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "tokenizer mismatch: --tokenizer has another vocabulary")
+    assert not (tmp_path / "a").exists()
+    code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--init",
+                          tmp_path, "--steps", 2, "--out", tmp_path / "b", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Seed, SeqLen, Steps, state
+from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, SeqLen, Steps,
+                                  state)
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
@@ -27,7 +28,7 @@ Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: cor
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab):
+def _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision):
     """The training settings, every flag checked: called before anything loads."""
     from bridges.train import TrainConfig
     from geoprobe.errors import BadInput
@@ -42,19 +43,20 @@ def _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab
     every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                             save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
-                            min_steps=max(2 * warmup, 5 * every))
+                            min_steps=max(2 * warmup, 5 * every), precision=precision)
     train_cfg.validate()
     return train_cfg
 
 
 def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-             eval_every, vocab):
+             eval_every, vocab, precision):
     from bridges.hidden import BridgeConfig
 
-    train_cfg = _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab)
+    train_cfg = _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
     cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
                        hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
-                       n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, vocab=vocab)
+                       n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, vocab=vocab,
+                       precision=precision)
     return cfg, train_cfg
 
 
@@ -92,6 +94,7 @@ def bridge(
     steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
     n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
     seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, vocab: Vocab = "corpus",
+    precision: Precision = "auto",
     device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
 ):
@@ -112,8 +115,9 @@ def bridge(
         layer = chosen_layer(run)
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
-    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab)
-    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab)
+    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab,
+            precision)
+    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
     check_device_map(device_map)
     with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
         source = open_source(run, model, corpus, seq_len, seed, world_from().device(device, device_map), dtype,
@@ -137,6 +141,7 @@ def sweep(
     steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
     n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
     seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, vocab: Vocab = "corpus",
+    precision: Precision = "auto",
     device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False,
 ):
@@ -147,8 +152,9 @@ def sweep(
     from geoprobe.rundir import holding
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
 
-    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab)
-    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab)
+    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab,
+            precision)
+    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
     scores = {r["layer"]: r for r in ranking_rows(run)}
     with holding(run / "bridges", "geoprobe sweep", world_from().rank):  # one sweep at a time on a run
         source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Seed, SeqLen, Steps, state
+from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps, state
 
 dsl_app = typer.Typer(help="Discrete stochastic localization: train the SNR-agnostic denoiser.", no_args_is_help=True)
 app.add_typer(dsl_app, name="dsl")
@@ -30,13 +30,15 @@ def _split(corpus: str, seed: int):
 @dsl_app.command("train", epilog="Examples:\n\n"
                  "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --steps 2000 --out runs/dsl\n\n"
                  "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --snr endpoint --out runs/mdlm\n\n"
-                 "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --snr mixed --init runs/mdlm --out runs/dsl-ft")
+                 "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --snr mixed --init runs/mdlm --out runs/dsl-ft\n\n"
+                 "  geoprobe dsl train --corpus kjv --init-from builtin:smollm2 --steps 300 --batch-size 8 --out runs/dsl-smollm2")
 def train_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumed when it exists).")],
     corpus: Corpus = "kjv",
-    tokenizer: Annotated[str, typer.Option(help="A model or tokenizer (folder, hub id, builtin:smollm2), "
-                                                "train:V (byte-level BPE on the corpus), words (one token per "
-                                                "word of the corpus) or char (Text8).")] = "train:4096",
+    tokenizer: Annotated[str | None, typer.Option(help="A model or tokenizer (folder, hub id, builtin:smollm2), "
+                                                       "train:V (byte-level BPE on the corpus), words (one token "
+                                                       "per word of the corpus) or char (Text8). Default: train:4096, "
+                                                       "or --init-from's.")] = None,
     snr: Annotated[str, typer.Option(help="mixed (log-normal + random-order endpoint), lognormal, or endpoint "
                                           "(MDLM baseline).")] = "mixed",
     roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = 0.1,
@@ -52,13 +54,17 @@ def train_cmd(
                                                  "of --tokenizer's model input embeddings).")] = "random",
     freeze_table: Annotated[bool, typer.Option(help="Keep the unit-norm token table fixed.")] = False,
     init: Annotated[Path | None, typer.Option(help="Start from this DSL checkpoint (e.g. an MDLM one).")] = None,
-    seed: Seed = 0, device: Device = "auto", force: Force = False,
+    init_from: Annotated[str | None, typer.Option("--init-from", help="Start from a pretrained causal LM (folder, hub "
+                                                 "id, builtin:smollm2): its blocks run bidirectionally, its head, its "
+                                                 "input embedding as the converter's matrix.")] = None,
+    seed: Seed = 0, device: Device = "auto", force: Force = False, precision: Precision = "auto",
 ):
     """Train a DSL denoiser (fixed budget, resumable)."""
     from dataclasses import asdict
 
     from bridges.channel import SNR_SCHEMES
-    from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, read_config, save_config, sequences, train_dsl
+    from bridges.dsl import (DSLConfig, DSLModel, DSLTrainSettings, load_dsl, pretrained_dsl, read_config, save_config,
+                             sequences, train_dsl)
     from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
     from bridges.train import TrainConfig, training_summary, write_training_record
     from geoprobe.backbone import resolve_device
@@ -69,13 +75,17 @@ def train_cmd(
 
     if snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {snr!r} (use {', '.join(SNR_SCHEMES)})")
+    if init is not None and init_from is not None:
+        raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
+    tokenizer = tokenizer or init_from or "train:4096"
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                            save_every=max(1, min(200, steps)))
+                            save_every=max(1, min(200, steps)), precision=precision)
     settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
     settings.validate()
     resolve_device(device)
     train_docs, val_docs = _split(corpus, seed)
-    identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None}
+    identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None,
+                **({"init_from": init_from} if init_from else {})}
     world = world_from()
     with holding(out, "geoprobe dsl train", world.rank):
         if force and world.is_main:
@@ -91,9 +101,14 @@ def train_cmd(
             if not is_empty(out):
                 raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
             tok = load_tokenizer(tokenizer, train_docs)
-            model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                  norm_input=norm_input, learn_table=not freeze_table)
-            model = DSLModel(model_cfg, table_init=_table_init(table_init, tokenizer, len(tok), d_tok), seed=seed)
+            if init_from is not None:
+                model = pretrained_dsl(init_from, tok, d_tok, not freeze_table, seed=seed,
+                                       table_init=_table_init(table_init, init_from, None, d_tok))
+                model_cfg = model.cfg
+            else:
+                model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers,
+                                      n_heads=n_heads, norm_input=norm_input, learn_table=not freeze_table)
+                model = DSLModel(model_cfg, table_init=_table_init(table_init, tokenizer, len(tok), d_tok), seed=seed)
             if init is not None:
                 start = load_dsl(init)
                 if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
@@ -134,6 +149,7 @@ def _table_init(kind: str, tokenizer_spec: str, vocab_size: int, d_tok: int):
     from geoprobe.backbone import load_backbone
 
     embeddings = load_backbone(tokenizer_spec, device="cpu").model.get_input_embeddings().weight.detach()
+    vocab_size = vocab_size or len(embeddings)
     if len(embeddings) < vocab_size:
         raise BadInput(f"the model's embedding table has {len(embeddings)} rows, fewer than the vocabulary ({vocab_size})")
     return TokenTable.pca_init(embeddings[:vocab_size], d_tok)

@@ -43,3 +43,6 @@ Rank = Annotated[int | None, typer.Option("--rank", help="This process's rank wh
                                                         "(torchrun sets it itself).")]
 WorldSize = Annotated[int | None, typer.Option("--world-size", help="Processes sharing the work (torchrun sets it "
                                                                    "itself).")]
+Precision = Annotated[str, typer.Option("--precision", help="auto: bf16 autocast for the trained network where the "
+                                      "device computes bf16 natively (GPUs, CPUs with AVX512-BF16/AMX); float32: "
+                                      "never (slower; runs comparable bit for bit).")]
