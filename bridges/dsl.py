@@ -18,6 +18,7 @@ tokenizer files.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -205,3 +206,142 @@ def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
     model = DSLModel(build(DSLConfig, record.get("model", {}), Path(folder) / CONFIG))
     load_weights(model, Path(folder) / WEIGHTS)
     return model.to(device).eval()
+
+
+# --- one training run in a checkpoint directory (what `geoprobe dsl train` calls) -------------
+
+VAL_FRACTION = 0.05
+
+
+@dataclass
+class DSLShape:
+    """The network a new run builds (a resumed run keeps its own, from config.json)."""
+    d_tok: int = 64
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    norm_input: bool = False
+    learn_table: bool = True
+    table_init: str = "random"  # or pca: the top principal components of the tokenizer model's embeddings
+
+
+def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
+    """(training, held-out) documents: a seeded VAL_FRACTION of the documents is held out."""
+    from geoprobe.corpus import is_validation, read_documents
+
+    documents = read_documents(corpus)
+    train_docs = [d for i, d in enumerate(documents) if not is_validation(i, seed, VAL_FRACTION)]
+    val_docs = [d for i, d in enumerate(documents) if is_validation(i, seed, VAL_FRACTION)] or documents[-1:]
+    return train_docs, val_docs
+
+
+def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLShape,
+            init: Path | None = None, init_from: str | None = None, force: bool = False, device: str = "auto",
+            progress=None, world: World = SINGLE) -> dict | None:
+    """Train (or resume) a DSL model in `out`: from scratch, from a DSL checkpoint (`init`) or
+    from a pretrained causal LM (`init_from`); evaluate it on the held-out documents and write
+    metrics.json and the curve. Returns the metrics (None on data-parallel ranks other than 0).
+    A directory holding another run is refused in one line, as is every bad setting, before
+    anything loads."""
+    from bridges.channel import SNR_SCHEMES
+    from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
+    from bridges.train import training_summary, write_training_record
+    from geoprobe.backbone import resolve_device
+    from geoprobe.rundir import clear, holding, is_empty
+
+    if settings.snr not in SNR_SCHEMES:
+        raise BadInput(f"unknown --snr {settings.snr!r} (use {', '.join(SNR_SCHEMES)})")
+    if init is not None and init_from is not None:
+        raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
+    settings.validate()
+    tokenizer = tokenizer or init_from or "train:4096"
+    out = Path(out)
+    train_docs, val_docs = split_documents(corpus, settings.train.seed)
+    seed = settings.train.seed
+    identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None,
+                **({"init_from": init_from} if init_from else {})}
+    with holding(out, "geoprobe dsl train", world.rank):
+        try:
+            if force and world.is_main:
+                clear(out)
+            world.barrier()
+            if (out / CONFIG).is_file():
+                old = read_config(out)
+                if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
+                    raise BadInput(f"{out} holds another training run; use another --out or --force")
+                tok = load_saved_tokenizer(out)
+                model = DSLModel(build(DSLConfig, old.get("model", {}), out / CONFIG), seed=seed)
+            else:
+                if not is_empty(out):
+                    raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
+                tok = load_tokenizer(tokenizer, train_docs)
+                model = _new_model(tok, tokenizer, shape, init, init_from, seed)
+                world.barrier()  # every rank has looked at the directory before rank 0 fills it
+                if world.is_main:
+                    out.mkdir(parents=True, exist_ok=True)
+                    save_tokenizer(tok, out)
+                    save_config(out, model.cfg, settings, {"identity": identity})
+            data = sequences(token_stream(train_docs, tok), settings.seq_len)
+            trained = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=progress,
+                                world=world)
+        finally:
+            if progress is not None:
+                progress.stop()
+        if not world.is_main:
+            return None
+        metrics = evaluate_dsl(out, val_docs, tok, settings.seq_len, device)
+        metrics.update(training_summary(trained))
+        write_training_record(out, metrics, trained, "DSL model")
+        return metrics
+
+
+def _new_model(tok, tokenizer: str, shape: DSLShape, init: Path | None, init_from: str | None, seed: int) -> DSLModel:
+    from bridges.tokens import load_saved_tokenizer
+
+    if init_from is not None:
+        return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, seed=seed,
+                              table_init=table_init(shape.table_init, init_from, None, shape.d_tok))
+    cfg = DSLConfig(vocab_size=len(tok), d_tok=shape.d_tok, d_model=shape.d_model, n_layers=shape.n_layers,
+                    n_heads=shape.n_heads, norm_input=shape.norm_input, learn_table=shape.learn_table)
+    model = DSLModel(cfg, table_init=table_init(shape.table_init, tokenizer, len(tok), shape.d_tok), seed=seed)
+    if init is not None:
+        start = load_dsl(init)
+        if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
+            raise BadInput(f"tokenizer mismatch: {init} was trained with another vocabulary than --tokenizer {tokenizer}")
+        if start.cfg != cfg:
+            raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
+        model.load_state_dict(start.state_dict())
+    return model
+
+
+def table_init(kind: str, tokenizer_spec: str, vocab_size: int | None, d_tok: int) -> torch.Tensor | None:
+    """None (random) or the PCA of a backbone's input embeddings, for `--table-init pca`."""
+    if kind == "random":
+        return None
+    if kind != "pca":
+        raise BadInput(f"unknown --table-init {kind!r} (use random or pca)")
+    if tokenizer_spec == "char" or tokenizer_spec.startswith("train:"):
+        raise BadInput("--table-init pca needs --tokenizer to name a model whose embeddings to use")
+    from geoprobe.backbone import load_backbone
+
+    embeddings = load_backbone(tokenizer_spec, device="cpu").model.get_input_embeddings().weight.detach()
+    vocab_size = vocab_size or len(embeddings)
+    if len(embeddings) < vocab_size:
+        raise BadInput(f"the model's embedding table has {len(embeddings)} rows, fewer than the vocabulary ({vocab_size})")
+    return TokenTable.pca_init(embeddings[:vocab_size], d_tok)
+
+
+def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, device: str, max_seqs: int = 32) -> dict:
+    """The MDLM bound of the trained model on (at most `max_seqs` sequences of) held-out documents."""
+    import math
+
+    from bridges.likelihood import mdlm_elbo
+    from bridges.tokens import token_stream
+    from geoprobe.backbone import resolve_device
+
+    model = load_dsl(folder, resolve_device(device))
+    ids = token_stream(documents, tokenizer)
+    data = sequences(ids, min(seq_len, len(ids)))[:max_seqs].to(resolve_device(device))
+    nats = mdlm_elbo(model, data).mean().item()
+    return {"val_sequences": len(data), "val_mdlm_elbo_nats_per_token": nats,
+            "val_mdlm_elbo_bits_per_token": nats / math.log(2)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -69,10 +68,6 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     disable_progress_bars()
     warnings.filterwarnings("ignore")
-
-
-def emit_json(data) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _register() -> None:

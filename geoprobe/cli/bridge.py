@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, SeqLen, Steps,
-                                  state)
+from geoprobe.cli.app import app
+from geoprobe.cli.output import progress, show
+from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, SeqLen, Steps
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
@@ -63,7 +63,6 @@ def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, s
 def _fit(source, layer, root, args, force=False):
     from bridges.fit import fit_bridge
     from geoprobe.distributed import world_from
-    from geoprobe.report.terminal import Bar
     from geoprobe.rundir import clear, holding
     from geoprobe.sweep import bridge_dir, check_layer, identity
 
@@ -75,7 +74,7 @@ def _fit(source, layer, root, args, force=False):
         if force and world.is_main:
             clear(out)
         world.barrier()
-        bar = Bar(f"bridge layer {layer}", "step", quiet=state.quiet or state.format == "json")
+        bar = progress(f"bridge layer {layer}", "step")
         try:
             return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
                               identity(source, layer), progress=bar, world=world), out
@@ -123,13 +122,11 @@ def bridge(
         source = open_source(run, model, corpus, seq_len, seed, world_from().device(device, device_map), dtype,
                              device_map=device_map)
         metrics, folder = _fit(source, layer, out or run, args, force)
-    if state.format == "json":
-        emit_json({**metrics, "dir": str(folder)})
-    elif not state.quiet:
-        from geoprobe.report.terminal import print_table
+    from geoprobe.report.terminal import print_table
 
-        print_table(f"bridge at layer {layer} → {folder}", ["key", "value"],
-                    [[k, v] for k, v in metrics.items() if not isinstance(v, dict)])
+    show({**metrics, "dir": str(folder)}, lambda: print_table(
+        f"bridge at layer {layer} → {folder}", ["key", "value"],
+        [[k, v] for k, v in metrics.items() if not isinstance(v, dict)]))
 
 
 @app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo       # every scanned layer, each to its plateau\n\n"
@@ -169,16 +166,16 @@ def sweep(
             return
         summary = summarise(rows, seed)
         plot = write_sweep(run, rows, summary, source.model)
-    if state.format == "json":
-        emit_json({"rows": rows, "correlations": summary, "plot": str(plot)})
-    elif not state.quiet:
-        from geoprobe.metrics.correlation import describe
-        from geoprobe.report.terminal import print_table
+    show({"rows": rows, "correlations": summary, "plot": str(plot)}, lambda: _print_sweep(run, rows, summary, plot))
 
-        keys = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
-        print_table(f"sweep of {run}", keys, [[r[k] for k in keys] for r in rows])
-        for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy"):
-            c = summary[loss]
-            print(describe(loss, c))
-        print(f"geometry-chosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
-              f"worst layer {summary['worst_layer']}; {summary['depth']['statement']}   plot: {plot}")
+
+def _print_sweep(run, rows, summary, plot) -> None:
+    from geoprobe.metrics.correlation import describe
+    from geoprobe.report.terminal import print_table
+
+    keys = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
+    print_table(f"sweep of {run}", keys, [[r[k] for k in keys] for r in rows])
+    for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy"):
+        print(describe(loss, summary[loss]))
+    print(f"geometry-chosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
+          f"worst layer {summary['worst_layer']}; {summary['depth']['statement']}   plot: {plot}")

@@ -9,23 +9,12 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app, emit_json
-from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps, state
+from geoprobe.cli.app import app
+from geoprobe.cli.output import progress, show
+from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps
 
 dsl_app = typer.Typer(help="Discrete stochastic localization: train the SNR-agnostic denoiser.", no_args_is_help=True)
 app.add_typer(dsl_app, name="dsl")
-
-VAL_FRACTION = 0.05
-
-
-def _split(corpus: str, seed: int):
-    from geoprobe.corpus import is_validation, read_documents
-
-    documents = read_documents(corpus)
-    train = [d for i, d in enumerate(documents) if not is_validation(i, seed, VAL_FRACTION)]
-    val = [d for i, d in enumerate(documents) if is_validation(i, seed, VAL_FRACTION)] or documents[-1:]
-    return train, val
-
 
 @dsl_app.command("train", epilog="Examples:\n\n"
                  "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --steps 2000 --out runs/dsl\n\n"
@@ -60,122 +49,27 @@ def train_cmd(
     seed: Seed = 0, device: Device = "auto", force: Force = False, precision: Precision = "auto",
 ):
     """Train a DSL denoiser (fixed budget, resumable)."""
-    from dataclasses import asdict
-
-    from bridges.channel import SNR_SCHEMES
-    from bridges.dsl import (DSLConfig, DSLModel, DSLTrainSettings, load_dsl, pretrained_dsl, read_config, save_config,
-                             sequences, train_dsl)
-    from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
-    from bridges.train import TrainConfig, training_summary, write_training_record
+    from bridges.dsl import DSLShape, DSLTrainSettings, fit_dsl
+    from bridges.train import TrainConfig
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
-    from geoprobe.errors import BadInput
-    from geoprobe.report.terminal import Bar
-    from geoprobe.rundir import CONFIG, build, clear, holding, is_empty
 
-    if snr not in SNR_SCHEMES:
-        raise BadInput(f"unknown --snr {snr!r} (use {', '.join(SNR_SCHEMES)})")
-    if init is not None and init_from is not None:
-        raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
-    tokenizer = tokenizer or init_from or "train:4096"
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                             save_every=max(1, min(200, steps)), precision=precision)
     settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
-    settings.validate()
+    shape = DSLShape(d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
+                     learn_table=not freeze_table, table_init=table_init)
     resolve_device(device)
-    train_docs, val_docs = _split(corpus, seed)
-    identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None,
-                **({"init_from": init_from} if init_from else {})}
-    world = world_from()
-    with holding(out, "geoprobe dsl train", world.rank):
-        if force and world.is_main:
-            clear(out)
-        world.barrier()
-        if (out / CONFIG).is_file():
-            old = read_config(out)
-            if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
-                raise BadInput(f"{out} holds another training run; use another --out or --force")
-            tok = load_saved_tokenizer(out)
-            model = DSLModel(build(DSLConfig, old.get("model", {}), out / CONFIG), seed=seed)
-        else:
-            if not is_empty(out):
-                raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
-            tok = load_tokenizer(tokenizer, train_docs)
-            if init_from is not None:
-                model = pretrained_dsl(init_from, tok, d_tok, not freeze_table, seed=seed,
-                                       table_init=_table_init(table_init, init_from, None, d_tok))
-                model_cfg = model.cfg
-            else:
-                model_cfg = DSLConfig(vocab_size=len(tok), d_tok=d_tok, d_model=d_model, n_layers=n_layers,
-                                      n_heads=n_heads, norm_input=norm_input, learn_table=not freeze_table)
-                model = DSLModel(model_cfg, table_init=_table_init(table_init, tokenizer, len(tok), d_tok), seed=seed)
-            if init is not None:
-                start = load_dsl(init)
-                if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
-                    raise BadInput(f"tokenizer mismatch: {init} was trained with another vocabulary than --tokenizer {tokenizer}")
-                if start.cfg != model_cfg:
-                    raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
-                model.load_state_dict(start.state_dict())
-            world.barrier()  # every rank has looked at the directory before rank 0 fills it
-            if world.is_main:
-                out.mkdir(parents=True, exist_ok=True)
-                save_tokenizer(tok, out)
-                save_config(out, model_cfg, settings, {"identity": identity})
-        data = sequences(token_stream(train_docs, tok), seq_len)
-        bar = Bar("dsl train", "step", quiet=state.quiet or state.format == "json")
-        try:
-            trained = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=bar, world=world)
-        finally:
-            bar.stop()
-        if not world.is_main:  # data-parallel ranks: rank 0 evaluates and writes
-            return
-        metrics = _evaluate(out, val_docs, tok, seq_len, device)
-        metrics.update(training_summary(trained))
-        write_training_record(out, metrics, trained, "DSL model")
+    metrics = fit_dsl(out, corpus, tokenizer, settings, shape, init=init, init_from=init_from, force=force,
+                      device=device, progress=progress("dsl train", "step"), world=world_from())
+    if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"dsl train → {out}")
 
 
-def _table_init(kind: str, tokenizer_spec: str, vocab_size: int, d_tok: int):
-    """None (random) or the PCA of a backbone's input embeddings, for `--table-init pca`."""
-    from bridges.channel import TokenTable
-    from geoprobe.errors import BadInput
-
-    if kind == "random":
-        return None
-    if kind != "pca":
-        raise BadInput(f"unknown --table-init {kind!r} (use random or pca)")
-    if tokenizer_spec == "char" or tokenizer_spec.startswith("train:"):
-        raise BadInput("--table-init pca needs --tokenizer to name a model whose embeddings to use")
-    from geoprobe.backbone import load_backbone
-
-    embeddings = load_backbone(tokenizer_spec, device="cpu").model.get_input_embeddings().weight.detach()
-    vocab_size = vocab_size or len(embeddings)
-    if len(embeddings) < vocab_size:
-        raise BadInput(f"the model's embedding table has {len(embeddings)} rows, fewer than the vocabulary ({vocab_size})")
-    return TokenTable.pca_init(embeddings[:vocab_size], d_tok)
-
-
-def _evaluate(folder: Path, documents, tokenizer, seq_len: int, device: str, max_seqs: int = 32) -> dict:
-    from bridges.dsl import load_dsl, sequences
-    from bridges.likelihood import mdlm_elbo
-    from bridges.tokens import token_stream
-    from geoprobe.backbone import resolve_device
-
-    model = load_dsl(folder, resolve_device(device))
-    ids = token_stream(documents, tokenizer)
-    data = sequences(ids, min(seq_len, len(ids)))[:max_seqs].to(resolve_device(device))
-    nats = mdlm_elbo(model, data).mean().item()
-    return {"val_sequences": len(data), "val_mdlm_elbo_nats_per_token": nats,
-            "val_mdlm_elbo_bits_per_token": nats / math.log(2)}
-
-
 def _report(data: dict, title: str) -> None:
-    if state.format == "json":
-        emit_json(data)
-    elif not state.quiet:
-        from geoprobe.report.terminal import print_table
+    from geoprobe.report.terminal import print_table
 
-        print_table(title, ["key", "value"], [[k, v] for k, v in data.items()])
+    show(data, lambda: print_table(title, ["key", "value"], [[k, v] for k, v in data.items()]))
 
 
 def _load_denoiser(model: Path, device: str, decode: str = "stack"):
@@ -268,13 +162,15 @@ def _write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: f
             "model": model, "file": str(out / "samples.jsonl")}
     with open(out / "samples.meta.jsonl", "a") as handle:
         handle.write(json.dumps(meta) + "\n")
-    if state.format == "json":
-        emit_json({"meta": meta, "samples": rows})
-    elif not state.quiet:
+    def for_people():
+        from geoprobe.report.terminal import print_table
+
         for row in rows[:4]:
             print(row["text"][:200].replace("\n", " "))
-        _report({k: meta.get(k) for k in ("sampler", "steps", "nfe", "skipped_calls", "seconds", "tokens_per_second")},
-                f"{len(rows)} samples → {out / 'samples.jsonl'}")
+        print_table(f"{len(rows)} samples → {out / 'samples.jsonl'}", ["key", "value"],
+                    [[k, meta.get(k)] for k in ("sampler", "steps", "nfe", "skipped_calls", "seconds", "tokens_per_second")])
+
+    show({"meta": meta, "samples": rows}, for_people)
 
 
 def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out: Path | None, seed: int,
@@ -326,7 +222,7 @@ def nll(
     model, the 90/5/5% split, sequences of 256 characters, bits per character."""
     import torch
 
-    from bridges.dsl import read_config, sequences
+    from bridges.dsl import read_config, sequences, split_documents
     from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
     from bridges.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
     from geoprobe.corpus import read_documents
@@ -354,7 +250,7 @@ def nll(
         protocol = {"protocol": "text8", "split": split, "chars": [start, end]}
     else:
         if trained.get("identity", {}).get("corpus") == corpus:  # the training corpus: its held-out documents
-            documents = _split(corpus, trained["training"]["train"]["seed"])[1]
+            documents = split_documents(corpus, trained["training"]["train"]["seed"])[1]
         else:
             documents = read_documents(corpus)
         ids = token_stream(documents, tokenizer)

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.app import app
+from geoprobe.cli.output import show
 from geoprobe.cli.options import Device, Seed, state
 from geoprobe.errors import BadInput
 
@@ -104,13 +105,9 @@ def evaluate(
         for name, row in results.items():
             Path(name).with_suffix(".metrics.json").write_text(json.dumps({**header, "results": {name: row}}, indent=2))
     target = out or Path(samples[0]).with_suffix(".metrics.json")
-    if state.format == "json":
-        emit_json(results)
-    elif not state.quiet:
-        from geoprobe.report.terminal import print_table
+    keys = ["samples", "gen_ppl", "diversity", "unigram_entropy", "rep_4", "mauve", "mauve_std", "oracle_nll_per_word"]
+    present = [k for k in keys if any(k in r for r in results.values())]
+    from geoprobe.report.terminal import print_table
 
-        keys = ["samples", "gen_ppl", "diversity", "unigram_entropy", "rep_4", "mauve", "mauve_std",
-                "oracle_nll_per_word"]
-        present = [k for k in keys if any(k in r for r in results.values())]
-        print_table(f"metrics → {target}", ["file", *present],
-                    [[Path(n).name, *[r.get(k, "") for k in present]] for n, r in results.items()])
+    show(results, lambda: print_table(f"metrics → {target}", ["file", *present],
+                                      [[Path(n).name, *[r.get(k, "") for k in present]] for n, r in results.items()]))

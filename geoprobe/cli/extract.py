@@ -6,9 +6,10 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.app import app
+from geoprobe.cli.output import progress, show
 from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Out, Seed,
-                                  SeqLen, Rank, Tokens, TrustRemoteCode, WorldSize, state)
+                                  SeqLen, Rank, Tokens, TrustRemoteCode, WorldSize)
 
 
 @app.command(epilog="Examples:\n\n"
@@ -46,22 +47,19 @@ def extract(
     from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig
     from geoprobe.extract import extract as run_extract
-    from geoprobe.report.terminal import Bar, print_table
+    from geoprobe.report.terminal import print_table
 
     cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
                         positions=positions, doc_blocks=doc_blocks or 0, skip_first=skip_first, seed=seed, storage=storage,
                         text_field=text_field, shard_rows=shard_rows, dtype=dtype, batch_size=batch_size,
                         device=device, device_map=device_map, trust_remote_code=trust_remote_code)
-    bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
+    bar = progress("extract", "tok")
     try:
         manifest = run_extract(cfg, out, force=force, progress=bar, world=world_from(rank, world_size))
     finally:
         bar.stop()
-    if state.format == "json":
-        emit_json(manifest)
-    elif not state.quiet:
-        dtypes = sorted({d for s in manifest["shards"] for d in s["dtypes"].values()})
-        print_table(f"extract → {out}", ["key", "value"], [
+    dtypes = sorted({d for s in manifest["shards"] for d in s["dtypes"].values()})
+    show(manifest, lambda: print_table(f"extract → {out}", ["key", "value"], [
             ["model", manifest["model"]["spec"]],
             ["layers", f"{manifest['layers'][0]}..{manifest['layers'][-1]} ({len(manifest['layers'])})"],
             ["rows per layer", manifest.get("rows", sum(s["rows"] for s in manifest["shards"]))],
@@ -69,4 +67,4 @@ def extract(
             ["shards", len(manifest["shards"])],
             ["storage", ", ".join(dtypes)],
             ["status", manifest["status"]],
-        ])
+        ]))

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.app import app
+from geoprobe.cli.output import show
 from geoprobe.cli.options import state
 
 
@@ -35,14 +36,11 @@ def compare(
         lines = {(r["generator"], r["sampler"]) for r in points}
         points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
         result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
-    if state.format == "json":
-        emit_json(result)
-    elif not state.quiet:
-        from geoprobe.report.terminal import print_table
+    from geoprobe.report.terminal import print_table
 
-        keys = ["generator", "sampler", "nfe", "train_tokens", "gen_ppl", "diversity", "mauve", "budget"]
-        print_table(f"comparison → {table}", keys, [[r.get(k) if r.get(k) is not None else "—" for k in keys]
-                                                     for r in rows])
+    keys = ["generator", "sampler", "nfe", "train_tokens", "gen_ppl", "diversity", "mauve", "budget"]
+    show(result, lambda: print_table(f"comparison → {table}", keys,
+                                     [[r.get(k) if r.get(k) is not None else "—" for k in keys] for r in rows]))
 
 
 @app.command(epilog="Example:\n\n  geoprobe report runs/demo")
@@ -51,7 +49,7 @@ def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
     from geoprobe.report.compare import write_report
 
     path = write_report(run)
-    emit_json({"report": str(path)}) if state.format == "json" else print(f"report: {path}")
+    show({"report": str(path)}, lambda: print(f"report: {path}"))
 
 
 def _step(*argv) -> None:
@@ -163,9 +161,10 @@ def demo(
                "depth": sweep.get("depth", {}).get("statement"),
                "generation": [{k: r.get(k) for k in ("generator", "sampler", "gen_ppl", "mauve", "oracle_nll_per_word",
                                                      "budget")} for r in read_rows(run / "compare.csv")]}
-    if state.format == "json":
-        emit_json(summary)
-        return
+    show(summary, lambda: _print_demo(summary, sweep, losses))
+
+
+def _print_demo(summary: dict, sweep: dict, losses: list[str]) -> None:
     from geoprobe.metrics.correlation import describe
     from geoprobe.report.terminal import print_table
 
@@ -176,5 +175,5 @@ def demo(
           f"{summary['worst_layer']}; {summary['depth']}")
     for loss in losses:
         print(describe(loss, sweep[loss]))
-    print(f"report: {path}")
+    print(f"report: {summary['report']}")
 

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app, emit_json
+from geoprobe.cli.app import app
+from geoprobe.cli.output import progress, show
 from geoprobe.cli.options import (BatchSize, DocBlocks, Device, DeviceMap, Dtype, Force, Layers, Rank, Seed, SeqLen, Tokens,
                                   TrustRemoteCode, WorldSize, state)
 
@@ -56,12 +57,9 @@ def _show_plan(model, out, cfg) -> None:
 
     plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
                      cfg.dtype, cfg.trust_remote_code)
-    if state.format == "json":
-        emit_json(plan.record())
-    elif not state.quiet:
-        from geoprobe.report.terminal import print_table
+    from geoprobe.report.terminal import print_table
 
-        print_table(f"plan for {model} on {plan.device} ({plan.dtype})", ["need", "size", "detail"], [
+    show(plan.record(), lambda: print_table(f"plan for {model} on {plan.device} ({plan.dtype})", ["need", "size", "detail"], [
             ["parameters", human(plan.parameter_bytes), f"{plan.parameters:,} x {plan.dtype}"],
             ["activations / batch", human(plan.activation_bytes),
              f"{plan.batch_size} x {plan.seq_len} tokens, {plan.layers} captured layers "
@@ -71,7 +69,7 @@ def _show_plan(model, out, cfg) -> None:
                                                               "centred copy, one kNN distance chunk"],
             ["disk (shards)", human(plan.disk_bytes), f"{plan.rows:,} rows x {plan.layers} layers x d={plan.hidden_size}; "
                                                       f"{human(plan.disk_available)} free"],
-        ])
+        ]))
     check_fits(plan)
 
 
@@ -87,12 +85,11 @@ def _geometry(run, settings, device):
     """Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
-    from geoprobe.report.terminal import Bar
     from geoprobe.rundir import holding
     from geoprobe.pipeline import geometry_step
 
     world = world_from()
-    bar = Bar("geometry", "layer", quiet=state.quiet or state.format == "json")
+    bar = progress("geometry", "layer")
     try:
         with holding(run, "geoprobe geometry", world.rank):
             return geometry_step(run, settings, resolve_device(world.device(device)), progress=bar, world=world)[0]
@@ -123,14 +120,14 @@ def _rank_and_show(run, geometry, weights, log, extra=None):
         return None
     ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
     warning = _warn_massive(run, geometry)
-    if state.format == "json":
-        emit_json({**(extra or {}), "ranking": ranking, "plot": str(plot), "warning": warning})
-    elif not state.quiet:
+    def for_people():
         print_ranking(ranking, geometry)
         other = ranking.get("other")
         alternative = (f"; with massive channels {'excluded' if other['drop_massive_channels'] else 'kept'}: "
                        f"{other['chosen_layer']}" if other else "")
         print(f"chosen layer: {ranking['chosen_layer']}{alternative}   plot: {plot}")
+
+    show({**(extra or {}), "ranking": ranking, "plot": str(plot), "warning": warning}, for_people)
     return ranking
 
 
@@ -144,17 +141,13 @@ def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 409
     result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
                                       drop_massive_channels, reseeds), device)
     _warn_massive(run, result)
-    if state.format == "json":
-        emit_json(result)
-    elif not state.quiet:
-        from geoprobe.report.terminal import print_table
+    from geoprobe.report.terminal import print_table
 
-        norm = result["settings"]["normalize"]
-        print_table(f"geometry of {run} (normalize={norm})", ["layer", "curv", "mono", "erank", "dup", "massive",
-                                                               "massive channels"],
-                    [[l["layer"], l[norm]["curv"]["value"], l[norm]["mono"]["value"], l[norm]["erank"]["value"],
-                      round(l["duplicate_fraction"], 3), l["massive"], len(l["massive_channels"])]
-                     for l in result["layers"]])
+    norm = result["settings"]["normalize"]
+    show(result, lambda: print_table(
+        f"geometry of {run} (normalize={norm})", ["layer", "curv", "mono", "erank", "dup", "massive", "massive channels"],
+        [[l["layer"], l[norm]["curv"]["value"], l[norm]["mono"]["value"], l[norm]["erank"]["value"],
+          round(l["duplicate_fraction"], 3), l["massive"], len(l["massive_channels"])] for l in result["layers"]]))
 
 
 @app.command(epilog="Examples:\n\n  geoprobe rank runs/kjv\n\n  geoprobe rank runs/kjv --weights 1,1,0 --log")
@@ -195,7 +188,6 @@ def scan(
 
     from geoprobe.distributed import world_from
     from geoprobe.extract import ExtractConfig, extract
-    from geoprobe.report.terminal import Bar
     from geoprobe.ranking import parse_weights
     from geoprobe.rundir import holding
     from geoprobe.pipeline import default_corpus
@@ -226,7 +218,7 @@ def scan(
                     and not any(damaged_shard(out, shard) for shard in existing["shards"]))
         began = time.perf_counter()
         if not finished:  # a finished extraction is not even reloaded (extract re-extracts damaged shards)
-            bar = Bar("extract", "tok", quiet=state.quiet or state.format == "json")
+            bar = progress("extract", "tok")
             try:
                 manifest = extract(cfg, out, force=force, progress=bar, world=world)
             finally:
