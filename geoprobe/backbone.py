@@ -24,6 +24,7 @@ import torch
 
 from geoprobe.capture import capture, stream_arg
 from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.rundir import sha256_file
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,12 +62,24 @@ def resolve_dtype(spec: str, device: torch.device, checkpoint_dtype) -> torch.dt
     return DTYPES[spec]
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+    """`all`, `0-8`, `0,3,7` or a mix (`0-3,7`) -> sorted layer list within 0..num_layers."""
+    if spec.strip() == "all":
+        return list(range(num_layers + 1))
+    layers: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            start, stop = int(lo), int(hi) if sep else int(lo)
+            if start > stop:
+                raise ValueError
+            layers.update(range(start, stop + 1))
+    except ValueError:
+        raise BadInput(f"malformed layer spec {spec!r}: use all, 0-8, 0,3,7 or a mix like 0-3,7") from None
+    outside = sorted(l for l in layers if not 0 <= l <= num_layers)
+    if outside:
+        raise BadInput(f"layer {outside[0]} out of range: this model has layers 0..{num_layers}")
+    return sorted(layers)
 
 
 def config_hash(config) -> str:
@@ -270,6 +283,7 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None))
     if device_map is None:  # checked before any weight is read, on the CPU and on one GPU alike
+        # here, not at the top: the plan reads configs through this module (a cycle otherwise)
         from geoprobe.plan import load_dtype
         from geoprobe.report.terminal import console
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 
 from geoprobe import __version__
-from geoprobe.backbone import Backbone, load_backbone
+from geoprobe.backbone import Backbone, load_backbone, parse_layers
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.distributed import SINGLE, World
@@ -27,26 +27,6 @@ from geoprobe.rundir import disk_full_message, holding, is_disk_full, write_json
 from geoprobe.store import (HIDDEN, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
                             open_run, rank_parts, read_manifest, shard_file, check_shards, state_array,
                             JOURNAL, append_journal, merge_entries, rank_journal, read_journal)
-
-
-def parse_layers(spec: str, num_layers: int) -> list[int]:
-    """`all`, `0-8`, `0,3,7` or a mix (`0-3,7`) -> sorted layer list within 0..num_layers."""
-    if spec.strip() == "all":
-        return list(range(num_layers + 1))
-    layers: set[int] = set()
-    try:
-        for part in spec.split(","):
-            lo, sep, hi = part.strip().partition("-")
-            start, stop = int(lo), int(hi) if sep else int(lo)
-            if start > stop:
-                raise ValueError
-            layers.update(range(start, stop + 1))
-    except ValueError:
-        raise BadInput(f"malformed layer spec {spec!r}: use all, 0-8, 0,3,7 or a mix like 0-3,7") from None
-    outside = sorted(l for l in layers if not 0 <= l <= num_layers)
-    if outside:
-        raise BadInput(f"layer {outside[0]} out of range: this model has layers 0..{num_layers}")
-    return sorted(layers)
 
 
 def parse_positions(spec: str) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from geoprobe.errors import BadInput
+from geoprobe.rundir import human
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
 
@@ -126,8 +127,9 @@ def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device,
 
 def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
               device: str, dtype: str, trust_remote_code: bool = False) -> ScanPlan:
-    from geoprobe.backbone import check_architecture, load_config, resolve_device, resolve_dtype, resolve_source
-    from geoprobe.extract import parse_layers
+    # here, not at the top: loading a backbone consults this module's memory check first
+    from geoprobe.backbone import (check_architecture, load_config, parse_layers, resolve_device, resolve_dtype,
+                                   resolve_source)
     from geoprobe.store import check_writable
 
     check_writable(out)
@@ -161,9 +163,3 @@ def check_fits(plan: ScanPlan) -> None:
                        "or --device-map auto")
 
 
-def human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} TiB"

@@ -11,6 +11,7 @@ own `.geoprobe.rank-R.lock`, so two processes with the same rank are still refus
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -20,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from geoprobe.errors import BadInput, short
-from geoprobe.plan import human
 
 LOCK = ".geoprobe.lock"
 _held: dict[Path, int] = {}  # lock path -> nesting depth in this process (scan holds what extract locks again)
@@ -224,3 +224,20 @@ def load_weights(module, path: Path) -> None:
         module.load_state_dict(load_file(path))
     except Exception as exc:
         raise BadInput(f"{path} is truncated, corrupt or from another version ({short(exc)})") from exc
+
+
+def human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """The SHA-256 of a file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -26,9 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from geoprobe.backbone import sha256_file
 from geoprobe.errors import BadInput, GeoprobeError
-from geoprobe.rundir import is_empty, nearest_existing, read_json
+from geoprobe.rundir import is_empty, nearest_existing, read_json, sha256_file
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"

@@ -17,7 +17,8 @@ import torch
 from geoprobe.backbone import load_backbone
 from geoprobe.capture import capture
 from geoprobe.cli.app import main
-from geoprobe.extract import ExtractConfig, extract, parse_layers
+from geoprobe.backbone import parse_layers
+from geoprobe.extract import ExtractConfig, extract
 from geoprobe.store import RunReader, read_manifest, state_array
 from tests.conftest import build_model, interrupted_copy, read_json, write_corpus
 

@@ -28,31 +28,12 @@ Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: cor
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision):
-    """The training settings, every flag checked: called before anything loads."""
-    from bridges.train import TrainConfig
-    from geoprobe.errors import BadInput
-
-    if vocab not in ("corpus", "all"):
-        raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
-    if until not in ("plateau", "steps"):
-        raise BadInput(f"--until must be plateau or steps, got {until!r}")
-    if not 0 <= sigma_b < float("inf"):
-        raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
-    warmup = max(1, steps // 10)
-    every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
-    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                            save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
-                            min_steps=max(2 * warmup, 5 * every), precision=precision)
-    train_cfg.validate()
-    return train_cfg
-
-
 def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
              eval_every, vocab, precision):
+    from bridges.fit import bridge_training
     from bridges.hidden import BridgeConfig
 
-    train_cfg = _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
+    train_cfg = bridge_training(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
     cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
                        hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
                        n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, vocab=vocab,
@@ -100,6 +81,7 @@ def bridge(
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
+    from bridges.fit import bridge_training
     from geoprobe.distributed import world_from
     from geoprobe.backbone import check_device_map
     from geoprobe.errors import BadInput
@@ -116,7 +98,7 @@ def bridge(
         raise BadInput(f"--layer must be >= 0, got {layer}")
     args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab,
             precision)
-    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
+    bridge_training(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)  # flags checked first
     check_device_map(device_map)
     with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
         source = open_source(run, model, corpus, seq_len, seed, world_from().device(device, device_map), dtype,
@@ -144,14 +126,15 @@ def sweep(
 ):
     """One bridge per layer, each trained to its plateau under one step cap; Spearman ρ between
     the geometry score and each validation loss (nmse, nmse_dim, delta_ce, nmse_noisy)."""
+    from bridges.fit import bridge_training
     from geoprobe.distributed import world_from
-    from geoprobe.extract import parse_layers
+    from geoprobe.backbone import parse_layers
     from geoprobe.rundir import holding
     from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
 
     args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab,
             precision)
-    _train_config(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
+    bridge_training(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)  # flags checked first
     scores = {r["layer"]: r for r in ranking_rows(run)}
     with holding(run / "bridges", "geoprobe sweep", world_from().rank):  # one sweep at a time on a run
         source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)

@@ -37,7 +37,7 @@ def _same_extraction(manifest: dict, cfg) -> bool:
     anything else goes through `extract`, which resumes or names the differing keys)."""
     from dataclasses import asdict
 
-    from geoprobe.extract import parse_layers
+    from geoprobe.backbone import parse_layers
 
     stored = manifest["config"]
     wanted = asdict(cfg)
@@ -53,7 +53,8 @@ def _same_extraction(manifest: dict, cfg) -> bool:
 
 def _show_plan(model, out, cfg) -> None:
     """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
-    from geoprobe.plan import check_fits, human, plan_scan
+    from geoprobe.plan import check_fits, plan_scan
+    from geoprobe.rundir import human
 
     plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
                      cfg.dtype, cfg.trust_remote_code)
