@@ -71,7 +71,7 @@ def _quiet_libraries() -> None:
 
 
 def _register() -> None:
-    from geoprobe.cli import bridge, dsl, evaluate, extract, report, scan  # noqa: F401  (commands register themselves)
+    from geoprobe.cli import bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401  (commands register themselves)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,166 @@
+"""Generating and scoring text with any trained generator: a DSL checkpoint, a bridge directory
+(the hybrid through the frozen upper stack, or the layer-0 rounding baseline), or a causal LM
+itself (the AR ceiling); samples.jsonl and its meta rows; the held-out NLL of a DSL model.
+What `geoprobe sample` and `geoprobe nll` call."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from geoprobe.errors import BadInput
+
+
+def load_denoiser(model: Path, device: str, decode: str = "stack"):
+    """(TokenDenoiser, tokenizer) from a DSL checkpoint or a bridge directory."""
+    from bridges.dsl import load_dsl, read_config
+    from bridges.tokens import load_saved_tokenizer
+    from geoprobe.backbone import resolve_device
+
+    kind = read_config(model).get("kind")
+    if kind == "dsl":
+        return load_dsl(model, resolve_device(device)), load_saved_tokenizer(model)
+    if kind == "bridge":
+        from bridges.hidden import HybridDenoiser, RoundingDenoiser, Teacher, load_bridge
+        from geoprobe.backbone import load_backbone
+
+        bridge, record = load_bridge(model)
+        backbone = load_backbone(record["identity"]["model"], device=device)
+        if backbone.identity["config_sha256"] != record["identity"]["model_config_sha256"]:
+            raise BadInput(f"{model} was trained on another backbone than {record['identity']['model']} is now")
+        bridge.to(backbone.input_device)
+        teacher = Teacher(backbone, bridge.cfg.layer)
+        bos = backbone.tokenizer.bos_token_id
+        denoiser_class = RoundingDenoiser if decode == "round" else HybridDenoiser
+        return denoiser_class(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
+    raise BadInput(f"{model} holds a {kind!r} checkpoint, not a DSL model or a bridge")
+
+
+def generate(model: Path, sampler: str, num: int, length: int, out: Path | None, seed: int = 0, device: str = "auto",
+             decode: str = "stack", steps: int | None = None, top_p: float = 1.0, per_step: int | None = None,
+             eta: float = 0.02, eta_cap: float = 0.02, switch_snr: float = 5.0, finisher: str = "mdlm") -> dict:
+    """`num` samples of `length` tokens from `model` with `sampler` (or `ar`: the causal LM
+    itself, left to right), written to OUT/samples.jsonl with a row in samples.meta.jsonl;
+    every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
+    from geoprobe.store import check_writable
+    from samplers import SAMPLERS, check_options, make_sampler
+
+    check_options(steps=steps, top_p=top_p, per_step=per_step, eta=eta, eta_cap=eta_cap, switch_snr=switch_snr,
+                  finisher=finisher, num=num, length=length)
+    if out is not None:
+        check_writable(out)
+    if sampler == "ar":  # the ceiling: the backbone itself, sampled left to right with its KV cache
+        return _sample_autoregressive(str(model), num, length, top_p, out, seed, device)
+    if sampler not in SAMPLERS:
+        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)}, or ar for a causal LM)")
+    if decode not in ("stack", "round"):
+        raise BadInput(f"unknown --decode {decode!r} (use stack or round)")
+    options = {"steps": steps if steps is not None else (None if sampler == "roar" else 64), "top_p": top_p,
+               "per_step": per_step, "eta": eta, "eta_cap": eta_cap, "switch_snr": switch_snr}
+    if sampler == "hybrid":
+        finishing = {k: v for k, v in options.items() if k in inspect.signature(SAMPLERS[finisher]).parameters}
+        options["finisher"] = make_sampler(finisher, **finishing)
+    accepted = inspect.signature(SAMPLERS[sampler]).parameters
+    chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
+    denoiser, tokenizer = load_denoiser(model, device, decode)
+    result = chosen.sample(denoiser, num, length, seed)
+    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": decode}
+    # the model's absolute path: compare may run from elsewhere
+    return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(Path(model).resolve()))
+
+
+def write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: float, model: str) -> dict:
+    """samples.jsonl (text and token ids; replaced whole) and one appended samples.meta.jsonl row."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids} for ids in token_ids]
+    tmp = out / ".samples.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(out / "samples.jsonl")
+    total = sum(len(ids) for ids in token_ids)
+    meta = {**meta, "seconds": round(seconds, 4), "tokens_per_second": round(total / max(seconds, 1e-9), 2),
+            "model": model, "file": str(out / "samples.jsonl")}
+    with open(out / "samples.meta.jsonl", "a") as handle:
+        handle.write(json.dumps(meta) + "\n")
+    return {"meta": meta, "samples": rows}
+
+
+def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out: Path | None, seed: int,
+                           device: str) -> dict:
+    from geoprobe.backbone import load_backbone
+
+
+    if out is None:
+        raise BadInput("--sampler ar needs --out (the model is not a checkpoint directory)")
+    if not 0 < top_p <= 1:
+        raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
+    backbone = load_backbone(model, device=device)
+    tok = backbone.tokenizer
+    start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    prompt = torch.full((num, 1), start_id, device=backbone.input_device)
+    # a fixed-length sample has no end and no unknown word: neither token may be drawn
+    suppressed = sorted({t for t in (tok.eos_token_id, tok.unk_token_id) if t is not None})
+    torch.manual_seed(seed)
+    began = time.perf_counter()
+    with torch.no_grad():
+        generated = backbone.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
+                                            top_p=top_p, top_k=0, max_new_tokens=length, min_new_tokens=length,
+                                            pad_token_id=start_id, eos_token_id=None, use_cache=True,
+                                            suppress_tokens=suppressed or None)
+    seconds = time.perf_counter() - began
+    meta = {"sampler": "ar", "steps": length, "top_p": top_p, "seed": seed, "num": num, "length": length,
+            "nfe": length, "skipped_calls": 0, "decode": "causal"}
+    return write_samples(out, tok, generated[:, 1:].tolist(), meta, seconds, model)
+
+
+def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32, estimators: str = "mdlm,roar,continuous",
+               batch_size: int = 8, seed: int = 0, device: str = "auto", split: str = "test") -> dict:
+    """Bits per token and per character of held-out text under a DSL checkpoint (the training
+    corpus: its held-out documents; a Text8 file: the Text8 protocol, bits per character)."""
+    from bridges.dsl import read_config, sequences, split_documents
+    from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
+    from bridges.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
+    from geoprobe.corpus import read_documents
+
+    table = {"mdlm": mdlm_elbo, "roar": roar_nll, "continuous": continuous_bound}
+    chosen = [e.strip() for e in estimators.split(",")]
+    unknown = [e for e in chosen if e not in table]
+    if unknown:
+        raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")
+    if split not in TEXT8_SPLITS:  # checked whatever the corpus: a wrong flag is a mistake either way
+        raise BadInput(f"unknown --split {split!r} (use {', '.join(TEXT8_SPLITS)})")
+    trained = read_config(model)
+    if trained.get("kind") != "dsl":  # a bridge's likelihood passes through the frozen backbone: not defined here
+        raise BadInput(f"nll scores DSL checkpoints; {model} holds a {trained.get('kind')!r} checkpoint "
+                       "(score its samples with `geoprobe eval` instead)")
+    denoiser, tokenizer = load_denoiser(model, device)
+    protocol = {}
+    if is_text8(corpus):
+        if tokenizer.get_vocab() != char_tokenizer().get_vocab():
+            raise BadInput(f"{corpus} is a Text8 file: its protocol needs a model trained with --tokenizer char")
+        text, start, end = text8_split(corpus, split)
+        seq_len, documents = TEXT8_LENGTH, [text]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # one id per character, no separators
+        protocol = {"protocol": "text8", "split": split, "chars": [start, end]}
+    else:
+        if trained.get("identity", {}).get("corpus") == corpus:  # the training corpus: its held-out documents
+            documents = split_documents(corpus, trained["training"]["train"]["seed"])[1]
+        else:
+            documents = read_documents(corpus)
+        ids = token_stream(documents, tokenizer)
+    data = sequences(ids, seq_len)[:max_seqs]
+    device_ = denoiser.table.raw.device
+    chars_per_token = 1.0 if protocol else sum(len(d) + 1 for d in documents) / max(1, len(ids))
+    result = {"model": str(model), "corpus": corpus, "documents": len(documents), "sequences": len(data),
+              "seq_len": seq_len, "seed": seed, **protocol}
+    for name in chosen:
+        values = torch.cat([table[name](denoiser, data[i:i + batch_size].to(device_), seed=seed)
+                            for i in range(0, len(data), batch_size)])
+        bits = values.mean().item() / math.log(2)
+        result[f"{name}_bits_per_token"] = bits
+        result[f"{name}_bits_per_char"] = bits / chars_per_token
+    return result
