@@ -11,10 +11,12 @@ MAUVE's authors use with GPT-2.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -133,3 +135,91 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seeds=(0, 1, 2))
                   for s in seeds]
     return {"mauve": float(np.mean(values)), "mauve_std": float(np.std(values)), "mauve_seeds": list(seeds),
             "mauve_samples": len(p_features)}
+
+
+# --- `geoprobe eval`: every metric of some samples files, in one evaluator load ----------------
+
+MAUVE_MIN_SAMPLES = 1000
+
+
+def read_samples(path: Path) -> list[str]:
+    """The texts of a samples.jsonl file (one line naming the row that has none)."""
+    if not path.is_file():
+        raise BadInput(f"samples file not found: {path}")
+    from geoprobe.corpus import iter_jsonl
+
+    texts = []
+    for number, row in iter_jsonl(path):
+        if not isinstance(row.get("text"), str):
+            raise BadInput(f"{path}:{number}: a sample row needs a string field 'text'")
+        texts.append(row["text"])
+    if not texts:
+        raise BadInput(f"samples file {path} is empty")
+    return texts
+
+
+def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
+    """Held-out reference texts cut to the samples' median length in words."""
+    import numpy as np
+
+    from geoprobe.corpus import read_documents
+
+    docs = read_documents(spec)
+    words = int(np.median([len(t.split()) for t in samples]))
+    pieces = []
+    for doc in docs:
+        tokens = doc.split()
+        pieces += [" ".join(tokens[i:i + words]) for i in range(0, len(tokens) - words + 1, words)]
+    order = np.random.default_rng(seed).permutation(len(pieces))
+    return [pieces[i] for i in order]
+
+
+def evaluate_samples(samples: list[Path], evaluator: str, references: str | None, out: Path | None, seed: int = 0,
+                     device: str = "auto", warn=print) -> tuple[dict, Path]:
+    """Gen.PPL, diversity, entropy, repetition and (with `references`) MAUVE of each samples file,
+    plus the exact NLL under the HMM for a synthetic corpus. Every file is checked before the
+    evaluator loads. Writes `out`, or SAMPLES.metrics.json beside each file; returns (results,
+    the file written first)."""
+    from geoprobe.backbone import load_backbone
+    from geoprobe.corpus import check_source
+    from geoprobe.store import check_writable
+    from geoprobe.metrics.text import text_metrics
+
+    sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
+    if references is not None:
+        check_source(references)
+    if out is not None:
+        check_writable(out.parent)
+    backbone = load_backbone(evaluator, device=device)
+    results, reference_features = {}, {}
+    oracle = None
+    if references is not None and references.startswith("synthetic:"):  # one HMM and one entropy rate per call
+        from geoprobe.synthetic import hmm_from_spec, oracle_scores
+
+        oracle = hmm_from_spec(references)
+        entropy_rate = oracle.entropy_rate()
+    for name, texts in sets.items():
+        ppl, feats = score(backbone, texts)
+        row = {"samples": len(texts), **text_metrics(texts), **ppl}
+        if references is not None:
+            refs = references_like(references, texts, seed)
+            if len(refs) < len(texts):
+                raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "
+                               f"of the samples' length from {references}, {len(texts)} samples")
+            if len(texts) < MAUVE_MIN_SAMPLES:
+                warn(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
+            key = tuple(refs[: len(texts)])  # files of the same length share their references: one pass
+            if key not in reference_features:
+                reference_features[key] = features(backbone, list(key))
+            row.update(mauve_score(feats, reference_features[key]))
+            if oracle is not None:
+                row.update(oracle_scores(oracle, texts), oracle_entropy_rate=entropy_rate)
+        results[name] = row
+    header = {"evaluator": evaluator, "references": references, "seed": seed}
+    if out is not None:
+        out.write_text(json.dumps({**header, "results": results}, indent=2))
+    else:  # each beside its samples file (never the checkpoint's own metrics.json)
+        for name, row in results.items():
+            Path(name).with_suffix(".metrics.json").write_text(json.dumps({**header, "results": {name: row}}, indent=2))
+    target = out or Path(samples[0]).with_suffix(".metrics.json")
+    return results, target
