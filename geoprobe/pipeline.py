@@ -59,6 +59,67 @@ def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, p
     return geometry, True
 
 
+def same_extraction(manifest: dict, cfg) -> bool:
+    """Whether a finished run was extracted with these flags (checked without loading the model;
+    anything else goes through `extract`, which resumes or names the differing keys)."""
+    from dataclasses import asdict
+
+    from geoprobe.backbone import parse_layers
+
+    stored = manifest["config"]
+    wanted = asdict(cfg)
+    keys = ("model", "corpus", "tokens", "seq_len", "positions", "skip_first", "seed", "storage", "text_field",
+            "dtype")
+    if any(stored.get(k) != wanted[k] for k in keys) or stored.get("doc_blocks", 0) != wanted["doc_blocks"]:
+        return False
+    try:
+        return parse_layers(cfg.layers, manifest["model"]["num_layers"]) == stored["layers"]
+    except Exception:
+        return False
+
+
+def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, force: bool = False,
+             extract_progress=None, geometry_progress=None, world: World = SINGLE) -> tuple[dict, dict]:
+    """`geoprobe scan` up to the ranking: extract (skipped when a finished run of the same flags
+    has undamaged shards; resumed otherwise), then the geometry of every layer. The caller holds
+    the directory. Returns (geometry, timing)."""
+    import time
+
+    from geoprobe.errors import GeoprobeError
+    from geoprobe.extract import extract
+    from geoprobe.store import MANIFEST, damaged_shard, read_manifest
+
+    existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
+    finished = (existing.get("status") == "complete" and same_extraction(existing, cfg)
+                and not any(damaged_shard(out, shard) for shard in existing["shards"]))
+    began = time.perf_counter()
+    if not finished:  # a finished extraction is not even reloaded (extract re-extracts damaged shards)
+        try:
+            manifest = extract(cfg, out, force=force, progress=extract_progress, world=world)
+        finally:
+            if extract_progress is not None:
+                extract_progress.stop()
+        if manifest["status"] != "complete":  # ranks started by hand: the last one to finish goes on
+            raise GeoprobeError(f"rank {world.rank} finished its shards; {manifest.get('error')}: rerun the "
+                                "remaining ranks (or this command without --rank) to finish the scan")
+    elif extract_progress is not None:
+        extract_progress.stop()
+    extracted = time.perf_counter()
+    try:
+        geometry = geometry_step(out, settings, device, progress=geometry_progress, world=world)[0]
+    finally:
+        if geometry_progress is not None:
+            geometry_progress.stop()
+    measured = time.perf_counter()
+    manifest = read_manifest(out)
+    timing = {"extract_seconds": round(extracted - began, 3) if not finished else 0.0,  # model load included
+              "forward_seconds": manifest.get("seconds_last_session"),
+              "tokens_forwarded": manifest.get("tokens_forwarded"), "rows": manifest.get("rows"),
+              "geometry_seconds": round(measured - extracted, 3),
+              "geometry_seconds_per_layer": round((measured - extracted) / len(geometry["layers"]), 3)}
+    return geometry, timing
+
+
 def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, Path]:
     """ranking.csv, ranking.md and the plot; when some layer has massive channels, the ranking
     under the opposite choice about them is shown too (`ranking["other"]`)."""

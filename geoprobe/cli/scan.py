@@ -32,25 +32,6 @@ Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) 
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
 
 
-def _same_extraction(manifest: dict, cfg) -> bool:
-    """Whether a finished run was extracted with these flags (checked without loading the model;
-    anything else goes through `extract`, which resumes or names the differing keys)."""
-    from dataclasses import asdict
-
-    from geoprobe.backbone import parse_layers
-
-    stored = manifest["config"]
-    wanted = asdict(cfg)
-    keys = ("model", "corpus", "tokens", "seq_len", "positions", "skip_first", "seed", "storage", "text_field",
-            "dtype")
-    if any(stored.get(k) != wanted[k] for k in keys) or stored.get("doc_blocks", 0) != wanted["doc_blocks"]:
-        return False
-    try:
-        return parse_layers(cfg.layers, manifest["model"]["num_layers"]) == stored["layers"]
-    except Exception:
-        return False
-
-
 def _show_plan(model, out, cfg) -> None:
     """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
     from geoprobe.plan import check_fits, plan_scan
@@ -185,10 +166,8 @@ def scan(
 ):
     """Extract, measure and rank every layer in one resumable command (several ranks under
     torchrun: each extracts its share of the shards and of every layer's geometry)."""
-    import time
-
     from geoprobe.distributed import world_from
-    from geoprobe.extract import ExtractConfig, extract
+    from geoprobe.extract import ExtractConfig
     from geoprobe.ranking import parse_weights
     from geoprobe.rundir import holding
     from geoprobe.pipeline import default_corpus
@@ -206,36 +185,16 @@ def scan(
                         shard_rows=shard_rows,
                         batch_size=batch_size, device=device, device_map=device_map,
                         trust_remote_code=trust_remote_code)
-    from geoprobe.store import MANIFEST, damaged_shard, read_manifest
-
     if plan:
         _show_plan(model, out, cfg)
         return
     settings.check_rows(tokens)  # a scan whose geometry must fail is refused before extracting
     world = world_from(rank, world_size)
-    with holding(out, "geoprobe scan", world.rank):
-        existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
-        finished = (existing.get("status") == "complete" and _same_extraction(existing, cfg)
-                    and not any(damaged_shard(out, shard) for shard in existing["shards"]))
-        began = time.perf_counter()
-        if not finished:  # a finished extraction is not even reloaded (extract re-extracts damaged shards)
-            bar = progress("extract", "tok")
-            try:
-                manifest = extract(cfg, out, force=force, progress=bar, world=world)
-            finally:
-                bar.stop()
-            if manifest["status"] != "complete":  # ranks started by hand: the last one to finish goes on
-                from geoprobe.errors import GeoprobeError
+    from geoprobe.backbone import resolve_device
+    from geoprobe.pipeline import scan_run
 
-                raise GeoprobeError(f"rank {world.rank} finished its shards; {manifest.get('error')}: rerun the "
-                                    "remaining ranks (or this command without --rank) to finish the scan")
-        extracted = time.perf_counter()
-        geometry_result = _geometry(out, settings, device)
-        measured = time.perf_counter()
-        manifest = read_manifest(out)
-        timing = {"extract_seconds": round(extracted - began, 3) if not finished else 0.0,  # model load included
-                  "forward_seconds": manifest.get("seconds_last_session"),
-                  "tokens_forwarded": manifest.get("tokens_forwarded"), "rows": manifest.get("rows"),
-                  "geometry_seconds": round(measured - extracted, 3),
-                  "geometry_seconds_per_layer": round((measured - extracted) / len(geometry_result["layers"]), 3)}
+    with holding(out, "geoprobe scan", world.rank):
+        geometry_result, timing = scan_run(out, cfg, settings, resolve_device(world.device(device)), force=force,
+                                           extract_progress=progress("extract", "tok"),
+                                           geometry_progress=progress("geometry", "layer"), world=world)
         _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out), "timing": timing})
