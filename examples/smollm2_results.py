@@ -135,7 +135,7 @@ def machine() -> str:
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float) -> None:
     """docs/results.md: how it was run, the report's tables and plots, and what they say."""
-    from geoprobe.report.compare import write_report
+    from geoprobe.report.page import write_report
 
     report = write_report(run).read_text()
     pictures = page.parent / "results"

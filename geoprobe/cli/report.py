@@ -46,7 +46,7 @@ def compare(
 @app.command(epilog="Example:\n\n  geoprobe report runs/demo")
 def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
     """report.md: model, corpus, ranking, sweep, comparison, plots and settings."""
-    from geoprobe.report.compare import write_report
+    from geoprobe.report.page import write_report
 
     path = write_report(run)
     show({"report": str(path)}, lambda: print(f"report: {path}"))
@@ -152,7 +152,8 @@ def demo(
     files.append(out / "samples" / "ar" / "samples.jsonl")
     _step("eval", *files, *curve, "--evaluator", model, "--references", corpus, *dev)  # one evaluator load
     _step("compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run)
-    from geoprobe.report.compare import read_rows, write_report
+    from geoprobe.report.compare import read_rows
+    from geoprobe.report.page import write_report
 
     path = write_report(run)
     losses = [k for k in ("nmse", "nmse_dim", "delta_ce") if k in sweep]

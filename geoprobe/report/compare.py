@@ -1,4 +1,4 @@
-"""The matched-budget comparison table and the report of a run directory.
+"""The matched-budget comparison table, its plot and the quality-against-steps curve.
 
 A generator's row joins three files that the other commands write: the samples file
 (`geoprobe sample`), its metadata row in `samples.meta.jsonl` (sampler, steps, NFE, wall time,
@@ -191,81 +191,3 @@ def compare_plot(rows: list[dict], path: Path) -> Path:
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path)
-
-
-def write_report(run: Path) -> Path:
-    """report.md of a run directory: everything the other commands wrote, with its settings."""
-    from geoprobe.store import read_manifest
-
-    run = Path(run)
-    manifest = read_manifest(run)
-    parts = [f"# geoprobe report: {manifest['model']['spec']}", "",
-             f"- corpus: `{manifest['config']['corpus']}`, {manifest.get('rows')} states per layer, "
-             f"layers {manifest['layers'][0]}..{manifest['layers'][-1]}, seq_len {manifest['config']['seq_len']}, "
-             f"seed {manifest['config']['seed']}",
-             f"- model: {manifest['model'].get('architecture')}, config sha256 "
-             f"`{manifest['model']['config_sha256'][:16]}…`, dtype {manifest['model'].get('dtype')}"]
-    model = manifest["model"]
-    if "entropy_rate" in model:  # the trained testbed records how close it is to the true distribution
-        parts.append(f"- testbed fit: held-out NLL {model['model_nll']:.3f} nats/word against the HMM's entropy rate "
-                     f"{model['entropy_rate']:.3f} (+{model['model_nll'] / model['entropy_rate'] - 1:.1%}); the "
-                     f"best unigram model reaches {model['unigram_nll']:.3f} and the best bigram model "
-                     f"{model['bigram_nll']:.3f}")
-    parts.append("")
-    if (run / "ranking.md").is_file():
-        geometry = json.loads((run / "geometry.json").read_text())
-        parts += ["## Geometry and ranking", "", f"Settings: `{json.dumps(geometry['settings'])}`", "",
-                  (run / "ranking.md").read_text().split("\n", 2)[2], "", "![geometry](plots/geometry.png)", ""]
-    if (run / "sweep.json").is_file():
-        sweep = json.loads((run / "sweep.json").read_text())
-        c = sweep["correlations"]
-        from geoprobe.metrics.correlation import describe
-
-        columns = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
-        parts += ["## Bridge sweep", "", "Each bridge trained until its validation nmse stopped improving (< 2% "
-                  "over the last 20% of its steps; `stop` says whether that rule or the step cap ended it). `nmse` "
-                  "is standardised by the total variance, `nmse_dim` by each channel's own variance (a channel with "
-                  "most of the variance cannot dominate it), `delta_ce` is the upper stack's next-token "
-                  "cross-entropy on the reconstruction minus on the true states (nats). The bridge is bidirectional "
-                  "and, at clean condition, sees the token each position must predict: its reconstruction can carry "
-                  "that token, so delta_ce can fall below zero and measures reconstruction only in part.", "",
-                  markdown_table(sweep["rows"], columns), ""]
-        parts += ["The score is higher for layers it predicts easier and every loss is higher for harder bridges, "
-                  "so the claim that the score predicts the bridge's loss means ρ < 0 here.", ""]
-        parts += [f"- {describe(loss, c[loss])}" for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy") if loss in c]
-        parts += [f"- geometry-chosen layer {c['chosen_layer']}, oracle layer (lowest delta_ce) {c['oracle_layer']}, "
-                  f"worst layer {c['worst_layer']}"]
-        if "depth" in c:
-            parts.append(f"- {c['depth']['statement']}")
-        parts += ["", "![sweep](plots/sweep.png)", "", "![validation curves](plots/sweep-curves.png)", ""]
-    if (run / "compare.md").is_file():
-        rows = read_rows(run / "compare.csv")
-        corpus = manifest["config"]["corpus"]
-        samples = min((r["samples"] for r in rows if r.get("samples")), default=0)
-        parts += ["## Generation", "", "`train_tokens` is each model's budget (for bridges, the step cap), "
-                  "`used_tokens` what it trained on before it stopped. `oracle_nll_per_word` is the exact NLL of "
-                  "the samples under the true HMM (synthetic corpora only; `oracle_invalid` counts samples holding a "
-                  "word the HMM cannot emit, left out of it)." + (
-                      f" MAUVE on {samples:.0f} samples per generator is biased upwards and too noisy to rank "
-                      "generators (mauve-text's authors use thousands); read it as a sanity check only."
-                      if samples < 1000 else ""), "",
-                  (run / "compare.md").read_text().split("\n", 2)[2], ""]
-        if corpus.startswith("synthetic:") and any(r.get("oracle_nll_per_word") is not None for r in rows):
-            from geoprobe.synthetic import hmm_from_spec, reference_sample_scores
-
-            hmm = hmm_from_spec(corpus)
-            length = int(min((r["steps"] for r in rows if "AR ceiling" in r["generator"]), default=32))
-            ref = reference_sample_scores(hmm, length)
-            parts += [f"Reference points for `oracle_nll_per_word` ({length}-word samples): the HMM's own samples "
-                      f"score {ref['hmm']:.3f} nats/word (its entropy rate is {hmm.entropy_rate():.3f}), samples of "
-                      f"the best bigram model {ref['bigram']:.3f}, of the best unigram model {ref['unigram']:.3f}.", ""]
-        parts += ["![compare](plots/compare.png)", ""]
-    if (run / "steps.csv").is_file():
-        curve = read_rows(run / "steps.csv")
-        columns = ["generator", "sampler", "steps", "nfe", "seconds", "gen_ppl", "mauve"]
-        columns += ["oracle_nll_per_word"] * any(r.get("oracle_nll_per_word") is not None for r in curve)
-        parts += ["## Quality against sampling steps", "", markdown_table(curve, columns), "",
-                  "![steps](plots/steps.png)", ""]
-    path = run / "report.md"
-    path.write_text("\n".join(parts) + "\n")
-    return path
