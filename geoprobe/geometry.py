@@ -283,7 +283,7 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     shared. Every rank returns the same result, equal to one process's up to summation order.
     """
     name = f"layer {layer}" if layer is not None else "this layer"
-    x = states.to(torch.float64)
+    x = states.to(torch.float64, copy=True)  # centred in place below: never the caller's tensor
     d = x.shape[1]
 
     every_norm = world.gather(x.norm(dim=1))
@@ -297,16 +297,20 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
         keep = [torch.ones_like(k) for k in keep]
     n, offset = len(docs), sum(int(k.sum()) for k in keep[: world.rank])
 
-    # channel variances, massive channels, then the covariance spectrum (two passes: exact centring)
+    # channel variances, massive channels, then the covariance spectrum (two passes: exact centring).
+    # Centred in place: every later use (kNN distances, duplicates, pair differences) is translation
+    # invariant, so the layer is held once in float64, not twice
     mean = world.sum(x.sum(0)) / n
-    centred = x - mean
+    x -= mean
+    centred = x
     variances = world.sum((centred * centred).sum(0)) / max(n - 1, 1)
     channels = massive_channels(variances, settings.channel_factor)
     channel_share = float(variances[channels].sum() / variances.sum().clamp(min=1e-300))
     if settings.drop_massive_channels and len(channels):
         kept = torch.ones(d, dtype=torch.bool, device=x.device)
         kept[channels] = False
-        x, mean, centred, d = x[:, kept], mean[kept], centred[:, kept], int(kept.sum())
+        x, d = x[:, kept], int(kept.sum())
+        centred = x
     eigenvalues, eigenvectors = covariance_spectrum(centred, n, world)
     trace = float(eigenvalues.clamp(min=0).sum())
     if n < 2 or trace <= 0:

@@ -58,10 +58,11 @@ class ScanPlan:
     @property
     def geometry_bytes(self) -> int:
         """What the geometry holds for one layer (run after the model is unloaded): the states in
-        float64 (held once), the centred copy, and one (512 x rows) distance chunk of the kNN.
-        A layer with massive rows or channels to drop adds one more copy of the states."""
+        float64 (centred in place: held once), the stored float16/32 rows they came from, and one
+        (512 x rows) distance chunk of the kNN. A layer with massive rows or channels to drop adds
+        one more copy of the states."""
         states = 8 * self.rows * self.hidden_size
-        return 2 * states + 8 * 512 * self.rows
+        return states + states // 2 + 8 * 512 * self.rows
 
     def record(self) -> dict:
         return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes,
