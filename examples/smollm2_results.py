@@ -176,6 +176,13 @@ def what_it_says(run: Path, out: Path) -> str:
         lines.append(f"- **Geometry predicts the bridge's {loss}?** Spearman rho = {r.get('rho'):.2f} "
                      f"(permutation p = {r.get('p'):.3f}, n = {r.get('n')} layers): this run {verdict}. The paper "
                      "reports |rho| = 0.91-0.93 on 8B models.")
+    trained = [r for r in sweep["rows"] if r["layer"] > 0]
+    if trained:
+        low, high = min(r["nmse"] for r in trained), max(r["nmse"] for r in trained)
+        lines.append(f"- **How far the bridges got:** above layer 0 their held-out nmse is {low:.2f}-{high:.2f} "
+                     "(1 = predicting the mean state; layer 0 is the source itself plus a learned update), "
+                     f"after at most {max(r['steps_run'] for r in trained)} steps each: rho compares the geometry "
+                     "with bridges that are still early in training, so it says little about fully trained ones.")
     rows = list(csv.DictReader((run / "compare.csv").open()))
 
     def best(chosen):
@@ -202,6 +209,16 @@ def what_it_says(run: Path, out: Path) -> str:
     ar, _ = best(lambda g: g.endswith("(AR ceiling)"))
     if ar is not None:
         lines.append(f"- **AR ceiling:** SmolLM2's own samples, Gen.PPL {ar:.0f}.")
+    if (run / "steps.csv").is_file():
+        curve = {}
+        for r in [*csv.DictReader((run / "steps.csv").open()), *rows]:
+            if r["generator"].endswith("/dsl") and r.get("gen_ppl") and r.get("steps"):
+                curve.setdefault(r["sampler"], {})[int(float(r["steps"]))] = float(r["gen_ppl"])
+        for sampler, points in sorted(curve.items()):
+            steps = sorted(points)
+            trend = ("falls" if points[steps[-1]] < points[steps[0]] else "does not fall")
+            lines.append(f"- **Sampler vs steps ({sampler}, DSL from scratch):** Gen.PPL "
+                         + ", ".join(f"{points[k]:.0f} at {k}" for k in steps) + f" steps: it {trend} with more steps.")
     lines += ["", "Gen.PPL is measured by SmolLM2 itself, which favours its own samples (the AR row) and "
               "rewards repetition: read it beside diversity and entropy. The rows, the sampler-vs-steps "
               "curve and the intervals are in the tables below."]

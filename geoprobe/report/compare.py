@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from geoprobe.errors import BadInput
+from geoprobe.rundir import CONFIG, METRICS, read_config, read_json
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "used_tokens", "samples", "gen_ppl",
            "diversity", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "oracle_invalid", "budget"]
@@ -24,18 +25,17 @@ COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "u
 def training_tokens(model_dir: Path) -> tuple[int | None, int | None]:
     """(budget, used): the tokens a model was allowed (step cap x batch x sequence length) and
     those it trained on (steps run, from metrics.json: fewer when the plateau rule stopped it)."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
+    if not (Path(model_dir) / CONFIG).is_file():  # a causal LM (the AR ceiling) has no training budget
         return None, None
-    record = json.loads(path.read_text())
+    record = read_config(model_dir)
     training = record.get("training", {})
     loop = training.get("train", training)
     seq_len = training.get("seq_len") or record.get("identity", {}).get("seq_len")
     if not all(k in loop for k in ("steps", "batch_size")) or not seq_len:
         return None, None
     per_step = int(loop["batch_size"]) * int(seq_len)
-    metrics = Path(model_dir) / "metrics.json"
-    ran = json.loads(metrics.read_text()).get("steps_run") if metrics.is_file() else None
+    metrics = Path(model_dir) / METRICS
+    ran = read_json(metrics, "").get("steps_run") if metrics.is_file() else None
     return int(loop["steps"]) * per_step, (int(ran) * per_step if ran else None)
 
 
