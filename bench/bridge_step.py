@@ -41,6 +41,8 @@ def main():
     parser.add_argument("--layer", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--vocab", default="all,corpus", help="the converter vocabularies to compare")
+    parser.add_argument("--precision", default="auto", choices=["auto", "float32"],
+                        help="auto: bf16 products where the CPU has them natively, as training does")
     args = parser.parse_args()
     LAYER, STEPS = args.layer, args.steps
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
@@ -55,7 +57,8 @@ def main():
           f"{SEQ}, {STEPS} steps, torch threads {torch.get_num_threads()}")
     print("  source = the converter's posterior and the embedding mixture (forward); network = the bridge's loss "
           "forward and the whole backward")
-    results = {vocab: measure(vocab, teacher, batches, support, backbone, STEPS) for vocab in args.vocab.split(",")}
+    results = {vocab: measure(vocab, teacher, batches, support, backbone, STEPS, args.precision)
+               for vocab in args.vocab.split(",")}
     for vocab, (tokens_per_s, ms, times) in results.items():
         total = sum(times.values())
         print(f"--vocab {vocab}: {tokens_per_s:,.0f} tokens/s, {ms:.1f} ms/step, teacher share "
@@ -66,12 +69,12 @@ def main():
         print(f"corpus / all: {results['corpus'][0] / results['all'][0]:.2f}x tokens/s")
 
 
-def measure(vocab, teacher, batches, support, backbone, steps):
+def measure(vocab, teacher, batches, support, backbone, steps, precision="auto"):
     """Tokens/s and the per-part seconds of `steps` training steps (after 3 warm-up steps), with
     the converter over the corpus's tokens or the whole vocabulary; clean rows as in training."""
     bridge = HiddenBridge(BridgeConfig(layer=teacher.layer, vocab_size=backbone.config.vocab_size,
                                        hidden_size=backbone.hidden_size, d_model=256, n_layers=4, vocab=vocab,
-                                       support_size=len(support) if vocab == "corpus" else 0))
+                                       support_size=len(support) if vocab == "corpus" else 0, precision=precision))
     if vocab == "corpus":
         bridge.set_support(support)
     fit_statistics(bridge, teacher, batches, BATCH, 0)
@@ -91,7 +94,7 @@ def measure(vocab, teacher, batches, support, backbone, steps):
         z = channel(bridge.table(), ids, snr, generator=g)
         a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, clean)
         t_source = time.perf_counter()
-        with mixed_precision(torch.device("cpu")):  # as the training loop does
+        with mixed_precision(torch.device("cpu"), precision):  # as the training loop does
             loss = bridge.loss(a, hl, positions_weight(mask), g)
         optimizer.zero_grad()
         loss.backward()
