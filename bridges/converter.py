@@ -30,5 +30,7 @@ class Converter(nn.Module):
 
     @staticmethod
     def mix(probs: torch.Tensor, embeddings: torch.Tensor, mask_vector: torch.Tensor) -> torch.Tensor:
-        """sum_v pi_v E[v] + pi_mask m: the source vector of each position."""
-        return probs[..., :-1] @ embeddings + probs[..., -1:] * mask_vector
+        """sum_v pi_v E[v] + pi_mask m: the source vector of each position. The product takes
+        `embeddings`' dtype (a bf16 table: bf16 inputs, float32 accumulation) and returns `probs`'."""
+        mixed = (probs[..., :-1].to(embeddings.dtype) @ embeddings).to(probs.dtype)
+        return mixed + probs[..., -1:] * mask_vector

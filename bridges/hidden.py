@@ -122,20 +122,15 @@ class HiddenBridge(nn.Module):
             table = F.embedding(self.support, table)
         kept = self._kept_embeddings(embeddings)
         if clean is None or not clean.any():
-            a = self._mixture(z, table, kept)
+            a = Converter.mix(self.converter(z, table), kept, self.mask_vector)
         else:
             # a clean row's one-hot mixture is its token's row: index it, and spend the mixture
             # only on the noisy rows (a quarter of the batch is clean in training)
             a = embeddings[clean_tokens].to(table.dtype)
             noisy = (~clean).nonzero(as_tuple=True)[0]
             if len(noisy):
-                a = a.index_put((noisy,), self._mixture(z[noisy], table, kept))
+                a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, self.mask_vector))
         return a + offsets
-
-    def _mixture(self, z: torch.Tensor, table: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-        probs = self.converter(z, table)
-        mixed = (probs[..., :-1].to(embeddings.dtype) @ embeddings).to(probs.dtype)
-        return mixed + probs[..., -1:] * self.mask_vector
 
     def standardise_source(self, a):
         return (a - self.source_mean) / self.source_scale
