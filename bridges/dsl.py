@@ -19,7 +19,7 @@ tokenizer files.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +73,9 @@ class DSLModel(nn.Module):
     def init_from(self, pretrained: nn.Module) -> None:
         """Blocks and head from a pretrained causal LM of this config's architecture, and the
         converter's output matrix from its input embedding."""
-        self.lm.load_state_dict(pretrained.state_dict(), strict=False)  # a tied head has no key of its own
+        weights = pretrained.state_dict()
+        weights.pop(input_embedding_key(pretrained))  # this model's is empty: the converter feeds inputs_embeds
+        self.lm.load_state_dict(weights, strict=False)  # a tied head has no key of its own
         self.lm.get_output_embeddings().weight.copy_(pretrained.get_output_embeddings().weight)
         # the embedding module's output, not its weight: Gemma3's scales by sqrt(d) inside it
         table = pretrained.get_input_embeddings()
@@ -119,21 +121,29 @@ class DSLModel(nn.Module):
 
 def causal_lm(config: dict) -> nn.Module:
     """A causal LM of this config (a `PretrainedConfig.to_dict()`) with random weights and an
-    untied head (the head and the converter's matrix train apart); its own input embedding is
-    unused (the converter feeds `inputs_embeds`) and frozen."""
+    untied head (the head and the converter's matrix train apart). Its input embedding is
+    replaced by an empty one: the converter feeds `inputs_embeds`, so the vocabulary-wide table
+    would only be dead weight in every checkpoint (113 MB for SmolLM2, 2 GB for Llama-3.1-8B)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = {k: v for k, v in config.items() if k != "model_type"}
     hf_config = AutoConfig.for_model(config["model_type"], **{**fields, "tie_word_embeddings": False})
     lm = AutoModelForCausalLM.from_config(hf_config)
-    lm.get_input_embeddings().weight.requires_grad_(False)
+    lm.set_input_embeddings(nn.Embedding(0, hf_config.hidden_size).requires_grad_(False))
     return lm.float()
 
 
-def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True,
-                   table_init: torch.Tensor | None = None, seed: int = 0) -> DSLModel:
+def input_embedding_key(lm: nn.Module) -> str:
+    """The state-dict key of a causal LM's input embedding weight."""
+    table = lm.get_input_embeddings()
+    return next(f"{name}.weight" for name, module in lm.named_modules() if module is table)
+
+
+def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, table_init: str = "random",
+                   seed: int = 0) -> DSLModel:
     """A DSL denoiser whose blocks, head and converter matrix start from the causal LM `spec`;
-    `tokenizer` must be that model's (one line otherwise)."""
+    `tokenizer` must be that model's (one line otherwise). `table_init="pca"` takes the token
+    table from the same loaded weights (the model is read once)."""
     from geoprobe.backbone import load_backbone, load_tokenizer
 
     own = load_tokenizer(spec)  # checked before the weights load
@@ -143,10 +153,12 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True,
     backbone = load_backbone(spec, device="cpu", dtype="float32")
     lm, hf = backbone.model, backbone.model.config
     special = [t for t in (backbone.tokenizer.bos_token_id, backbone.tokenizer.eos_token_id) if t is not None]
-    cfg = DSLConfig(vocab_size=lm.get_input_embeddings().weight.shape[0], d_tok=d_tok, d_model=hf.hidden_size,
+    embeddings = lm.get_input_embeddings().weight.detach()
+    cfg = DSLConfig(vocab_size=len(embeddings), d_tok=d_tok, d_model=hf.hidden_size,
                     n_layers=backbone.num_layers, n_heads=hf.num_attention_heads, learn_table=learn_table,
                     backbone=hf.to_dict(), bos_id=special[0] if special else 0)
-    model = DSLModel(cfg, table_init=table_init, seed=seed)
+    table = TokenTable.pca_init(embeddings, d_tok) if check_table_init(table_init) == "pca" else None
+    model = DSLModel(cfg, table_init=table, seed=seed)
     model.init_from(lm)
     return model
 
@@ -213,18 +225,6 @@ def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
 VAL_FRACTION = 0.05
 
 
-@dataclass
-class DSLShape:
-    """The network a new run builds (a resumed run keeps its own, from config.json)."""
-    d_tok: int = 64
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    norm_input: bool = False
-    learn_table: bool = True
-    table_init: str = "random"  # or pca: the top principal components of the tokenizer model's embeddings
-
-
 def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
     """(training, held-out) documents: a seeded VAL_FRACTION of the documents is held out."""
     from geoprobe.corpus import is_validation, read_documents
@@ -235,14 +235,15 @@ def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
     return train_docs, val_docs
 
 
-def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLShape,
-            init: Path | None = None, init_from: str | None = None, force: bool = False, device: str = "auto",
-            progress=None, world: World = SINGLE) -> dict | None:
+def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLConfig,
+            table_init: str = "random", init: Path | None = None, init_from: str | None = None, force: bool = False,
+            device: str = "auto", progress=None, world: World = SINGLE) -> dict | None:
     """Train (or resume) a DSL model in `out`: from scratch, from a DSL checkpoint (`init`) or
-    from a pretrained causal LM (`init_from`); evaluate it on the held-out documents and write
-    metrics.json and the curve. Returns the metrics (None on data-parallel ranks other than 0).
-    A directory holding another run is refused in one line, as is every bad setting, before
-    anything loads."""
+    from a pretrained causal LM (`init_from`, which sets the network's size itself); evaluate it
+    on the held-out documents and write metrics.json and the curve. `shape` is the network of a
+    new run (its vocab_size is the tokenizer's, whatever it says; a resumed run keeps its own).
+    Returns the metrics (None on data-parallel ranks other than 0). A directory holding another
+    run is refused in one line, as is every bad setting, before anything loads."""
     from bridges.channel import SNR_SCHEMES
     from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
     from bridges.train import training_summary, write_training_record
@@ -253,6 +254,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
         raise BadInput(f"unknown --snr {settings.snr!r} (use {', '.join(SNR_SCHEMES)})")
     if init is not None and init_from is not None:
         raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
+    check_table_init(table_init)
     settings.validate()
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
@@ -275,7 +277,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 if not is_empty(out):
                     raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
                 tok = load_tokenizer(tokenizer, train_docs)
-                model = _new_model(tok, tokenizer, shape, init, init_from, seed)
+                model = _new_model(tok, tokenizer, shape, table_init, init, init_from, seed)
                 world.barrier()  # every rank has looked at the directory before rank 0 fills it
                 if world.is_main:
                     out.mkdir(parents=True, exist_ok=True)
@@ -295,15 +297,15 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
         return metrics
 
 
-def _new_model(tok, tokenizer: str, shape: DSLShape, init: Path | None, init_from: str | None, seed: int) -> DSLModel:
+def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Path | None, init_from: str | None,
+               seed: int) -> DSLModel:
     from bridges.tokens import load_saved_tokenizer
 
     if init_from is not None:
-        return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, seed=seed,
-                              table_init=table_init(shape.table_init, init_from, None, shape.d_tok))
-    cfg = DSLConfig(vocab_size=len(tok), d_tok=shape.d_tok, d_model=shape.d_model, n_layers=shape.n_layers,
-                    n_heads=shape.n_heads, norm_input=shape.norm_input, learn_table=shape.learn_table)
-    model = DSLModel(cfg, table_init=table_init(shape.table_init, tokenizer, len(tok), shape.d_tok), seed=seed)
+        return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, table_init=table_init, seed=seed)
+    cfg = replace(shape, vocab_size=len(tok))
+    model = DSLModel(cfg, table_init=pca_table(tokenizer, len(tok), cfg.d_tok) if table_init == "pca" else None,
+                     seed=seed)
     if init is not None:
         start = load_dsl(init)
         if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
@@ -314,18 +316,19 @@ def _new_model(tok, tokenizer: str, shape: DSLShape, init: Path | None, init_fro
     return model
 
 
-def table_init(kind: str, tokenizer_spec: str, vocab_size: int | None, d_tok: int) -> torch.Tensor | None:
-    """None (random) or the PCA of a backbone's input embeddings, for `--table-init pca`."""
-    if kind == "random":
-        return None
-    if kind != "pca":
+def check_table_init(kind: str) -> str:
+    if kind not in ("random", "pca"):
         raise BadInput(f"unknown --table-init {kind!r} (use random or pca)")
-    if tokenizer_spec == "char" or tokenizer_spec.startswith("train:"):
+    return kind
+
+
+def pca_table(tokenizer_spec: str, vocab_size: int, d_tok: int) -> torch.Tensor:
+    """The token table from the PCA of a backbone's input embeddings (`--table-init pca`)."""
+    if tokenizer_spec == "char" or tokenizer_spec.startswith("train:") or tokenizer_spec == "words":
         raise BadInput("--table-init pca needs --tokenizer to name a model whose embeddings to use")
     from geoprobe.backbone import load_backbone
 
     embeddings = load_backbone(tokenizer_spec, device="cpu").model.get_input_embeddings().weight.detach()
-    vocab_size = vocab_size or len(embeddings)
     if len(embeddings) < vocab_size:
         raise BadInput(f"the model's embedding table has {len(embeddings)} rows, fewer than the vocabulary ({vocab_size})")
     return TokenTable.pca_init(embeddings[:vocab_size], d_tok)

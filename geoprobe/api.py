@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from geoprobe.errors import BadInput
+from geoprobe.errors import BadInput, GeoprobeError
 from geoprobe.store import META_COLUMNS, RunReader, column_name
 
 
@@ -121,19 +121,32 @@ def open_run(path) -> Run:
     return Run(path)
 
 
-def _invoke(command: list[str], **flags) -> None:
-    """Run a command in-process with `flags` as its options (python names; True = a bare flag)."""
+def run_command(argv: list[str]) -> None:
+    """One geoprobe command (`argv` as typed after `geoprobe`) in this process, quietly; raises
+    its error. The caller's own --quiet/--format settings are kept."""
     from geoprobe.cli.app import _register, app
+    from geoprobe.cli.options import state
 
     _register()
-    argv = ["--quiet", *command]
+    kept = state.quiet, state.format
+    try:
+        code = app(args=["--quiet", *argv], standalone_mode=False)
+    finally:
+        state.quiet, state.format = kept
+    if code:  # a command that ended with typer.Exit(code)
+        raise GeoprobeError(f"geoprobe {' '.join(argv[:2])} exited with status {code}")
+
+
+def _invoke(command: list[str], **flags) -> None:
+    """Run a command in-process with `flags` as its options (python names; True = a bare flag)."""
+    argv = list(command)
     for name, value in flags.items():
         if value is None or value is False:
             continue
         argv.append("--" + name.replace("_", "-"))
         if value is not True:
             argv.append(str(value))
-    app(args=argv, standalone_mode=False)
+    run_command(argv)
 
 
 def scan(model: str, out, **flags) -> Run:

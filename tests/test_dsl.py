@@ -296,3 +296,34 @@ def test_init_from_refuses_another_tokenizer_and_init_together(tiny_models, corp
     code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--init",
                           tmp_path, "--steps", 2, "--out", tmp_path / "b", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
+
+
+def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(tiny_models, corpus_txt, capsys,
+                                                                               tmp_path, monkeypatch):
+    """--init-from with --table-init pca loads the model once (the PCA comes from the same weights),
+    and the checkpoint holds no vocabulary-wide copy of the LM's own (unused) input embedding."""
+    from safetensors import safe_open
+
+    import geoprobe.backbone as backbone_module
+    from bridges.channel import TokenTable
+    from bridges.dsl import input_embedding_key, load_dsl
+
+    loads = []
+    real_load = backbone_module.load_backbone
+    monkeypatch.setattr(backbone_module, "load_backbone", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    model_dir, out = tiny_models("llama"), tmp_path / "dsl"
+    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--table-init",
+                          "pca", "--freeze-table", "--steps", 2, "--batch-size", 2, "--seq-len", 16, "--out", out,
+                          "--device", "cpu")
+    assert code == 0, err
+    assert len([a for a in loads if str(a[0]) == str(model_dir)]) == 1
+    model = load_dsl(out)
+    embeddings = real_load(str(model_dir), device="cpu", dtype="float32").model.get_input_embeddings().weight
+    pca = TokenTable.pca_init(embeddings.detach(), model.cfg.d_tok)
+    torch.testing.assert_close(model.table(), torch.nn.functional.normalize(pca, dim=-1))
+    key = input_embedding_key(model.lm)
+    with safe_open(str(out / "model.safetensors"), "pt") as weights:
+        shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    assert shapes[f"lm.{key}"] == (0, model.lm.config.hidden_size)
+    vocabulary_wide = [n for n, s in shapes.items() if s and s[0] == model.cfg.vocab_size and len(s) == 2]
+    assert sorted(vocabulary_wide) == sorted(["embed.weight", "lm.lm_head.weight", "table.raw"]), vocabulary_wide

@@ -47,7 +47,7 @@ def train_cmd(
     seed: Seed = 0, device: Device = "auto", force: Force = False, precision: Precision = "auto",
 ):
     """Train a DSL denoiser (fixed budget, resumable)."""
-    from bridges.dsl import DSLShape, DSLTrainSettings, fit_dsl
+    from bridges.dsl import DSLConfig, DSLTrainSettings, fit_dsl
     from bridges.train import TrainConfig
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
@@ -55,11 +55,11 @@ def train_cmd(
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                             save_every=max(1, min(200, steps)), precision=precision)
     settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
-    shape = DSLShape(d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
-                     learn_table=not freeze_table, table_init=table_init)
+    shape = DSLConfig(vocab_size=0, d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                      norm_input=norm_input, learn_table=not freeze_table)  # the vocabulary: the tokenizer's
     resolve_device(device)
-    metrics = fit_dsl(out, corpus, tokenizer, settings, shape, init=init, init_from=init_from, force=force,
-                      device=device, progress=progress("dsl train", "step"), world=world_from())
+    metrics = fit_dsl(out, corpus, tokenizer, settings, shape, table_init=table_init, init=init, init_from=init_from,
+                      force=force, device=device, progress=progress("dsl train", "step"), world=world_from())
     if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"dsl train → {out}")
 

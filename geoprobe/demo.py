@@ -1,0 +1,137 @@
+"""The demo: the whole pipeline end to end, as the commands a user would type.
+
+scan → sweep → DSL and MDLM training → every sampler (and, on the testbed, the chosen, worst
+and oracle bridges and the rounding baseline) → eval → compare → report. Each step is one
+geoprobe command run in this process (`geoprobe.api.run_command`), so the demo shows exactly
+what the commands do with their own defaults; `geoprobe demo` makes this one call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from geoprobe.rundir import read_json
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    model: str
+    corpus: str | None  # None: the testbed's own corpus
+    tokens: int
+    seq_len: int
+    positions: str
+    doc_blocks: int
+    k: int
+    anchors: int
+    pairs: int
+    bootstrap: int
+    layers: str
+    bridge_steps: int
+    bridge_batch: int
+    bridge_seq: int
+    bridge_width: int
+    bridge_blocks: int
+    bridge_lr: float
+    bridge_eval_every: int
+    dsl_tokenizer: str | None  # None: the backbone's tokenizer
+    dsl_steps: int
+    dsl_batch: int
+    dsl_seq: int
+    dsl_width: int
+    dsl_lr: float
+    num: int
+    length: int
+    steps: int
+    curve: tuple[int, ...]
+    bridges_compared: bool
+
+
+# Every generator in the comparison has one training budget (cap steps x batch x seq_len tokens):
+# the DSL and MDLM models train for exactly that; the sweep's bridges may stop earlier, when their
+# validation nmse plateaus (compare shows the tokens each one used). SmolLM2 bridges sample through
+# the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
+TINY = DemoSettings(model="builtin:hmm-tiny", corpus=None, tokens=2000, seq_len=65, positions="random:16",
+                    doc_blocks=0, k=16, anchors=512, pairs=1024, bootstrap=100, layers="all",
+                    bridge_steps=1000, bridge_batch=16, bridge_seq=33, bridge_width=64, bridge_blocks=2,
+                    bridge_lr=2e-3, bridge_eval_every=25, dsl_tokenizer=None, dsl_steps=1000, dsl_batch=16,
+                    dsl_seq=33, dsl_width=64, dsl_lr=2e-3, num=32, length=32, steps=32, curve=(8, 16),
+                    bridges_compared=True)
+# the real demo's 4,000 states: 64 random positions from the first block of each of 63 chapters
+# (in the seeded document order), not every position of 16 blocks from 6 chapters: its intervals
+# resample documents
+REAL = DemoSettings(model="builtin:smollm2", corpus="kjv", tokens=4000, seq_len=256, positions="random:64",
+                    doc_blocks=1, k=32, anchors=2048, pairs=4096, bootstrap=200, layers="0-3",
+                    bridge_steps=40, bridge_batch=4, bridge_seq=64, bridge_width=64, bridge_blocks=1,
+                    bridge_lr=1e-3, bridge_eval_every=10, dsl_tokenizer="train:2048", dsl_steps=300, dsl_batch=8,
+                    dsl_seq=64, dsl_width=128, dsl_lr=3e-4, num=64, length=64, steps=64, curve=(16, 32),
+                    bridges_compared=False)
+
+DSL_SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
+
+
+def run_demo(out: Path, tiny: bool = False, device: str = "auto",
+             on_step: Callable[[list, float], None] | None = None) -> dict:
+    """Run the demo into `out` (the testbed when `tiny`, else SmolLM2 on the KJV); the summary:
+    report path, chosen/oracle/worst layers, the correlations and one row per generator.
+    `on_step(argv, seconds)` is called after each command."""
+    from geoprobe.api import run_command
+    from geoprobe.backbone import resolve_device
+    from geoprobe.report.compare import read_rows
+    from geoprobe.report.page import write_report
+    from geoprobe.store import check_writable
+    from geoprobe.testbed import CORPUS
+
+    resolve_device(device)
+    check_writable(out)
+    p = TINY if tiny else REAL
+    corpus, model, run, dev = p.corpus or CORPUS, p.model, out / "run", ["--device", device]
+    out.mkdir(parents=True, exist_ok=True)
+
+    def step(*argv) -> None:
+        started = time.perf_counter()
+        run_command(list(map(str, argv)))
+        if on_step is not None:
+            on_step(list(argv), time.perf_counter() - started)
+
+    step("scan", model, "--corpus", corpus, "--tokens", p.tokens, "--seq-len", p.seq_len, "--positions", p.positions,
+         "--doc-blocks", p.doc_blocks, "--k", p.k, "--anchors", p.anchors, "--pairs", p.pairs,
+         "--bootstrap", p.bootstrap, "--out", run, *dev)
+    step("sweep", "--run", run, "--layers", p.layers, "--steps", p.bridge_steps, "--batch-size", p.bridge_batch,
+         "--seq-len", p.bridge_seq, "--d-model", p.bridge_width, "--n-layers", p.bridge_blocks, "--lr", p.bridge_lr,
+         "--eval-every", p.bridge_eval_every, *dev)
+    for name, snr in {"dsl": "mixed", "mdlm": "endpoint"}.items():  # DSL, and the endpoint-only MDLM model
+        step("dsl", "train", "--corpus", corpus, "--tokenizer", p.dsl_tokenizer or model, "--snr", snr,
+             "--steps", p.dsl_steps, "--batch-size", p.dsl_batch, "--seq-len", p.dsl_seq, "--lr", p.dsl_lr,
+             "--d-model", p.dsl_width, "--n-layers", 2, "--out", out / name, *dev)
+    sweep = read_json(run / "sweep.json", f"{run} has no sweep.json: the sweep step did not finish")["correlations"]
+    table = {f"dsl-{s}": ["--model", out / "dsl", "--sampler", s] for s in DSL_SAMPLERS}
+    table["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]
+    if p.bridges_compared:
+        for role in ("chosen", "worst", "oracle"):  # the same layer may play two roles: one row
+            layer = run / "bridges" / f"layer-{sweep[role + '_layer']:02d}"
+            table[f"bridge-{layer.name[-2:]}"] = ["--model", layer, "--sampler", "hybrid"]
+        table["round-00"] = ["--model", run / "bridges" / "layer-00", "--decode", "round", "--sampler", "mdlm"]
+    shape = ["--num", p.num, "--length", p.length]
+    files, curve = [], []
+    for name, args in table.items():
+        step("sample", *args, *shape, "--steps", p.steps, "--out", out / "samples" / name, *dev)
+        files.append(out / "samples" / name / "samples.jsonl")
+        if name.startswith("dsl-"):  # the same generators at fewer steps: quality against sampling budget
+            for steps in p.curve:
+                folder = out / "samples" / f"{name}-steps{steps}"
+                step("sample", *args, *shape, "--steps", steps, "--out", folder, *dev)
+                curve.append(folder / "samples.jsonl")
+    step("sample", "--model", model, "--sampler", "ar", *shape, "--out", out / "samples" / "ar", *dev)  # the ceiling
+    files.append(out / "samples" / "ar" / "samples.jsonl")
+    step("eval", *files, *curve, "--evaluator", model, "--references", corpus, *dev)  # one evaluator load
+    step("compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run)
+    path = write_report(run)
+    losses = [k for k in ("nmse", "nmse_dim", "delta_ce") if k in sweep]
+    return {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
+            "worst_layer": sweep["worst_layer"], "correlations": {k: sweep[k] for k in losses},
+            "depth": sweep.get("depth", {}).get("statement"),
+            "generation": [{k: r.get(k) for k in ("generator", "sampler", "gen_ppl", "mauve", "oracle_nll_per_word",
+                                                  "budget")} for r in read_rows(run / "compare.csv")]}
