@@ -29,18 +29,14 @@ from geoprobe.rundir import CONFIG, METRICS, load_weights, read_config
 NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
-def bridge_training(steps: int, batch_size: int, lr: float, sigma_b: float, seed: int, until: str, eval_every: int,
-                    vocab: str, precision: str = "auto") -> TrainConfig:
-    """A bridge run's training settings, every flag checked (before anything loads): warmup a
-    tenth of the steps, EMA 0.99 (a bridge trains for hundreds of steps, not the DSL's
-    thousands), checkpoints every <= 100 steps, and with `until` "plateau" the plateau rule every
-    `eval_every` steps (default steps/40) from 5 evaluations or twice the warmup on."""
-    if vocab not in ("corpus", "all"):
-        raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
+def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: str, eval_every: int,
+                    precision: str = "auto") -> TrainConfig:
+    """A bridge run's training settings, checked: warmup a tenth of the steps, EMA 0.99 (a bridge
+    trains for hundreds of steps, not the DSL's thousands), checkpoints every <= 100 steps, and
+    with `until` "plateau" the plateau rule every `eval_every` steps (default steps/40) from 5
+    evaluations or twice the warmup on."""
     if until not in ("plateau", "steps"):
         raise BadInput(f"--until must be plateau or steps, got {until!r}")
-    if not 0 <= sigma_b < float("inf"):
-        raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     warmup = max(1, steps // 10)
     every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,

@@ -59,6 +59,14 @@ class BridgeConfig:
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
 
 
+def check_bridge_flags(vocab: str, sigma_b: float) -> None:
+    """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
+    if vocab not in ("corpus", "all"):
+        raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
+    if not 0 <= sigma_b < float("inf"):  # also refuses NaN
+        raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
+
+
 class HiddenBridge(nn.Module):
     def __init__(self, cfg: BridgeConfig, seed: int = 0):
         super().__init__()

@@ -24,6 +24,7 @@ import torch
 
 from geoprobe.capture import capture, stream_arg
 from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.memory import load_dtype
 from geoprobe.rundir import sha256_file
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3")
@@ -283,8 +284,6 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None))
     if device_map is None:  # checked before any weight is read, on the CPU and on one GPU alike
-        # here, not at the top: the plan reads configs through this module (a cycle otherwise)
-        from geoprobe.plan import load_dtype
         from geoprobe.report.terminal import console
 
         torch_dtype = load_dtype(config, torch_dtype, dtype, target, say=lambda line: console.print(line, markup=False))

@@ -23,7 +23,10 @@ from pathlib import Path
 
 import torch
 
+from geoprobe import memory
+from geoprobe.backbone import check_architecture, load_config, parse_layers, resolve_device, resolve_dtype, resolve_source
 from geoprobe.errors import BadInput
+from geoprobe.memory import parameter_count, working_bytes
 from geoprobe.rundir import human
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
@@ -69,68 +72,8 @@ class ScanPlan:
                 "geometry_bytes": self.geometry_bytes}
 
 
-def empty_model(config):
-    """The model of `config` with meta-device weights: shapes and counts, no memory."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-    with init_empty_weights():
-        return AutoModelForCausalLM.from_config(config)
-
-
-def parameter_count(config) -> int:
-    return sum(p.numel() for p in empty_model(config).parameters())
-
-
-def memory_available(device: torch.device) -> int:
-    """Free GPU memory, or the RAM available on a CPU."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
-    return psutil.virtual_memory().available
-
-
-def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
-    """One forward batch: the residual stream, one block's attention scores and MLP."""
-    d, heads = config.hidden_size, config.num_attention_heads
-    intermediate = getattr(config, "intermediate_size", None) or 4 * d
-    tokens = batch_size * seq_len
-    return tokens * d * width * 2 + batch_size * heads * seq_len ** 2 * width + tokens * 2 * intermediate * width
-
-
-def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,
-               seq_len: int = 512, say=print) -> torch.dtype:
-    """The dtype to load a model in on `device` (the CPU or one GPU), checked before any weight is
-    read: `dtype` when the weights and one batch fit its free memory; bfloat16 when `requested` is
-    auto and only bfloat16 fits (said in one line); otherwise a one-line refusal naming what
-    would fit."""
-    count, available = parameter_count(config), memory_available(device)
-    memory = "RAM" if device.type == "cpu" else f"free memory on {device}"
-    spread = ("--device-map auto (offloads layers to disk)" if device.type == "cpu"
-              else "--device-map auto (spreads the layers over the GPUs)")
-
-    def need(d: torch.dtype) -> int:
-        width = torch.finfo(d).bits // 8
-        return count * width + working_bytes(config, width, batch_size, seq_len)
-
-    if need(dtype) <= available:
-        return dtype
-    if requested == "auto" and dtype == torch.float32 and need(torch.bfloat16) <= available:
-        say(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of {memory} is "
-            f"available: loading in bfloat16 ({human(need(torch.bfloat16))}); --dtype float32 insists")
-        return torch.bfloat16
-    smaller = " --dtype bfloat16," if dtype == torch.float32 and need(torch.bfloat16) <= available else ""
-    raise BadInput(f"the model ({count:,} parameters) and one batch need {human(need(dtype))} of {memory} in "
-                   f"{str(dtype).removeprefix('torch.')} but only {human(available)} is available; use{smaller} "
-                   f"{spread}, or a smaller --batch-size")
-
-
 def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
               device: str, dtype: str, trust_remote_code: bool = False) -> ScanPlan:
-    # here, not at the top: loading a backbone consults this module's memory check first
-    from geoprobe.backbone import (check_architecture, load_config, parse_layers, resolve_device, resolve_dtype,
-                                   resolve_source)
     from geoprobe.store import check_writable
 
     check_writable(out)
@@ -146,12 +89,12 @@ def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, sto
     working = working_bytes(config, width, batch_size, seq_len)
     storage_bytes = 2 if storage == "float16" else 4
     disk = tokens * (len(captured) * d * storage_bytes + META_BYTES)
-    memory = memory_available(target)
+    free = memory.memory_available(target)
     nearest = out if out.exists() else next(p for p in Path(out).absolute().parents if p.exists())
     return ScanPlan(model=model, device=str(target), dtype=str(load_dtype).removeprefix("torch."), parameters=count,
                     parameter_bytes=count * width, layers=len(captured), hidden_size=d, rows=tokens,
                     batch_size=batch_size, seq_len=seq_len, captured_bytes=captured_bytes, working_bytes=working,
-                    disk_bytes=disk, memory_available=memory, disk_available=shutil.disk_usage(nearest).free)
+                    disk_bytes=disk, memory_available=free, disk_available=shutil.disk_usage(nearest).free)
 
 
 def check_fits(plan: ScanPlan) -> None:

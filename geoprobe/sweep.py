@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,126 @@ def check_layer(source: Source, layer: int) -> None:
 def identity(source: Source, layer: int) -> dict:
     return {"model": source.model, "model_config_sha256": source.backbone.identity["config_sha256"],
             "layer": layer, "corpus": source.corpus, "seq_len": source.seq_len}
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    """The flags of `geoprobe bridge` and `sweep`: the bridge's network and its training."""
+
+    steps: int = 2000
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 1e-3
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    sigma_b: float = 0.0
+    bridge_steps: int = 8
+    seed: int = 0
+    until: str = "plateau"
+    eval_every: int = 0
+    vocab: str = "corpus"
+    precision: str = "auto"
+
+    def training(self):
+        """The training settings (bridges.fit.bridge_training); every flag is checked here,
+        before anything loads."""
+        from bridges.fit import bridge_training
+        from bridges.hidden import check_bridge_flags
+
+        check_bridge_flags(self.vocab, self.sigma_b)
+        return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
+                               self.precision)
+
+    def network(self, layer: int, backbone):
+        from bridges.hidden import BridgeConfig
+
+        return BridgeConfig(layer=layer, vocab_size=backbone.config.vocab_size, hidden_size=backbone.hidden_size,
+                            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, sigma_b=self.sigma_b,
+                            bridge_steps=self.bridge_steps, vocab=self.vocab, precision=self.precision)
+
+
+Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/stop), or None
+
+
+def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, force: bool = False,
+                 bars: Bars = None) -> tuple[dict, Path]:
+    """One bridge at `layer` in root/bridges/layer-NN (resumed, or refused when it holds another
+    run; cleared first with `force`): its validation metrics and its folder."""
+    from bridges.fit import fit_bridge
+    from geoprobe.distributed import world_from
+    from geoprobe.rundir import clear, holding
+
+    check_layer(source, layer)
+    cfg, train_cfg = settings.network(layer, source.backbone), settings.training()
+    out = bridge_dir(root, layer)
+    world = world_from()
+    with holding(out, "geoprobe bridge", world.rank):
+        if force and world.is_main:
+            clear(out)
+        world.barrier()
+        bar = bars(f"bridge layer {layer}") if bars else None
+        try:
+            return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
+                              identity(source, layer), progress=bar, world=world), out
+        finally:
+            if bar is not None:
+                bar.stop()
+
+
+def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
+               corpus: str | None = None, out: Path | None = None, device: str = "auto", dtype: str = "auto",
+               device_map: str | None = None, force: bool = False, bars: Bars = None) -> tuple[dict, Path]:
+    """What `geoprobe bridge` does: the bridge at `layer` (default: the scan's choice) over a
+    scanned run, or over --model/--corpus into `out`. Flags are checked before the backbone loads."""
+    from geoprobe.backbone import check_device_map
+    from geoprobe.distributed import world_from
+    from geoprobe.rundir import holding
+
+    if run is None and out is None:
+        raise BadInput("pass --run RUN, or --out DIR with --model and --corpus")
+    if layer is None:
+        if run is None:
+            raise BadInput("without --run, pass --layer")
+        layer = chosen_layer(run)
+    if layer < 0:
+        raise BadInput(f"--layer must be >= 0, got {layer}")
+    settings.training()
+    check_device_map(device_map)
+    world = world_from()
+    with holding(bridge_dir(out or run, layer), "geoprobe bridge", world.rank):  # before the slow load
+        source = open_source(run, model, corpus, settings.seq_len, settings.seed, world.device(device, device_map),
+                             dtype, device_map=device_map)
+        return train_bridge(source, layer, out or run, settings, force, bars)
+
+
+def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: str = "auto", dtype: str = "auto",
+              force: bool = False, bars: Bars = None) -> dict | None:
+    """What `geoprobe sweep` does: one bridge per layer (each to its plateau under one step cap),
+    then the Spearman correlations between the geometry score and each validation loss, written to
+    sweep.json/sweep.csv with a plot. Returns rows, correlations and the plot (None on
+    data-parallel ranks other than 0)."""
+    from geoprobe.backbone import parse_layers
+    from geoprobe.distributed import world_from
+    from geoprobe.rundir import holding
+
+    settings.training()
+    scores = {r["layer"]: r for r in ranking_rows(run)}
+    world = world_from()
+    with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
+        source = open_source(run, None, None, settings.seq_len, settings.seed, world.device(device), dtype)
+        chosen = parse_layers(layers, source.backbone.num_layers - 1)
+        if layers.strip() == "all":  # every layer that was scanned and has blocks above it
+            chosen = [l for l in chosen if l in scores]
+        rows = []
+        for layer in chosen:
+            metrics, _ = train_bridge(source, layer, run, settings, force, bars)
+            rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+        if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
+            return None
+        summary = summarise(rows, settings.seed)
+        plot = write_sweep(run, rows, summary, source.model)
+    return {"rows": rows, "correlations": summary, "plot": str(plot)}
 
 
 SWEEP_COLUMNS = ["layer", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run", "stop"]

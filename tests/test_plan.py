@@ -71,9 +71,9 @@ def _llama_8b_config(folder):
 ])
 def test_a_model_that_cannot_fit_is_refused_before_loading(available_gib, dtype, fragment, tmp_path, corpus_txt,
                                                            capsys, monkeypatch):
-    import geoprobe.plan
+    import geoprobe.memory
 
-    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: available_gib * 2**30)
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: available_gib * 2**30)
     model = _llama_8b_config(tmp_path / "llama-8b")
     code, _, err = invoke(capsys, "extract", model, "--corpus", corpus_txt, "--dtype", dtype, "--out", tmp_path / "r",
                           "--device", "cpu")
@@ -82,9 +82,9 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(available_gib, dtype,
 
 
 def test_dtype_auto_picks_bfloat16_on_a_cpu_when_only_that_fits(tmp_path, corpus_txt, capsys, monkeypatch):
-    import geoprobe.plan
+    import geoprobe.memory
 
-    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: 20 * 2**30)
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: 20 * 2**30)
     model = _llama_8b_config(tmp_path / "llama-8b")
     code, _, err = invoke(capsys, "extract", model, "--corpus", corpus_txt, "--out", tmp_path / "r", "--device", "cpu")
     # the config has no weights, so the load itself fails after the choice was made and said
@@ -96,15 +96,15 @@ def test_a_model_that_cannot_fit_one_gpu_is_refused_naming_what_would(tmp_path, 
     import torch
     import transformers
 
-    import geoprobe.plan
+    import geoprobe.memory
     from geoprobe.errors import BadInput
 
     config = transformers.AutoConfig.from_pretrained(_llama_8b_config(tmp_path / "llama-8b"))
     asked = []
-    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: asked.append(device) or 12 * 2**30)
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: asked.append(device) or 12 * 2**30)
     with pytest.raises(BadInput, match=r"of free memory on cuda:1 in bfloat16 but only 12.0 GiB is available; "
                                        r"use --device-map auto \(spreads the layers over the GPUs\)"):
-        geoprobe.plan.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1))
+        geoprobe.memory.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1))
     assert asked == [torch.device("cuda", 1)]
-    monkeypatch.setattr(geoprobe.plan, "memory_available", lambda device: 40 * 2**30)  # an H200 holds it
-    assert geoprobe.plan.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1)) == torch.bfloat16
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: 40 * 2**30)  # an H200 holds it
+    assert geoprobe.memory.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1)) == torch.bfloat16

@@ -28,39 +28,8 @@ Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: cor
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _configs(source, layer, steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-             eval_every, vocab, precision):
-    from bridges.fit import bridge_training
-    from bridges.hidden import BridgeConfig
-
-    train_cfg = bridge_training(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)
-    cfg = BridgeConfig(layer=layer, vocab_size=source.backbone.config.vocab_size,
-                       hidden_size=source.backbone.hidden_size, d_model=d_model, n_layers=n_layers,
-                       n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, vocab=vocab,
-                       precision=precision)
-    return cfg, train_cfg
-
-
-def _fit(source, layer, root, args, force=False):
-    from bridges.fit import fit_bridge
-    from geoprobe.distributed import world_from
-    from geoprobe.rundir import clear, holding
-    from geoprobe.sweep import bridge_dir, check_layer, identity
-
-    check_layer(source, layer)
-    cfg, train_cfg = _configs(source, layer, *args)
-    out = bridge_dir(root, layer)
-    world = world_from()
-    with holding(out, "geoprobe bridge", world.rank):
-        if force and world.is_main:
-            clear(out)
-        world.barrier()
-        bar = progress(f"bridge layer {layer}", "step")
-        try:
-            return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                              identity(source, layer), progress=bar, world=world), out
-        finally:
-            bar.stop()
+def _bars(label: str):
+    return progress(label, "step")
 
 
 @app.command(epilog="Examples:\n\n  geoprobe bridge --run runs/demo            # at the layer the scan chose\n\n"
@@ -81,33 +50,14 @@ def bridge(
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
-    from bridges.fit import bridge_training
-    from geoprobe.distributed import world_from
-    from geoprobe.backbone import check_device_map
-    from geoprobe.errors import BadInput
-    from geoprobe.rundir import holding
-    from geoprobe.sweep import bridge_dir, chosen_layer, open_source
-
-    if run is None and out is None:
-        raise BadInput("pass --run RUN, or --out DIR with --model and --corpus")
-    if layer is None:
-        if run is None:
-            raise BadInput("without --run, pass --layer")
-        layer = chosen_layer(run)
-    if layer < 0:
-        raise BadInput(f"--layer must be >= 0, got {layer}")
-    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab,
-            precision)
-    bridge_training(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)  # flags checked first
-    check_device_map(device_map)
-    with holding(bridge_dir(out or run, layer), "geoprobe bridge", world_from().rank):  # before the slow load
-        source = open_source(run, model, corpus, seq_len, seed, world_from().device(device, device_map), dtype,
-                             device_map=device_map)
-        metrics, folder = _fit(source, layer, out or run, args, force)
     from geoprobe.report.terminal import print_table
+    from geoprobe.sweep import BridgeSettings, bridge_run
 
+    settings = BridgeSettings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed,
+                              until, eval_every, vocab, precision)
+    metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     show({**metrics, "dir": str(folder)}, lambda: print_table(
-        f"bridge at layer {layer} → {folder}", ["key", "value"],
+        f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
         [[k, v] for k, v in metrics.items() if not isinstance(v, dict)]))
 
 
@@ -126,30 +76,13 @@ def sweep(
 ):
     """One bridge per layer, each trained to its plateau under one step cap; Spearman ρ between
     the geometry score and each validation loss (nmse, nmse_dim, delta_ce, nmse_noisy)."""
-    from bridges.fit import bridge_training
-    from geoprobe.distributed import world_from
-    from geoprobe.backbone import parse_layers
-    from geoprobe.rundir import holding
-    from geoprobe.sweep import open_source, ranking_rows, summarise, write_sweep
+    from geoprobe.sweep import BridgeSettings, sweep_run
 
-    args = (steps, batch_size, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until, eval_every, vocab,
-            precision)
-    bridge_training(steps, batch_size, lr, sigma_b, seed, until, eval_every, vocab, precision)  # flags checked first
-    scores = {r["layer"]: r for r in ranking_rows(run)}
-    with holding(run / "bridges", "geoprobe sweep", world_from().rank):  # one sweep at a time on a run
-        source = open_source(run, None, None, seq_len, seed, world_from().device(device), dtype)
-        chosen = parse_layers(layers, source.backbone.num_layers - 1)
-        if layers.strip() == "all":  # every layer that was scanned and has blocks above it
-            chosen = [l for l in chosen if l in scores]
-        rows = []
-        for layer in chosen:
-            metrics, _ = _fit(source, layer, run, args, force)
-            rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
-        if not world_from().is_main:  # data-parallel ranks: rank 0 writes the sweep
-            return
-        summary = summarise(rows, seed)
-        plot = write_sweep(run, rows, summary, source.model)
-    show({"rows": rows, "correlations": summary, "plot": str(plot)}, lambda: _print_sweep(run, rows, summary, plot))
+    settings = BridgeSettings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed,
+                              until, eval_every, vocab, precision)
+    result = sweep_run(run, settings, layers, device, dtype, force, _bars)
+    if result is not None:  # data-parallel ranks: rank 0 reports
+        show(result, lambda: _print_sweep(run, result["rows"], result["correlations"], result["plot"]))
 
 
 def _print_sweep(run, rows, summary, plot) -> None:

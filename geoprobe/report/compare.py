@@ -10,10 +10,11 @@ and then marked.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
+
+import pandas as pd
 
 from geoprobe.errors import BadInput
 from geoprobe.rundir import CONFIG, METRICS, read_config, read_json
@@ -78,37 +79,30 @@ def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
 
 
 def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
-    """compare.csv / steps.csv: `columns` of each row, missing values left empty."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in columns} for r in rows)
+    """compare.csv / steps.csv / sweep.csv: `columns` of each row, missing values left empty
+    (nullable dtypes: a step count stays 16, not 16.0, beside a missing one)."""
+    pd.DataFrame.from_records(rows, columns=columns).convert_dtypes().to_csv(path, index=False)
+
+
+def with_none(frame: pd.DataFrame) -> pd.DataFrame:
+    """Object columns with None where a value is missing (not NaN: a number that means something)."""
+    return frame.astype(object).where(frame.notna(), None)
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    """A DataFrame's rows as plain dicts, missing values as None."""
+    return with_none(frame).to_dict("records")
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of compare.csv or steps.csv, numbers as floats and empty cells as None."""
-    def value(text: str):
-        try:
-            return float(text)
-        except ValueError:
-            return text or None
-
-    with open(path, newline="") as handle:
-        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(handle)]
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return "inf" if math.isinf(v) else f"{v:.4g}"
-    return str(v)
+    """The rows of compare.csv, steps.csv or sweep.csv, missing values as None."""
+    return records(pd.read_csv(path))
 
 
 def markdown_table(rows: list[dict], columns=COLUMNS) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    """`columns` of the rows as a Markdown table: 4 significant digits, a dash where missing."""
+    frame = with_none(pd.DataFrame.from_records(rows, columns=columns))
+    return frame.to_markdown(index=False, tablefmt="github", floatfmt=".4g", missingval="—")
 
 
 def write_comparison(rows: list[dict], out: Path) -> tuple[Path, Path]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
+
+import pandas as pd
 
 COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", "erank", "erank_lo", "erank_hi",
            "score", "score_lo", "score_hi", "rank", "p_first", "p_first_reseed", "participation_ratio", "entropy_rank",
@@ -18,11 +19,8 @@ def _fmt(value) -> str:
 
 
 def write_csv(ranking: dict, path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in ranking["rows"]:
-            writer.writerow({k: row.get(k) for k in COLUMNS})
+    """ranking.csv: one row per layer, every proxy and interval (nan: no interval)."""
+    pd.DataFrame.from_records(ranking["rows"], columns=COLUMNS).to_csv(path, index=False, na_rep="nan")
 
 
 def _interval(row, name) -> str:
@@ -81,8 +79,8 @@ def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None
         if other:
             lines += [f"## Massive channels {'excluded' if table['drop_massive_channels'] else 'kept'}"
                       f"{' (the primary ranking)' if table is ranking else ''}", ""]
-        lines += [caption(table, geometry), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        cells = pd.DataFrame(rows, columns=head).to_markdown(index=False, tablefmt="github", disable_numparse=True)
+        lines += [caption(table, geometry), "", cells, ""]
     path.write_text("\n".join(lines))
 
 

@@ -1,0 +1,69 @@
+"""What fits where: a model's parameter count from its config alone, the memory free on a
+device, and the dtype a model can be loaded in there (checked before any weight is read).
+
+The backbone loader and the scan planner both use it; it imports neither.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from geoprobe.errors import BadInput
+from geoprobe.rundir import human
+
+
+def empty_model(config):
+    """The model of `config` with meta-device weights: shapes and counts, no memory."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(config)
+
+
+def parameter_count(config) -> int:
+    return sum(p.numel() for p in empty_model(config).parameters())
+
+
+def memory_available(device: torch.device) -> int:
+    """Free GPU memory, or the RAM available on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
+    """One forward batch: the residual stream, one block's attention scores and MLP."""
+    d, heads = config.hidden_size, config.num_attention_heads
+    intermediate = getattr(config, "intermediate_size", None) or 4 * d
+    tokens = batch_size * seq_len
+    return tokens * d * width * 2 + batch_size * heads * seq_len ** 2 * width + tokens * 2 * intermediate * width
+
+
+def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,
+               seq_len: int = 512, say=print) -> torch.dtype:
+    """The dtype to load a model in on `device` (the CPU or one GPU), checked before any weight is
+    read: `dtype` when the weights and one batch fit its free memory; bfloat16 when `requested` is
+    auto and only bfloat16 fits (said in one line); otherwise a one-line refusal naming what
+    would fit."""
+    count, available = parameter_count(config), memory_available(device)
+    memory = "RAM" if device.type == "cpu" else f"free memory on {device}"
+    spread = ("--device-map auto (offloads layers to disk)" if device.type == "cpu"
+              else "--device-map auto (spreads the layers over the GPUs)")
+
+    def need(d: torch.dtype) -> int:
+        width = torch.finfo(d).bits // 8
+        return count * width + working_bytes(config, width, batch_size, seq_len)
+
+    if need(dtype) <= available:
+        return dtype
+    if requested == "auto" and dtype == torch.float32 and need(torch.bfloat16) <= available:
+        say(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of {memory} is "
+            f"available: loading in bfloat16 ({human(need(torch.bfloat16))}); --dtype float32 insists")
+        return torch.bfloat16
+    smaller = " --dtype bfloat16," if dtype == torch.float32 and need(torch.bfloat16) <= available else ""
+    raise BadInput(f"the model ({count:,} parameters) and one batch need {human(need(dtype))} of {memory} in "
+                   f"{str(dtype).removeprefix('torch.')} but only {human(available)} is available; use{smaller} "
+                   f"{spread}, or a smaller --batch-size")
