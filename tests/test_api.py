@@ -76,3 +76,18 @@ def test_the_api_raises_what_the_command_refuses(run, tmp_path):
         run.sweep()
     with pytest.raises(BadInput, match="--anchors"):
         geoprobe.scan("builtin:hmm-tiny", tmp_path / "x", tokens=10, anchors=100)
+
+
+def test_run_command_raises_and_keeps_the_callers_output_settings(run, tmp_path):
+    """The in-process runner the API and the demo share: a refusal is raised (not printed and
+    swallowed), and the step's --quiet does not stick to the caller."""
+    from geoprobe.api import run_command
+    from geoprobe.cli.options import state
+
+    state.quiet, state.format = False, "table"
+    with pytest.raises(BadInput, match="--weights"):
+        run_command(["rank", str(run.path), "--weights", "1,2"])
+    assert (state.quiet, state.format) == (False, "table")
+    run_command(["rank", str(run.path), "--weights", "1,1,0"])
+    assert (state.quiet, state.format) == (False, "table")
+    assert (run.path / "ranking.csv").is_file()

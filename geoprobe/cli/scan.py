@@ -47,8 +47,9 @@ def _show_plan(model, out, cfg) -> None:
              f"{plan.batch_size} x {plan.seq_len} tokens, {plan.layers} captured layers "
              f"({human(plan.captured_bytes)}) + working set ({human(plan.working_bytes)})"],
             ["device memory", human(plan.memory_bytes), f"{human(plan.memory_available)} free"],
-            ["geometry / layer", human(plan.geometry_bytes), f"{plan.rows:,} states x d={plan.hidden_size} in float64, "
-                                                              "centred copy, one kNN distance chunk"],
+            ["geometry / layer", human(plan.geometry_bytes), f"{plan.rows:,} states x d={plan.hidden_size} in float64 "
+                                                              "(centred in place), the stored rows, one kNN distance "
+                                                              "chunk"],
             ["disk (shards)", human(plan.disk_bytes), f"{plan.rows:,} rows x {plan.layers} layers x d={plan.hidden_size}; "
                                                       f"{human(plan.disk_available)} free"],
         ]))
