@@ -6,9 +6,10 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bridges.hidden import BridgeConfig, check_bridge_flags
 from geoprobe.errors import BadInput
 
 LOSSES = ("nmse", "nmse_dim", "delta_ce", "nmse_noisy")
@@ -99,39 +100,30 @@ def identity(source: Source, layer: int) -> dict:
 
 @dataclass(frozen=True)
 class BridgeSettings:
-    """The flags of `geoprobe bridge` and `sweep`: the bridge's network and its training."""
+    """The flags of `geoprobe bridge` and `sweep`: the bridge's network (a BridgeConfig template
+    whose layer, vocabulary and width come from the backbone) and its training."""
 
+    network: BridgeConfig
     steps: int = 2000
     batch_size: int = 8
     seq_len: int = 128
     lr: float = 1e-3
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    sigma_b: float = 0.0
-    bridge_steps: int = 8
     seed: int = 0
     until: str = "plateau"
     eval_every: int = 0
-    vocab: str = "corpus"
-    precision: str = "auto"
 
     def training(self):
         """The training settings (bridges.fit.bridge_training); every flag is checked here,
         before anything loads."""
         from bridges.fit import bridge_training
-        from bridges.hidden import check_bridge_flags
 
-        check_bridge_flags(self.vocab, self.sigma_b)
+        check_bridge_flags(self.network.vocab, self.network.sigma_b)
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
-                               self.precision)
+                               self.network.precision)
 
-    def network(self, layer: int, backbone):
-        from bridges.hidden import BridgeConfig
-
-        return BridgeConfig(layer=layer, vocab_size=backbone.config.vocab_size, hidden_size=backbone.hidden_size,
-                            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, sigma_b=self.sigma_b,
-                            bridge_steps=self.bridge_steps, vocab=self.vocab, precision=self.precision)
+    def network_at(self, layer: int, backbone) -> BridgeConfig:
+        return replace(self.network, layer=layer, vocab_size=backbone.config.vocab_size,
+                       hidden_size=backbone.hidden_size)
 
 
 Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/stop), or None
@@ -146,7 +138,7 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     from geoprobe.rundir import clear, holding
 
     check_layer(source, layer)
-    cfg, train_cfg = settings.network(layer, source.backbone), settings.training()
+    cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
     out = bridge_dir(root, layer)
     world = world_from()
     with holding(out, "geoprobe bridge", world.rank):

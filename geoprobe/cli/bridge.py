@@ -28,6 +28,16 @@ Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: cor
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
+def _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+              eval_every, vocab, precision):
+    from bridges.hidden import BridgeConfig
+    from geoprobe.sweep import BridgeSettings
+
+    network = BridgeConfig(layer=0, vocab_size=0, hidden_size=0, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                           sigma_b=sigma_b, bridge_steps=bridge_steps, vocab=vocab, precision=precision)
+    return BridgeSettings(network, steps, batch_size, seq_len, lr, seed, until, eval_every)
+
+
 def _bars(label: str):
     return progress(label, "step")
 
@@ -51,10 +61,10 @@ def bridge(
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
     from geoprobe.report.terminal import print_table
-    from geoprobe.sweep import BridgeSettings, bridge_run
+    from geoprobe.sweep import bridge_run
 
-    settings = BridgeSettings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed,
-                              until, eval_every, vocab, precision)
+    settings = _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+                         eval_every, vocab, precision)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     show({**metrics, "dir": str(folder)}, lambda: print_table(
         f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
@@ -76,10 +86,10 @@ def sweep(
 ):
     """One bridge per layer, each trained to its plateau under one step cap; Spearman ρ between
     the geometry score and each validation loss (nmse, nmse_dim, delta_ce, nmse_noisy)."""
-    from geoprobe.sweep import BridgeSettings, sweep_run
+    from geoprobe.sweep import sweep_run
 
-    settings = BridgeSettings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed,
-                              until, eval_every, vocab, precision)
+    settings = _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
+                         eval_every, vocab, precision)
     result = sweep_run(run, settings, layers, device, dtype, force, _bars)
     if result is not None:  # data-parallel ranks: rank 0 reports
         show(result, lambda: _print_sweep(run, result["rows"], result["correlations"], result["plot"]))
