@@ -52,8 +52,7 @@ def train_cmd(
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
 
-    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                            save_every=max(1, min(200, steps)), precision=precision)
+    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, precision=precision)
     settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
     shape = DSLConfig(vocab_size=0, d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       norm_input=norm_input, learn_table=not freeze_table)  # the vocabulary: the tokenizer's
