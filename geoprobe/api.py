@@ -124,10 +124,9 @@ def open_run(path) -> Run:
 def run_command(argv: list[str]) -> None:
     """One geoprobe command (`argv` as typed after `geoprobe`) in this process, quietly; raises
     its error. The caller's own --quiet/--format settings are kept."""
-    from geoprobe.cli.app import _register, app
+    from geoprobe.cli.app import app  # here, not at the top: `import geoprobe.api` needs no CLI
     from geoprobe.cli.options import state
 
-    _register()
     kept = state.quiet, state.format
     try:
         code = app(args=["--quiet", *argv], standalone_mode=False)

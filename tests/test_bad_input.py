@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from geoprobe.cli.app import _register, app, main
+from geoprobe.cli.app import app, main
 
-_register()
 
 # Every command with arguments that make it valid and cheap; the bad value of each case is
 # appended (the last occurrence of an option wins) or replaces the placeholder of a file argument.

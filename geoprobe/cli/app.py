@@ -1,81 +1,21 @@
-"""The Typer application: global flags, command registration and the one-line error contract."""
+"""The geoprobe command line: every command registered on the root app, the entry point, and
+the one-line error contract."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
-from typer.core import TyperGroup
-
+# each command module registers its commands on the root app when imported
+from geoprobe.cli import bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401
 from geoprobe.cli.options import state
+from geoprobe.cli.root import ORDER, app  # noqa: F401  (the application and its command order)
 from geoprobe.errors import GeoprobeError
-
-# `geoprobe --help` lists the commands in the order a user runs them
-ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "sample", "nll", "eval", "compare", "report",
-         "demo")
-
-
-class InUserOrder(TyperGroup):
-    def list_commands(self, ctx):
-        return sorted(super().list_commands(ctx), key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
-
-
-app = typer.Typer(
-    cls=InUserOrder,
-    name="geoprobe",
-    help="Where can diffusion enter a pretrained language model?\n\n"
-         "Examples:\n\n"
-         "  geoprobe extract builtin:smollm2 --corpus kjv --tokens 2000 --out runs/kjv\n\n"
-         "  geoprobe extract meta-llama/Llama-3.1-8B-Instruct --corpus data/*.jsonl --tokens 100000 "
-         "--layers 0-16 --out runs/llama\n\n"
-         "  geoprobe --format json extract ./my-model --corpus book.txt --tokens 5000 --out runs/x\n\n"
-         "  geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo\n\n"
-         "  geoprobe rank runs/demo --weights 1,1,0 --log",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-@app.callback()
-def main_options(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables, only results.")] = False,
-    format: Annotated[str, typer.Option("--format", help="Output: table (for people) or json (for scripts).")] = "table",
-):
-    if format not in ("table", "json"):
-        raise typer.BadParameter("use table or json", param_hint="--format")
-    state.debug, state.quiet, state.format = debug, quiet, format
-    if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports (errors still show)
-        state.quiet = True
-        sys.stdout = open(os.devnull, "w")
-    if not debug:
-        _quiet_libraries()
-
-
-def _quiet_libraries() -> None:
-    """Library progress bars and warnings would break the one-line error contract."""
-    import warnings
-
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    disable_progress_bars()
-    warnings.filterwarnings("ignore")
-
-
-def _register() -> None:
-    from geoprobe.cli import bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401  (commands register themselves)
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
     try:
         _run(argv)
     finally:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app
+from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, SeqLen, Steps
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.app import app
+from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Out, Seed,
                                   SeqLen, Rank, Tokens, TrustRemoteCode, WorldSize)
