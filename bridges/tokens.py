@@ -92,16 +92,9 @@ def load_tokenizer(spec: str, documents: list[str] | None = None):
         if not size.isdigit():
             raise BadInput(f"malformed tokenizer spec {spec!r}: use train:V with V a number")
         return train_bpe(documents or [], int(size))
-    from transformers import AutoTokenizer
+    from geoprobe.backbone import load_tokenizer as model_tokenizer
 
-    from geoprobe.backbone import resolve_source
-
-    source = resolve_source(spec)
-    try:
-        return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file,
-                                             local_files_only=source.is_local or None)
-    except (OSError, ValueError) as exc:
-        raise BadInput(f"cannot load a tokenizer from {spec!r}: {str(exc).splitlines()[0]}") from exc
+    return model_tokenizer(spec)  # a model's own tokenizer: the loader every command uses
 
 
 def token_stream(documents: list[str], tokenizer) -> list[int]:
