@@ -26,7 +26,6 @@ import torch
 from geoprobe import memory
 from geoprobe.backbone import check_architecture, load_config, parse_layers, resolve_device, resolve_dtype, resolve_source
 from geoprobe.errors import BadInput
-from geoprobe.memory import parameter_count, working_bytes
 from geoprobe.rundir import human
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
@@ -82,11 +81,11 @@ def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, sto
     target = resolve_device(device)
     load_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
     width = torch.finfo(load_dtype).bits // 8
-    count = parameter_count(config)
+    count = memory.parameter_count(config)
     d, n = config.hidden_size, config.num_hidden_layers
     captured = parse_layers(layers, n)
     captured_bytes = batch_size * seq_len * d * width * len(captured)
-    working = working_bytes(config, width, batch_size, seq_len)
+    working = memory.working_bytes(config, width, batch_size, seq_len)
     storage_bytes = 2 if storage == "float16" else 4
     disk = tokens * (len(captured) * d * storage_bytes + META_BYTES)
     free = memory.memory_available(target)
