@@ -26,7 +26,7 @@ import torch
 from geoprobe import memory
 from geoprobe.backbone import check_architecture, load_config, parse_layers, resolve_device, resolve_dtype, resolve_source
 from geoprobe.errors import BadInput
-from geoprobe.rundir import human
+from geoprobe.rundir import human, nearest_existing
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
 
@@ -89,11 +89,10 @@ def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, sto
     storage_bytes = 2 if storage == "float16" else 4
     disk = tokens * (len(captured) * d * storage_bytes + META_BYTES)
     free = memory.memory_available(target)
-    nearest = out if out.exists() else next(p for p in Path(out).absolute().parents if p.exists())
     return ScanPlan(model=model, device=str(target), dtype=str(load_dtype).removeprefix("torch."), parameters=count,
                     parameter_bytes=count * width, layers=len(captured), hidden_size=d, rows=tokens,
                     batch_size=batch_size, seq_len=seq_len, captured_bytes=captured_bytes, working_bytes=working,
-                    disk_bytes=disk, memory_available=free, disk_available=shutil.disk_usage(nearest).free)
+                    disk_bytes=disk, memory_available=free, disk_available=shutil.disk_usage(nearest_existing(Path(out))).free)
 
 
 def check_fits(plan: ScanPlan) -> None:
