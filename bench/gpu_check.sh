@@ -55,7 +55,7 @@ step bridge "${GP[@]}" bridge --run "$OUT/run" --layer 3 --steps $STEPS --until 
   --seq-len $BSEQ --device $DEVICE --dtype $DTYPE
 step dsl "${GP[@]}" dsl train --corpus "$CORPUS" --tokenizer "$MODEL" --steps $STEPS --batch-size 16 \
   --seq-len $BSEQ --warmup 10 --out "$OUT/dsl" --device $DEVICE
-step sample "${GP[@]}" sample --model "$OUT/run/bridges/layer-03" --sampler roar --num 4 --length $BSEQ \
+step sample "${GP[@]}" sample --model "$OUT/run/bridges/layer-03/seed-0" --sampler roar --num 4 --length $BSEQ \
   --out "$OUT/samples" --device $DEVICE
 
 "$PY" - "$OUT" $TINY $BATCH $BSEQ <<'EOF'

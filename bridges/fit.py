@@ -2,10 +2,12 @@
 
 The teacher states h_l come from the frozen prefix on the fly (early stop after block l); the
 condition SNRs from the DSL mixed distribution, with a `clean_frac` share of sequences at
-clean condition. Validation runs on fixed held-out blocks with a fixed seed and writes
-`metrics.json`: nmse at clean condition (1 - R^2), the upper stack's next-token cross-entropy
-on the reconstruction (`ce`) and on the true states (`ref_ce`), their difference, and nmse
-averaged over a grid of condition SNRs.
+clean condition and a `tau_zero` share at tau = 0. The plateau rule watches a held-out split of
+its own and keeps the best EMA weights by it. Validation runs on other held-out blocks with a
+fixed seed and writes `metrics.json`: nmse at clean condition (1 - R^2), per-channel nmse, the
+upper stack's next-token cross-entropy on the reconstruction (`ce`) and on the true states
+(`ref_ce`), their difference, nmse averaged over a grid of condition SNRs, and the training
+objective itself.
 """
 
 from __future__ import annotations
@@ -93,6 +95,32 @@ def fit_statistics(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches
     bridge.set_statistics(torch.cat(sources), torch.cat(targets))
 
 
+def draw_conditions(cfg: BridgeConfig, batch: int, length: int, generator: torch.Generator) -> dict:
+    """The random numbers of one evaluation of the bridge's objective, for a whole (global) batch,
+    always in this order: condition SNRs from the DSL mixed distribution, which sequences sit at
+    clean condition, the channel noise, tau (0 for a `tau_zero` share, else U[0, 1]) and the
+    bridge noise (drawn last, and only when sigma_b > 0: skipping it changes nothing else)."""
+    snr = draw_snr("mixed", (batch, length), generator=generator)
+    clean = torch.rand(batch, generator=generator) < cfg.clean_frac
+    noise = torch.randn((batch, length, cfg.d_tok), generator=generator)
+    tau = torch.rand(batch, generator=generator)
+    tau = torch.where(torch.rand(batch, generator=generator) < cfg.tau_zero, torch.zeros_like(tau), tau)
+    eps = torch.randn((batch, length, cfg.hidden_size), generator=generator) if cfg.sigma_b > 0 else None
+    return {"snr": snr, "clean": clean, "noise": noise, "tau": tau, "eps": eps}
+
+
+def objective(model: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: torch.Tensor, target: torch.Tensor,
+              draws: dict, denominator: float | None = None) -> torch.Tensor:
+    """The bridge's training objective on (ids, mask) with true states `target` (h_l) and the
+    random numbers `draws` (draw_conditions, already cut to these rows)."""
+    # the converter's mixture in float32 even under the loop's bf16 autocast (CUDA): validation
+    # computes it in float32 too, and the target must not move with it
+    with torch.autocast(ids.device.type, enabled=False):
+        z = channel(model.table(), ids, draws["snr"].to(ids.device), noise=draws["noise"])
+        a = model.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"].to(ids.device))
+    return model.loss(a, target, positions_weight(mask), tau=draws["tau"], eps=draws["eps"], denominator=denominator)
+
+
 def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int):
     """The loss of one step. Every random number is drawn for the global batch and a rank keeps
     its rows (`shard`), padded to the global batch's length: any world size computes the same
@@ -102,65 +130,62 @@ def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches,
         length = max(len(b.tokens) for b in chosen)
         positions = sum(len(b.tokens) - 1 for b in chosen)  # what positions_weight keeps, whole batch
         ids, mask = pad_batch(shard.rows(chosen), batches.pad_id, batches.device, length=length)
-        snr = shard.rows(draw_snr("mixed", (batch_size, length), generator=generator))
-        clean = shard.rows(torch.rand(batch_size, generator=generator) < model.cfg.clean_frac).to(ids.device)
-        noise = shard.rows(torch.randn((batch_size, length, model.table().shape[1]), generator=generator))
-        # the teacher's states and the converter's mixture in float32 even under the loop's bf16
-        # autocast (CUDA): validation computes both in float32, and the target must not move with it
-        with torch.autocast(ids.device.type, enabled=False):
-            h0, hl = teacher.states(ids, mask)
-            z = channel(model.table(), ids, snr.to(ids.device), noise=noise)
-            a = model.source(z, teacher.embeddings, teacher.offsets(length), ids, clean)
-        tau = shard.rows(torch.rand(batch_size, generator=generator))
-        eps = (shard.rows(torch.randn((batch_size, length, hl.shape[-1]), generator=generator))
-               if model.cfg.sigma_b > 0 else None)  # the last draw of the step: skipping it changes nothing else
-        return model.loss(a, hl, positions_weight(mask), tau=tau, eps=eps,
-                          denominator=max(positions, 1) / shard.count)
+        draws = {k: None if v is None else shard.rows(v)
+                 for k, v in draw_conditions(model.cfg, batch_size, length, generator).items()}
+        with torch.autocast(ids.device.type, enabled=False):  # the target in float32, as validation's
+            target = teacher.states(ids, mask)[1]
+        return objective(model, teacher, ids, mask, target, draws, denominator=max(positions, 1) / shard.count)
 
     return loss_fn
 
 
-def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: torch.Tensor,
-                generator: torch.Generator):
-    """(h^ at clean condition, the true h_l, the scored positions' weight, position offsets)."""
-    h0, hl = teacher.states(ids, mask)
+def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, target: torch.Tensor,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h^ at clean condition, position offsets); position 0 (BOS) is the backbone's, never generated."""
     offsets = teacher.offsets(ids.shape[1])
     clean = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
     z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
     h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=generator)
-    h_hat[:, 0] = hl[:, 0]  # BOS is the backbone's, never generated
-    return h_hat, hl, positions_weight(mask), offsets
+    h_hat[:, 0] = target[:, 0]
+    return h_hat, offsets
+
+
+MASSIVE_FACTOR = 20.0  # the scan's rule (GeometrySettings.massive_factor): such rows are not scored
 
 
 @torch.no_grad()
 def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_size: int, seed: int = 0,
-             full: bool = True) -> dict:
-    """Validation losses on the fixed held-out blocks. `full=False` computes the clean-condition
-    nmse only (what the plateau rule watches); `full` adds the per-dimension nmse, the upper
-    stack's cross-entropy and the noisy-condition nmse.
+             full: bool = True, massive_factor: float = MASSIVE_FACTOR) -> dict:
+    """Validation losses on fixed held-out blocks, with a fixed seed. `full=False` computes the
+    clean-condition nmse only (what the stopping rule watches); `full` adds the rest.
 
-    nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with most of the
-    variance dominates both sums); nmse_dim = the mean over channels of that ratio taken per
-    channel (each channel standardised by its own variance, so no single channel dominates)."""
+    Scored are the positions >= 1 whose true state is not massive (norm above `massive_factor`
+    times the median norm: the scan's rule, so the bridge is scored on the states the geometry
+    measured). nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with
+    most of the variance dominates both sums); nmse_dim = the mean over channels of that ratio
+    taken per channel (each channel standardised by its own variance, so no single channel
+    dominates); objective = the training loss itself (over tau and condition SNR, seeded draws)."""
     g = torch.Generator().manual_seed(seed)
     layer = bridge.cfg.layer
-    sums = {"err": 0.0, "ce": 0.0, "ref_ce": 0.0, "ce_count": 0.0}
-    err_dim = torch.zeros(bridge.cfg.hidden_size, dtype=torch.float64)
-    noisy = {s: [0.0, 0.0] for s in NOISY_SNRS}
-    all_targets = []
+    targets, errors, noisy, rounded = [], [], {s: [] for s in NOISY_SNRS}, []
+    sums = {"ce": 0.0, "ref_ce": 0.0, "ce_count": 0.0, "objective": 0.0, "objective_count": 0.0}
     for ids, mask in val.fixed(batch_size):
-        h_hat, hl, weight, offsets = reconstruct(bridge, teacher, ids, mask, g)
-        all_targets.append(hl[weight.bool()].double())
-        squared = (h_hat - hl) ** 2 * weight[..., None]
-        sums["err"] += float(squared.sum())
+        hl = teacher.states(ids, mask)[1]
+        h_hat, offsets = reconstruct(bridge, teacher, ids, hl, g)
+        keep = positions_weight(mask).bool()
+        targets.append(hl[keep].cpu())
+        errors.append(((h_hat - hl) ** 2)[keep].cpu())
         if not full:
             continue
-        err_dim += squared.double().sum((0, 1)).cpu()
+        weight = positions_weight(mask)
+        draws = draw_conditions(bridge.cfg, *ids.shape, g)
+        sums["objective"] += float(objective(bridge, teacher, ids, mask, hl, draws) * weight.sum())
+        sums["objective_count"] += float(weight.sum())
         if layer == 0:  # the rounding baseline's decoder: nearest token embedding
             e = teacher.embeddings
             plain = h_hat - offsets
             nearest = ((plain * plain).sum(-1, keepdim=True) - 2 * plain @ e.T + (e * e).sum(-1)).argmin(-1)
-            sums["round_correct"] = sums.get("round_correct", 0.0) + float(((nearest == ids).float() * weight).sum())
+            rounded.append((nearest == ids)[keep].cpu())
         # next-token cross-entropy of the frozen upper stack: position i predicts i + 1
         pair = mask[:, 1:].float()
         for key, states in (("ce", h_hat), ("ref_ce", hl)):
@@ -171,44 +196,64 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
         for s in NOISY_SNRS:
             z = channel(bridge.table(), ids, torch.full(ids.shape, s, device=ids.device), generator=g)
             noisy_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets), generator=g)
-            noisy[s][0] += float((((noisy_hat - hl) ** 2).sum(-1) * weight).sum())
-    targets = torch.cat(all_targets)
-    var_dim = ((targets - targets.mean(0)) ** 2).sum(0).cpu()
+            noisy[s].append(((noisy_hat - hl) ** 2).sum(-1)[keep].cpu())
+    target = torch.cat(targets).double()
+    norms = target.norm(dim=1)
+    scored = norms <= massive_factor * norms.median()
+    target, error = target[scored], torch.cat(errors).double()[scored]
+    var_dim = ((target - target.mean(0)) ** 2).sum(0)
     total_var = float(var_dim.sum())
-    nmse = sums["err"] / total_var
+    nmse = float(error.sum()) / total_var
     if not full:
         return {"layer": layer, "nmse": nmse}
     varying = var_dim > 1e-12 * total_var  # a constant channel has nothing to reconstruct
+    err_dim = error.sum(0)
     ce, ref_ce = sums["ce"] / sums["ce_count"], sums["ref_ce"] / sums["ce_count"]
+    by_snr = {str(s): float(torch.cat(v).double()[scored].sum()) / total_var for s, v in noisy.items()}
     return {"layer": layer, "nmse": nmse, "nmse_dim": float((err_dim[varying] / var_dim[varying]).mean()),
             "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
-            "nmse_noisy": sum(v[0] / total_var for v in noisy.values()) / len(noisy),
-            "nmse_by_snr": {str(s): v[0] / total_var for s, v in noisy.items()},
-            "val_positions": int(targets.shape[0]), "seed": seed,
-            **({"round_accuracy": sums["round_correct"] / int(targets.shape[0])} if layer == 0 else {})}
+            "nmse_noisy": sum(by_snr.values()) / len(by_snr), "nmse_by_snr": by_snr,
+            "objective": sums["objective"] / sums["objective_count"],
+            "val_positions": int(scored.sum()), "val_massive_rows": int((~scored).sum()), "seed": seed,
+            **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
+
+
+def differing(old: dict, new: dict) -> list[str]:
+    """The keys whose values differ between two records (missing counts as different)."""
+    return sorted(k for k in {**old, **new} if old.get(k) != new.get(k))
 
 
 def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,
-               out: Path, identity: dict, progress=None, world: World = SINGLE) -> dict:
+               out: Path, identity: dict, progress=None, world: World = SINGLE, stop_blocks=None) -> dict:
     """Train (or resume) the bridge at `layer` into `out`, validate, write metrics and the curve
-    (with several ranks: data parallel; rank 0 writes every file)."""
+    (with several ranks: data parallel; rank 0 writes every file).
+
+    `stop_blocks` (held-out blocks never reported) drive the plateau rule, whose best EMA weights
+    are the ones kept and validated on `val_blocks`; without them the rule watches `val_blocks`.
+    A directory holding a bridge trained with other settings is refused, naming the keys that
+    differ: its weights are never handed back under new settings."""
     out = Path(out)
     teacher = Teacher(backbone, layer)
     device = backbone.input_device
     pad_id = backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
     batches, val = BlockBatches(train_blocks, pad_id, device), BlockBatches(val_blocks, pad_id, device)
-    support = corpus_support([*train_blocks, *val_blocks], backbone.tokenizer) if cfg.vocab == "corpus" else None
+    support = corpus_support([*train_blocks, *val_blocks, *(stop_blocks or [])], backbone.tokenizer) \
+        if cfg.vocab == "corpus" else None
     if support is not None:
         cfg = replace(cfg, support_size=len(support))
     record = {"kind": "bridge", "bridge": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
     if (out / CONFIG).is_file():
         old = read_config(out)
         if old.get("identity") != identity or old.get("bridge") != record["bridge"]:
-            keys = sorted(k for k in {**old.get("identity", {}), **identity}
-                          if old.get("identity", {}).get(k) != identity.get(k))
+            keys = differing(old.get("identity", {}), identity) or [
+                f"bridge.{k}" for k in differing(old.get("bridge", {}), record["bridge"])]
             raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
-                           f"(differs in: {', '.join(keys) or 'bridge settings'}); use another --out or --force")
-        if old.get("training") == record["training"] and (out / METRICS).is_file():
+                           f"(differs in: {', '.join(keys)}); use another --out or --force")
+        if old.get("training") != record["training"]:
+            keys = differing(old.get("training") or {}, record["training"])
+            raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "
+                           "use another --out, or --force to train it anew")
+        if (out / METRICS).is_file():
             return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
     world.barrier()  # every rank has checked the directory before rank 0 writes into it
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
@@ -218,15 +263,15 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_bridge_config(out, cfg, {"training": record["training"], "identity": identity})
-    # the plateau rule watches the clean-condition nmse on (at most) the first 8 validation blocks
-    watched = BlockBatches(val_blocks[:8], pad_id, device)
+    watched = BlockBatches(stop_blocks, pad_id, device) if stop_blocks else val
     trained = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
                     progress=progress, world=world,
                     evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False)["nmse"])
-    load_weights(bridge, out / WEIGHTS)  # validate the EMA weights
+    load_weights(bridge, out / WEIGHTS)  # the kept EMA weights (the best by the stopping split)
     bridge.eval()
     metrics = validate(bridge, teacher, val, train_cfg.batch_size)
     metrics.update(training_summary(trained))
+    metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in stop_blocks) if stop_blocks else 0
     if world.is_main:
         write_training_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics

@@ -12,8 +12,11 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   the exact posterior under a prior that gives the others probability 0, and ~5x cheaper on
   SmolLM2's 49,152 tokens with the KJV's 9,578.
 * bridge, in standardised coordinates (per-layer mean and scalar scale): the interpolant
-  y_tau = (1 - tau) a~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps, tau ~ U[0, 1]; a bidirectional
-  transformer D(y_tau, tau, a~) with adaLN on tau predicts h~; loss = MSE over positions >= 1.
+  y_tau = (1 - tau) a~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
+  D(y_tau, tau, a~) with adaLN on tau predicts h~; loss = MSE over positions >= 1. tau is 0 for a
+  `tau_zero` share of the sequences and U[0, 1] otherwise: with sigma_b = 0, y_tau at tau > 0 can
+  be solved for h~ (a rearrangement, not a regression), so the regression from the source alone,
+  which is where sampling starts and what validation scores, gets its own mass.
 * sampling: K steps from tau = 0 with the Brownian-bridge posterior towards the predicted
   endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y) + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps.
   Position 0 (BOS) is not generated: its state is the backbone's.
@@ -45,12 +48,15 @@ class BridgeConfig:
     vocab_size: int
     hidden_size: int
     d_tok: int = 64
+    # the shape: the smallest width x depth that reached its plateau on SmolLM2 at the CPU budget
+    # (docs/bridge-design.md, `python bench/bridge_design.py`); every command reads it from here
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     sigma_b: float = 0.0
     bridge_steps: int = 8
     clean_frac: float = 0.25
+    tau_zero: float = 0.5  # share of training sequences at tau = 0 (the source alone), see the module doc
     residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
     # the converter's vocabulary: "corpus" = the tokens of the training corpus and the specials
     # (support_size of them, ids in the `support` buffer), "all" = the backbone's whole vocabulary
@@ -59,12 +65,14 @@ class BridgeConfig:
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
 
 
-def check_bridge_flags(vocab: str, sigma_b: float) -> None:
+def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float = 0.5) -> None:
     """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
     if vocab not in ("corpus", "all"):
         raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
     if not 0 <= sigma_b < float("inf"):  # also refuses NaN
         raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
+    if not 0 <= tau_zero <= 1:
+        raise BadInput(f"--tau-zero must be in [0, 1], got {tau_zero}")
 
 
 class HiddenBridge(nn.Module):

@@ -88,6 +88,7 @@ class Trained:
     stop: str  # "budget" (fixed steps), "cap" (the plateau rule never fired) or "plateau"
     seconds: float = 0.0  # this session's training loop (a resumed run counts only its own steps)
     session_steps: int = 0
+    best_step: int = 0  # the evaluation whose EMA weights were kept (0: the last weights, no evaluations)
 
 
 def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
@@ -147,10 +148,11 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 
 
 def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: list, val_curve: list,
-          stop: str | None) -> None:
+          stop: str | None, best: Best) -> None:
     names = {id(p): name for name, p in trainable(model).items()}
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     tensors.update({f"ema.{k}": v.contiguous().cpu() for k, v in ema.items()})
+    tensors.update({f"best.{k}": v.contiguous().cpu() for k, v in (best.weights or {}).items()})
     groups = []
     for group in optimizer.param_groups:
         groups.append({k: v for k, v in group.items() if k != "params"})
@@ -158,7 +160,8 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"opt.{names[id(p)]}.{key}"] = value.detach().contiguous().cpu()
     meta = {"step": str(step), "curve": json.dumps(curve), "scheduler": json.dumps(scheduler.state_dict()),
-            "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or ""}
+            "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or "",
+            "best_step": str(best.step)}
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         save_file(tensors, tmp, metadata=meta)
@@ -171,7 +174,7 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
     os.replace(tmp, path)
 
 
-def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list, list, str | None]:
+def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tuple[int, list, list, str | None]:
     try:
         tensors = load_file(path)
         with safe_open(path, "pt") as handle:
@@ -185,6 +188,10 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
                        "delete it to train from the start, or use --force") from exc
     for k in ema:
         ema[k].copy_(tensors[f"ema.{k}"])
+    best.step = int(meta.get("best_step") or 0)
+    if best.step:
+        best.weights = {k: tensors[f"best.{k}"].to(v.device) for k, v in ema.items()}
+        best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
     params = trainable(model)
     for name, p in params.items():
         # AdamW keeps its step count on the CPU (unless fused/capturable): moving it to the GPU
@@ -201,6 +208,19 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler) -> tuple[int, list
 
 
 PRECISIONS = ("auto", "float32")
+
+
+@dataclass
+class Best:
+    """The best EMA weights the evaluations have seen (lower score is better), and when."""
+    step: int = 0
+    score: float = float("inf")
+    weights: dict | None = None
+
+    def offer(self, step: int, score: float, ema: dict) -> None:
+        if score < self.score:  # a tie keeps the earlier weights
+            self.step, self.score = step, score
+            self.weights = {k: v.detach().clone() for k, v in ema.items()}
 
 
 def mixed_precision(device: torch.device, precision: str = "auto"):
@@ -222,7 +242,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     plateau rule when `cfg.eval_every` > 0.
 
     Resumes from `out/checkpoint.safetensors` when present. Returns what ran (`Trained`; the loss
-    curve holds this rank's losses) and leaves the EMA weights in `out/model.safetensors`.
+    curve holds this rank's losses) and leaves the EMA weights in `out/model.safetensors`: with
+    evaluations, the EMA weights of the best-scoring evaluation (a run that got worse after its
+    best keeps the best), else the last.
     """
     cfg.validate()
     if cfg.batch_size % world.size:
@@ -245,9 +267,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
                                   fused=device.type == "cpu")  # one kernel for all parameters: ~3x on a CPU
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ema = {k: v.detach().clone().float() for k, v in params.items()}
-    start, curve, val_curve, stop = 0, [], [], None
+    start, curve, val_curve, stop, best = 0, [], [], None, Best()
     if (out / CHECKPOINT).is_file():
-        start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler)
+        start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
     autocast = mixed_precision(device, cfg.precision)
     model.train()
@@ -280,13 +302,14 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
                 progress.advance(1)
             if plateau_rule and (step + 1) % cfg.eval_every == 0:
                 val_curve.append([step + 1, _score_ema(model, params, ema, evaluate)])
+                best.offer(step + 1, val_curve[-1][1], ema)
                 stop = "plateau" if plateaued(val_curve, cfg) else None
             if step + 1 == cfg.steps and stop is None:
                 stop = "cap" if plateau_rule else "budget"
             if stop is not None or (step + 1) % cfg.save_every == 0:
                 flush()
             if (stop is not None or (step + 1) % cfg.save_every == 0) and world.is_main:
-                _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop)
+                _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop, best)
             if stop is not None:
                 break
         flush()
@@ -295,7 +318,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         steps_run = int(curve[-1][0]) + 1 if curve else 0
         if world.is_main:
             weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-            weights.update({k: v.to(weights[k].dtype).cpu() for k, v in ema.items()})
+            weights.update({k: v.to(weights[k].dtype).cpu() for k, v in (best.weights or ema).items()})
             save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
                                                         "seconds": f"{seconds:.3f}"})
         world.barrier()  # the other ranks may read the weights from here on
@@ -307,7 +330,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
             del step_loss
             gc.collect()
-    return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start)
+    return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start, best.step)
 
 
 @torch.no_grad()
@@ -330,7 +353,8 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
     the last `window` steps, the steps run, why it stopped and the validation curve."""
     tail = trained.curve[-window:]
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
-            "stop": trained.stop, "val_curve": trained.val_curve, "train_seconds": round(trained.seconds, 3),
+            "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
+            "train_seconds": round(trained.seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
 
 

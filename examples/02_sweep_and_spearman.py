@@ -3,8 +3,8 @@
     python examples/02_sweep_and_spearman.py [RUN]      # after 01 (or any `geoprobe scan`)
     GEOPROBE_EXAMPLE_TINY=1 python examples/02_sweep_and_spearman.py
 
-The sweep reports Spearman's rho with a permutation p and a bootstrap interval; this script
-recomputes rho with scipy from sweep.csv as an independent check.
+The sweep reports the pre-registered verdict (docs/method.md); this script recomputes rho with
+scipy from sweep.csv's seed means as an independent check.
 """
 
 import json
@@ -20,15 +20,19 @@ import geoprobe
 TINY = os.environ.get("GEOPROBE_EXAMPLE_TINY") == "1"
 run = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/example-scan")
 budget = ["--steps", "60", "--batch-size", "8", "--seq-len", "33", "--d-model", "32", "--n-layers", "1",
-          "--eval-every", "10"] if TINY else ["--steps", "2000"]
+          "--eval-every", "10", "--include-source", "--seeds", "0,1"] if TINY else ["--steps", "2000", "--seeds", "0,1,2"]
 
 # the command does the work (each layer to its plateau, resumable layer by layer)
 subprocess.run([sys.executable, "-m", "geoprobe", "-q", "sweep", "--run", str(run), *budget], check=True)
 
-sweep = geoprobe.open_run(run).sweep()
-print(sweep[["score", "rank", "nmse", "nmse_dim", "delta_ce", "steps_run", "stop"]])
-reported = json.loads((run / "sweep.json").read_text())["correlations"]
-for loss in ("nmse", "nmse_dim", "delta_ce"):
-    rho = spearmanr(sweep["score"], sweep[loss]).statistic
-    print(f"{loss}: rho = {rho:+.3f} (sweep reported {reported[loss]['rho']:+.3f}, p = {reported[loss]['p']:.3f}); "
-          "the claim is rho < 0: a higher score, a lower loss")
+sweep = geoprobe.open_run(run).sweep()  # one row per (layer, seed)
+print(sweep[["score", "rank", "nmse", "nmse_dim", "delta_ce", "steps_run", "best_step", "stop"]])
+verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+print("\n".join(verdict["statement"]))
+if "tests" in verdict:  # an independent check of rho: scipy on the seed means of the tested layers
+    means = sweep.groupby(level="layer").mean().loc[verdict["compared_layers"]]
+    score = [verdict["scores"]["score"][str(l)] for l in means.index]
+    for loss in ("nmse_dim", "nmse", "delta_ce"):
+        rho = spearmanr(score, means[loss]).statistic
+        print(f"{loss}: rho = {rho:+.3f} (the sweep: {verdict['tests'][loss]['rho']:+.3f}, one-sided p = "
+              f"{verdict['tests'][loss]['p']:.3f}); the claim is rho < 0: a higher score, a lower loss")

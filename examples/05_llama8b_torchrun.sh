@@ -16,7 +16,7 @@ if [[ "${GEOPROBE_EXAMPLE_TINY:-}" == 1 ]]; then
 else
   GPUS=8 DEVICE=cuda DTYPE=bfloat16 CORPUS="hf:Salesforce/wikitext?config=wikitext-103-raw-v1&split=train"
   TOKENS=3906250 SEQ=2048 POS=random:8
-  SWEEP=(--batch-size 64)   # the global batch: 8 per GPU
+  SWEEP=(--batch-size 64 --seeds 0,1,2)   # the global batch: 8 per GPU; three replicates per layer
   GEOMETRY=()
 fi
 # 1. figures only (config alone, no weights): refuses if the disk or a GPU cannot hold it
@@ -25,7 +25,7 @@ $PY -m geoprobe scan $MODEL --plan --dtype $DTYPE --tokens $TOKENS --seq-len $SE
 # 2. extract + geometry + ranking, one rank per GPU (interrupted? run the same line again)
 $PY -m torch.distributed.run --nproc-per-node $GPUS -m geoprobe -q scan $MODEL --dtype $DTYPE --tokens $TOKENS \
     --seq-len $SEQ --positions $POS --corpus "$CORPUS" --out "$OUT" --device $DEVICE "${GEOMETRY[@]}"
-# 3. one bridge per layer, data parallel, and Spearman's rho against the geometry score
+# 3. one bridge per layer and seed, data parallel, and the pre-registered verdict (docs/method.md)
 $PY -m torch.distributed.run --nproc-per-node $GPUS -m geoprobe -- -q sweep --run "$OUT" --device $DEVICE \
     --dtype $DTYPE "${SWEEP[@]}"
 $PY -c "import geoprobe, sys; print(geoprobe.open_run(sys.argv[1]).sweep())" "$OUT"

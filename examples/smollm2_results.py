@@ -1,8 +1,9 @@
-"""The SmolLM2 results page: every claim of the two papers this toolkit tests, on a real model,
-on a CPU, in about 90 minutes (2 cores), written to docs/results.md with its plots.
+"""The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
+(2 cores, about 100 minutes), written to docs/results.md with its plots; with --generation, the
+generation comparison too (about 60 minutes more).
 
     make results                                   # = python examples/smollm2_results.py
-    python examples/smollm2_results.py --out runs/results --page docs/results.md
+    python examples/smollm2_results.py --out runs/results --page docs/results.md --generation
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
@@ -11,8 +12,10 @@ Run it again after a kill and it goes on where it stopped; delete --out to start
 What it runs (one budget for every generator it compares, see BUDGET):
 1. scan builtin:smollm2 on the KJV: geometry of every layer (the ranking is shown with and without
    massive channels wherever a layer has them);
-2. sweep layers 0-12: one bridge per layer, each to the plateau rule under a step cap; Spearman rho
-   of the geometry score against nmse, per-dimension nmse and delta_ce;
+2. sweep layers 1-12 with seeds 0, 1, 2: one bridge per layer and seed, each to the plateau rule
+   (on a stopping split) under a step cap, validated as the scan drew its states; the
+   pre-registered test of docs/method.md, its secondary losses, the seed noise and the controls.
+With --generation (the previous page's generation section came from such a run):
 3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from), at the same
    number of training tokens;
 4. samples: the hybrid through the bridges at the geometry-chosen, worst and oracle layers, the
@@ -42,8 +45,9 @@ BUDGET = {"steps": 200, "batch": 8, "seq": 64}
 SAMPLES = {"num": 256, "length": 32, "steps": 16}  # per generator row; the DSL-scratch curve adds 4 and 8 steps
 SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-blocks", 1, "--k", 32,
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
-# the bridges' step cap is the same token budget: 200 x 8 x 64 (compare refuses unmatched budgets)
-SWEEP = ["--layers", "0-12", "--steps", 200, "--eval-every", 10, "--batch-size", 8, "--seq-len", 64]
+# the bridges: 256-token blocks as the scan's (--seq-len defaults to it), 2 per step (512 tokens),
+# the plateau rule every 10 steps under a cap of 300 steps (153,600 tokens)
+SWEEP = ["--layers", "1-12", "--seeds", "0,1,2", "--steps", 300, "--eval-every", 10, "--batch-size", 2]
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 
 
@@ -63,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "results")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md")
+    parser.add_argument("--generation", action="store_true", help="also train, sample and evaluate the generators")
     args = parser.parse_args()
     out, run = args.out, args.out / "run"
     out.mkdir(parents=True, exist_ok=True)
@@ -79,6 +84,14 @@ def main() -> None:
     dev = ["--device", "cpu"]
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
     step("sweep", "sweep", "--run", run, *SWEEP, *dev, done=run / "sweep.json")
+    if args.generation:
+        generation(out, run, step, dev)
+    write_page(run, out, args.page, log, time.perf_counter() - began)
+
+
+def generation(out: Path, run: Path, step, dev: list) -> None:
+    """DSL, MDLM and DSL-from-SmolLM2 at one budget; samples of every generator (the hybrid through
+    the first seed's bridges at the chosen, worst and easiest layers); eval and compare."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
               "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
@@ -88,12 +101,11 @@ def main() -> None:
         step(f"train {name}", "dsl", "train", "--corpus", CORPUS, *flags, *budget, "--out", out / name, *dev,
              done=out / name / "metrics.json")
 
-    sweep = json.loads((run / "sweep.json").read_text())["correlations"]
+    sweep = json.loads((run / "sweep.json").read_text())["verdict"]
     rows = {}
     for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row
-        layer = run / "bridges" / f"layer-{sweep[role + '_layer']:02d}"
-        rows[f"bridge-{layer.name[-2:]}"] = ["--model", layer, "--sampler", "hybrid"]
-    rows["round-00"] = ["--model", run / "bridges" / "layer-00", "--decode", "round", "--sampler", "mdlm"]
+        layer = sweep[role + "_layer"]
+        rows[f"bridge-{layer:02d}"] = ["--model", run / "bridges" / f"layer-{layer:02d}" / "seed-0", "--sampler", "hybrid"]
     for name in ("dsl", "dsl-smollm2"):
         for sampler in SAMPLERS:
             rows[f"{name}-{sampler}"] = ["--model", out / name, "--sampler", sampler]
@@ -120,7 +132,6 @@ def main() -> None:
          done=everything[-1].with_suffix(".metrics.json") if all(
              f.with_suffix(".metrics.json").is_file() for f in everything) else None)
     step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
-    write_page(run, out, args.page, log, time.perf_counter() - began)
 
 
 def machine() -> str:
@@ -159,69 +170,30 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float) -> N
 
 
 def what_it_says(run: Path, out: Path) -> str:
-    """The claims in plain words, each from the numbers of this run (rules stated with them)."""
+    """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
+    ran, where the comparison's best rows are."""
     import csv
 
-    sweep = json.loads((run / "sweep.json").read_text())
-    c = sweep["correlations"]
-    lines = ["## What the numbers say", ""]
-    for loss in ("nmse", "nmse_dim", "delta_ce"):
-        if loss not in c:
-            continue
-        r = c[loss]
-        low, high = (r.get("ci") or [None, None])[:2]
-        verdict = ("no interval could be given" if low is None else
-                   "supports the claim (rho < 0 and its 95% CI excludes 0)" if high < 0 else
-                   "contradicts it (rho > 0, CI excludes 0)" if low > 0 else "is inconclusive (the CI contains 0)")
-        lines.append(f"- **Geometry predicts the bridge's {loss}?** Spearman rho = {r.get('rho'):.2f} "
-                     f"(permutation p = {r.get('p'):.3f}, n = {r.get('n')} layers): this run {verdict}. The paper "
-                     "reports |rho| = 0.91-0.93 on 8B models.")
-    trained = [r for r in sweep["rows"] if r["layer"] > 0]
-    if trained:
-        low, high = min(r["nmse"] for r in trained), max(r["nmse"] for r in trained)
-        lines.append(f"- **How far the bridges got:** above layer 0 their held-out nmse is {low:.2f}-{high:.2f} "
-                     "(1 = predicting the mean state; layer 0 is the source itself plus a learned update), "
-                     f"after at most {max(r['steps_run'] for r in trained)} steps each: rho compares the geometry "
-                     "with bridges that are still early in training, so it says little about fully trained ones.")
-    rows = list(csv.DictReader((run / "compare.csv").open()))
-
-    def best(chosen):
-        """(lowest Gen.PPL, its generator · sampler) among the rows `chosen` keeps."""
-        found = [(float(r["gen_ppl"]), f"{r['generator']} · {r['sampler']}") for r in rows
-                 if chosen(r["generator"]) and r.get("gen_ppl")]
-        return min(found) if found else (None, None)
-
-    hidden, hidden_row = best(lambda g: g.startswith("bridges/") and not g.endswith("(round)"))
-    rounding, _ = best(lambda g: g.endswith("(round)"))
-    if hidden is not None and rounding is not None:
-        lines.append(f"- **Hidden state vs rounding:** the best hybrid bridge row ({hidden_row}) has Gen.PPL "
-                     f"{hidden:.0f}, the layer-0 rounding baseline {rounding:.0f} (lower is better): the hidden-state "
-                     f"route {'wins' if hidden < rounding else 'does not win'} at this budget.")
-    dsl, dsl_row = best(lambda g: g.endswith("/dsl"))
-    mdlm, _ = best(lambda g: g.endswith("/mdlm"))
-    if dsl is not None and mdlm is not None:
-        lines.append(f"- **DSL vs MDLM** (same network and training tokens): the best DSL row ({dsl_row}) has "
-                     f"Gen.PPL {dsl:.0f}, MDLM {mdlm:.0f}.")
-    pre, pre_row = best(lambda g: g.endswith("/dsl-smollm2"))
-    if pre is not None:
-        lines.append(f"- **DSL from SmolLM2** (its blocks run bidirectionally, same training tokens): best row "
-                     f"({pre_row}) Gen.PPL {pre:.0f}.")
-    ar, _ = best(lambda g: g.endswith("(AR ceiling)"))
-    if ar is not None:
-        lines.append(f"- **AR ceiling:** SmolLM2's own samples, Gen.PPL {ar:.0f}.")
-    if (run / "steps.csv").is_file():
-        curve = {}
-        for r in [*csv.DictReader((run / "steps.csv").open()), *rows]:
-            if r["generator"].endswith("/dsl") and r.get("gen_ppl") and r.get("steps"):
-                curve.setdefault(r["sampler"], {})[int(float(r["steps"]))] = float(r["gen_ppl"])
-        for sampler, points in sorted(curve.items()):
-            steps = sorted(points)
-            trend = ("falls" if points[steps[-1]] < points[steps[0]] else "does not fall")
-            lines.append(f"- **Sampler vs steps ({sampler}, DSL from scratch):** Gen.PPL "
-                         + ", ".join(f"{points[k]:.0f} at {k}" for k in steps) + f" steps: it {trend} with more steps.")
-    lines += ["", "Gen.PPL is measured by SmolLM2 itself, which favours its own samples (the AR row) and "
-              "rewards repetition: read it beside diversity and entropy. The rows, the sampler-vs-steps "
-              "curve and the intervals are in the tables below."]
+    verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+    lines = ["## What the numbers say", "",
+             "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
+    lines += [f"- {line}" for line in verdict["statement"]]
+    table = {r["layer"]: r for r in verdict["layers"]}
+    compared = [table[l] for l in verdict["compared_layers"]]
+    worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]
+    lines.append(f"- How far the bridges got: seed-mean nmse_dim {min(r['nmse_dim'] for r in compared):.2f}–"
+                 f"{max(r['nmse_dim'] for r in compared):.2f} over the tested layers (1 = predicting the mean "
+                 "state)" + (f"; layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
+                             "the mean state." if worse else "."))
+    if (run / "compare.csv").is_file():
+        rows = list(csv.DictReader((run / "compare.csv").open()))
+        found = sorted((float(r["gen_ppl"]), f"{r['generator']} · {r['sampler']}") for r in rows if r.get("gen_ppl"))
+        if found:
+            lines.append(f"- Generation: the lowest Gen.PPL (SmolLM2 as evaluator, which favours its own samples) is "
+                         f"{found[0][0]:.0f} ({found[0][1]}); see the table below.")
+    else:
+        lines.append("- Generation was not rerun with this sweep: [results-generation.md](results-generation.md) "
+                     "holds the previous run's section (its bridge rows used the bridges of that run).")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ as functions with the commands' own defaults.
     x = run.states(3)                  # (rows, d) float32 numpy (torch_device="cuda" for a tensor)
     df = run.to_pandas(layers=[3])     # row metadata, plus one column of state vectors per layer
     geoprobe.bridge(run, layer=3, steps=500)          # metrics dict
-    geoprobe.sample("runs/demo/bridges/layer-03", sampler="roar", num=4, length=32)   # texts
+    geoprobe.sample("runs/demo/bridges/layer-03/seed-0", sampler="roar", num=4, length=32)   # texts
 
 The functions run the same code as `geoprobe scan|bridge|sample` (they parse the same flags, so
 the defaults cannot drift apart) and raise `geoprobe.errors.BadInput` where the command would
@@ -106,15 +106,15 @@ class Run:
         return self._table("ranking.csv", "rank").set_index("layer")
 
     def sweep(self) -> pd.DataFrame:
-        """sweep.csv: per layer, the geometry score and rank beside every bridge validation loss."""
-        return self._table("sweep.csv", "sweep").set_index("layer")
+        """sweep.csv: per layer and seed, the geometry score and rank beside every bridge validation loss."""
+        return self._table("sweep.csv", "sweep").set_index(["layer", "seed"])
 
     def bridges(self) -> pd.DataFrame:
-        """Every trained bridge of the run (bridges/layer-NN/metrics.json), one row per layer."""
-        rows = [{"layer": int(p.parent.name.split("-")[1]), **{k: v for k, v in json.loads(p.read_text()).items()
-                                                               if not isinstance(v, (dict, list))}}
-                for p in sorted((self.path / "bridges").glob("layer-*/metrics.json"))]
-        return pd.DataFrame(rows).set_index("layer") if rows else pd.DataFrame()
+        """Every trained bridge of the run (bridges/layer-NN/seed-S/metrics.json), one row per layer and seed."""
+        rows = [{"layer": int(p.parent.parent.name.split("-")[1]), "seed": int(p.parent.name.split("-")[1]),
+                 **{k: v for k, v in json.loads(p.read_text()).items() if not isinstance(v, (dict, list)) and k != "seed"}}
+                for p in sorted((self.path / "bridges").glob("layer-*/seed-*/metrics.json"))]
+        return pd.DataFrame(rows).set_index(["layer", "seed"]) if rows else pd.DataFrame()
 
 
 def open_run(path) -> Run:
@@ -160,7 +160,8 @@ def bridge(run, layer: int | None = None, **flags) -> dict:
     _invoke(["bridge", "--run", str(root)], layer=layer, **flags)
     from geoprobe.sweep import bridge_dir, chosen_layer
 
-    folder = bridge_dir(Path(flags.get("out") or root), chosen_layer(root) if layer is None else layer)
+    folder = bridge_dir(Path(flags.get("out") or root), chosen_layer(root) if layer is None else layer,
+                        flags.get("seed", 0))
     return json.loads((folder / "metrics.json").read_text())
 
 

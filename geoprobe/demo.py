@@ -29,6 +29,7 @@ class DemoSettings:
     pairs: int
     bootstrap: int
     layers: str
+    seeds: str  # the sweep's replicates
     bridge_steps: int
     bridge_batch: int
     bridge_seq: int
@@ -54,7 +55,7 @@ class DemoSettings:
 # validation nmse plateaus (compare shows the tokens each one used). SmolLM2 bridges sample through
 # the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
 TINY = DemoSettings(model="builtin:hmm-tiny", corpus=None, tokens=2000, seq_len=65, positions="random:16",
-                    doc_blocks=0, k=16, anchors=512, pairs=1024, bootstrap=100, layers="all",
+                    doc_blocks=0, k=16, anchors=512, pairs=1024, bootstrap=100, layers="0-5", seeds="0,1",
                     bridge_steps=1000, bridge_batch=16, bridge_seq=33, bridge_width=64, bridge_blocks=2,
                     bridge_lr=2e-3, bridge_eval_every=25, dsl_tokenizer=None, dsl_steps=1000, dsl_batch=16,
                     dsl_seq=33, dsl_width=64, dsl_lr=2e-3, num=32, length=32, steps=32, curve=(8, 16),
@@ -63,7 +64,7 @@ TINY = DemoSettings(model="builtin:hmm-tiny", corpus=None, tokens=2000, seq_len=
 # (in the seeded document order), not every position of 16 blocks from 6 chapters: its intervals
 # resample documents
 REAL = DemoSettings(model="builtin:smollm2", corpus="kjv", tokens=4000, seq_len=256, positions="random:64",
-                    doc_blocks=1, k=32, anchors=2048, pairs=4096, bootstrap=200, layers="0-3",
+                    doc_blocks=1, k=32, anchors=2048, pairs=4096, bootstrap=200, layers="0-4", seeds="0,1",
                     bridge_steps=40, bridge_batch=4, bridge_seq=64, bridge_width=64, bridge_blocks=1,
                     bridge_lr=1e-3, bridge_eval_every=10, dsl_tokenizer="train:2048", dsl_steps=300, dsl_batch=8,
                     dsl_seq=64, dsl_width=128, dsl_lr=3e-4, num=64, length=64, steps=64, curve=(16, 32),
@@ -82,11 +83,13 @@ def run_demo(out: Path, tiny: bool = False, device: str = "auto",
     from geoprobe.report.compare import read_rows
     from geoprobe.report.page import write_report
     from geoprobe.store import check_writable
+    from geoprobe.sweep import bridge_dir, parse_seeds
     from geoprobe.testbed import CORPUS
 
     resolve_device(device)
     check_writable(out)
     p = TINY if tiny else REAL
+    first_seed = parse_seeds(p.seeds)[0]
     corpus, model, run, dev = p.corpus or CORPUS, p.model, out / "run", ["--device", device]
     out.mkdir(parents=True, exist_ok=True)
 
@@ -99,21 +102,21 @@ def run_demo(out: Path, tiny: bool = False, device: str = "auto",
     step("scan", model, "--corpus", corpus, "--tokens", p.tokens, "--seq-len", p.seq_len, "--positions", p.positions,
          "--doc-blocks", p.doc_blocks, "--k", p.k, "--anchors", p.anchors, "--pairs", p.pairs,
          "--bootstrap", p.bootstrap, "--out", run, *dev)
-    step("sweep", "--run", run, "--layers", p.layers, "--steps", p.bridge_steps, "--batch-size", p.bridge_batch,
+    step("sweep", "--run", run, "--layers", p.layers, "--seeds", p.seeds, "--steps", p.bridge_steps, "--batch-size", p.bridge_batch,
          "--seq-len", p.bridge_seq, "--d-model", p.bridge_width, "--n-layers", p.bridge_blocks, "--lr", p.bridge_lr,
          "--eval-every", p.bridge_eval_every, *dev)
     for name, snr in {"dsl": "mixed", "mdlm": "endpoint"}.items():  # DSL, and the endpoint-only MDLM model
         step("dsl", "train", "--corpus", corpus, "--tokenizer", p.dsl_tokenizer or model, "--snr", snr,
              "--steps", p.dsl_steps, "--batch-size", p.dsl_batch, "--seq-len", p.dsl_seq, "--lr", p.dsl_lr,
              "--d-model", p.dsl_width, "--n-layers", 2, "--out", out / name, *dev)
-    sweep = read_json(run / "sweep.json", f"{run} has no sweep.json: the sweep step did not finish")["correlations"]
+    sweep = read_json(run / "sweep.json", f"{run} has no sweep.json: the sweep step did not finish")["verdict"]
     table = {f"dsl-{s}": ["--model", out / "dsl", "--sampler", s] for s in DSL_SAMPLERS}
     table["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]
     if p.bridges_compared:
         for role in ("chosen", "worst", "oracle"):  # the same layer may play two roles: one row
-            layer = run / "bridges" / f"layer-{sweep[role + '_layer']:02d}"
-            table[f"bridge-{layer.name[-2:]}"] = ["--model", layer, "--sampler", "hybrid"]
-        table["round-00"] = ["--model", run / "bridges" / "layer-00", "--decode", "round", "--sampler", "mdlm"]
+            layer = sweep[role + "_layer"]  # the first seed's bridge
+            table[f"bridge-{layer:02d}"] = ["--model", bridge_dir(run, layer, first_seed), "--sampler", "hybrid"]
+        table["round-00"] = ["--model", bridge_dir(run, 0, first_seed), "--decode", "round", "--sampler", "mdlm"]
     shape = ["--num", p.num, "--length", p.length]
     files, curve = [], []
     for name, args in table.items():
@@ -129,9 +132,7 @@ def run_demo(out: Path, tiny: bool = False, device: str = "auto",
     step("eval", *files, *curve, "--evaluator", model, "--references", corpus, *dev)  # one evaluator load
     step("compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run)
     path = write_report(run)
-    losses = [k for k in ("nmse", "nmse_dim", "delta_ce") if k in sweep]
     return {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
-            "worst_layer": sweep["worst_layer"], "correlations": {k: sweep[k] for k in losses},
-            "depth": sweep.get("depth", {}).get("statement"),
+            "worst_layer": sweep["worst_layer"], "verdict": sweep,
             "generation": [{k: r.get(k) for k in ("generator", "sampler", "gen_ppl", "mauve", "oracle_nll_per_word",
                                                   "budget")} for r in read_rows(run / "compare.csv")]}

@@ -127,6 +127,8 @@ def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, P
     other = rank_layers(geometry, weights, log, other_channels=True) if has_massive_channels(geometry) else None
     run = Path(run)
     write_csv(ranking, run / "ranking.csv")
+    # what the sweep needs to recompute the score over the layers it compares
+    write_json_atomic(run / "ranking.json", {"weights": list(weights), "log": log})
     write_markdown(ranking, geometry, run / "ranking.md", other)
     plot = geometry_plot(ranking, geometry, run / "plots" / "geometry.png", other)
     if other is not None:

@@ -96,6 +96,21 @@ def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, othe
             "drop_massive_channels": drop, "rows": rows}
 
 
+def layer_scores(geometry: dict, layers: list[int], weights=(1.0, 1.0, 1.0), log: bool = False,
+                 normalize: str | None = None, other_channels: bool = False) -> dict[int, float]:
+    """The selection score of `layers`, z-scored over those layers only (the ranking z-scores over
+    every scanned layer, so a layer that is never compared moves the others' scores there).
+    `normalize` overrides the geometry's normalisation; `other_channels` as in rank_layers."""
+    norm = normalize or geometry["settings"]["normalize"]
+    by_layer = {l["layer"]: ({**l, **l.get("other_channels", {})} if other_channels else l)
+                for l in geometry["layers"]}
+    missing = [l for l in layers if l not in by_layer]
+    if missing:
+        raise BadInput(f"layers {missing} were not scanned: no geometry score for them")
+    points = {p: np.array([by_layer[l][norm][p]["value"] for l in layers]) for p in PROXIES}
+    return dict(zip(layers, selection_score(points, weights, log).tolist()))
+
+
 def has_reseeds(layers: list[dict]) -> bool:
     return all(l.get("reseeds", {}).get("curv") for l in layers)
 

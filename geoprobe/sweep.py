@@ -12,12 +12,12 @@ from pathlib import Path
 from bridges.hidden import BridgeConfig, check_bridge_flags
 from geoprobe.errors import BadInput
 
-LOSSES = ("nmse", "nmse_dim", "delta_ce", "nmse_noisy")
-PRIMARY = "delta_ce"  # the loss that picks the oracle and worst layers
+from geoprobe.verdict import LOSSES
 
 
-def bridge_dir(root: Path, layer: int) -> Path:
-    return Path(root) / "bridges" / f"layer-{layer:02d}"
+def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
+    """One directory per layer and seed: seeds are replicates, never each other's resume."""
+    return Path(root) / "bridges" / f"layer-{layer:02d}" / f"seed-{seed}"
 
 
 def ranking_rows(run: Path) -> list[dict]:
@@ -43,7 +43,8 @@ def chosen_layer(run: Path) -> int:
 
 @dataclass
 class Source:
-    """The backbone and the corpus blocks a bridge trains and validates on."""
+    """The backbone and the corpus blocks a bridge trains on (`train_blocks`), stops on
+    (`stop_blocks`, never reported) and is validated on (`val_blocks`)."""
 
     backbone: object
     model: str
@@ -52,37 +53,50 @@ class Source:
     train_blocks: list
     val_blocks: list
     scanned_layers: list | None
+    stop_blocks: list
 
 
-def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int, seed: int, device: str,
-                dtype: str, max_blocks: int = 4000, val_blocks: int = 16, device_map: str | None = None) -> Source:
+def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int | None, device: str,
+                dtype: str, max_blocks: int = 4000, val_blocks: int = 16, stop_blocks: int = 8,
+                device_map: str | None = None, doc_blocks: int | None = None) -> Source:
+    """The data of a bridge. Over a scanned run the held-out blocks are drawn as the scan drew its
+    states: blocks of the scan's length (unless `seq_len` says otherwise), at most as many per
+    document as the scan took (`--doc-blocks`), split by the scan's seed. The split never depends
+    on the bridge's training seed, so seed replicates share their validation data. `doc_blocks`
+    overrides the blocks per document of the held-out data (default: the scan's; 0 = all)."""
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import iter_blocks, read_documents
 
-    scanned = None
+    scanned, data_seed, per_doc = None, 0, 0
     if run is not None:
         from geoprobe.store import check_shards, read_manifest
 
         manifest = read_manifest(run)
         check_shards(run, manifest)  # the ranking that picks the layer came from these shards
-        model, corpus = model or manifest["config"]["model"], corpus or manifest["config"]["corpus"]
+        config = manifest["config"]
+        model, corpus = model or config["model"], corpus or config["corpus"]
+        seq_len, data_seed, per_doc = seq_len or config["seq_len"], config.get("seed", 0), config.get("doc_blocks", 0)
         scanned = manifest["layers"]
     if model is None or corpus is None:
         raise BadInput("pass --run RUN, or both --model and --corpus")
+    seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
     documents = read_documents(corpus)
     backbone = load_backbone(model, device=device, dtype=dtype, device_map=device_map)
-    train, val = [], []
-    for block in iter_blocks(documents, backbone.tokenizer, seq_len, seed, split="train", val_fraction=0.1):
+    train, held_out = [], []
+    for block in iter_blocks(documents, backbone.tokenizer, seq_len, data_seed, split="train", val_fraction=0.1):
         train.append(block)
         if len(train) >= max_blocks:
             break
-    for block in iter_blocks(documents, backbone.tokenizer, seq_len, seed, split="validation", val_fraction=0.1):
-        val.append(block)
-        if len(val) >= val_blocks:
+    for block in iter_blocks(documents, backbone.tokenizer, seq_len, data_seed, split="validation", val_fraction=0.1):
+        if per_doc and block.seq_id >= per_doc:
+            continue
+        held_out.append(block)
+        if len(held_out) >= stop_blocks + val_blocks:
             break
-    if not val:  # a corpus of very few documents: hold out its last training blocks instead
-        train, val = train[:-val_blocks] or train, train[-val_blocks:]
-    return Source(backbone, model, corpus, seq_len, train, val, scanned)
+    if len(held_out) < stop_blocks + val_blocks:  # a corpus of few documents: hold out training blocks too
+        need = stop_blocks + val_blocks - len(held_out)
+        train, held_out = (train[:-need] or train), held_out + train[-need:]
+    return Source(backbone, model, corpus, seq_len, train, held_out[stop_blocks:], scanned, held_out[:stop_blocks])
 
 
 def check_layer(source: Source, layer: int) -> None:
@@ -106,7 +120,7 @@ class BridgeSettings:
     network: BridgeConfig
     steps: int = 2000
     batch_size: int = 8
-    seq_len: int = 128
+    seq_len: int | None = None  # None: the scan's block length over a run, else 128
     lr: float = 1e-3
     seed: int = 0
     until: str = "plateau"
@@ -117,7 +131,7 @@ class BridgeSettings:
         before anything loads."""
         from bridges.fit import bridge_training
 
-        check_bridge_flags(self.network.vocab, self.network.sigma_b)
+        check_bridge_flags(self.network.vocab, self.network.sigma_b, self.network.tau_zero)
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
                                self.network.precision)
 
@@ -131,15 +145,15 @@ Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/
 
 def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, force: bool = False,
                  bars: Bars = None) -> tuple[dict, Path]:
-    """One bridge at `layer` in root/bridges/layer-NN (resumed, or refused when it holds another
-    run; cleared first with `force`): its validation metrics and its folder."""
+    """One bridge at `layer` in root/bridges/layer-NN/seed-S (resumed, or refused when it holds
+    another run; cleared first with `force`): its validation metrics and its folder."""
     from bridges.fit import fit_bridge
     from geoprobe.distributed import world_from
     from geoprobe.rundir import clear, holding
 
     check_layer(source, layer)
     cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
-    out = bridge_dir(root, layer)
+    out = bridge_dir(root, layer, settings.seed)
     world = world_from()
     with holding(out, "geoprobe bridge", world.rank):
         if force and world.is_main:
@@ -148,7 +162,8 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
         bar = bars(f"bridge layer {layer}") if bars else None
         try:
             return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                              identity(source, layer), progress=bar, world=world), out
+                              identity(source, layer), progress=bar, world=world,
+                              stop_blocks=source.stop_blocks), out
         finally:
             if bar is not None:
                 bar.stop()
@@ -174,79 +189,97 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
     settings.training()
     check_device_map(device_map)
     world = world_from()
-    with holding(bridge_dir(out or run, layer), "geoprobe bridge", world.rank):  # before the slow load
-        source = open_source(run, model, corpus, settings.seq_len, settings.seed, world.device(device, device_map),
-                             dtype, device_map=device_map)
+    with holding(bridge_dir(out or run, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
+        source = open_source(run, model, corpus, settings.seq_len, world.device(device, device_map), dtype,
+                             device_map=device_map)
         return train_bridge(source, layer, out or run, settings, force, bars)
 
 
+def parse_seeds(spec: str) -> list[int]:
+    """--seeds: a list 0,1,2 or a range 0-2 of training seeds (each a replicate of every layer)."""
+    from geoprobe.backbone import parse_layers
+
+    try:
+        seeds = parse_layers(spec, 10 ** 6)
+    except BadInput:
+        raise BadInput(f"malformed --seeds {spec!r}: a list 0,1,2 or a range 0-2 of seeds >= 0") from None
+    return sorted(set(seeds))
+
+
 def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: str = "auto", dtype: str = "auto",
-              force: bool = False, bars: Bars = None) -> dict | None:
-    """What `geoprobe sweep` does: one bridge per layer (each to its plateau under one step cap),
-    then the Spearman correlations between the geometry score and each validation loss, written to
-    sweep.json/sweep.csv with a plot. Returns rows, correlations and the plot (None on
-    data-parallel ranks other than 0)."""
+              force: bool = False, bars: Bars = None, seeds: list[int] | None = None,
+              include_source: bool = False) -> dict | None:
+    """What `geoprobe sweep` does: one bridge per layer and seed (each to its plateau under one
+    step cap), then the verdict (geoprobe.verdict): the pre-registered test of the geometry score
+    against the seed-mean losses, its controls and the seed noise, written to sweep.json/sweep.csv
+    with plots. Layer 0 is the source, outside the test unless `include_source`. Returns rows,
+    verdict and the plot (None on data-parallel ranks other than 0)."""
     from geoprobe.backbone import parse_layers
     from geoprobe.distributed import world_from
     from geoprobe.rundir import holding
 
     settings.training()
+    seeds = seeds or [settings.seed]
     scores = {r["layer"]: r for r in ranking_rows(run)}
     world = world_from()
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
-        source = open_source(run, None, None, settings.seq_len, settings.seed, world.device(device), dtype)
+        source = open_source(run, None, None, settings.seq_len, world.device(device), dtype)
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
         if layers.strip() == "all":  # every layer that was scanned and has blocks above it
             chosen = [l for l in chosen if l in scores]
+        for layer in chosen:
+            check_layer(source, layer)  # every layer before the first bridge trains
         rows = []
         for layer in chosen:
-            metrics, _ = train_bridge(source, layer, run, settings, force, bars)
-            rows.append({**metrics, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+            for seed in seeds:
+                metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), force, bars)
+                rows.append({**metrics, "seed": seed, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
             return None
-        summary = summarise(rows, settings.seed)
-        plot = write_sweep(run, rows, summary, source.model)
-    return {"rows": rows, "correlations": summary, "plot": str(plot)}
+        verdict = summarise(run, rows, include_source)
+        plot = write_sweep(run, rows, verdict, source.model)
+    return {"rows": rows, "verdict": verdict, "plot": str(plot)}
 
 
-SWEEP_COLUMNS = ["layer", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run", "stop"]
+SWEEP_COLUMNS = ["layer", "seed", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run",
+                 "best_step", "stop"]
 
 
-def write_sweep(run: Path, rows: list[dict], correlations: dict, model: str) -> Path:
-    """sweep.csv, sweep.json, plots/sweep.png (score against the loss) and plots/sweep-curves.png
-    (every layer's validation curve up to where its plateau rule stopped it)."""
+def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
+    """sweep.csv (one row per layer and seed), sweep.json (rows and verdict), plots/sweep.png
+    (score against the seed-mean primary loss) and plots/sweep-curves.png (every bridge's
+    stopping-split curve up to where its plateau rule stopped it)."""
     from geoprobe.report.plots import curves_plot, sweep_plot
     from geoprobe.report.compare import write_rows
 
     write_rows(Path(run) / "sweep.csv", rows, SWEEP_COLUMNS)
-    (Path(run) / "sweep.json").write_text(json.dumps({"rows": rows, "correlations": correlations}, indent=2))
-    curves_plot({f"layer {r['layer']}": r.get("val_curve") or [] for r in rows}, Path(run) / "plots" /
-                "sweep-curves.png", f"Bridge validation curves of {model}")
-    return sweep_plot(rows, PRIMARY, correlations[PRIMARY], Path(run) / "plots" / "sweep.png", model)
+    (Path(run) / "sweep.json").write_text(json.dumps({"rows": rows, "verdict": verdict}, indent=2))
+    curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
+                Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}")
+    return sweep_plot(verdict, Path(run) / "plots" / "sweep.png", model)
 
 
-def summarise(rows: list[dict], seed: int = 0) -> dict:
-    """Spearman rho (score vs. each loss) with p-value and interval, and the three layers."""
-    from geoprobe.metrics.correlation import spearman_with_uncertainty
+def summarise(run: Path, rows: list[dict], include_source: bool = False) -> dict:
+    """The verdict over a sweep's rows, with the score recomputed over the compared layers and
+    the control scores (every scanned layer, --normalize none, massive channels excluded)."""
+    from geoprobe.pipeline import load_geometry
+    from geoprobe.ranking import has_massive_channels, layer_scores
+    from geoprobe.rundir import read_json
+    from geoprobe.verdict import SOURCE_LAYERS, sweep_verdict
 
-    scores = [r["score"] for r in rows]
-    result = {loss: spearman_with_uncertainty(scores, [r[loss] for r in rows], seed=seed) for loss in LOSSES}
-    result["chosen_layer"] = max(rows, key=lambda r: r["score"])["layer"]
-    result["oracle_layer"] = min(rows, key=lambda r: r[PRIMARY])["layer"]
-    result["worst_layer"] = max(rows, key=lambda r: r[PRIMARY])["layer"]
-    result["depth"] = depth_check(rows)
-    return result
-
-
-def depth_check(rows: list[dict]) -> dict:
-    """Is the bridge at the deepest swept layer measurably harder than at the shallowest?
-    Harder means a validation nmse more than 10% (relative) above it: validation noise at these
-    sizes is a few percent. delta_ce is stated beside it but does not decide: the bridge is
-    bidirectional and sees the next token at clean condition, so its reconstruction can carry
-    information the true state does not have, and delta_ce can even be negative."""
-    first, last = min(rows, key=lambda r: r["layer"]), max(rows, key=lambda r: r["layer"])
-    harder = last["nmse"] > 1.1 * first["nmse"]
-    return {"first_layer": first["layer"], "last_layer": last["layer"], "harder": bool(harder),
-            "statement": (f"the bridge at layer {last['layer']} is {'' if harder else 'not '}measurably harder than "
-                          f"at layer {first['layer']} (nmse {last['nmse']:.3g} vs {first['nmse']:.3g}; delta_ce "
-                          f"{last['delta_ce']:.3g} vs {first['delta_ce']:.3g} nats)")}
+    geometry = load_geometry(run)
+    path = Path(run) / "ranking.json"
+    recorded = read_json(path, "") if path.is_file() else {}  # older runs: the default weights
+    weights, log = tuple(recorded.get("weights", (1.0, 1.0, 1.0))), bool(recorded.get("log", False))
+    layers = sorted({r["layer"] for r in rows if include_source or r["layer"] not in SOURCE_LAYERS})
+    ranked = {r["layer"]: r for r in ranking_rows(run)}
+    scores = {"score": layer_scores(geometry, layers, weights, log),
+              "score_all_layers": {l: ranked[l]["score"] for l in layers},
+              "score_normalize_none": layer_scores(geometry, layers, weights, log, normalize="none")}
+    if has_massive_channels(geometry):
+        drop = bool(geometry["settings"].get("drop_massive_channels", False))
+        scores["score_channels_excluded"] = layer_scores(geometry, layers, weights, log, other_channels=not drop)
+    share = {l: float(ranked[l].get("channel_share", 0.0)) for l in ranked}
+    verdict = sweep_verdict(rows, scores, share, include_source)
+    verdict["scores"] = {name: {str(l): v for l, v in values.items()} for name, values in scores.items()}
+    return verdict

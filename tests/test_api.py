@@ -61,10 +61,10 @@ def test_tables_and_arrays_match_the_files(run):
 def test_bridge_and_sample_from_python(run, tmp_path):
     metrics = geoprobe.bridge(run, layer=1, steps=6, until="steps", batch_size=4, seq_len=16, d_model=16,
                               n_layers=1, device="cpu")
-    assert metrics == json.loads((run.path / "bridges" / "layer-01" / "metrics.json").read_text())
+    assert metrics == json.loads((run.path / "bridges" / "layer-01" / "seed-0" / "metrics.json").read_text())
     assert metrics["steps_run"] == 6
-    assert set(run.bridges().index) == {1}
-    texts = geoprobe.sample(run.path / "bridges" / "layer-01", sampler="mdlm", out=tmp_path / "s", num=3, length=8,
+    assert set(run.bridges().index) == {(1, 0)}  # (layer, seed)
+    texts = geoprobe.sample(run.path / "bridges" / "layer-01" / "seed-0", sampler="mdlm", out=tmp_path / "s", num=3, length=8,
                             steps=4, device="cpu")
     assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
 

@@ -7,14 +7,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from bridges.fit import fit_bridge
 from bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
 from bridges.train import TrainConfig
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
-from geoprobe.metrics.correlation import spearman_with_uncertainty
 from tests.test_extract import assert_one_line_error, invoke
 
 
@@ -90,19 +88,20 @@ def test_hybrid_denoiser_shape_and_shift(llama):
     assert out.tokens.shape == (1, 5)
 
 
-def test_spearman_permutation_and_bootstrap_against_scipy():
-    x = np.arange(6.0)
-    y = np.array([0.1, 0.5, 0.3, 0.9, 1.2, 1.1])
-    result = spearman_with_uncertainty(x, y, seed=0)
-    assert result["rho"] == pytest.approx(stats.spearmanr(x, y).statistic)
-    # perfectly monotone, n = 5: the exact two-sided permutation p-value is 2/5! = 1/60
-    perfect = spearman_with_uncertainty(np.arange(5.0), -np.arange(5.0) ** 2)
-    assert perfect["rho"] == pytest.approx(-1.0) and perfect["p"] == pytest.approx(2 / 120)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(40)
-    noisy = spearman_with_uncertainty(a, a + 0.5 * rng.standard_normal(40))
-    low, high = noisy["ci"]
-    assert low < noisy["rho"] < high and 0 < noisy["p"] < 0.01
+def test_layer0_clean_nmse_is_zero_before_training(llama, blocks):
+    """At layer 0 the clean source is the state itself and the update starts at zero: exact at
+    step 0, which is why the sweep leaves layer 0 out of its test."""
+    from bridges.fit import BlockBatches, fit_statistics, validate
+
+    teacher = Teacher(llama, 0)
+    bridge = HiddenBridge(small(0, llama)).eval()
+    pad = llama.tokenizer.pad_token_id or 0
+    fit_statistics(bridge, teacher, BlockBatches(blocks[0], pad, "cpu"), 4, seed=0)
+    metrics = validate(bridge, teacher, BlockBatches(blocks[1], pad, "cpu"), 4)
+    assert metrics["nmse"] < 1e-10 and metrics["nmse_dim"] < 1e-10 and abs(metrics["delta_ce"]) < 1e-4, metrics
+    assert metrics["round_accuracy"] == 1.0
+    deeper = validate(HiddenBridge(small(2, llama)).eval(), Teacher(llama, 2), BlockBatches(blocks[1], pad, "cpu"), 4)
+    assert deeper["nmse"] > 0.1  # layer 2 is not its source
 
 
 @pytest.fixture(scope="module")
@@ -119,20 +118,53 @@ def scanned(tmp_path_factory, tiny_models, corpus_txt):
     return run
 
 
-def test_sweep_over_three_layers(scanned, capsys):
-    code, out, err = invoke(capsys, "--format", "json", "sweep", "--run", scanned, "--layers", "0-2", "--steps", 20,
-                            "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu")
+def test_sweep_over_three_layers_and_two_seeds(scanned, capsys):
+    flags = ["--layers", "0-2", "--seeds", "0,1", "--steps", 20, "--eval-every", 5, "--batch-size", 4, "--seq-len", 32,
+             "--d-model", 32, "--n-layers", 1, "--device", "cpu"]
+    code, out, err = invoke(capsys, "--format", "json", "sweep", "--run", scanned, *flags)
     assert code == 0, err
     data = json.loads(out)
     rows = list(csv.DictReader((scanned / "sweep.csv").open()))
-    assert [int(r["layer"]) for r in rows] == [0, 1, 2]
-    for loss in ("nmse", "delta_ce", "nmse_noisy"):
-        c = data["correlations"][loss]
-        assert -1 <= c["rho"] <= 1 and 0 < c["p"] <= 1
-    assert (scanned / "plots" / "sweep.png").stat().st_size > 20000
+    assert [(int(r["layer"]), int(r["seed"])) for r in rows] == [(l, s) for l in range(3) for s in (0, 1)]
+    v = data["verdict"]
+    assert v["compared_layers"] == [1, 2] and "no test" in v["statement"][0]  # layer 0 is the source
     for layer in range(3):
-        assert (scanned / "bridges" / f"layer-{layer:02d}" / "metrics.json").is_file()
-    assert data["correlations"]["chosen_layer"] in (0, 1, 2)
+        for seed in (0, 1):
+            assert (scanned / "bridges" / f"layer-{layer:02d}" / f"seed-{seed}" / "metrics.json").is_file()
+    # seeds vary the initialisation, not the validation data
+    a, b = (json.loads((scanned / "bridges" / "layer-01" / f"seed-{s}" / "metrics.json").read_text()) for s in (0, 1))
+    assert a["val_positions"] == b["val_positions"] and a["ref_ce"] == b["ref_ce"] and a["nmse"] != b["nmse"]
+    # with the source included there are three layers: a test, one-sided, and the plots
+    code, out, err = invoke(capsys, "--format", "json", "sweep", "--run", scanned, *flags, "--include-source")
+    assert code == 0, err
+    v = json.loads(out)["verdict"]
+    assert v["compared_layers"] == [0, 1, 2] and v["tests"]["nmse_dim"]["alternative"] == "less"
+    assert v["tests"]["nmse_dim"]["n"] == 3 and v["reliability"]["nmse_dim"] is not None
+    assert (scanned / "plots" / "sweep.png").stat().st_size > 20000
+    report = invoke(capsys, "report", scanned)
+    assert report[0] == 0 and v["statement"][0] in (scanned / "report.md").read_text()
+
+
+def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, capsys, tmp_path):
+    flags = ["--run", scanned, "--layer", "1", "--out", tmp_path, "--steps", 6, "--until", "steps", "--batch-size", 4,
+             "--d-model", 32, "--n-layers", 1, "--device", "cpu"]
+    code, out, err = invoke(capsys, "--format", "json", "bridge", *flags)
+    assert code == 0, err
+    first = json.loads(out)
+    # another step count or learning rate on a finished bridge: refused, naming what differs
+    for extra, key in ((["--steps", 8], "steps"), (["--lr", "0.01"], "lr")):
+        code, _, err = invoke(capsys, "bridge", *flags, *extra)
+        assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: ")
+        assert key in err.split("differs in: ")[1].split(")")[0].split(", "), err
+    # another seed: its own directory, trained anew
+    code, out, err = invoke(capsys, "--format", "json", "bridge", *flags, "--seed", "1")
+    assert code == 0, err
+    second = json.loads(out)
+    assert second["dir"].endswith("layer-01/seed-1") and first["dir"].endswith("layer-01/seed-0")
+    assert second["nmse"] != first["nmse"]
+    # the same settings again: the finished bridge's metrics, unchanged
+    code, out, _ = invoke(capsys, "--format", "json", "bridge", *flags)
+    assert code == 0 and json.loads(out)["nmse"] == first["nmse"]
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -166,13 +198,13 @@ def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned,
     code, _, err = invoke(capsys, "bridge", "--model", tiny_models("qwen3"), *common)
     assert_one_line_error(code, err, 2, "holds a bridge for another backbone, layer or shape")
     # a bridge directory is a TokenDenoiser for `geoprobe sample`
-    code, out, err = invoke(capsys, "--format", "json", "sample", "--model", tmp_path / "b" / "bridges" / "layer-01",
+    code, out, err = invoke(capsys, "--format", "json", "sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0",
                             "--sampler", "hybrid", "--steps", 6, "--num", 2, "--length", 5, "--out", tmp_path / "s",
                             "--device", "cpu")
     assert code == 0, err
     data = json.loads(out)
     assert data["meta"]["nfe"] == 6 and len(data["samples"][0]["token_ids"]) == 5
-    code, _, err = invoke(capsys, "sample", "--model", tmp_path / "b" / "bridges" / "layer-01", "--decode", "round",
+    code, _, err = invoke(capsys, "sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0", "--decode", "round",
                           "--num", 1, "--length", 4, "--out", tmp_path / "s", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--decode round is the layer-0 baseline")
 

@@ -58,9 +58,9 @@ def test_tiny_demo_writes_a_report_with_every_row_filled(tiny_demo):
     generators = [row[0] for row in rows]
     assert any("AR ceiling" in g for g in generators) and any("(round)" in g for g in generators)
     assert sum(g.endswith("/dsl") for g in generators) == 4 and sum(g.endswith("/mdlm") for g in generators) == 1
-    sweep = json.loads((tiny_demo / "run" / "sweep.json").read_text())["correlations"]
+    sweep = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
     for role in ("chosen", "worst", "oracle"):  # every role's bridge is in the table, once per layer
-        assert f"bridges/layer-{sweep[role + '_layer']:02d}" in generators
+        assert f"bridges/layer-{sweep[role + '_layer']:02d}/seed-0" in generators
     trained = {row[header.index("train_tokens")] for row in rows if "AR ceiling" not in row[0]}
     assert len(trained) == 1 and {row[header.index("budget")] for row in rows} == {"matched"}
     steps_header, *curve = tables[3]
@@ -91,23 +91,25 @@ def test_compare_refuses_mismatched_budgets_unless_allowed(tiny_demo, capsys):
     assert_one_line_error(code, err, 2, "samples file not found")
 
 
-def test_tiny_demo_sweeps_every_layer_to_a_plateau_and_reports_three_correlations(tiny_demo):
+def test_tiny_demo_runs_the_sweep_protocol_on_layers_1_to_5_with_two_seeds(tiny_demo):
     sweep = json.loads((tiny_demo / "run" / "sweep.json").read_text())
-    rows, c = sweep["rows"], sweep["correlations"]
-    assert [r["layer"] for r in rows] == list(range(6))  # every layer with blocks above it
+    rows, v = sweep["rows"], sweep["verdict"]
+    assert sorted({(r["layer"], r["seed"]) for r in rows}) == [(l, s) for l in range(6) for s in (0, 1)]
     for row in rows:
         assert row["stop"] in ("plateau", "cap") and row["val_curve"] and row["steps_run"] == row["val_curve"][-1][0]
-        for loss in ("nmse", "nmse_dim", "delta_ce"):
+        assert 0 < row["best_step"] <= row["steps_run"]
+        for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy", "objective"):
             assert math.isfinite(row[loss])
-    for loss in ("nmse", "nmse_dim", "delta_ce"):
-        assert -1 <= c[loss]["rho"] <= 1 and 0 < c[loss]["p"] <= 1 and c[loss]["n"] == 6
-        assert c[loss]["ci"] is None or c[loss]["ci"][0] <= c[loss]["ci"][1]  # never NaN
-    layer0 = rows[0]
-    assert layer0["delta_ce"] <= 0.05, layer0  # the source at clean condition is layer 0 itself
+    assert v["compared_layers"] == [1, 2, 3, 4, 5] and v["source_layers"] == [0]  # layer 0 is the source
+    for loss, test in v["tests"].items():
+        assert -1 <= test["rho"] <= 1 and 0 < test["p"] <= 1 and test["n"] == 5 and test["alternative"] == "less"
+    assert v["reliability"]["nmse_dim"] is not None
     report = (tiny_demo / "run" / "report.md").read_text()
-    depth = c["depth"]
-    assert depth["harder"] or "is not measurably harder" in report
-    assert depth["statement"] in report
+    for line in v["statement"]:  # the verdict's plain lines are the report's
+        assert line in report
+    assert v["statement"][0].startswith("Primary test (fixed in advance)")
+    for number in re.findall(r"-?\d+\.\d+(?:e[-+]?\d+)?|nan|inf", " ".join(v["statement"])):
+        assert math.isfinite(float(number)), v["statement"]
 
 
 def test_the_testbeds_layers_are_not_interchangeable(tiny_demo):

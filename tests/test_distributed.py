@@ -165,14 +165,14 @@ def test_two_rank_bridge_training_equals_one_rank_with_the_whole_batch(tmp_path,
     assert single.returncode == 0, single.stderr
     double = torchrun(*args, "--out", tmp_path / "two")
     assert double.returncode == 0, double.stderr[-3000:]
-    weights = [load_file(tmp_path / run / "bridges" / "layer-01" / "checkpoint.safetensors") for run in ("one", "two")]
+    weights = [load_file(tmp_path / run / "bridges" / "layer-01" / "seed-0" / "checkpoint.safetensors") for run in ("one", "two")]
     assert weights[0].keys() == weights[1].keys()
     ema = [k[4:] for k in weights[0] if k.startswith("ema.")]
     moved = max(float((weights[0][f"model.{k}"].float() - weights[0][f"ema.{k}"]).abs().max()) for k in ema)
     assert moved > 1e-4  # the weights moved (the EMA lags them), so the agreement below is not trivial
     for key in weights[0]:
         assert torch.allclose(weights[0][key].float(), weights[1][key].float(), rtol=1e-4, atol=1e-5), key
-    metrics = [read_json(tmp_path / run / "bridges" / "layer-01" / "metrics.json") for run in ("one", "two")]
+    metrics = [read_json(tmp_path / run / "bridges" / "layer-01" / "seed-0" / "metrics.json") for run in ("one", "two")]
     assert metrics[1]["nmse"] == pytest.approx(metrics[0]["nmse"], rel=1e-3)
 
 

@@ -4,6 +4,8 @@ dsl/sample/nll commands reject bad input."""
 import json
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -327,3 +329,30 @@ def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(ti
     assert shapes[f"lm.{key}"] == (0, model.lm.config.hidden_size)
     vocabulary_wide = [n for n, s in shapes.items() if s and s[0] == model.cfg.vocab_size and len(s) == 2]
     assert sorted(vocabulary_wide) == sorted(["embed.weight", "lm.lm_head.weight", "table.raw"]), vocabulary_wide
+
+
+@pytest.mark.parametrize("shape", ["falling", "flat", "rising", "dip"])
+def test_training_with_evaluations_keeps_the_best_ema_weights(shape, tmp_path):
+    """Whatever the validation curve does (scripted here: falling, flat, rising, or a dip then a
+    rise), the weights left in model.safetensors are the EMA weights of its best evaluation."""
+    from safetensors.torch import load_file
+
+    scripted = {"falling": [5, 4, 3, 2, 1, 0.5], "flat": [1.0] * 6, "rising": [1, 2, 3, 4, 5, 6],
+                "dip": [3, 1, 2, 4, 5, 6]}[shape]
+    model, loss_fn, _ = _regression()
+    seen = []
+
+    def evaluate(m):  # called with the EMA weights swapped in: remember them with their score
+        seen.append({k: v.detach().clone() for k, v in m.state_dict().items()})
+        return scripted[len(seen) - 1]
+
+    cfg = TrainConfig(steps=60, batch_size=16, lr=2e-2, warmup=5, save_every=20, eval_every=10, min_steps=1000)
+    done = train(model, loss_fn, cfg, tmp_path, torch.device("cpu"), evaluate=evaluate)
+    assert done.stop == "cap" and len(seen) == 6
+    best = int(np.argmin(scripted))  # a tie keeps the earliest
+    assert done.best_step == 10 * (best + 1)
+    kept = load_file(tmp_path / WEIGHTS)
+    for key, value in seen[best].items():
+        torch.testing.assert_close(kept[key], value, rtol=0, atol=0, msg=key)
+    if best != len(seen) - 1:  # and they are not the last weights
+        assert any(not torch.equal(kept[k], seen[-1][k]) for k in kept)

@@ -28,7 +28,7 @@ def test_the_examples_run_in_order_with_tiny_settings(tmp_path):
         assert done.returncode == 0, f"{script.name}: {done.stderr[-3000:]}"
         outputs[script.name[:2]] = done.stdout
     assert "chosen layer" in outputs["01"]
-    assert outputs["02"].count("sweep reported") == 3
+    assert outputs["02"].count("(the sweep:") == 3 and "Primary test" in outputs["02"]
     assert all(name in outputs["03"] for name in ("mdlm", "remdm-loop", "roar", "continuous", "hybrid"))
     assert (tmp_path / "runs" / "example-scan" / "report.md").is_file()
     sweep = pd.read_csv(tmp_path / "llama8b" / "sweep.csv")

@@ -97,13 +97,13 @@ def test_kill_9_during_bridge_then_rerun_equals_an_uninterrupted_run(scanned, tm
     args = ["bridge", "--run", scanned, "--layer", 1, *BRIDGE]
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     victim = start([*args, "--out", killed])
-    checkpoint = killed / "bridges" / "layer-01" / "checkpoint.safetensors"
+    checkpoint = killed / "bridges" / "layer-01" / "seed-0" / "checkpoint.safetensors"
     kill_when(victim, checkpoint.is_file)  # after step 100 of 300: the rerun resumes mid-training
-    assert not (killed / "bridges" / "layer-01" / "metrics.json").exists()
+    assert not (killed / "bridges" / "layer-01" / "seed-0" / "metrics.json").exists()
     for out in (killed, clean):
         done = finish([*args, "--out", out])
         assert done.returncode == 0, done.stderr
-    a, b = killed / "bridges" / "layer-01", clean / "bridges" / "layer-01"
+    a, b = killed / "bridges" / "layer-01" / "seed-0", clean / "bridges" / "layer-01" / "seed-0"
     assert same_weights(a / "model.safetensors", b / "model.safetensors")
     assert results(a) == results(b) and results(a)["steps_run"] == 300
     assert not (a / LOCK).exists()
@@ -112,22 +112,22 @@ def test_kill_9_during_bridge_then_rerun_equals_an_uninterrupted_run(scanned, tm
 def test_kill_9_between_and_inside_sweep_layers_resumes_and_keeps_finished_ones(scanned, tmp_path):
     killed, clean = shutil.copytree(scanned, tmp_path / "killed"), shutil.copytree(scanned, tmp_path / "clean")
     args = ["sweep", "--layers", "0-2", *BRIDGE]
-    first = killed / "bridges" / "layer-00" / "metrics.json"
+    first = killed / "bridges" / "layer-00" / "seed-0" / "metrics.json"
     # between layers: the moment layer 0's record is whole, before layer 1 has a checkpoint
     victim = start([*args, "--run", killed])
     kill_when(victim, first.is_file)
-    assert not (killed / "bridges" / "layer-01" / "checkpoint.safetensors").exists()
+    assert not (killed / "bridges" / "layer-01" / "seed-0" / "checkpoint.safetensors").exists()
     kept = first.stat().st_mtime_ns
     # inside a layer: the rerun is killed again, part-way through layer 1
     victim = start([*args, "--run", killed])
-    kill_when(victim, (killed / "bridges" / "layer-01" / "checkpoint.safetensors").is_file)
+    kill_when(victim, (killed / "bridges" / "layer-01" / "seed-0" / "checkpoint.safetensors").is_file)
     assert not (killed / "sweep.csv").exists()
     for run in (killed, clean):
         done = finish([*args, "--run", run])
         assert done.returncode == 0, done.stderr
     assert first.stat().st_mtime_ns == kept  # the finished layer was neither retrained nor revalidated
     for layer in range(3):
-        a, b = killed / "bridges" / f"layer-{layer:02d}", clean / "bridges" / f"layer-{layer:02d}"
+        a, b = (root / "bridges" / f"layer-{layer:02d}" / "seed-0" for root in (killed, clean))
         assert same_weights(a / "model.safetensors", b / "model.safetensors"), layer
         assert results(a) == results(b), layer
     assert (killed / "sweep.csv").read_text() == (clean / "sweep.csv").read_text()
@@ -178,7 +178,7 @@ def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(t
 ], ids=["extract", "scan", "bridge", "dsl-train"])
 def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_models, corpus_txt, capsys):
     out = tmp_path / "out"
-    held = out / "bridges" / "layer-01" if command[0] == "bridge" else out
+    held = out / "bridges" / "layer-01" / "seed-0" if command[0] == "bridge" else out
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from geoprobe.rundir import acquire; "
                                "acquire(sys.argv[1], 'a test holding the directory'); time.sleep(600)", str(held)])
     try:

@@ -75,7 +75,7 @@ def test_the_8b_path_on_a_cpu_within_24_gb(tmp_path_factory):
                     "--steps", 4, "--until", "steps", "--batch-size", 2, "--seq-len", 32, "--dtype", "bfloat16",
                     "--device", "cpu"]),
         ("sample", [sys.executable, "-m", "geoprobe", "-q", "sample", "--model",
-                    str(out / "run" / "bridges" / "layer-03"), "--sampler", "roar", "--num", 2, "--length", 16,
+                    str(out / "run" / "bridges" / "layer-03" / "seed-0"), "--sampler", "roar", "--num", 2, "--length", 16,
                     "--out", str(out / "samples"), "--device", "cpu"]),
     ]
     report = {}

@@ -9,7 +9,8 @@ import typer
 
 from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
-from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, SeqLen, Steps
+from bridges.hidden import BridgeConfig
+from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, Steps
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
@@ -19,6 +20,16 @@ DModel = Annotated[int, typer.Option("--d-model", min=8, help="Bridge transforme
 NLayers = Annotated[int, typer.Option("--n-layers", min=1, help="Bridge transformer blocks.")]
 NHeads = Annotated[int, typer.Option("--n-heads", min=1, help="Bridge attention heads.")]
 SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise (0 = deterministic path).")]
+TauZero = Annotated[float, typer.Option("--tau-zero", min=0.0, max=1.0, help="Share of training sequences at "
+                                        "tau = 0, the regression from the source alone that sampling starts from.")]
+SeqLen = Annotated[int | None, typer.Option("--seq-len", min=2, help="Tokens per training and validation block "
+                                            "(BOS included; default: the scan's, so the bridge is scored on the "
+                                            "states the geometry measured; 128 without --run).")]
+Seeds = Annotated[str, typer.Option("--seeds", help="Training seeds, each a replicate of every layer (0,1,2 or 0-2): "
+                                    "they vary initialisation and training noise, not the validation data.")]
+IncludeSource = Annotated[bool, typer.Option("--include-source", help="Test layer 0 too (its clean source is its "
+                                             "own state, so its loss is ~0 by construction).")]
+DEFAULT = BridgeConfig(layer=0, vocab_size=0, hidden_size=0)  # the network's defaults live there
 BridgeSteps = Annotated[int, typer.Option("--bridge-steps", min=1, help="Bridge sampling steps K.")]
 Until = Annotated[str, typer.Option("--until", help="plateau: train until the validation nmse stops improving "
                                     "(< 2% better over the last 20% of steps; --steps is the cap); steps: exactly "
@@ -29,12 +40,13 @@ EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps betwe
 
 
 def _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-              eval_every, vocab, precision):
-    from bridges.hidden import BridgeConfig
+              eval_every, vocab, precision, tau_zero):
+    from dataclasses import replace
+
     from geoprobe.sweep import BridgeSettings
 
-    network = BridgeConfig(layer=0, vocab_size=0, hidden_size=0, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                           sigma_b=sigma_b, bridge_steps=bridge_steps, vocab=vocab, precision=precision)
+    network = replace(DEFAULT, d_model=d_model, n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b,
+                      bridge_steps=bridge_steps, vocab=vocab, precision=precision, tau_zero=tau_zero)
     return BridgeSettings(network, steps, batch_size, seq_len, lr, seed, until, eval_every)
 
 
@@ -50,10 +62,11 @@ def bridge(
     layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
     run: Run = None, model: Model = None, corpus: CorpusOpt = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Root for bridges/layer-NN (default: --run).")] = None,
-    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
-    n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
-    seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, vocab: Vocab = "corpus",
-    precision: Precision = "auto",
+    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = None, lr: Lr = 1e-3,
+    d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
+    sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
+    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0,
+    vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
 ):
@@ -64,7 +77,7 @@ def bridge(
     from geoprobe.sweep import bridge_run
 
     settings = _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                         eval_every, vocab, precision)
+                         eval_every, vocab, precision, tau_zero)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     show({**metrics, "dir": str(folder)}, lambda: print_table(
         f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
@@ -73,35 +86,43 @@ def bridge(
 
 @app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo       # every scanned layer, each to its plateau\n\n"
                     "  geoprobe sweep --run runs/demo --layers 0-8 --steps 3000 --eval-every 50\n\n"
-                    "  geoprobe --format json sweep --run runs/demo --layers 0,3,6,9 --until steps --steps 200")
+                    "  geoprobe sweep --run runs/demo --layers 1-12 --seeds 0,1,2   # three replicates per layer\n\n"
+                    "  geoprobe --format json sweep --run runs/demo --layers 1,3,6,9 --until steps --steps 200")
 def sweep(
     run: Annotated[Path, typer.Option("--run", help="A scanned run directory (its ranking gives the scores).")],
-    layers: Layers = "all",
-    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = 128, lr: Lr = 1e-3, d_model: DModel = 128,
-    n_layers: NLayers = 2, n_heads: NHeads = 4, sigma_b: SigmaB = 0.0, bridge_steps: BridgeSteps = 8,
-    seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0, vocab: Vocab = "corpus",
-    precision: Precision = "auto",
+    layers: Layers = "all", seeds: Seeds = "", include_source: IncludeSource = False,
+    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = None, lr: Lr = 1e-3,
+    d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
+    sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
+    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0,
+    vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False,
 ):
-    """One bridge per layer, each trained to its plateau under one step cap; Spearman ρ between
-    the geometry score and each validation loss (nmse, nmse_dim, delta_ce, nmse_noisy)."""
-    from geoprobe.sweep import sweep_run
+    """One bridge per layer and seed, each trained to its plateau under one step cap; then the
+    pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
+    per-channel nmse, layer 0 excluded), the secondary losses (Holm), the seed noise and the
+    controls (depth, massive channels, other ways to compute the score)."""
+    from geoprobe.sweep import parse_seeds, sweep_run
 
     settings = _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                         eval_every, vocab, precision)
-    result = sweep_run(run, settings, layers, device, dtype, force, _bars)
+                         eval_every, vocab, precision, tau_zero)
+    chosen_seeds = parse_seeds(seeds) if seeds else [seed]
+    result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source)
     if result is not None:  # data-parallel ranks: rank 0 reports
-        show(result, lambda: _print_sweep(run, result["rows"], result["correlations"], result["plot"]))
+        show(result, lambda: print_verdict(f"sweep of {run}", result["verdict"], result["plot"]))
 
 
-def _print_sweep(run, rows, summary, plot) -> None:
-    from geoprobe.metrics.correlation import describe
+def print_verdict(title: str, verdict: dict, plot: str | None = None) -> None:
+    """The per-layer table (seed mean ± sd) and the verdict's plain lines."""
+    from geoprobe.report.sweep import layer_rows
     from geoprobe.report.terminal import print_table
+    from geoprobe.verdict import PRIMARY
 
-    keys = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
-    print_table(f"sweep of {run}", keys, [[r[k] for k in keys] for r in rows])
-    for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy"):
-        print(describe(loss, summary[loss]))
-    print(f"geometry-chosen layer {summary['chosen_layer']}, oracle layer {summary['oracle_layer']}, "
-          f"worst layer {summary['worst_layer']}; {summary['depth']['statement']}   plot: {plot}")
+    rows = layer_rows(verdict)
+    keys = ["layer", "role", "score", "seeds", PRIMARY, "nmse", "delta_ce"]
+    print_table(title, keys, [[r[k] for k in keys] for r in rows])
+    for line in verdict.get("statement", []):
+        print(line)
+    if plot:
+        print(f"plot: {plot}")

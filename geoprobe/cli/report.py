@@ -74,15 +74,12 @@ def _print_step(argv: list, seconds: float) -> None:
 
 
 def _print_demo(summary: dict) -> None:
-    from geoprobe.metrics.correlation import describe
+    from geoprobe.cli.bridge import print_verdict
     from geoprobe.report.terminal import print_table
 
     print_table("generation (matched budget)", ["generator", "sampler", "Gen.PPL", "MAUVE", "oracle NLL/word"],
                 [[g["generator"], g["sampler"], g["gen_ppl"], g["mauve"], g["oracle_nll_per_word"] or "—"]
                  for g in summary["generation"]])
-    print(f"layers: geometry-chosen {summary['chosen_layer']}, oracle {summary['oracle_layer']}, worst "
-          f"{summary['worst_layer']}; {summary['depth']}")
-    for loss, correlation in summary["correlations"].items():
-        print(describe(loss, correlation))
+    print_verdict("the sweep's verdict", summary["verdict"])
     print(f"report: {summary['report']}")
 

@@ -56,7 +56,9 @@ def comparison_row(samples: Path) -> dict:
     metrics = json.loads(metrics_path.read_text())["results"]
     values = next(iter(metrics.values()))
     model = Path(meta["model"])
-    name = f"{model.parent.name}/{model.name}" if model.is_dir() else meta["model"]
+    # bridges/layer-NN/seed-S keeps its three parts: which layer and which replicate
+    depth = 3 if model.name.startswith("seed-") else 2
+    name = "/".join(model.parts[-depth:]) if model.is_dir() else meta["model"]
     suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
     return {"generator": name + suffix,

@@ -33,27 +33,9 @@ def write_report(run: Path) -> Path:
         parts += ["## Geometry and ranking", "", f"Settings: `{json.dumps(geometry['settings'])}`", "",
                   (run / "ranking.md").read_text().split("\n", 2)[2], "", "![geometry](plots/geometry.png)", ""]
     if (run / "sweep.json").is_file():
-        sweep = json.loads((run / "sweep.json").read_text())
-        c = sweep["correlations"]
-        from geoprobe.metrics.correlation import describe
+        from geoprobe.report.sweep import sweep_section
 
-        columns = ["layer", "score", "rank", "nmse", "nmse_dim", "delta_ce", "nmse_noisy", "steps_run", "stop"]
-        parts += ["## Bridge sweep", "", "Each bridge trained until its validation nmse stopped improving (< 2% "
-                  "over the last 20% of its steps; `stop` says whether that rule or the step cap ended it). `nmse` "
-                  "is standardised by the total variance, `nmse_dim` by each channel's own variance (a channel with "
-                  "most of the variance cannot dominate it), `delta_ce` is the upper stack's next-token "
-                  "cross-entropy on the reconstruction minus on the true states (nats). The bridge is bidirectional "
-                  "and, at clean condition, sees the token each position must predict: its reconstruction can carry "
-                  "that token, so delta_ce can fall below zero and measures reconstruction only in part.", "",
-                  markdown_table(sweep["rows"], columns), ""]
-        parts += ["The score is higher for layers it predicts easier and every loss is higher for harder bridges, "
-                  "so the claim that the score predicts the bridge's loss means ρ < 0 here.", ""]
-        parts += [f"- {describe(loss, c[loss])}" for loss in ("nmse", "nmse_dim", "delta_ce", "nmse_noisy") if loss in c]
-        parts += [f"- geometry-chosen layer {c['chosen_layer']}, oracle layer (lowest delta_ce) {c['oracle_layer']}, "
-                  f"worst layer {c['worst_layer']}"]
-        if "depth" in c:
-            parts.append(f"- {c['depth']['statement']}")
-        parts += ["", "![sweep](plots/sweep.png)", "", "![validation curves](plots/sweep-curves.png)", ""]
+        parts += sweep_section(json.loads((run / "sweep.json").read_text()))
     if (run / "compare.md").is_file():
         rows = read_rows(run / "compare.csv")
         corpus = manifest["config"]["corpus"]

@@ -103,28 +103,33 @@ def curves_plot(curves: dict, path: Path, title: str) -> Path:
     return save_figure(fig, path)
 
 
-def sweep_plot(rows: list[dict], loss: str, correlation: dict, path: Path, model: str) -> Path:
-    layers = np.array([r["layer"] for r in rows])
-    score = np.array([r["score"] for r in rows])
-    value = np.array([r[loss] for r in rows])
+def sweep_plot(verdict: dict, path: Path, model: str) -> Path:
+    """Left: the score (z-scored over the compared layers) against the seed mean of the primary
+    loss, with the seed spread as error bars; the source layer is not drawn. Right: both against
+    depth."""
+    loss = verdict["primary_loss"]
+    table = {r["layer"]: r for r in verdict["layers"]}
+    layers = np.array(verdict["compared_layers"])
+    score = np.array([verdict["scores"]["score"][str(l)] for l in layers])
+    value = np.array([table[l][loss] for l in layers])
+    spread = np.array([table[l][f"{loss}_sd"] or 0.0 for l in layers])
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    left.scatter(score, value, color="tab:blue")
+    left.errorbar(score, value, yerr=spread, fmt="o", color="tab:blue", capsize=3)
     for x, y, layer in zip(score, value, layers):
         left.annotate(str(layer), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    left.set_xlabel("geometry score s (higher = predicted easier)")
-    left.set_ylabel(f"bridge validation {loss}")
-    ci = correlation.get("ci")
-    left.set_title(f"Spearman ρ = {correlation['rho']:.2f}, permutation p = {correlation['p']:.3g}, " +
-                   (f"95% CI [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "no bootstrap interval (too few layers)"),
-                   fontsize=10)
+    left.set_xlabel("geometry score s, z-scored over these layers (higher = predicted easier)")
+    left.set_ylabel(f"bridge {loss}: seed mean ± sd")
+    test = verdict.get("tests", {}).get(loss)
+    left.set_title(f"one-sided Spearman ρ = {test['rho']:.2f}, permutation p = {test['p']:.3g}" if test
+                   else "no test (fewer than 3 layers)", fontsize=10)
     left.grid(alpha=0.3)
-    right.plot(layers, value, "o-", color="tab:red", label=f"validation {loss}")
+    right.errorbar(layers, value, yerr=spread, fmt="o-", color="tab:red", capsize=3, label=f"{loss}")
     right.set_xlabel("layer")
-    right.set_ylabel(f"validation {loss}", color="tab:red")
+    right.set_ylabel(f"{loss} (seed mean ± sd)", color="tab:red")
     twin = right.twinx()
     twin.plot(layers, score, "s--", color="tab:blue", label="geometry score")
     twin.set_ylabel("geometry score s", color="tab:blue")
-    right.set_title("both against layer")
+    right.set_title("both against layer (the depth control)")
     right.grid(alpha=0.3)
     fig.suptitle(f"Layer sweep of {model}: does the geometry score predict the bridge's loss?", fontsize=11)
     return save_figure(fig, path)

@@ -1,0 +1,132 @@
+"""The bridge's design, measured on SmolLM2 (docs/bridge-design.md): the training distribution
+before and after tau = 0 got its own mass, and the smallest width x depth that reaches its
+plateau at the CPU budget, at two layers.
+
+    python bench/bridge_design.py                       # layers 3 and 9, about 20 min on 2 cores
+    python bench/bridge_design.py --layers 3 --steps 100 --out /tmp/design   # a quick look
+
+Every variant trains one bridge with the sweep's own code (geoprobe.sweep.train_bridge: the
+plateau rule on the stopping split, best EMA weights, validation on other held-out blocks drawn
+as the scan draws its states: 256-token blocks, the first block of each chapter) under one step
+cap, and is resumable: a finished variant is read back, not retrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# name: (BridgeConfig fields). "before" is the training distribution and CLI shape of 4646d02.
+VARIANTS = {
+    "before 128x2 (tau_zero 0)": dict(d_model=128, n_layers=2, tau_zero=0.0),
+    "after 64x1": dict(d_model=64, n_layers=1),
+    "after 128x2": dict(d_model=128, n_layers=2),
+    "after 256x4": dict(d_model=256, n_layers=4),
+}
+METRICS = ("nmse_dim", "nmse", "delta_ce", "nmse_noisy", "objective")
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", default="3,9")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS (default: all)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bridge-design")
+    parser.add_argument("--page", type=Path, default=ROOT / "docs" / "bridge-design.md")
+    args = parser.parse_args()
+
+    from bridges.hidden import BridgeConfig
+    from geoprobe.sweep import BridgeSettings, open_source, train_bridge
+
+    source = open_source(None, "builtin:smollm2", "kjv", args.seq_len, "cpu", "auto", doc_blocks=1)
+    names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
+    results = []
+    for layer in [int(x) for x in args.layers.split(",")]:
+        for name in names:
+            fields = VARIANTS[name]
+            network = replace(BridgeConfig(layer=0, vocab_size=0, hidden_size=0), **fields)
+            settings = BridgeSettings(network, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                                      eval_every=10)
+            root = args.out / name.split(" (")[0].replace(" ", "-")
+            metrics, _ = train_bridge(source, layer, root, settings)
+            params = sum(p.numel() for n, p in _trained(root, layer))
+            results.append({"layer": layer, "variant": name, "network_parameters": params, **metrics})
+            print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} nmse {metrics['nmse']:.3f} "
+                  f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
+                  f"{metrics['train_seconds']:.0f} s", flush=True)
+    path = args.out / "results.json"  # earlier invocations' variants (other layers) are kept
+    merged = {(r["layer"], r["variant"]): r for r in (json.loads(path.read_text()) if path.is_file() else [])}
+    merged.update({(r["layer"], r["variant"]): r for r in results})
+    results = [merged[k] for k in sorted(merged, key=lambda k: (k[0], list(VARIANTS).index(k[1])))]
+    path.write_text(json.dumps(results, indent=2))
+    write_page(results, args)
+
+
+def _trained(root: Path, layer: int):
+    """The bridge's network parameters (not the token table, whose rows outside the corpus never
+    train, nor the buffers)."""
+    from safetensors import safe_open
+
+    path = root / "bridges" / f"layer-{layer:02d}" / "seed-0" / "model.safetensors"
+    with safe_open(path, "pt") as handle:
+        for name in handle.keys():
+            if name not in ("support", "source_mean", "target_mean", "source_scale", "target_scale") \
+                    and not name.startswith("table."):
+                yield name, handle.get_tensor(name)
+
+
+def write_page(results: list[dict], args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import torch
+
+    layers = sorted({r["layer"] for r in results})
+    fig, axes = plt.subplots(1, len(layers), figsize=(6 * len(layers), 4.2), squeeze=False)
+    for ax, layer in zip(axes[0], layers):
+        for r in results:
+            if r["layer"] == layer and r["val_curve"]:
+                steps, values = zip(*r["val_curve"])
+                ax.plot(steps, values, label=r["variant"])
+        ax.set_title(f"layer {layer}: stopping-split clean nmse")
+        ax.set_xlabel("step")
+        ax.set_ylabel("nmse")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    pictures = args.page.parent / "bridge-design"
+    pictures.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(pictures / "curves.png", dpi=110)
+    columns = ["layer", "variant", "network_parameters", *METRICS, "steps_run", "best_step", "stop", "train_seconds"]
+    table = pd.DataFrame(results)[columns].to_markdown(index=False, tablefmt="github", floatfmt=".4g")
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor())
+    text = [
+        "# The bridge's design, measured", "",
+        f"Made by `python bench/bridge_design.py --layers L --variants V --steps {args.steps} --batch-size "
+        f"{args.batch_size} --seq-len {args.seq_len}` (the rows of every invocation are kept in results.json) on {os.cpu_count()} × {cpu}, torch {torch.__version__}. "
+        "SmolLM2-135M-Instruct on the KJV; every variant is one bridge trained by the sweep's own code "
+        "(plateau rule on a stopping split of 8 held-out blocks, the best EMA weights kept, validated on 16 other "
+        "held-out blocks: the first 256-token block of each held-out chapter, as the scan draws its states). "
+        "Seed 0 only: differences of a few per cent are within seed noise (see the sweep's reliability).", "",
+        "`before` is the training distribution of 4646d02 (tau ~ U[0, 1]; with sigma_b = 0 every tau > 0 can be "
+        "solved for the target, so only tau near 0 teaches the regression that validation scores) at the CLI's "
+        "old shape; `after` puts half of the sequences at tau = 0 (BridgeConfig.tau_zero = 0.5).", "",
+        table, "", "![curves](bridge-design/curves.png)", "",
+    ]
+    args.page.write_text("\n".join(text) + "\n")
+    print(f"wrote {args.page}")
+
+
+if __name__ == "__main__":
+    main()

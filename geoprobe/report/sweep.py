@@ -1,0 +1,70 @@
+"""The sweep's section of report.md: the verdict in plain words, the per-layer table (seed mean ±
+sd of every loss), the tests and the controls."""
+
+from __future__ import annotations
+
+from geoprobe.report.compare import markdown_table
+from geoprobe.verdict import LOSSES, SCORE_VARIANTS
+
+
+def _pm(row: dict, loss: str) -> str:
+    mean, sd = row.get(loss), row.get(f"{loss}_sd")
+    if mean is None:
+        return "—"
+    return f"{mean:.4g} ± {sd:.2g}" if sd is not None else f"{mean:.4g}"
+
+
+def layer_rows(verdict: dict) -> list[dict]:
+    """The per-layer table for people: the source layers marked, losses as mean ± sd."""
+    scores = verdict.get("scores", {}).get("score", {})
+    rows = []
+    for r in verdict["layers"]:
+        role = "source (not tested)" if r["layer"] in verdict["source_layers"] else ""
+        rows.append({"layer": r["layer"], "role": role, "score": scores.get(str(r["layer"])), "seeds": r["seeds"],
+                     **{loss: _pm(r, loss) for loss in LOSSES}})
+    return rows
+
+
+def test_rows(verdict: dict) -> list[dict]:
+    rows = []
+    for loss, t in verdict.get("tests", {}).items():
+        rows.append({"loss": loss + (" (primary)" if loss == verdict["primary_loss"] else ""), "rho": t["rho"],
+                     "one-sided p": t["p"], "Holm p": t.get("p_holm"),
+                     "95% CI": f"[{t['ci'][0]:.2f}, {t['ci'][1]:.2f}]" if t.get("ci") else None,
+                     "reliability": verdict["reliability"].get(loss), "supports": "yes" if t["supports"] else "no"})
+    return rows
+
+
+def control_rows(verdict: dict) -> list[dict]:
+    rows = []
+    for loss, c in verdict.get("controls", {}).items():
+        row = {"loss": loss, "ρ(depth)": c["depth"]["rho"], "partial ρ | depth": c["partial_given_depth"],
+               "ρ(massive-channel share)": c.get("channel_share", {}).get("rho")}
+        row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
+        rows.append(row)
+    return rows
+
+
+def sweep_section(sweep: dict) -> list[str]:
+    """Markdown lines of the sweep section."""
+    v = sweep["verdict"]
+    parts = ["## Bridge sweep", "",
+             "Protocol (fixed before the run, docs/method.md): one bridge per layer and seed, each trained until its "
+             "stopping split's nmse stopped improving and validated with its best weights on other held-out blocks; "
+             "layer 0 is the source and is not tested; the score is z-scored over the tested layers. `nmse_dim` "
+             "(primary) standardises each channel by its own variance, `nmse` by the total variance (massive "
+             "channels dominate it), `delta_ce` is the upper stack's cross-entropy on the reconstruction minus on "
+             "the true states (nats), `nmse_noisy` the nmse averaged over condition SNRs, `objective` the loss the "
+             "bridge trains on. Values are seed mean ± sd; 1 = no better than predicting the mean state.", ""]
+    parts += [f"- {line}" for line in v.get("statement", [])]
+    parts += ["", markdown_table(layer_rows(v), ["layer", "role", "score", "seeds", *LOSSES]), ""]
+    if v.get("tests"):
+        tests = test_rows(v)
+        parts += ["Tests (one-sided: the claim is ρ < 0, higher score = lower loss; Holm over the secondary losses):",
+                  "", markdown_table(tests, list(tests[0])), ""]
+        controls = control_rows(v)
+        columns = [k for k in controls[0] if any(r.get(k) is not None for r in controls)]
+        parts += ["Controls (ρ over the same layers; depth and channel share two-sided):", "",
+                  markdown_table(controls, columns), ""]
+    parts += ["![sweep](plots/sweep.png)", "", "![stopping-split curves](plots/sweep-curves.png)", ""]
+    return parts

@@ -1,0 +1,164 @@
+"""The sweep's verdict: does the geometry score predict how hard a layer's bridge is to train?
+
+The test is fixed before any number (docs/method.md, "The sweep verdict"):
+
+* compared layers: every swept layer but the source (layer 0, whose clean source *is* its
+  state, so its loss is ~0 by construction); the score is z-scored over the compared layers;
+* primary: one-sided Spearman rho(score, seed mean of nmse_dim) < 0, permutation p, alpha 0.05.
+  nmse_dim standardises each channel by its own variance, so the few massive channels that carry
+  most of a layer's variance (and also drive the score) do not decide it; delta_ce is not the
+  primary loss because a bidirectional bridge sees the token each position must predict;
+* secondary: the same test for nmse, delta_ce, nmse_noisy and the bridge's own objective,
+  Holm-corrected over those four;
+* reliability of every loss over the seed replicates; layers whose seed means lie within the
+  noise of the best (or worst) are named as tied, not ranked;
+* controls: rho(depth, loss), rho(massive-channel share, loss), the partial rho of score and loss
+  given depth, and the score computed three other ways (z-scored over every scanned layer,
+  --normalize none, massive channels excluded) against the same losses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
+
+PRIMARY = "nmse_dim"
+SECONDARY = ("nmse", "delta_ce", "nmse_noisy", "objective")
+LOSSES = (PRIMARY, *SECONDARY)
+ALPHA = 0.05
+SOURCE_LAYERS = (0,)
+# the other ways of computing the score, each z-scored over the compared layers unless it says so
+SCORE_VARIANTS = {"score_all_layers": "z-scored over every scanned layer (the ranking's own score)",
+                  "score_normalize_none": "--normalize none", "score_channels_excluded": "massive channels excluded"}
+
+
+def layer_table(rows: list[dict], losses=LOSSES) -> list[dict]:
+    """One row per layer: the seed count, and each loss's seed mean and standard deviation (ddof=1)."""
+    table = []
+    for layer in sorted({r["layer"] for r in rows}):
+        mine = [r for r in rows if r["layer"] == layer]
+        row = {"layer": layer, "seeds": len(mine)}
+        for loss in losses:
+            values = np.array([r[loss] for r in mine if r.get(loss) is not None], dtype=float)
+            row[loss] = float(values.mean()) if len(values) else None
+            row[f"{loss}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else None
+        table.append(row)
+    return table
+
+
+def tied_with(table: list[dict], loss: str, best: int, factor: float = 2.0) -> list[int]:
+    """The layers whose seed mean of `loss` is within `factor` standard errors of the difference
+    from layer `best`'s (seed spread only; with one seed no layer can be told apart from any other)."""
+    by = {r["layer"]: r for r in table}
+    ref = by[best]
+
+    def close(r):
+        if r[f"{loss}_sd"] is None or ref[f"{loss}_sd"] is None:
+            return True
+        se = np.sqrt(r[f"{loss}_sd"] ** 2 / r["seeds"] + ref[f"{loss}_sd"] ** 2 / ref["seeds"])
+        return abs(r[loss] - ref[loss]) <= factor * se
+    return [r["layer"] for r in table if r["layer"] != best and close(r)]
+
+
+def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel_share: dict[int, float],
+                  include_source: bool = False, seed: int = 0) -> dict:
+    """The verdict of a sweep. `rows`: one per (layer, seed) with every loss; `scores`: "score"
+    (z-scored over the compared layers) and the SCORE_VARIANTS, each {layer: value};
+    `channel_share`: each layer's massive-channel variance share."""
+    table = layer_table(rows)
+    sources = [] if include_source else [r["layer"] for r in table if r["layer"] in SOURCE_LAYERS]
+    compared = [r for r in table if r["layer"] not in sources]
+    layers = [r["layer"] for r in compared]
+    result = {"primary_loss": PRIMARY, "alpha": ALPHA, "compared_layers": layers, "source_layers": sources,
+              "seeds": sorted({r.get("seed", 0) for r in rows}), "layers": table}
+    if len(compared) < 3:
+        result["statement"] = [f"only {len(compared)} layers compared: no test (at least 3 are needed)"]
+        return result
+    score = np.array([scores["score"][l] for l in layers])
+    tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")
+             for loss in LOSSES if all(r[loss] is not None for r in compared)}
+    adjusted = holm({loss: tests[loss]["p"] for loss in SECONDARY if loss in tests})
+    for loss, p in adjusted.items():
+        tests[loss]["p_holm"] = p
+    for loss, test in tests.items():
+        test["supports"] = bool(test["rho"] < 0 and test.get("p_holm", test["p"]) < ALPHA)
+    result["tests"] = tests
+    result["reliability"] = {loss: reliability(_by_seed(rows, layers, loss)) for loss in tests}
+    result["controls"] = _controls(compared, layers, score, scores, channel_share, list(tests), seed)
+    result["chosen_layer"] = int(layers[int(np.argmax(score))])
+    best = min(compared, key=lambda r: r[PRIMARY])["layer"]
+    worst = max(compared, key=lambda r: r[PRIMARY])["layer"]
+    result.update(oracle_layer=best, worst_layer=worst, oracle_tied=tied_with(compared, PRIMARY, best),
+                  worst_tied=tied_with(compared, PRIMARY, worst))
+    result["statement"] = statement(result)
+    return result
+
+
+def _by_seed(rows: list[dict], layers: list[int], loss: str):
+    """(layers, seeds) matrix of a loss, over the seeds every compared layer has."""
+    seeds = sorted(set.intersection(*({r.get("seed", 0) for r in rows if r["layer"] == l} for l in layers)))
+    value = {(r["layer"], r.get("seed", 0)): r[loss] for r in rows}
+    return [[value[l, s] for s in seeds] for l in layers]
+
+
+def _controls(compared, layers, score, scores, channel_share, losses, seed) -> dict:
+    depth = np.array(layers, dtype=float)
+    share = np.array([channel_share.get(l, 0.0) for l in layers])
+    controls = {}
+    for loss in losses:
+        y = [r[loss] for r in compared]
+        two = dict(seed=seed, interval=False)
+        c = {"depth": spearman_with_uncertainty(depth, y, **two),
+             "partial_given_depth": partial_spearman(score, y, depth)}
+        if np.ptp(share) > 0:
+            c["channel_share"] = spearman_with_uncertainty(share, y, **two)
+        for name in SCORE_VARIANTS:
+            if name in scores:
+                c[name] = spearman_with_uncertainty([scores[name][l] for l in layers], y, seed=seed,
+                                                    alternative="less", interval=False)
+        controls[loss] = c
+    return controls
+
+
+def statement(v: dict) -> list[str]:
+    """The verdict in plain words, one line each: the primary test, the secondary ones, the seed
+    noise, the controls, and which layers can be told apart."""
+    t, loss = v["tests"], v["primary_loss"]
+    p = t.get(loss)
+    layers = v["compared_layers"]
+    span = f"layers {layers[0]}–{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
+        f"layers {', '.join(map(str, layers))}"
+    lines = []
+    if p is not None:
+        outcome = ("supports the claim" if p["supports"] else
+                   "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
+                                                   else " (rho has the wrong sign)"))
+        lines.append(f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "
+                     f"(n = {p['n']}, {len(v['seeds'])} seed{'s' if len(v['seeds']) > 1 else ''} each) = "
+                     f"{p['rho']:.2f}, permutation p = {p['p']:.3g}: this run {outcome}.")
+    secondary = [f"{k} {t[k]['rho']:.2f} (Holm p {t[k]['p_holm']:.2g})" for k in SECONDARY if k in t]
+    if secondary:
+        lines.append(f"Secondary losses, rho with Holm-corrected one-sided p: {'; '.join(secondary)}.")
+    rel = v["reliability"].get(loss)
+    if rel is None:
+        lines.append("Seed noise: one seed per layer, so it is not measured and no layer is ranked against another.")
+    else:
+        lines.append(f"Seed noise: the between-layer reliability of {loss} is {rel:.2f} (1: the seeds agree and the "
+                     f"layers differ; 0 or less: seed noise as large as the differences between layers)"
+                     + ("." if rel >= 0.5 else "; below 0.5 the layers' order by this loss is mostly noise."))
+    c = v["controls"].get(loss, {})
+    parts = [f"depth rho(layer, {loss}) = {c['depth']['rho']:.2f} (two-sided p {c['depth']['p']:.2g})",
+             f"partial rho(score, {loss} | depth) = {c['partial_given_depth']:.2f}"]
+    if "channel_share" in c:
+        parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f}")
+    parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
+    lines.append("Controls: " + "; ".join(parts) + ".")
+    for role in ("oracle", "worst"):
+        layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]
+        word = "easiest" if role == "oracle" else "hardest"
+        lines.append(f"The {word} layer by {loss} is {layer}" + (
+            f", but it cannot be told apart from layer{'s' if len(tied) > 1 else ''} {', '.join(map(str, tied))} "
+            "within the seed noise." if tied else ", clear of every other layer by more than the seed noise."))
+    lines.append(f"The geometry chose layer {v['chosen_layer']} among these.")
+    return lines
