@@ -150,18 +150,19 @@ def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, targe
     return h_hat, offsets
 
 
-MASSIVE_FACTOR = 20.0  # the scan's rule (GeometrySettings.massive_factor): such rows are not scored
+MASSIVE_FACTOR = 20.0  # the scan's default rule (GeometrySettings.massive_factor)
 
 
 @torch.no_grad()
 def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_size: int, seed: int = 0,
-             full: bool = True, massive_factor: float = MASSIVE_FACTOR) -> dict:
+             full: bool = True, massive_factor: float | None = MASSIVE_FACTOR) -> dict:
     """Validation losses on fixed held-out blocks, with a fixed seed. `full=False` computes the
-    clean-condition nmse only (what the stopping rule watches); `full` adds the rest.
+    clean-condition nmse and nmse_dim only (what the stopping rule watches); `full` adds the rest.
 
-    Scored are the positions >= 1 whose true state is not massive (norm above `massive_factor`
-    times the median norm: the scan's rule, so the bridge is scored on the states the geometry
-    measured). nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with
+    The state losses (nmse, nmse_dim, nmse_noisy) score the positions >= 1 whose true state is
+    not massive (norm above `massive_factor` times the median norm: the scan's rule, so the
+    bridge is scored on the states the geometry measured; None scores every position, as a scan
+    with massive rows kept). ce and the objective are over every position >= 1. nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with
     most of the variance dominates both sums); nmse_dim = the mean over channels of that ratio
     taken per channel (each channel standardised by its own variance, so no single channel
     dominates); objective = the training loss itself (over tau and condition SNR, seeded draws)."""
@@ -199,22 +200,23 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
             noisy[s].append(((noisy_hat - hl) ** 2).sum(-1)[keep].cpu())
     target = torch.cat(targets).double()
     norms = target.norm(dim=1)
-    scored = norms <= massive_factor * norms.median()
+    scored = norms <= massive_factor * norms.median() if massive_factor else torch.ones_like(norms, dtype=torch.bool)
     target, error = target[scored], torch.cat(errors).double()[scored]
     var_dim = ((target - target.mean(0)) ** 2).sum(0)
     total_var = float(var_dim.sum())
     nmse = float(error.sum()) / total_var
-    if not full:
-        return {"layer": layer, "nmse": nmse}
     varying = var_dim > 1e-12 * total_var  # a constant channel has nothing to reconstruct
     err_dim = error.sum(0)
+    nmse_dim = float((err_dim[varying] / var_dim[varying]).mean())
+    if not full:
+        return {"layer": layer, "nmse": nmse, "nmse_dim": nmse_dim}
     ce, ref_ce = sums["ce"] / sums["ce_count"], sums["ref_ce"] / sums["ce_count"]
     by_snr = {str(s): float(torch.cat(v).double()[scored].sum()) / total_var for s, v in noisy.items()}
-    return {"layer": layer, "nmse": nmse, "nmse_dim": float((err_dim[varying] / var_dim[varying]).mean()),
+    return {"layer": layer, "nmse": nmse, "nmse_dim": nmse_dim,
             "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
             "nmse_noisy": sum(by_snr.values()) / len(by_snr), "nmse_by_snr": by_snr,
             "objective": sums["objective"] / sums["objective_count"],
-            "val_positions": int(scored.sum()), "val_massive_rows": int((~scored).sum()), "seed": seed,
+            "val_positions": int(scored.sum()), "val_massive_rows": int((~scored).sum()), "val_seed": seed,
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
 
 
@@ -224,11 +226,13 @@ def differing(old: dict, new: dict) -> list[str]:
 
 
 def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,
-               out: Path, identity: dict, progress=None, world: World = SINGLE, stop_blocks=None) -> dict:
+               out: Path, identity: dict, progress=None, world: World = SINGLE, stop_blocks=None,
+               massive_factor: float | None = MASSIVE_FACTOR) -> dict:
     """Train (or resume) the bridge at `layer` into `out`, validate, write metrics and the curve
     (with several ranks: data parallel; rank 0 writes every file).
 
-    `stop_blocks` (held-out blocks never reported) drive the plateau rule, whose best EMA weights
+    `stop_blocks` (held-out blocks never reported) drive the plateau rule on the per-channel nmse
+    (the primary loss; the scalar nmse is dominated by massive channels), whose best EMA weights
     are the ones kept and validated on `val_blocks`; without them the rule watches `val_blocks`.
     A directory holding a bridge trained with other settings is refused, naming the keys that
     differ: its weights are never handed back under new settings."""
@@ -266,11 +270,12 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     watched = BlockBatches(stop_blocks, pad_id, device) if stop_blocks else val
     trained = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
                     progress=progress, world=world,
-                    evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False)["nmse"])
+                    evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False,
+                                                    massive_factor=massive_factor)["nmse_dim"])
     load_weights(bridge, out / WEIGHTS)  # the kept EMA weights (the best by the stopping split)
     bridge.eval()
-    metrics = validate(bridge, teacher, val, train_cfg.batch_size)
-    metrics.update(training_summary(trained))
+    metrics = validate(bridge, teacher, val, train_cfg.batch_size, massive_factor=massive_factor)
+    metrics.update(training_summary(trained), seed=train_cfg.seed)
     metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in stop_blocks) if stop_blocks else 0
     if world.is_main:
         write_training_record(out, metrics, trained, f"bridge at layer {layer}")

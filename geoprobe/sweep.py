@@ -54,6 +54,8 @@ class Source:
     val_blocks: list
     scanned_layers: list | None
     stop_blocks: list
+    held_out: dict  # how the held-out blocks were drawn (part of each bridge's identity)
+    massive_factor: float | None  # the scan's rule for rows not scored (None: all scored)
 
 
 def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int | None, device: str,
@@ -67,7 +69,7 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import iter_blocks, read_documents
 
-    scanned, data_seed, per_doc = None, 0, 0
+    scanned, data_seed, per_doc, massive = None, 0, 0, 20.0
     if run is not None:
         from geoprobe.store import check_shards, read_manifest
 
@@ -77,6 +79,7 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
         model, corpus = model or config["model"], corpus or config["corpus"]
         seq_len, data_seed, per_doc = seq_len or config["seq_len"], config.get("seed", 0), config.get("doc_blocks", 0)
         scanned = manifest["layers"]
+        massive = _massive_rule(run)
     if model is None or corpus is None:
         raise BadInput("pass --run RUN, or both --model and --corpus")
     seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
@@ -88,15 +91,43 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
         if len(train) >= max_blocks:
             break
     for block in iter_blocks(documents, backbone.tokenizer, seq_len, data_seed, split="validation", val_fraction=0.1):
-        if per_doc and block.seq_id >= per_doc:
-            continue
-        held_out.append(block)
+        if not per_doc or block.seq_id < per_doc:
+            held_out.append(block)
         if len(held_out) >= stop_blocks + val_blocks:
             break
-    if len(held_out) < stop_blocks + val_blocks:  # a corpus of few documents: hold out training blocks too
-        need = stop_blocks + val_blocks - len(held_out)
-        train, held_out = (train[:-need] or train), held_out + train[-need:]
-    return Source(backbone, model, corpus, seq_len, train, held_out[stop_blocks:], scanned, held_out[:stop_blocks])
+    if len(held_out) < stop_blocks + val_blocks:  # a corpus of few documents: hold out whole training documents
+        kept = {b.doc_id for b in train[:-(stop_blocks + val_blocks - len(held_out))]}
+        borrowed = [b for b in train if b.doc_id not in kept and (not per_doc or b.seq_id < per_doc)]
+        train = [b for b in train if b.doc_id in kept]
+        held_out += borrowed[:stop_blocks + val_blocks - len(held_out)]
+        if not train or len(held_out) < 2:
+            raise BadInput(f"corpus {corpus} is too small to hold out {stop_blocks} stopping and {val_blocks} "
+                           f"validation blocks of {seq_len} tokens and still train")
+    stop, val = _split_by_document(held_out, stop_blocks)
+    how = {"data_seed": data_seed, "doc_blocks": per_doc, "stop_blocks": len(stop), "val_blocks": len(val)}
+    return Source(backbone, model, corpus, seq_len, train, val, scanned, stop, how, massive)
+
+
+def _split_by_document(blocks: list, stop_blocks: int) -> tuple[list, list]:
+    """(stopping, validation): whole documents to the stopping split until it holds `stop_blocks`
+    blocks (at least one document is left to validation), the rest to validation."""
+    docs = list(dict.fromkeys(b.doc_id for b in blocks))
+    stop_docs, count = set(), 0
+    for doc in docs[:-1]:
+        if count >= stop_blocks:
+            break
+        stop_docs.add(doc)
+        count += sum(b.doc_id == doc for b in blocks)
+    return [b for b in blocks if b.doc_id in stop_docs], [b for b in blocks if b.doc_id not in stop_docs]
+
+
+def _massive_rule(run: Path) -> float | None:
+    """The scan's rule for massive rows (its geometry settings), or None when it kept them."""
+    path = Path(run) / "geometry.json"
+    if not path.is_file():
+        return 20.0
+    settings = json.loads(path.read_text()).get("settings", {})
+    return float(settings.get("massive_factor", 20.0)) if settings.get("drop_massive", True) else None
 
 
 def check_layer(source: Source, layer: int) -> None:
@@ -109,7 +140,8 @@ def check_layer(source: Source, layer: int) -> None:
 
 def identity(source: Source, layer: int) -> dict:
     return {"model": source.model, "model_config_sha256": source.backbone.identity["config_sha256"],
-            "layer": layer, "corpus": source.corpus, "seq_len": source.seq_len}
+            "layer": layer, "corpus": source.corpus, "seq_len": source.seq_len, **source.held_out,
+            "massive_factor": source.massive_factor}
 
 
 @dataclass(frozen=True)
@@ -163,7 +195,7 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
         try:
             return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
                               identity(source, layer), progress=bar, world=world,
-                              stop_blocks=source.stop_blocks), out
+                              stop_blocks=source.stop_blocks, massive_factor=source.massive_factor), out
         finally:
             if bar is not None:
                 bar.stop()
@@ -237,11 +269,13 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
             return None
         verdict = summarise(run, rows, include_source)
+        for row in rows:  # the score the test used (z-scored over the tested layers), beside the ranking's
+            row["score_tested"] = verdict.get("scores", {}).get("score", {}).get(str(row["layer"]))
         plot = write_sweep(run, rows, verdict, source.model)
     return {"rows": rows, "verdict": verdict, "plot": str(plot)}
 
 
-SWEEP_COLUMNS = ["layer", "seed", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run",
+SWEEP_COLUMNS = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run",
                  "best_step", "stop"]
 
 

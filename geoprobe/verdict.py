@@ -13,20 +13,26 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
 * reliability of every loss over the seed replicates; layers whose seed means lie within the
   noise of the best (or worst) are named as tied, not ranked;
 * controls: rho(depth, loss), rho(massive-channel share, loss), the partial rho of score and loss
-  given depth, and the score computed three other ways (z-scored over every scanned layer,
-  --normalize none, massive channels excluded) against the same losses.
+  given depth (Freedman-Lane permutation p), and the score computed three other ways (z-scored
+  over every scanned layer, --normalize none, massive channels excluded) against the same losses;
+* the outcome: "robustly supported" (primary passes, reliability >= 0.5, partial rho given depth
+  < 0 with p < 0.05), "supported, but ..." (primary passes, a robustness condition fails),
+  "not supported"; with one seed the outcome is provisional.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
+from scipy import stats
+
+from geoprobe.metrics.correlation import holm, partial_spearman_test, reliability, spearman_with_uncertainty
 
 PRIMARY = "nmse_dim"
 SECONDARY = ("nmse", "delta_ce", "nmse_noisy", "objective")
 LOSSES = (PRIMARY, *SECONDARY)
 ALPHA = 0.05
+RELIABLE = 0.5  # below this between-layer reliability the layers' order is mostly seed noise
 SOURCE_LAYERS = (0,)
 # the other ways of computing the score, each z-scored over the compared layers unless it says so
 SCORE_VARIANTS = {"score_all_layers": "z-scored over every scanned layer (the ranking's own score)",
@@ -47,18 +53,18 @@ def layer_table(rows: list[dict], losses=LOSSES) -> list[dict]:
     return table
 
 
-def tied_with(table: list[dict], loss: str, best: int, factor: float = 2.0) -> list[int]:
-    """The layers whose seed mean of `loss` is within `factor` standard errors of the difference
-    from layer `best`'s (seed spread only; with one seed no layer can be told apart from any other)."""
-    by = {r["layer"]: r for r in table}
-    ref = by[best]
-
-    def close(r):
-        if r[f"{loss}_sd"] is None or ref[f"{loss}_sd"] is None:
-            return True
-        se = np.sqrt(r[f"{loss}_sd"] ** 2 / r["seeds"] + ref[f"{loss}_sd"] ** 2 / ref["seeds"])
-        return abs(r[loss] - ref[loss]) <= factor * se
-    return [r["layer"] for r in table if r["layer"] != best and close(r)]
+def tied_with(table: list[dict], loss: str, best: int) -> list[int]:
+    """The layers whose seed mean of `loss` cannot be told apart from layer `best`'s: within the
+    95% t-interval of a difference of two seed means, with the seed variance pooled over the
+    layers (degrees of freedom: layers x (seeds - 1)). With one seed nothing can be told apart."""
+    seeds = min(r["seeds"] for r in table)
+    sds = [r[f"{loss}_sd"] for r in table]
+    if seeds < 2 or any(sd is None for sd in sds):
+        return [r["layer"] for r in table if r["layer"] != best]
+    pooled = float(np.mean(np.square(sds)))
+    half_width = stats.t.ppf(0.975, len(table) * (seeds - 1)) * np.sqrt(2 * pooled / seeds)
+    ref = next(r for r in table if r["layer"] == best)[loss]
+    return [r["layer"] for r in table if r["layer"] != best and abs(r[loss] - ref) <= half_width]
 
 
 def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel_share: dict[int, float],
@@ -86,6 +92,9 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     result["tests"] = tests
     result["reliability"] = {loss: reliability(_by_seed(rows, layers, loss)) for loss in tests}
     result["controls"] = _controls(compared, layers, score, scores, channel_share, list(tests), seed)
+    result["capped"] = sorted({(r["layer"], r.get("seed", 0)) for r in rows
+                               if r.get("stop") == "cap" and r["layer"] in layers})
+    result["outcome"] = outcome(result)
     result["chosen_layer"] = int(layers[int(np.argmax(score))])
     best = min(compared, key=lambda r: r[PRIMARY])["layer"]
     worst = max(compared, key=lambda r: r[PRIMARY])["layer"]
@@ -110,7 +119,7 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed) -> d
         y = [r[loss] for r in compared]
         two = dict(seed=seed, interval=False)
         c = {"depth": spearman_with_uncertainty(depth, y, **two),
-             "partial_given_depth": partial_spearman(score, y, depth)}
+             "partial_given_depth": partial_spearman_test(score, y, depth, seed=seed)}
         if np.ptp(share) > 0:
             c["channel_share"] = spearman_with_uncertainty(share, y, **two)
         for name in SCORE_VARIANTS:
@@ -121,22 +130,40 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed) -> d
     return controls
 
 
+def outcome(v: dict) -> str:
+    """docs/method.md's "What would count", as one phrase."""
+    t, loss = v["tests"].get(v["primary_loss"]), v["primary_loss"]
+    if t is None:
+        return "no verdict: the primary loss is missing"
+    provisional = " (provisional: one seed per layer, the protocol asks for at least two)" if len(v["seeds"]) < 2 else ""
+    if not t["supports"]:
+        return "not supported" + provisional
+    rel = v["reliability"].get(loss)
+    partial = v["controls"][loss]["partial_given_depth"]
+    failed = []
+    if rel is None or rel < RELIABLE:
+        failed.append("the layers' order by the primary loss is within the seed noise")
+    if not (partial["rho"] < 0 and partial["p"] < ALPHA):
+        failed.append("it does not hold beyond depth (partial rho given depth not significant)")
+    return ("robustly supported" if not failed else "supported, but " + " and ".join(failed)) + provisional
+
+
 def statement(v: dict) -> list[str]:
     """The verdict in plain words, one line each: the primary test, the secondary ones, the seed
     noise, the controls, and which layers can be told apart."""
     t, loss = v["tests"], v["primary_loss"]
     p = t.get(loss)
+    if p is None:
+        return [f"no verdict: {loss} is missing from the sweep's rows"]
     layers = v["compared_layers"]
     span = f"layers {layers[0]}–{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
         f"layers {', '.join(map(str, layers))}"
-    lines = []
-    if p is not None:
-        outcome = ("supports the claim" if p["supports"] else
-                   "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
-                                                   else " (rho has the wrong sign)"))
-        lines.append(f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "
-                     f"(n = {p['n']}, {len(v['seeds'])} seed{'s' if len(v['seeds']) > 1 else ''} each) = "
-                     f"{p['rho']:.2f}, permutation p = {p['p']:.3g}: this run {outcome}.")
+    result = ("supports the claim" if p["supports"] else
+              "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
+                                              else " (rho has the wrong sign)"))
+    lines = [f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "
+             f"(n = {p['n']}, {len(v['seeds'])} seed{'s' if len(v['seeds']) > 1 else ''} each) = "
+             f"{p['rho']:.2f}, permutation p = {p['p']:.3g}: this run {result}. Outcome: {v['outcome']}."]
     secondary = [f"{k} {t[k]['rho']:.2f} (Holm p {t[k]['p_holm']:.2g})" for k in SECONDARY if k in t]
     if secondary:
         lines.append(f"Secondary losses, rho with Holm-corrected one-sided p: {'; '.join(secondary)}.")
@@ -148,8 +175,10 @@ def statement(v: dict) -> list[str]:
                      f"layers differ; 0 or less: seed noise as large as the differences between layers)"
                      + ("." if rel >= 0.5 else "; below 0.5 the layers' order by this loss is mostly noise."))
     c = v["controls"].get(loss, {})
+    partial = c["partial_given_depth"]
     parts = [f"depth rho(layer, {loss}) = {c['depth']['rho']:.2f} (two-sided p {c['depth']['p']:.2g})",
-             f"partial rho(score, {loss} | depth) = {c['partial_given_depth']:.2f}"]
+             f"partial rho(score, {loss} | depth) = {partial['rho']:.2f} (Freedman-Lane one-sided p "
+             f"{partial['p']:.2g})"]
     if "channel_share" in c:
         parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f}")
     parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
@@ -161,4 +190,7 @@ def statement(v: dict) -> list[str]:
             f", but it cannot be told apart from layer{'s' if len(tied) > 1 else ''} {', '.join(map(str, tied))} "
             "within the seed noise." if tied else ", clear of every other layer by more than the seed noise."))
     lines.append(f"The geometry chose layer {v['chosen_layer']} among these.")
+    if v["capped"]:
+        lines.append(f"{len(v['capped'])} of the tested bridges reached the step cap before their plateau: their "
+                     "losses are set by the budget as much as by the layer.")
     return lines

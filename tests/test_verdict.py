@@ -96,8 +96,9 @@ def test_the_verdict_supports_a_score_that_predicts_the_loss_and_leaves_the_sour
     assert v["reliability"][PRIMARY] > 0.99
     assert v["oracle_layer"] == 6 and v["oracle_tied"] == [] and v["chosen_layer"] == 6
     assert v["statement"][0].startswith("Primary test") and "supports the claim" in v["statement"][0]
-    # depth explains everything here: the partial correlation given depth is undefined or ~0
+    # depth explains everything here: the score is depth, so nothing is left beyond it
     assert v["controls"][PRIMARY]["depth"]["rho"] == pytest.approx(-1.0)
+    assert v["outcome"].startswith("supported, but") and "beyond depth" in v["outcome"]
 
 
 def test_the_verdict_does_not_rank_layers_within_the_seed_noise():
@@ -117,9 +118,43 @@ def test_tied_layers_and_the_layer_table():
     rows = rows_for({1: [1.0, 1.1, 0.9], 2: [1.05, 1.15, 0.95], 3: [3.0, 3.1, 2.9]})
     table = layer_table(rows)
     assert table[0]["nmse_dim"] == pytest.approx(1.0) and table[0]["nmse_dim_sd"] == pytest.approx(0.1)
+    # pooled seed sd 0.1 over 3 layers x 2 df: half-width t(0.975, 6) x sqrt(2 x 0.01 / 3) = 0.20
     assert tied_with(table, "nmse_dim", 1) == [2]
     assert tied_with(table, "nmse_dim", 3) == []
+    near = layer_table(rows_for({1: [1.0, 1.1, 0.9], 2: [1.25, 1.35, 1.15]}))
+    half_width = stats.t.ppf(0.975, 4) * np.sqrt(2 * 0.01 / 3)
+    assert (tied_with(near, "nmse_dim", 1) == [2]) == (0.25 <= half_width)
     single = layer_table(rows_for({1: [1.0], 2: [5.0]}, seeds=(0,)))
     assert tied_with(single, "nmse_dim", 1) == [2]  # one seed: nothing can be told apart
     few = sweep_verdict(rows_for({0: [0, 0, 0], 1: [1, 1, 1], 2: [2, 2, 2]}), {"score": {1: 0.0, 2: 1.0}}, {})
     assert "tests" not in few and "no test" in few["statement"][0]
+
+
+def test_freedman_lane_partial_test():
+    from geoprobe.metrics.correlation import partial_spearman_test
+
+    rng = np.random.default_rng(2)
+    z = np.arange(12.0)
+    y = z + 2.0 * rng.standard_normal(12)
+    tracking = z + 2.0 * rng.standard_normal(12)  # a score that only tracks depth (noise independent of y)
+    result = partial_spearman_test(-tracking, y, z, resamples=2000)
+    assert result["rho"] == pytest.approx(partial_spearman(-tracking, y, z))
+    assert result["p"] > 0.05  # no association beyond depth: not significant
+    naive = spearman_with_uncertainty(-tracking, y, alternative="less", interval=False)
+    assert naive["p"] < 0.01  # whereas the plain test passes through depth
+    extra = rng.standard_normal(12)
+    y2 = z + 2 * extra
+    strong = partial_spearman_test(-extra, y2, z, resamples=2000)
+    assert strong["rho"] < -0.5 and strong["p"] < 0.05
+
+
+def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
+    rng = np.random.default_rng(3)
+    layers = list(range(1, 13))
+    extra = rng.standard_normal(12)
+    score = {l: float(e) for l, e in zip(layers, extra)}  # unrelated to depth
+    table = {l: [1 + 0.05 * l - 0.3 * e + 0.01 * d for d in (-1, 0, 1)] for l, e in zip(layers, extra)}
+    v = sweep_verdict(rows_for(table), {"score": score}, {})
+    assert v["tests"][PRIMARY]["supports"] and v["outcome"] == "robustly supported", v["outcome"]
+    one = sweep_verdict(rows_for({l: vals[:1] for l, vals in table.items()}, seeds=(0,)), {"score": score}, {})
+    assert "provisional" in one["outcome"] and one["reliability"][PRIMARY] is None

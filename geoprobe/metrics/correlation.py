@@ -68,6 +68,36 @@ def partial_spearman(x, y, z) -> float:
     return float((r_xy - r_xz * r_yz) / denominator) if denominator > 0 else float("nan")
 
 
+def partial_spearman_test(x, y, z, alternative: str = "less", resamples: int = 9999, seed: int = 0) -> dict:
+    """The partial Spearman rho of x and y given z with a Freedman-Lane permutation p-value: the
+    ranks of y are split into their fit on the ranks of z and the residuals, the residuals are
+    permuted, and the partial correlation is recomputed. Unlike permuting y itself, this keeps
+    y's dependence on z (depth) under the null, so a score that only tracks depth does not pass."""
+    rx, ry, rz = (stats.rankdata(np.asarray(v, dtype=float)) for v in (x, y, z))
+    zc = rz - rz.mean()
+
+    def residual(a):  # a's residual after its least-squares line on rz (rows of a: samples)
+        a = a - a.mean(axis=-1, keepdims=True)
+        return a - np.outer(a @ zc / (zc @ zc), zc).reshape(a.shape) if zc @ zc > 0 else a
+
+    ex, ey = residual(rx), residual(ry)
+
+    def partial(e):  # e: (..., n) y's fit on rz plus permuted residuals; only its residual on rz matters
+        e = residual(e)
+        denominator = np.sqrt((e ** 2).sum(-1) * (ex ** 2).sum())
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (e * ex).sum(-1) / denominator
+
+    observed = float(partial(ey[None])[0])
+    rng = np.random.default_rng(seed)
+    permuted = np.array([rng.permutation(len(ey)) for _ in range(resamples)])
+    null = partial(ey[permuted])
+    tail = {"less": null <= observed + 1e-12, "greater": null >= observed - 1e-12,
+            "two-sided": np.abs(null) >= abs(observed) - 1e-12}[alternative]
+    return {"rho": observed, "p": float((tail.sum() + 1) / (resamples + 1)), "alternative": alternative,
+            "n": len(ey), "method": "Freedman-Lane"}
+
+
 def reliability(values) -> float | None:
     """Between-layer reliability of a loss from seed replicates, `values` (layers, seeds):
     1 - mean over layers of the seed variance / the variance of the layer means (both ddof=1).

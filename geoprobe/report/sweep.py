@@ -38,7 +38,8 @@ def test_rows(verdict: dict) -> list[dict]:
 def control_rows(verdict: dict) -> list[dict]:
     rows = []
     for loss, c in verdict.get("controls", {}).items():
-        row = {"loss": loss, "ρ(depth)": c["depth"]["rho"], "partial ρ | depth": c["partial_given_depth"],
+        row = {"loss": loss, "ρ(depth)": c["depth"]["rho"], "partial ρ | depth": c["partial_given_depth"]["rho"],
+               "partial p (Freedman-Lane)": c["partial_given_depth"]["p"],
                "ρ(massive-channel share)": c.get("channel_share", {}).get("rho")}
         row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
         rows.append(row)
