@@ -64,7 +64,7 @@ TINY = DemoSettings(model="builtin:hmm-tiny", corpus=None, tokens=2000, seq_len=
 # (in the seeded document order), not every position of 16 blocks from 6 chapters: its intervals
 # resample documents
 REAL = DemoSettings(model="builtin:smollm2", corpus="kjv", tokens=4000, seq_len=256, positions="random:64",
-                    doc_blocks=1, k=32, anchors=2048, pairs=4096, bootstrap=200, layers="0-4", seeds="0,1",
+                    doc_blocks=1, k=32, anchors=2048, pairs=4096, bootstrap=200, layers="0-5", seeds="0,1",
                     bridge_steps=40, bridge_batch=4, bridge_seq=64, bridge_width=64, bridge_blocks=1,
                     bridge_lr=1e-3, bridge_eval_every=10, dsl_tokenizer="train:2048", dsl_steps=300, dsl_batch=8,
                     dsl_seq=64, dsl_width=128, dsl_lr=3e-4, num=64, length=64, steps=64, curve=(16, 32),
