@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS (default: all)")
+    parser.add_argument("--page-only", action="store_true", help="write the page from the finished variants")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bridge-design")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "bridge-design.md")
     args = parser.parse_args()
@@ -46,9 +47,11 @@ def main() -> None:
     from bridges.hidden import BridgeConfig
     from geoprobe.sweep import BridgeSettings, open_source, train_bridge
 
+    if args.page_only:
+        write_page(finished(args.out), args)
+        return
     source = open_source(None, "builtin:smollm2", "kjv", args.seq_len, "cpu", "auto", doc_blocks=1)
     names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
-    results = []
     for layer in [int(x) for x in args.layers.split(",")]:
         for name in names:
             fields = VARIANTS[name]
@@ -57,17 +60,24 @@ def main() -> None:
                                       eval_every=10)
             root = args.out / name.split(" (")[0].replace(" ", "-")
             metrics, _ = train_bridge(source, layer, root, settings)
-            params = sum(p.numel() for n, p in _trained(root, layer))
-            results.append({"layer": layer, "variant": name, "network_parameters": params, **metrics})
             print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} nmse {metrics['nmse']:.3f} "
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)
-    path = args.out / "results.json"  # earlier invocations' variants (other layers) are kept
-    merged = {(r["layer"], r["variant"]): r for r in (json.loads(path.read_text()) if path.is_file() else [])}
-    merged.update({(r["layer"], r["variant"]): r for r in results})
-    results = [merged[k] for k in sorted(merged, key=lambda k: (k[0], list(VARIANTS).index(k[1])))]
-    path.write_text(json.dumps(results, indent=2))
-    write_page(results, args)
+    write_page(finished(args.out), args)
+
+
+def finished(out: Path) -> list[dict]:
+    """Every finished variant under `out` (from every invocation), read from its metrics.json."""
+    results = []
+    for layer_dir in sorted(out.glob("*/bridges/layer-*")):
+        path = layer_dir / "seed-0" / "metrics.json"
+        name = next((n for n in VARIANTS if n.split(" (")[0].replace(" ", "-") == layer_dir.parts[-3]), None)
+        if name is None or not path.is_file():
+            continue
+        metrics = json.loads(path.read_text())
+        params = sum(t.numel() for _, t in _trained(layer_dir.parent.parent, metrics["layer"]))
+        results.append({"layer": metrics["layer"], "variant": name, "network_parameters": params, **metrics})
+    return sorted(results, key=lambda r: (r["layer"], list(VARIANTS).index(r["variant"])))
 
 
 def _trained(root: Path, layer: int):
@@ -81,6 +91,27 @@ def _trained(root: Path, layer: int):
             if name not in ("support", "source_mean", "target_mean", "source_scale", "target_scale") \
                     and not name.startswith("table."):
                 yield name, handle.get_tensor(name)
+
+
+def findings(results: list[dict], tolerance: float = 0.02) -> list[str]:
+    """What the table says, computed: before vs after at the same shape, and the smallest shape
+    whose nmse_dim is within `tolerance` (relative) of the best shape's, per layer."""
+    lines = []
+    for layer in sorted({r["layer"] for r in results}):
+        rows = {r["variant"]: r for r in results if r["layer"] == layer}
+        before, after = rows.get("before 128x2 (tau_zero 0)"), rows.get("after 128x2")
+        if before and after:
+            lines.append(f"- Layer {layer}, training distribution (128 x 2): nmse_dim {before['nmse_dim']:.3f} before, "
+                         f"{after['nmse_dim']:.3f} after ({after['nmse_dim'] / before['nmse_dim'] - 1:+.1%}); delta_ce "
+                         f"{before['delta_ce']:.2f} vs {after['delta_ce']:.2f} nats.")
+        shapes = [rows[n] for n in VARIANTS if n.startswith("after") and n in rows]
+        if len(shapes) > 1:
+            best = min(r["nmse_dim"] for r in shapes)
+            smallest = next(r for r in shapes if r["nmse_dim"] <= (1 + tolerance) * best)
+            lines.append(f"- Layer {layer}, shape: the smallest within {tolerance:.0%} of the best nmse_dim ({best:.3f}) "
+                         f"is {smallest['variant'].split()[1]} ({smallest['nmse_dim']:.3f}, "
+                         f"{smallest['network_parameters']:,} network parameters).")
+    return lines
 
 
 def write_page(results: list[dict], args) -> None:
@@ -114,7 +145,7 @@ def write_page(results: list[dict], args) -> None:
     text = [
         "# The bridge's design, measured", "",
         f"Made by `python bench/bridge_design.py --layers L --variants V --steps {args.steps} --batch-size "
-        f"{args.batch_size} --seq-len {args.seq_len}` (the rows of every invocation are kept in results.json) on {os.cpu_count()} × {cpu}, torch {torch.__version__}. "
+        f"{args.batch_size} --seq-len {args.seq_len}` (every finished variant under --out is shown) on {os.cpu_count()} × {cpu}, torch {torch.__version__}. "
         "SmolLM2-135M-Instruct on the KJV; every variant is one bridge trained by the sweep's own code "
         "(plateau rule on a stopping split of 8 held-out blocks, the best EMA weights kept, validated on 16 other "
         "held-out blocks: the first 256-token block of each held-out chapter, as the scan draws its states). "
@@ -122,7 +153,11 @@ def write_page(results: list[dict], args) -> None:
         "`before` is the training distribution of 4646d02 (tau ~ U[0, 1]; with sigma_b = 0 every tau > 0 can be "
         "solved for the target, so only tau near 0 teaches the regression that validation scores) at the CLI's "
         "old shape; `after` puts half of the sequences at tau = 0 (BridgeConfig.tau_zero = 0.5).", "",
-        table, "", "![curves](bridge-design/curves.png)", "",
+        table, "", *findings(results), "", "![curves](bridge-design/curves.png)", "",
+        "Note: these runs stopped on the scalar nmse of the stopping split (the rule at commit 132f8e7); the "
+        "sweep's bridges now stop on nmse_dim. `objective` is each bridge's own loss under its own tau "
+        "distribution, so it does not compare `before` with `after`. `train_seconds` were measured while other "
+        "jobs shared the 2 cores: they do not compare the shapes either.", "",
     ]
     args.page.write_text("\n".join(text) + "\n")
     print(f"wrote {args.page}")
