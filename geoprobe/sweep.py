@@ -262,10 +262,11 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
         for layer in chosen:
             check_layer(source, layer)  # every layer before the first bridge trains
         rows = []
-        for layer in chosen:
-            for seed in seeds:
+        for seed in seeds:  # seed-major: an interrupted sweep has whole replicates of every layer
+            for layer in chosen:
                 metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), force, bars)
                 rows.append({**metrics, "seed": seed, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+        rows.sort(key=lambda r: (r["layer"], r["seed"]))
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
             return None
         verdict = summarise(run, rows, include_source)
