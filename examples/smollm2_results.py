@@ -46,8 +46,8 @@ SAMPLES = {"num": 256, "length": 32, "steps": 16}  # per generator row; the DSL-
 SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-blocks", 1, "--k", 32,
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
 # the bridges: 256-token blocks as the scan's (--seq-len defaults to it), 2 per step (512 tokens),
-# the plateau rule every 10 steps under a cap of 300 steps (153,600 tokens)
-SWEEP = ["--layers", "1-12", "--seeds", "0,1,2", "--steps", 300, "--eval-every", 10, "--batch-size", 2]
+# the plateau rule every 20 steps under a cap of 200 steps (102,400 tokens)
+SWEEP = ["--layers", "1-12", "--seeds", "0,1,2", "--steps", 200, "--eval-every", 20, "--batch-size", 2]
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 
 

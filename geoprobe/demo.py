@@ -56,8 +56,8 @@ class DemoSettings:
 # the 49k-token converter, many minutes on a CPU, so the full demo compares them only in the sweep.
 TINY = DemoSettings(model="builtin:hmm-tiny", corpus=None, tokens=2000, seq_len=65, positions="random:16",
                     doc_blocks=0, k=16, anchors=512, pairs=1024, bootstrap=100, layers="0-5", seeds="0,1",
-                    bridge_steps=1000, bridge_batch=16, bridge_seq=33, bridge_width=64, bridge_blocks=2,
-                    bridge_lr=2e-3, bridge_eval_every=25, dsl_tokenizer=None, dsl_steps=1000, dsl_batch=16,
+                    bridge_steps=400, bridge_batch=16, bridge_seq=33, bridge_width=64, bridge_blocks=2,
+                    bridge_lr=2e-3, bridge_eval_every=20, dsl_tokenizer=None, dsl_steps=400, dsl_batch=16,
                     dsl_seq=33, dsl_width=64, dsl_lr=2e-3, num=32, length=32, steps=32, curve=(8, 16),
                     bridges_compared=True)
 # the real demo's 4,000 states: 64 random positions from the first block of each of 63 chapters

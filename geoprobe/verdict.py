@@ -143,7 +143,7 @@ def outcome(v: dict) -> str:
     failed = []
     if rel is None or rel < RELIABLE:
         failed.append("the layers' order by the primary loss is within the seed noise")
-    if not (partial["rho"] < 0 and partial["p"] < ALPHA):
+    if partial["rho"] is None or not (partial["rho"] < 0 and partial["p"] < ALPHA):
         failed.append("it does not hold beyond depth (partial rho given depth not significant)")
     return ("robustly supported" if not failed else "supported, but " + " and ".join(failed)) + provisional
 
@@ -177,8 +177,9 @@ def statement(v: dict) -> list[str]:
     c = v["controls"].get(loss, {})
     partial = c["partial_given_depth"]
     parts = [f"depth rho(layer, {loss}) = {c['depth']['rho']:.2f} (two-sided p {c['depth']['p']:.2g})",
-             f"partial rho(score, {loss} | depth) = {partial['rho']:.2f} (Freedman-Lane one-sided p "
-             f"{partial['p']:.2g})"]
+             f"partial rho(score, {loss} | depth) = {partial['rho']:.2f} (Freedman-Lane one-sided p {partial['p']:.2g})"
+             if partial["rho"] is not None else
+             f"partial rho(score, {loss} | depth) undefined: the ranks of one follow depth exactly"]
     if "channel_share" in c:
         parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f}")
     parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]

@@ -99,6 +99,8 @@ def test_the_verdict_supports_a_score_that_predicts_the_loss_and_leaves_the_sour
     # depth explains everything here: the score is depth, so nothing is left beyond it
     assert v["controls"][PRIMARY]["depth"]["rho"] == pytest.approx(-1.0)
     assert v["outcome"].startswith("supported, but") and "beyond depth" in v["outcome"]
+    assert v["controls"][PRIMARY]["partial_given_depth"]["rho"] is None  # the score is depth: undefined
+    assert any("undefined" in line for line in v["statement"])
 
 
 def test_the_verdict_does_not_rank_layers_within_the_seed_noise():

@@ -121,7 +121,7 @@ def print_verdict(title: str, verdict: dict, plot: str | None = None) -> None:
 
     rows = layer_rows(verdict)
     keys = ["layer", "role", "score", "seeds", PRIMARY, "nmse", "delta_ce"]
-    print_table(title, keys, [[r[k] for k in keys] for r in rows])
+    print_table(title, keys, [["—" if r[k] is None else r[k] for k in keys] for r in rows])
     for line in verdict.get("statement", []):
         print(line)
     if plot:

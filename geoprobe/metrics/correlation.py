@@ -89,6 +89,8 @@ def partial_spearman_test(x, y, z, alternative: str = "less", resamples: int = 9
             return (e * ex).sum(-1) / denominator
 
     observed = float(partial(ey[None])[0])
+    if not np.isfinite(observed):  # x or y is a function of z alone: nothing is left to correlate
+        return {"rho": None, "p": None, "alternative": alternative, "n": len(ey), "method": "Freedman-Lane"}
     rng = np.random.default_rng(seed)
     permuted = np.array([rng.permutation(len(ey)) for _ in range(resamples)])
     null = partial(ey[permuted])
