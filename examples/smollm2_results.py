@@ -47,7 +47,8 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
 # the bridges: 256-token blocks as the scan's (--seq-len defaults to it), 2 per step (512 tokens),
 # the plateau rule every 20 steps under a cap of 200 steps (102,400 tokens)
-SWEEP = ["--layers", "1-12", "--seeds", "0,1,2", "--steps", 200, "--eval-every", 20, "--batch-size", 2]
+SWEEP = ["--layers", "1-12", "--steps", 200, "--eval-every", 20, "--batch-size", 2]
+SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 
 
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "results")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md")
     parser.add_argument("--generation", action="store_true", help="also train, sample and evaluate the generators")
+    parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
     args = parser.parse_args()
     out, run = args.out, args.out / "run"
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,7 @@ def main() -> None:
 
     dev = ["--device", "cpu"]
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
-    step("sweep", "sweep", "--run", run, *SWEEP, *dev, done=run / "sweep.json")
+    step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev, done=run / "sweep.json")
     if args.generation:
         generation(out, run, step, dev)
     write_page(run, out, args.page, log, time.perf_counter() - began)
