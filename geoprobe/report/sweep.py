@@ -38,8 +38,8 @@ def test_rows(verdict: dict) -> list[dict]:
 def control_rows(verdict: dict) -> list[dict]:
     rows = []
     for loss, c in verdict.get("controls", {}).items():
-        row = {"loss": loss, "ρ(depth)": c["depth"]["rho"], "partial ρ | depth": c["partial_given_depth"]["rho"],
-               "partial p (Freedman-Lane)": c["partial_given_depth"]["p"],
+        row = {"loss": loss, "ρ(depth)": c["depth"]["rho"], "partial ρ given depth": c["partial_given_depth"]["rho"],
+               "partial ρ, Freedman-Lane p": c["partial_given_depth"]["p"],
                "ρ(massive-channel share)": c.get("channel_share", {}).get("rho")}
         row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
         rows.append(row)
@@ -51,7 +51,7 @@ def sweep_section(sweep: dict) -> list[str]:
     v = sweep["verdict"]
     parts = ["## Bridge sweep", "",
              "Protocol (fixed before the run, docs/method.md): one bridge per layer and seed, each trained until its "
-             "stopping split's nmse stopped improving and validated with its best weights on other held-out blocks; "
+             "stopping split's nmse_dim stopped improving and validated with its best weights on other held-out blocks; "
              "layer 0 is the source and is not tested; the score is z-scored over the tested layers. `nmse_dim` "
              "(primary) standardises each channel by its own variance, `nmse` by the total variance (massive "
              "channels dominate it), `delta_ce` is the upper stack's cross-entropy on the reconstruction minus on "
