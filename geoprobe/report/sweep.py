@@ -19,8 +19,9 @@ def layer_rows(verdict: dict) -> list[dict]:
     scores = verdict.get("scores", {}).get("score", {})
     rows = []
     for r in verdict["layers"]:
-        role = "source (not tested)" if r["layer"] in verdict["source_layers"] else ""
-        rows.append({"layer": r["layer"], "role": role, "score": scores.get(str(r["layer"])), "seeds": r["seeds"],
+        source = r["layer"] in verdict["source_layers"]
+        rows.append({"layer": r["layer"], "role": "source (not tested)" if source else "tested",
+                     "score": "not tested" if source else f"{scores[str(r['layer'])]:.3g}", "seeds": r["seeds"],
                      **{loss: _pm(r, loss) for loss in LOSSES}})
     return rows
 
