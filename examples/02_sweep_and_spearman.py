@@ -30,7 +30,7 @@ print(sweep[["score", "rank", "nmse", "nmse_dim", "delta_ce", "steps_run", "best
 verdict = json.loads((run / "sweep.json").read_text())["verdict"]
 print("\n".join(verdict["statement"]))
 if "tests" in verdict:  # an independent check of rho: scipy on the seed means of the tested layers
-    means = sweep.groupby(level="layer").mean().loc[verdict["compared_layers"]]
+    means = sweep.groupby(level="layer").mean(numeric_only=True).loc[verdict["compared_layers"]]
     score = [verdict["scores"]["score"][str(l)] for l in means.index]
     for loss in ("nmse_dim", "nmse", "delta_ce"):
         rho = spearmanr(score, means[loss]).statistic
