@@ -176,10 +176,14 @@ def what_it_says(run: Path, out: Path) -> str:
     ran, where the comparison's best rows are."""
     import csv
 
-    verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+    sweep = json.loads((run / "sweep.json").read_text())
+    verdict = sweep["verdict"]
+    trained = sum(r.get("train_seconds") or 0 for r in sweep["rows"])
     lines = ["## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in verdict["statement"]]
+    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for {trained / 60:.0f} min in all (their training loops; "
+                 "validation adds about a fifth), whatever invocation of the script trained them.")
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]
