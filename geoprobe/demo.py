@@ -76,7 +76,7 @@ DSL_SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 def run_demo(out: Path, tiny: bool = False, device: str = "auto",
              on_step: Callable[[list, float], None] | None = None) -> dict:
     """Run the demo into `out` (the testbed when `tiny`, else SmolLM2 on the KJV); the summary:
-    report path, chosen/oracle/worst layers, the correlations and one row per generator.
+    report path, chosen/oracle/worst layers, the sweep's verdict and one row per generator.
     `on_step(argv, seconds)` is called after each command."""
     from geoprobe.api import run_command
     from geoprobe.backbone import resolve_device
