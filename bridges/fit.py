@@ -26,7 +26,9 @@ from bridges.train import WEIGHTS, TrainConfig, train, training_summary, write_t
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
+from geoprobe.geometry import GeometrySettings
 from geoprobe.rundir import CONFIG, METRICS, load_weights, read_config
+from geoprobe.store import differing_keys
 
 NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -150,7 +152,7 @@ def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, targe
     return h_hat, offsets
 
 
-MASSIVE_FACTOR = 20.0  # the scan's default rule (GeometrySettings.massive_factor)
+MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for massive rows
 
 
 @torch.no_grad()
@@ -162,8 +164,9 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
     The state losses (nmse, nmse_dim, nmse_noisy) score the positions >= 1 whose true state is
     not massive (norm above `massive_factor` times the median norm: the scan's rule, so the
     bridge is scored on the states the geometry measured; None scores every position, as a scan
-    with massive rows kept). ce and the objective are over every position >= 1. nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with
-    most of the variance dominates both sums); nmse_dim = the mean over channels of that ratio
+    with massive rows kept). ce and the objective are over every position >= 1.
+    nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with most of the
+    variance dominates both sums); nmse_dim = the mean over channels of that ratio
     taken per channel (each channel standardised by its own variance, so no single channel
     dominates); objective = the training loss itself (over tau and condition SNR, seeded draws)."""
     g = torch.Generator().manual_seed(seed)
@@ -173,12 +176,12 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
     for ids, mask in val.fixed(batch_size):
         hl = teacher.states(ids, mask)[1]
         h_hat, offsets = reconstruct(bridge, teacher, ids, hl, g)
-        keep = positions_weight(mask).bool()
+        weight = positions_weight(mask)
+        keep = weight.bool()
         targets.append(hl[keep].cpu())
         errors.append(((h_hat - hl) ** 2)[keep].cpu())
         if not full:
             continue
-        weight = positions_weight(mask)
         draws = draw_conditions(bridge.cfg, *ids.shape, g)
         sums["objective"] += float(objective(bridge, teacher, ids, mask, hl, draws) * weight.sum())
         sums["objective_count"] += float(weight.sum())
@@ -220,11 +223,6 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
 
 
-def differing(old: dict, new: dict) -> list[str]:
-    """The keys whose values differ between two records (missing counts as different)."""
-    return sorted(k for k in {**old, **new} if old.get(k) != new.get(k))
-
-
 def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,
                out: Path, identity: dict, progress=None, world: World = SINGLE, stop_blocks=None,
                massive_factor: float | None = MASSIVE_FACTOR) -> dict:
@@ -249,12 +247,12 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     if (out / CONFIG).is_file():
         old = read_config(out)
         if old.get("identity") != identity or old.get("bridge") != record["bridge"]:
-            keys = differing(old.get("identity", {}), identity) or [
-                f"bridge.{k}" for k in differing(old.get("bridge", {}), record["bridge"])]
+            keys = differing_keys(old.get("identity", {}), identity) or [
+                f"bridge.{k}" for k in differing_keys(old.get("bridge", {}), record["bridge"])]
             raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
                            f"(differs in: {', '.join(keys)}); use another --out or --force")
         if old.get("training") != record["training"]:
-            keys = differing(old.get("training") or {}, record["training"])
+            keys = differing_keys(old.get("training") or {}, record["training"])
             raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "
                            "use another --out, or --force to train it anew")
         if (out / METRICS).is_file():

@@ -66,7 +66,7 @@ class BridgeConfig:
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
 
 
-def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float = 0.5) -> None:
+def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float) -> None:
     """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
     if vocab not in ("corpus", "all"):
         raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")

@@ -69,7 +69,7 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import iter_blocks, read_documents
 
-    scanned, data_seed, per_doc, massive = None, 0, 0, 20.0
+    scanned, data_seed, per_doc = None, 0, 0
     if run is not None:
         from geoprobe.store import check_shards, read_manifest
 
@@ -79,7 +79,6 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
         model, corpus = model or config["model"], corpus or config["corpus"]
         seq_len, data_seed, per_doc = seq_len or config["seq_len"], config.get("seed", 0), config.get("doc_blocks", 0)
         scanned = manifest["layers"]
-        massive = _massive_rule(run)
     if model is None or corpus is None:
         raise BadInput("pass --run RUN, or both --model and --corpus")
     seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
@@ -105,7 +104,7 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
                            f"validation blocks of {seq_len} tokens and still train")
     stop, val = _split_by_document(held_out, stop_blocks)
     how = {"data_seed": data_seed, "doc_blocks": per_doc, "stop_blocks": len(stop), "val_blocks": len(val)}
-    return Source(backbone, model, corpus, seq_len, train, val, scanned, stop, how, massive)
+    return Source(backbone, model, corpus, seq_len, train, val, scanned, stop, how, _massive_rule(run))
 
 
 def _split_by_document(blocks: list, stop_blocks: int) -> tuple[list, list]:
@@ -121,13 +120,16 @@ def _split_by_document(blocks: list, stop_blocks: int) -> tuple[list, list]:
     return [b for b in blocks if b.doc_id in stop_docs], [b for b in blocks if b.doc_id not in stop_docs]
 
 
-def _massive_rule(run: Path) -> float | None:
-    """The scan's rule for massive rows (its geometry settings), or None when it kept them."""
-    path = Path(run) / "geometry.json"
-    if not path.is_file():
-        return 20.0
+def _massive_rule(run: Path | None) -> float | None:
+    """The scan's rule for massive rows (its geometry settings; the default without a scan), or
+    None when it kept them."""
+    from bridges.fit import MASSIVE_FACTOR
+
+    path = Path(run or "") / "geometry.json"
+    if run is None or not path.is_file():
+        return MASSIVE_FACTOR
     settings = json.loads(path.read_text()).get("settings", {})
-    return float(settings.get("massive_factor", 20.0)) if settings.get("drop_massive", True) else None
+    return float(settings.get("massive_factor", MASSIVE_FACTOR)) if settings.get("drop_massive", True) else None
 
 
 def check_layer(source: Source, layer: int) -> None:
