@@ -85,10 +85,22 @@ def main() -> None:
 
     dev = ["--device", "cpu"]
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
-    step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev, done=run / "sweep.json")
+    step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
+         done=run / "sweep.json" if swept(run, args.seeds) else None)
     if args.generation:
         generation(out, run, step, dev)
     write_page(run, out, args.page, log, time.perf_counter() - began)
+
+
+def swept(run: Path, seeds: str) -> bool:
+    """Whether sweep.json already holds every requested seed (a run with fewer seeds is resumed)."""
+    path = run / "sweep.json"
+    if not path.is_file():
+        return False
+    from geoprobe.sweep import parse_seeds
+
+    have = {row.get("seed") for row in json.loads(path.read_text())["rows"]}
+    return set(parse_seeds(seeds)) <= have
 
 
 def generation(out: Path, run: Path, step, dev: list) -> None:
