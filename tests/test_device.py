@@ -1,0 +1,168 @@
+"""Every inner loop on a pretend accelerator (tests/fake_device.py): no CPU tensor meets a
+device tensor where CUDA would refuse it, no training step waits for the host, and the results
+equal a plain CPU run's.
+
+No GPU here: these are the checks a first GPU run would otherwise make, at minutes per try."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from bridges import likelihood
+from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, train_dsl
+from bridges.fit import fit_bridge
+from bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
+from bridges.train import TrainConfig
+from geoprobe.backbone import load_backbone
+from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.geometry import GeometrySettings, layer_geometry
+from samplers import SAMPLERS, make_sampler
+from tests.fake_device import DEVICE, DeviceMixing, OnDevice, accelerator
+
+V = 40
+
+
+def dsl_model():
+    return DSLModel(DSLConfig(vocab_size=V, d_tok=8, d_model=32, n_layers=1, n_heads=2), seed=0).eval()
+
+
+def test_the_pretend_device_refuses_what_cuda_refuses():
+    with accelerator() as acc:
+        x = torch.ones(3, 2, device=DEVICE)
+        assert isinstance(x, OnDevice) and x.device.type == DEVICE.type
+        with pytest.raises(DeviceMixing):
+            x + torch.ones(3, 2)
+        with pytest.raises(DeviceMixing):  # a CPU generator drawing for the device
+            torch.randn(3, generator=torch.Generator().manual_seed(0), device=DEVICE)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        assert torch.randn(3, generator=g, device=DEVICE).device.type == DEVICE.type
+        x * torch.tensor(2.0)  # a CPU scalar is allowed, as on CUDA
+        assert acc.syncs == {}
+        assert x.sum().item() == 6 and acc.syncs["item"] == 1
+        assert x.cpu().device.type == "cpu" and acc.syncs["to_host"] == 1
+        x[x > 0]
+        assert acc.syncs["boolean_index"] == 1
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_every_sampler_runs_on_the_device_and_draws_what_it_draws_on_the_cpu(name):
+    steps, length = 4, 6
+    model = dsl_model()
+    with accelerator() as acc:
+        model.to(DEVICE)
+        acc.reset()  # moving the weights is not the sampler's
+        result = make_sampler(name, steps=steps).sample(model, 3, length, seed=0)
+    assert result.tokens.shape == (3, length) and result.tokens.device.type == "cpu"
+    assert 0 <= result.tokens.min() and result.tokens.max() < V
+    # one decision per step which positions change (only those draw V-wide noise): a few waits
+    # per step, none per position
+    assert sum(acc.syncs.values()) <= 5 * steps + 2, acc.where
+    plain = make_sampler(name, steps=steps).sample(dsl_model(), 3, length, seed=0)
+    assert torch.equal(plain.tokens, result.tokens)  # a generator per device: same seed, same stream here
+
+
+@pytest.mark.parametrize("estimate", [likelihood.mdlm_elbo, likelihood.roar_nll, likelihood.continuous_bound])
+def test_every_likelihood_runs_on_the_device_and_equals_the_cpu_estimate(estimate):
+    tokens = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(1))
+    on_cpu = estimate(dsl_model(), tokens)
+    with accelerator() as acc:
+        model, tokens = dsl_model().to(DEVICE), tokens.to(DEVICE)
+        acc.reset()
+        on_device = estimate(model, tokens)
+    assert on_device.device.type == "cpu"
+    torch.testing.assert_close(on_device, on_cpu)
+    assert sum(acc.syncs.values()) <= 2, acc.where  # one read-back at the end
+
+
+OURS = ("bridges", "samplers", "geoprobe")
+
+
+def syncs_of_training(train_steps, run):
+    """Host waits of a run of `train_steps` with one save at the end: (ours, by place, by place in
+    the libraries). transformers' mask builder waits once or twice per backbone forward (it asks
+    whether the padding mask can be dropped): not ours to change, and reported apart."""
+    with accelerator() as acc:
+        run(train_steps)
+    ours = Counter({k: v for k, v in acc.where.items() if k[1].startswith(tuple(f"['{o}'" for o in OURS))})
+    return sum(ours.values()), ours, acc.where - ours
+
+
+def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path):
+    data = torch.randint(0, V, (24, 8), generator=torch.Generator().manual_seed(0))
+
+    def run(steps):
+        settings = DSLTrainSettings(train=TrainConfig(steps=steps, batch_size=4, save_every=steps))
+        return train_dsl(dsl_model().train(), data, settings, tmp_path / f"s{steps}", DEVICE)
+
+    short, before, _ = syncs_of_training(2, run)
+    long, where, library = syncs_of_training(6, run)
+    assert long == short and not library, where - before  # the four extra steps added no wait: losses are read at saves only
+    plain = train_dsl(dsl_model().train(), data, DSLTrainSettings(train=TrainConfig(steps=6, batch_size=4,
+                                                                                    save_every=6)),
+                      tmp_path / "cpu", torch.device("cpu"))
+    with accelerator():
+        again = train_dsl(dsl_model().train(), data,
+                          DSLTrainSettings(train=TrainConfig(steps=6, batch_size=4, save_every=6)),
+                          tmp_path / "device", DEVICE)
+    torch.testing.assert_close(torch.tensor(again.curve), torch.tensor(plain.curve))
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_models):
+    return load_backbone(str(tiny_models("llama")), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def blocks(llama, corpus_txt):
+    found = list(iter_blocks(read_documents(str(corpus_txt)), llama.tokenizer, 16, seed=0))
+    return found[:24], found[-4:]
+
+
+def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks, tmp_path):
+    cfg = BridgeConfig(layer=1, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
+                       d_model=32, n_layers=1, n_heads=2)
+
+    def run(steps):
+        llama.model.to(DEVICE)
+        try:
+            return fit_bridge(llama, 1, *blocks, cfg, TrainConfig(steps=steps, batch_size=2, save_every=steps),
+                              tmp_path / f"s{steps}", {"test": steps})
+        finally:
+            llama.model.to("cpu")
+
+    short, before, library_short = syncs_of_training(2, run)
+    long, where, library = syncs_of_training(5, run)
+    assert long == short, where - before
+    # transformers' waits grow with the backbone forwards alone (one per step, and those of the
+    # statistics and validation passes): at most 4 per added step
+    assert sum((library - library_short).values()) <= 4 * 3, library - library_short
+    on_cpu = fit_bridge(llama, 1, *blocks, cfg, TrainConfig(steps=5, batch_size=2, save_every=5), tmp_path / "cpu",
+                        {"test": 5})
+    on_device = json.loads((tmp_path / "s5" / "metrics.json").read_text())
+    for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
+        assert on_device[key] == pytest.approx(on_cpu[key], rel=1e-4), key
+    bridge, _ = load_bridge(tmp_path / "s5")
+    with accelerator():
+        llama.model.to(DEVICE)
+        try:
+            denoiser = HybridDenoiser(bridge.to(DEVICE), Teacher(llama, 1), bos_id=llama.tokenizer.bos_token_id or 0)
+            tokens = make_sampler("hybrid", steps=4).sample(denoiser, 2, 5, seed=0).tokens
+        finally:
+            llama.model.to("cpu")
+    assert tokens.shape == (2, 5)
+
+
+def test_geometry_runs_on_the_device_and_equals_the_cpu_result():
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(300, 16, generator=g, dtype=torch.float64)
+    states[:, 3] *= 30  # a massive channel: the second pass runs too
+    docs = torch.arange(300) // 10
+    settings = GeometrySettings(k=8, anchors=64, pairs=128, bootstrap=8)
+    on_cpu = layer_geometry(states, docs, settings, rng_key=1)
+    with accelerator():
+        on_device = layer_geometry(states.to(DEVICE), docs.to(DEVICE), settings, rng_key=1)
+    for key, value in on_cpu.items():
+        if isinstance(value, float):
+            assert on_device[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
