@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from geoprobe.device import upload
+
 S_MAX = 100.0
 
 
@@ -48,7 +50,7 @@ def channel(table: torch.Tensor, tokens: torch.Tensor, snr: torch.Tensor,
     if noise is None:  # drawn where the generator lives (the CPU for reproducible runs), then moved
         where = generator.device if generator is not None else e.device
         noise = torch.randn(e.shape, generator=generator, device=where, dtype=e.dtype)
-    noise = noise.to(e.device, e.dtype)
+    noise = upload(noise, e.device).to(e.dtype)
     return snr[..., None] * e + snr.clamp(min=0).sqrt()[..., None] * noise
 
 

@@ -31,6 +31,7 @@ from bridges.channel import S_MAX, TokenTable, channel, draw_snr
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig
 from bridges.train import WEIGHTS, TrainConfig, Trained, train
+from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.rundir import CONFIG, build, load_weights, read_config, write_config
@@ -114,7 +115,7 @@ class DSLModel(nn.Module):
 
     def loss(self, tokens: torch.Tensor, snr: torch.Tensor, generator: torch.Generator | None = None,
              noise: torch.Tensor | None = None) -> torch.Tensor:
-        z = channel(self.table(), tokens, snr.to(tokens.device), generator=generator, noise=noise)
+        z = channel(self.table(), tokens, upload(snr, tokens.device), generator=generator, noise=noise)
         logits = self(z)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
 
@@ -200,7 +201,7 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
         rows = shard.rows(torch.randint(0, len(data), (size,), generator=generator))
         snr = shard.rows(draw_snr(settings.snr, (size, length), generator=generator, roar_frac=settings.roar_frac))
         noise = shard.rows(torch.randn((size, length, m.cfg.d_tok), generator=generator))
-        return m.loss(data[rows.to(device)], snr, noise=noise)
+        return m.loss(data[upload(rows, device)], snr, noise=noise)
 
     return train(model, loss_fn, settings.train, out, device, progress=progress, world=world)
 

@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from bridges.channel import channel, draw_snr
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
+from bridges.nn import full_precision
 from bridges.train import WEIGHTS, TrainConfig, train, training_summary, write_training_record
+from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
@@ -117,9 +119,9 @@ def objective(model: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: to
     random numbers `draws` (draw_conditions, already cut to these rows)."""
     # the converter's mixture in float32 even under the loop's bf16 autocast (CUDA): validation
     # computes it in float32 too, and the target must not move with it
-    with torch.autocast(ids.device.type, enabled=False):
-        z = channel(model.table(), ids, draws["snr"].to(ids.device), noise=draws["noise"])
-        a = model.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"].to(ids.device))
+    with full_precision(ids.device):
+        z = channel(model.table(), ids, upload(draws["snr"], ids.device), noise=draws["noise"])
+        a = model.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"])
     return model.loss(a, target, positions_weight(mask), tau=draws["tau"], eps=draws["eps"], denominator=denominator)
 
 
@@ -134,7 +136,7 @@ def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches,
         ids, mask = pad_batch(shard.rows(chosen), batches.pad_id, batches.device, length=length)
         draws = {k: None if v is None else shard.rows(v)
                  for k, v in draw_conditions(model.cfg, batch_size, length, generator).items()}
-        with torch.autocast(ids.device.type, enabled=False):  # the target in float32, as validation's
+        with full_precision(ids.device):  # the target in float32, as validation's
             target = teacher.states(ids, mask)[1]
         return objective(model, teacher, ids, mask, target, draws, denominator=max(positions, 1) / shard.count)
 
@@ -145,7 +147,7 @@ def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, targe
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(h^ at clean condition, position offsets); position 0 (BOS) is the backbone's, never generated."""
     offsets = teacher.offsets(ids.shape[1])
-    clean = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
+    clean = torch.ones(len(ids), dtype=torch.bool)  # on the host, as source() wants it
     z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
     h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=generator)
     h_hat[:, 0] = target[:, 0]

@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from bridges.channel import S_MAX, TokenTable
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
+from geoprobe.device import upload
 from geoprobe.errors import BadInput
 from geoprobe.rundir import CONFIG, WEIGHTS, build, load_weights, read_config, write_config
 
@@ -126,7 +127,9 @@ class HiddenBridge(nn.Module):
 
     def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,
                clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
-        """a = pi E + pi_mask m + p; rows flagged `clean` use the one-hot mixture of their tokens.
+        """a = pi E + pi_mask m + p; rows flagged `clean` (a (B,) bool mask, best on the host:
+        which rows are clean is then decided without waiting for the device) use the one-hot
+        mixture of their tokens.
 
         With a corpus support the posterior covers only the tokens the corpus contains: exactly
         the full-vocabulary converter whose prior (bias) is -inf on every other token, at a
@@ -138,13 +141,14 @@ class HiddenBridge(nn.Module):
         if self.cfg.support_size:
             table = F.embedding(self.support, table)
         kept = self._kept_embeddings(embeddings)
+        clean = None if clean is None else clean.cpu()
         if clean is None or not clean.any():
             a = Converter.mix(self.converter(z, table), kept, self.mask_vector)
         else:
             # a clean row's one-hot mixture is its token's row: index it, and spend the mixture
             # only on the noisy rows (a quarter of the batch is clean in training)
             a = embeddings[clean_tokens].to(table.dtype)
-            noisy = (~clean).nonzero(as_tuple=True)[0]
+            noisy = upload((~clean).nonzero(as_tuple=True)[0], z.device)
             if len(noisy):
                 a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, self.mask_vector))
         return a + offsets
@@ -176,11 +180,11 @@ class HiddenBridge(nn.Module):
         data-parallel rank passes its rows of the global draws (tau, eps) and the global batch's
         weight / world size as `denominator`, so averaging the ranks' gradients is exact."""
         a_std, h_std = self.standardise_source(a), self.standardise_target(h)
-        tau = (torch.rand(len(a), generator=generator) if tau is None else tau).to(a.device)
+        tau = upload(torch.rand(len(a), generator=generator) if tau is None else tau, a.device)
         t = tau[:, None, None]
         y = (1 - t) * a_std + t * h_std
         if self.cfg.sigma_b > 0:  # a deterministic path (the default) draws no B x L x d noise
-            eps = (torch.randn(a.shape, generator=generator) if eps is None else eps).to(a.device, a.dtype)
+            eps = upload(torch.randn(a.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
             y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
         err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
         return (err * weight).sum() / (weight.sum().clamp(min=1) if denominator is None else denominator)

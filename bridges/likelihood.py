@@ -9,6 +9,10 @@
   int_0^S 1/2 |e_x - x_hat(z_s)|^2 ds + CE(x | z_S), trapezoid on an SNR grid, with z_s = s e_x
   + W_s along one Brownian path per sequence, taking per sequence the best stopping SNR S on
   the grid (each S gives a valid bound).
+
+Their random numbers come from a CPU generator (an estimate does not depend on the device it
+ran on) and are moved to the tokens' device; sums stay there in float64 until the one read-back
+at the end (no wait for the device per Monte-Carlo sample).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from geoprobe.device import upload
 from samplers.base import MASK, RevealState
 
 
@@ -29,16 +34,16 @@ def mdlm_elbo(denoiser, tokens: torch.Tensor, samples: int = 16, seed: int = 0) 
     """Per-sequence bound in nats per token, (B,)."""
     g = torch.Generator().manual_seed(seed)
     batch, length = tokens.shape
-    total = torch.zeros(batch, dtype=torch.float64)
+    total = torch.zeros(batch, dtype=torch.float64, device=tokens.device)
     table = denoiser.token_table()
     for k in range(samples):
-        t = (k + torch.rand((), generator=g).item()) / samples  # stratified in (0, 1)
-        masked = torch.rand(batch, length, generator=g) < t
+        t = (k + torch.rand((), generator=g).item()) / samples  # stratified in (0, 1); a CPU number
+        masked = upload(torch.rand(batch, length, generator=g) < t, tokens.device)
         state = RevealState(table, denoiser.s_max, batch, length, g)
-        state.tokens = torch.where(masked.to(tokens.device), torch.full_like(tokens, MASK), tokens)
-        ce = _ce(denoiser(state.z()), tokens).cpu().double()
+        state.tokens = torch.where(masked, torch.full_like(tokens, MASK), tokens)
+        ce = _ce(denoiser(state.z()), tokens).double()
         total += (ce * masked).sum(1) / t
-    return total / samples / length
+    return (total / samples / length).cpu()
 
 
 @torch.no_grad()
@@ -46,16 +51,16 @@ def roar_nll(denoiser, tokens: torch.Tensor, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     batch, length = tokens.shape
     table = denoiser.token_table()
-    order = torch.rand(batch, length, generator=g).argsort(1).to(tokens.device)
+    order = upload(torch.rand(batch, length, generator=g).argsort(1), tokens.device)
     state = RevealState(table, denoiser.s_max, batch, length, g)
     rows = torch.arange(batch, device=tokens.device)
-    total = torch.zeros(batch, dtype=torch.float64)
+    total = torch.zeros(batch, dtype=torch.float64, device=tokens.device)
     for i in range(length):
         col = order[:, i]
         logits = denoiser(state.z())[rows, col]
-        total += F.cross_entropy(logits.float(), tokens[rows, col], reduction="none").cpu().double()
+        total += F.cross_entropy(logits.float(), tokens[rows, col], reduction="none").double()
         state.tokens[rows, col] = tokens[rows, col]
-    return total / length
+    return (total / length).cpu()
 
 
 @torch.no_grad()
@@ -68,14 +73,14 @@ def continuous_bound(denoiser, tokens: torch.Tensor, steps: int = 64, seed: int 
     errors, stops = [], []
     previous = 0.0
     for s in grid.tolist():
-        brownian = brownian + (s - previous) ** 0.5 * torch.randn(e.shape, generator=g).to(e.device)
+        brownian = brownian + (s - previous) ** 0.5 * upload(torch.randn(e.shape, generator=g), e.device)
         previous = s
         z = s * e + brownian
         logits = denoiser(z)
         x_hat = logits.softmax(-1) @ table
-        errors.append(0.5 * ((e - x_hat) ** 2).sum(-1).sum(-1).cpu().double())  # (B,)
-        stops.append(_ce(logits, tokens).sum(-1).cpu().double())
-    errors, stops = torch.stack(errors), torch.stack(stops)  # (K + 1, B)
+        errors.append(0.5 * ((e - x_hat) ** 2).sum(-1).sum(-1).double())  # (B,)
+        stops.append(_ce(logits, tokens).sum(-1).double())
+    errors, stops = torch.stack(errors).cpu(), torch.stack(stops).cpu()  # (K + 1, B): one read-back
     widths = (grid[1:] - grid[:-1])[:, None]
     integral = torch.cat([torch.zeros(1, errors.shape[1], dtype=torch.float64),
                           torch.cumsum(widths * (errors[1:] + errors[:-1]) / 2, dim=0)])

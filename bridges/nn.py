@@ -9,6 +9,7 @@ gate, so a fresh block starts as the identity).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +101,14 @@ def native_bf16(device: torch.device) -> bool:
     where oneDNN runs them at ~1.9x float32's rate); elsewhere bf16 would be emulated, slower."""
     return device.type == "cuda" or (device.type == "cpu" and torch.backends.mkldnn.is_available()
                                      and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def full_precision(device: torch.device):
+    """A block computed in float32 even under the training loop's bf16 autocast (a device type
+    without autocast has nothing to turn off)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return nullcontext()
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:

@@ -264,7 +264,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     no_decay = [p for n, p in params.items() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
-                                  fused=device.type == "cpu")  # one kernel for all parameters: ~3x on a CPU
+                                  fused=device.type in ("cpu", "cuda"))  # one kernel for all parameters: ~3x on a CPU
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ema = {k: v.detach().clone().float() for k, v in params.items()}
     start, curve, val_curve, stop, best = 0, [], [], None, Best()
@@ -294,9 +294,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             scheduler.step()
             # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
             decay_now = min(cfg.ema, (1 + step) / (10 + step))
-            with torch.no_grad():
-                for k, p in params.items():
-                    ema[k].lerp_(p.detach().float(), 1 - decay_now)
+            with torch.no_grad():  # one kernel for every parameter, not one per parameter
+                torch._foreach_lerp_(list(ema.values()), [p.detach().float() for p in params.values()],
+                                     1 - decay_now)
             pending.append((step, loss.detach().float()))
             if progress is not None:
                 progress.advance(1)

@@ -21,6 +21,7 @@ from geoprobe import __version__
 from geoprobe.backbone import Backbone, load_backbone, parse_layers
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
+from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.rundir import disk_full_message, holding, is_disk_full, write_json_atomic
@@ -105,7 +106,7 @@ def pad_batch(blocks: list[Block], pad_id: int, device, length: int | None = Non
     for row, block in enumerate(blocks):
         ids[row, : len(block.tokens)] = block.tokens
         mask[row, : len(block.tokens)] = 1
-    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+    return upload(torch.from_numpy(ids), device), upload(torch.from_numpy(mask), device)
 
 
 def extract_batch(backbone: Backbone, planned: list[PlannedBlock], layers: list[int], pad_id: int,

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from geoprobe.device import upload
 from geoprobe.errors import BadInput
 
 MASK = -1
@@ -105,8 +106,11 @@ class RevealState:
     def __init__(self, table: torch.Tensor, s_max: float, num: int, length: int, generator: torch.Generator):
         self.table, self.s_max = table, s_max
         self.tokens = torch.full((num, length), MASK, dtype=torch.long, device=table.device)
+        # drawn where the generator lives (the samplers': the table's device; the likelihoods': the
+        # CPU, so that an estimate does not depend on the device), then moved to the table
         self.noise = torch.randn(num, length, table.shape[1], generator=generator, dtype=table.dtype,
                                  device=generator.device)
+        self.noise = upload(self.noise, table.device)
 
     @property
     def masked(self) -> torch.Tensor:
