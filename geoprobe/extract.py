@@ -184,15 +184,21 @@ def blocks_per_shard(cfg: ExtractConfig, n_layers: int, hidden_size: int) -> int
     return max(1, shard_rows(cfg, n_layers, hidden_size) // per_block)
 
 
-def extract_shards(backbone: Backbone, todo: list, layers: list[int], pad_id: int, cfg: ExtractConfig, progress):
+def extract_shards(backbone: Backbone, todo: list, layers: list[int], pad_id: int, cfg: ExtractConfig, progress,
+                   warm: dict | None = None):
     """(shard index, per-block row parts) for every shard of `todo`, in order. The forward batches
     run over the blocks of consecutive shards alike (a batch is --batch-size blocks even when a
-    shard holds fewer), and a shard is yielded as soon as its last block is done."""
+    shard holds fewer), and a shard is yielded as soon as its last block is done. `warm` gets
+    the clock after the first batch ("began") and the tokens forwarded after it ("tokens"): the
+    rate without the first batch's one-off costs (CUDA context, kernel selection, allocator)."""
     flat = [(index, block) for index, blocks in todo for block in blocks]
     pending: dict[int, list] = {}
     remaining = {index: len(blocks) for index, blocks in todo}
     for start in range(0, len(flat), cfg.batch_size):
         chunk = flat[start:start + cfg.batch_size]
+        if warm is not None and start:
+            warm.setdefault("began", time.perf_counter())
+            warm["tokens"] = warm.get("tokens", 0) + sum(len(block.block.tokens) for _, block in chunk)
         columns = extract_batch(backbone, [block for _, block in chunk], layers, pad_id, cfg.storage)
         bounds = np.cumsum([0] + [len(block.positions) for _, block in chunk])
         for k, (index, _) in enumerate(chunk):
@@ -289,9 +295,9 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
     planned = sum(len(p.positions) for _, blocks in ours for p in blocks)  # this rank's rows
     if progress is not None:
         progress.start(total=planned, completed=planned - sum(len(p.positions) for _, blocks in todo for p in blocks))
-    started = time.perf_counter()
+    started, warm = time.perf_counter(), {}
     try:
-        for index, parts_of_shard in extract_shards(backbone, todo, layers, pad_id, cfg, progress):
+        for index, parts_of_shard in extract_shards(backbone, todo, layers, pad_id, cfg, progress, warm):
             table, dtypes = to_table(parts_of_shard, layers)
             writer.submit(index, table, {"blocks": [index * shard_blocks, index * shard_blocks + len(parts_of_shard)],
                                          "dtypes": dtypes})
@@ -311,19 +317,22 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
             raise BadInput(disk_full_message(out / HIDDEN, left * row_bytes(mine, len(layers), backbone.hidden_size))) \
                 from cause
         raise
-    seconds = round(time.perf_counter() - started, 3)
+    finished = time.perf_counter()
+    seconds = round(finished - started, 3)
+    warm = {"warm_seconds": round(finished - warm["began"], 3), "warm_tokens": warm["tokens"]} if warm else {}
     world.barrier()  # under torchrun every rank's shards exist from here on
     if world.connected and not world.is_main:
         world.barrier()  # rank 0 merges
         return read_manifest(out)
-    merged = merge_manifest(out, manifest, len(shard_ranges), plan, seconds)
+    merged = merge_manifest(out, manifest, len(shard_ranges), plan, seconds, warm)
     world.barrier()
     return merged
 
 
-def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedBlock], seconds: float) -> dict:
+def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedBlock], seconds: float,
+                   warm: dict | None = None) -> dict:
     """Fold every rank's journal (and this process's) into the manifest; complete when all
-    `n_shards` shards exist."""
+    `n_shards` shards exist. `warm`: this session's forward time and tokens after its first batch."""
     manifest["shards"] = merge_entries(manifest["shards"], read_journal(out / JOURNAL), *rank_parts(out).values())
     entries = manifest["shards"]
     if len(entries) < n_shards:  # another rank is still at work (or was stopped): resume finishes it
@@ -331,7 +340,8 @@ def merge_manifest(out: Path, manifest: dict, n_shards: int, plan: list[PlannedB
     else:
         manifest.pop("error", None)
         manifest.update(status="complete", rows=sum(s["rows"] for s in manifest["shards"]),
-                        tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)), seconds_last_session=seconds)
+                        tokens_forwarded=int(sum(len(p.block.tokens) for p in plan)), seconds_last_session=seconds,
+                        **(warm or {"warm_seconds": None, "warm_tokens": None}))
     write_json_atomic(out / MANIFEST, manifest)
     (out / JOURNAL).unlink(missing_ok=True)  # folded into the manifest
     if manifest["status"] == "complete" and (out / PARTS).is_dir():

@@ -2,14 +2,17 @@
 
 `write_fixture("meta-llama/Llama-3.1-8B-Instruct", hf_home)` writes the model's real config
 (the published architecture numbers), random bfloat16 weights in safetensors shards with their
-index, and a small byte-level BPE tokenizer trained here, under
+index, and a byte-level BPE tokenizer trained here and padded to the model's vocabulary size
+(128,256 for Llama-3.1: a DSL over it is as wide as the real one), under
 `HF_HOME/hub/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/<revision>/` with `refs/main`,
 exactly where the hub client looks. With `HF_HOME` pointing there and `HF_HUB_OFFLINE=1`, every
 command that takes a model resolves the hub id offline, as it would after a download: memory
 planning, loading, sharding, dtype handling and the GPU path all see an 8B model. Nothing comes
-from the hub: the weights are noise (std 0.02, norms at 1) and the tokenizer is a stand-in
-(its ids are a subset of the real vocabulary range), so no number measured on it is a result
-about the real model; speed and memory are. `tiny=True` keeps the architecture and shrinks
+from the hub: the weights are noise (std 0.02, norms at 1), except one massive channel
+(MASSIVE_CHANNEL of the embedding, MASSIVE_SCALE times the others, so the geometry's
+massive-channel pass runs as on a real model), and the tokenizer is a stand-in (its ~1,000
+trained tokens are the ones text maps to; the padding tokens are never produced), so no number
+measured on it is a result about the real model; speed and memory are. `tiny=True` keeps the architecture and shrinks
 every size, for tests and `bench/gpu_check.sh --tiny`.
 
     python -m geoprobe.fixtures meta-llama/Llama-3.1-8B-Instruct --hf-home /data/hf   # ~16 GB
@@ -45,7 +48,8 @@ CONFIGS = {
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=1024, max_position_embeddings=4096, bos_token_id=0, eos_token_id=1)
 SHARD_BYTES = 2 * 2**30  # safetensors shards of about 2 GiB, as the hub's checkpoints are cut
-TOKENIZER_WORDS = 1000  # the stand-in tokenizer's vocabulary
+TOKENIZER_WORDS = 1000  # the stand-in tokenizer's trained vocabulary (then padded to the model's)
+MASSIVE_CHANNEL, MASSIVE_SCALE = 7, 100.0  # real 8B models carry a few channels of 20-100x the others
 
 
 def config_for(repo_id: str, tiny: bool = False):
@@ -63,7 +67,8 @@ def snapshot_dir(repo_id: str, hf_home: Path, revision: str) -> Path:
 
 
 def _tokenizer(folder: Path, vocab: int) -> None:
-    """A byte-level BPE trained on the synthetic corpus's words: any text tokenizes, ids < vocab."""
+    """A byte-level BPE trained on the synthetic corpus's words (any text tokenizes), its
+    vocabulary padded with never-produced tokens to exactly `vocab` entries."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -72,9 +77,15 @@ def _tokenizer(folder: Path, vocab: int) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|begin_of_text|>", "<|end_of_text|>", "<unk>"],
+    trainer = trainers.BpeTrainer(vocab_size=min(TOKENIZER_WORDS, vocab),
+                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>", "<unk>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(documents("synthetic:hmm?docs=400&length=64&seed=7"), trainer)
+    spec = json.loads(tok.to_str())
+    trained = spec["model"]["vocab"]
+    # padding entries in the BPE model itself (no merge produces them): len(tokenizer) == vocab
+    trained.update({f"<|pad_{i}|>": i for i in range(len(trained), vocab)})
+    tok = Tokenizer.from_str(json.dumps(spec))
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                             unk_token="<unk>").save_pretrained(folder)
 
@@ -100,7 +111,7 @@ def write_fixture(repo_id: str, hf_home: Path, tiny: bool = False, seed: int = 0
     partial = folder.with_name(f".{revision}.partial")
     partial.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(partial)
-    _tokenizer(partial, min(TOKENIZER_WORDS, config.vocab_size))
+    _tokenizer(partial, config.vocab_size)
     with init_empty_weights():
         shapes = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
     generator = torch.Generator().manual_seed(seed)
@@ -119,6 +130,8 @@ def write_fixture(repo_id: str, hf_home: Path, tiny: bool = False, seed: int = 0
     for number, names in enumerate(groups, 1):
         file = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
         tensors = {name: _random_tensor(name, shapes[name], generator) for name in names}
+        if "model.embed_tokens.weight" in tensors:  # the residual stream carries it through every layer
+            tensors["model.embed_tokens.weight"][:, MASSIVE_CHANNEL] *= MASSIVE_SCALE
         save_file(tensors, partial / file, metadata={"format": "pt"})
         total += sum(t.numel() * 2 for t in tensors.values())
         weight_map.update({name: file for name in names})

@@ -115,6 +115,7 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
     timing = {"extract_seconds": round(extracted - began, 3) if not finished else 0.0,  # model load included
               "forward_seconds": manifest.get("seconds_last_session"),
               "tokens_forwarded": manifest.get("tokens_forwarded"), "rows": manifest.get("rows"),
+              "warm_seconds": manifest.get("warm_seconds"), "warm_tokens": manifest.get("warm_tokens"),
               "geometry_seconds": round(measured - extracted, 3),
               "geometry_seconds_per_layer": round((measured - extracted) / len(geometry["layers"]), 3)}
     return geometry, timing

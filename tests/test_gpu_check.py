@@ -25,16 +25,34 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
     figures = json.loads((tmp_path / "gpu_check.json").read_text())
     assert figures["tiny"] and figures["tokens_forwarded"] == 100 * 64  # the first block of 100 documents
     for key in ("forwarded_tokens_per_second", "stored_rows_per_second", "geometry_seconds_per_layer",
-                "bridge_tokens_per_second", "dsl_steps_per_second", "sample_tokens_per_second"):
+                "dxd_geometry_seconds_per_layer", "bridge_tokens_per_second", "dsl_steps_per_second",
+                "sample_tokens_per_second"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
+    assert figures["dxd_rows"] >= 2 * 64  # the d x d path (the tiny fixture's d is 64)
+    # the rate after the first batch counts the tokens after it only
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert 0 < manifest["warm_tokens"] < manifest["tokens_forwarded"] and manifest["warm_seconds"] > 0
     assert "forwarded_tokens_per_second" in done.stdout
+    # each step's figures were printed as it ended, before the next step began
+    assert done.stdout.index("dsl_steps_per_second") < done.stdout.index("sample_tokens_per_second")
     samples = (tmp_path / "samples" / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 4
 
 
+def test_a_failing_step_stops_the_check_with_its_own_exit_status(tmp_path):
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    failing.chmod(0o755)
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--tiny"], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(tmp_path / "out"), "PY": str(failing)}, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 3
+    assert "FAILED: fixture (exit 3)" in done.stderr and "broken" in done.stderr
+
+
 def test_the_fixture_resolves_offline_as_the_hub_id_with_the_real_architecture(tmp_path):
     from geoprobe.backbone import load_backbone
-    from geoprobe.fixtures import CONFIGS, write_fixture
+    from geoprobe.fixtures import CONFIGS, MASSIVE_CHANNEL, write_fixture
 
     for repo_id in CONFIGS:
         folder = write_fixture(repo_id, tmp_path, tiny=True)
@@ -55,6 +73,10 @@ def test_the_fixture_resolves_offline_as_the_hub_id_with_the_real_architecture(t
                 os.environ["HF_HOME"] = old
         assert backbone.config.model_type == {"Qwen/Qwen3-8B": "qwen3"}.get(repo_id, "llama")
         assert backbone.num_layers == 4 and backbone.hidden_size == 64
+        assert len(backbone.tokenizer) == backbone.config.vocab_size  # a DSL over it is as wide as the model
+        table = backbone.model.get_input_embeddings().weight.float()
+        spread = table.std(0)
+        assert spread[MASSIVE_CHANNEL] > 20 * spread.median()  # the massive channel the geometry must see
 
 
 @pytest.mark.eightb
