@@ -106,7 +106,10 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
         extract_progress.stop()
     extracted = time.perf_counter()
     try:
-        geometry = geometry_step(out, settings, device, progress=geometry_progress, world=world)[0]
+        # ranks started by hand (--rank/--world-size, no process group) cannot share a layer's sums:
+        # the last one to finish computes the geometry alone, as one process would
+        geometry = geometry_step(out, settings, device, progress=geometry_progress,
+                                 world=world if world.connected else SINGLE)[0]
     finally:
         if geometry_progress is not None:
             geometry_progress.stop()

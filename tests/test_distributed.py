@@ -122,6 +122,13 @@ def test_two_rank_scan_equals_one_rank_scan(tmp_path, scan_args):
     assert [r["rank"] for r in rankings[0]] == [r["rank"] for r in rankings[1]]
     for a, b in zip(*rankings):
         assert float(a["score"]) == pytest.approx(float(b["score"]), rel=1e-9, abs=1e-12)
+    # ranks started by hand, one after the other: the first stops after its shards, the last computes the
+    # geometry alone (they share no process group), equal to one process's
+    first = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 0, "--world-size", 2)
+    assert first.returncode != 0 and "rerun the remaining ranks" in first.stderr
+    last = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 1, "--world-size", 2)
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert_same_numbers(geometry[0]["layers"], read_json(tmp_path / "hand" / "geometry.json")["layers"], rel=1e-9)
 
 
 def test_a_killed_rank_resumes_with_any_world_size(tmp_path, tiny_models):
