@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from geoprobe.capture import capture, stream_arg
+from geoprobe.device import deterministic_cuda
 from geoprobe.errors import BadInput, GeoprobeError
 from geoprobe.memory import load_dtype
 from geoprobe.rundir import sha256_file
@@ -34,13 +35,15 @@ BUILTIN_PREFIX = "builtin:"
 
 def resolve_device(spec: str = "auto") -> torch.device:
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(spec)
     except RuntimeError as exc:
         raise BadInput(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BadInput(f"device {spec!r} asked for, but CUDA is not available on this machine")
+    if device.type == "cuda":
+        deterministic_cuda()
     return device
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -16,3 +18,14 @@ def upload(x: torch.Tensor, device) -> torch.Tensor:
     if device.type == "cuda" and x.device.type == "cpu":
         x = x.pin_memory()
     return x.to(device, non_blocking=True)
+
+
+def deterministic_cuda() -> None:
+    """Reruns on one GPU give the same bits, as on a CPU: deterministic cuDNN and cuBLAS
+    (cuBLAS reads its workspace setting when it starts, so this runs before any CUDA work) and
+    PyTorch's deterministic kernels where they exist (a warning, not an error, where they do not).
+    Called when a command resolves a CUDA device; CPU runs are left as they are."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)

@@ -5,6 +5,7 @@ equal a plain CPU run's.
 No GPU here: these are the checks a first GPU run would otherwise make, at minutes per try."""
 
 import json
+import os
 from collections import Counter
 
 import pytest
@@ -166,3 +167,20 @@ def test_geometry_runs_on_the_device_and_equals_the_cpu_result():
     for key, value in on_cpu.items():
         if isinstance(value, float):
             assert on_device[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_a_cuda_device_turns_on_deterministic_kernels(monkeypatch):
+    from geoprobe.backbone import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    try:
+        resolve_device("cpu")
+        assert not torch.are_deterministic_algorithms_enabled()  # a CPU run is left as it is
+        assert resolve_device("auto").type == "cuda"
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic = before[1]

@@ -31,7 +31,9 @@ def extract(
     storage: Annotated[str, typer.Option(help="float16 (float32 where a value would overflow) or float32.")] = "float16",
     text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet corpora.")] = "text",
     shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard "
-                                                         "(0 = about 64 MB of states per shard).")] = 0,
+                                                         "(0 = about 64 MiB of float32 states, at least one block: "
+                                                         "a d = 4,096 model at --seq-len 2048, --positions all "
+                                                         "stores ~550 MB per shard).")] = 0,
     seed: Seed = 0,
     device: Device = "auto",
     dtype: Dtype = "auto",

@@ -153,8 +153,9 @@ def scan(
     positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
     doc_blocks: DocBlocks = None,
     skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = 1,
-    shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MB "
-                                                         "of states per shard).")] = 0,
+    shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MiB "
+                                                         "of float32 states, at least one block: a d = 4,096 model at "
+                                                         "--seq-len 2048, --positions all stores ~550 MB per shard).")] = 0,
     k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3, normalize: Normalize = "trace",
     keep_massive: KeepMassive = False, drop_massive_channels: DropChannels = False, bootstrap: Bootstrap = 200,
     reseeds: Reseeds = 8, weights: Weights = "1,1,1", log: Log = False,
