@@ -125,7 +125,7 @@ def knn_candidates(queries: torch.Tensor, reference: torch.Tensor, k: int, exclu
     d coordinates, so its bits do not depend on how many candidates were computed with it."""
     take = min(k + max(8, k // 4), len(reference))  # the margin absorbs float32 rounding
     ref32 = reference.to(torch.float32)
-    ref_sq32 = (reference * reference).sum(1).to(torch.float32)
+    ref_sq32 = row_squares(reference).to(torch.float32)
     distances, indices = [], []
     for start in range(0, len(queries), chunk):
         q = queries[start:start + chunk]
@@ -437,6 +437,31 @@ def _distinct_shared(x: torch.Tensor, offset: int, world: World):
     return x[first[mine] - offset], mine, torch.from_numpy(inverse.reshape(-1)).to(x.device)
 
 
+def row_squares(x: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """(x * x).sum(1) without an n x d temporary (each row's sum is the same whatever the chunk)."""
+    return torch.cat([(part * part).sum(1) for part in x.split(chunk)]) if len(x) else x.new_zeros(0)
+
+
+def peak_bytes(n: int, d: int, settings: GeometrySettings) -> int:
+    """Device memory of one layer's geometry (`compute_geometry`): the layer in float32 (4nd) and
+    layer_geometry's float64 copy (8nd), then the largest of what each phase adds: the channel
+    variances' n x d square, or dropping massive rows or channels (one more float64 copy while
+    the old one goes), 8nd either way; the spectrum (the n x n Gram matrix, its eigenvectors and the d x n directions below
+    n = d; else three d x d matrices), the kNN (a float32 copy of the reference rows, one
+    chunk x n float32 distance block, the chunk's exact distances over its candidates),
+    the neighbourhoods (a chunk of k x d neighbour sets, centred) and the bootstrap (per-document
+    sums and the top eigen-directions' n x r^2 scatter), the last three beside the anchors' rows
+    (the union of every draw's). Kernels' workspaces (eigh's) are not counted."""
+    take = min(settings.k + max(8, settings.k // 4), n)
+    chunk = min(settings.chunk, n)
+    spectrum = 16 * n * n + 8 * d * n if n < GRAM_BELOW * d else 24 * d * d
+    knn = 4 * n * d + 4 * chunk * n + 16 * chunk * take * d
+    neighbourhoods = 16 * chunk * settings.k * d
+    bootstrap = 8 * n * (SUBSPACE * SUBSPACE + SUBSPACE + 2)
+    queries = 8 * min(n, settings.anchors * (settings.reseeds + 1)) * d  # the anchors' rows, held from the kNN on
+    return 12 * n * d + max(8 * n * d, spectrum, queries + max(knn, neighbourhoods, bootstrap))
+
+
 def _row_hash(x: torch.Tensor, seed: int) -> torch.Tensor:
     """sum_j fold(bits(x_ij)) * m_j mod 2^64 with random odd m_j. The fold xors the high word
     into the low one first: states stored as float16 have 42 zero low bits in float64, and an
@@ -475,7 +500,7 @@ def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mo
     local = len(centred)
     n_w = counts @ per_doc(torch.ones(local, dtype=centred.dtype, device=centred.device))
     shift = counts @ per_doc(centred) / n_w[:, None]  # replicate mean minus full-data mean
-    trace_w = (counts @ per_doc((centred ** 2).sum(1)) - n_w * (shift ** 2).sum(1)) / (n_w - 1)
+    trace_w = (counts @ per_doc(row_squares(centred)) - n_w * (shift ** 2).sum(1)) / (n_w - 1)
     proj = centred @ eigenvectors[:, -min(SUBSPACE, d):]  # (n, r): the top-r eigen-directions
     r = proj.shape[1]
     m_r = counts @ per_doc(proj) / n_w[:, None]
@@ -534,8 +559,9 @@ def compute_geometry(run, settings: GeometrySettings, device: torch.device, laye
     if progress is not None:
         progress.start(total=len(layers))
     for layer in layers:
-        # filled batch by batch: no whole-layer float32 copy on the host next to the float64 one
-        states = torch.empty((share[1] - share[0], reader.hidden_size), dtype=torch.float64, device=device)
+        # filled batch by batch (no whole-layer copy on the host), in float32: the stored float16 and
+        # float32 rows exactly, at half the bytes of the float64 copy layer_geometry works on
+        states = torch.empty((share[1] - share[0], reader.hidden_size), dtype=torch.float32, device=device)
         filled = 0
         for batch in reader.iter_layer(layer, rows=share):
             states[filled:filled + len(batch)] = torch.from_numpy(batch).to(device)

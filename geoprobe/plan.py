@@ -9,7 +9,10 @@ memory, no download beyond config.json). Figures, in bytes:
   working set (attention scores B·heads·L² in the compute dtype, the MLP's B·L·2I), and nothing
   above layer c (the capture stops the forward there);
 * disk: rows x (captured layers x d x the storage bytes + 4 int64 meta columns); Parquet
-  without compression adds a few bytes per page.
+  without compression adds a few bytes per page;
+* geometry, one layer at a time after the model is unloaded: `geometry.peak_bytes` (measured
+  within 10% on a pretend device in tests/test_device.py). N = 1M rows at d = 4,096 need about
+  49 GB for the two copies of the layer plus 33 GB for the largest phase: one H200.
 
 A scan is refused before it starts when the disk under --out or the device's memory (free GPU
 memory, or available RAM on a CPU) will not hold it.
@@ -26,6 +29,7 @@ import torch
 from geoprobe import memory
 from geoprobe.backbone import check_architecture, load_config, parse_layers, resolve_device, resolve_dtype, resolve_source
 from geoprobe.errors import BadInput
+from geoprobe.geometry import GeometrySettings, peak_bytes
 from geoprobe.rundir import human, nearest_existing
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
@@ -48,6 +52,7 @@ class ScanPlan:
     disk_bytes: int
     memory_available: int
     disk_available: int
+    geometry_bytes: int  # one layer's geometry on the device (geometry.peak_bytes), after the model is unloaded
 
     @property
     def activation_bytes(self) -> int:
@@ -57,22 +62,13 @@ class ScanPlan:
     def memory_bytes(self) -> int:
         return self.parameter_bytes + self.activation_bytes
 
-    @property
-    def geometry_bytes(self) -> int:
-        """What the geometry holds for one layer (run after the model is unloaded): the states in
-        float64 (centred in place: held once), the stored float16/32 rows they came from, and one
-        (512 x rows) distance chunk of the kNN. A layer with massive rows or channels to drop adds
-        one more copy of the states."""
-        states = 8 * self.rows * self.hidden_size
-        return states + states // 2 + 8 * 512 * self.rows
-
     def record(self) -> dict:
-        return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes,
-                "geometry_bytes": self.geometry_bytes}
+        return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes}
 
 
 def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
-              device: str, dtype: str, trust_remote_code: bool = False) -> ScanPlan:
+              device: str, dtype: str, trust_remote_code: bool = False,
+              settings: GeometrySettings | None = None) -> ScanPlan:
     from geoprobe.store import check_writable
 
     check_writable(out)
@@ -92,13 +88,17 @@ def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, sto
     return ScanPlan(model=model, device=str(target), dtype=str(load_dtype).removeprefix("torch."), parameters=count,
                     parameter_bytes=count * width, layers=len(captured), hidden_size=d, rows=tokens,
                     batch_size=batch_size, seq_len=seq_len, captured_bytes=captured_bytes, working_bytes=working,
-                    disk_bytes=disk, memory_available=free, disk_available=shutil.disk_usage(nearest_existing(Path(out))).free)
+                    disk_bytes=disk, memory_available=free, disk_available=shutil.disk_usage(nearest_existing(Path(out))).free,
+                    geometry_bytes=peak_bytes(tokens, d, settings or GeometrySettings()))
 
 
 def check_fits(plan: ScanPlan) -> None:
     if plan.disk_bytes > plan.disk_available:
         raise BadInput(f"the shards need {human(plan.disk_bytes)} but only {human(plan.disk_available)} is free "
                        f"under --out; lower --tokens or --layers, use --positions random:K, or another --out")
+    if plan.geometry_bytes > plan.memory_available:
+        raise BadInput(f"the geometry of one layer needs {human(plan.geometry_bytes)} on {plan.device} but only "
+                       f"{human(plan.memory_available)} is free; lower --tokens, or use --positions random:K")
     if plan.memory_bytes > plan.memory_available:
         raise BadInput(f"the model and one batch need {human(plan.memory_bytes)} on {plan.device} but only "
                        f"{human(plan.memory_available)} is free; lower --batch-size, use --dtype bfloat16, "

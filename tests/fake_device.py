@@ -21,6 +21,7 @@ class that draws on the CPU and reports the device it was asked for.
 from __future__ import annotations
 
 import traceback
+import weakref
 from collections import Counter
 from contextlib import contextmanager
 
@@ -112,11 +113,35 @@ class Accelerator(TorchDispatchMode):
         self.syncs: Counter = Counter()
         self.uploads = 0
         self.where: Counter = Counter()  # (kind, the caller's file:line) -> count, to find a sync
+        self._storages: dict[int, list] = {}  # storage address -> [bytes, live device tensors on it]
+        self.live_bytes = self.peak_bytes = 0  # device memory held by tensors: now, and the most so far
 
     def reset(self) -> None:
         self.syncs.clear()
         self.where.clear()
         self.uploads = 0
+        self.peak_bytes = self.live_bytes
+
+    def wrap(self, inner: torch.Tensor) -> OnDevice:
+        """A device tensor, its storage counted until the last device tensor on it is gone (what a
+        caching allocator would hand back; kernels' internal workspaces are not seen)."""
+        out = OnDevice(inner)
+        storage = inner.untyped_storage()
+        key = storage.data_ptr()
+        entry = self._storages.setdefault(key, [storage.nbytes(), 0])
+        if entry[1] == 0:
+            self.live_bytes += entry[0]
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        entry[1] += 1
+        weakref.finalize(out, self._release, key)
+        return out
+
+    def _release(self, key: int) -> None:
+        entry = self._storages[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.live_bytes -= entry[0]
+            del self._storages[key]
 
     def _sync(self, kind: str) -> None:
         self.syncs[kind] += 1
@@ -159,7 +184,7 @@ class Accelerator(TorchDispatchMode):
             device_out = target.type == DEVICE.type
         if not device_out:
             return out
-        return tree_map(lambda x: OnDevice(x) if isinstance(x, torch.Tensor) and not isinstance(x, OnDevice) else x,
+        return tree_map(lambda x: self.wrap(x) if isinstance(x, torch.Tensor) and not isinstance(x, OnDevice) else x,
                         out)
 
     def _count_copy(self, func, args, kwargs, target) -> None:

@@ -18,7 +18,7 @@ from bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
 from bridges.train import TrainConfig
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
-from geoprobe.geometry import GeometrySettings, layer_geometry
+from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
 from samplers import SAMPLERS, make_sampler
 from tests.fake_device import DEVICE, DeviceMixing, OnDevice, accelerator
 
@@ -184,3 +184,25 @@ def test_a_cuda_device_turns_on_deterministic_kernels(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.deterministic = before[1]
+
+
+@pytest.mark.parametrize("n, d, chunk, massive_rows", [
+    (3000, 64, 512, False),  # the d x d path, the kNN's distance block the largest phase
+    (400, 512, 512, False),  # the Gram path
+    (6000, 256, 64, True),  # massive rows dropped (a copy), the bootstrap's scatter
+])
+def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massive_rows):
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(n, d, generator=g)
+    states[:, 3] *= 50  # a massive channel
+    if massive_rows:
+        states[::100] *= 100
+    docs = torch.arange(n) // 10
+    settings = GeometrySettings(k=8, anchors=256, pairs=512, bootstrap=20, chunk=chunk)
+    counts = torch.from_numpy(bootstrap_counts(int(docs.max()) + 1, 20, 0))
+    with accelerator() as acc:
+        before = acc.live_bytes
+        # as compute_geometry holds a layer: float32 on the device
+        layer_geometry(states.to(DEVICE), docs.to(DEVICE), settings, counts.to(DEVICE), rng_key=1)
+        measured = acc.peak_bytes - before - 8 * counts.numel() - 8 * n  # minus the counts and docs
+    assert 0.8 < measured / peak_bytes(n, d, settings) < 1.2, (measured, peak_bytes(n, d, settings))

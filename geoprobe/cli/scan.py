@@ -32,13 +32,13 @@ Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) 
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
 
 
-def _show_plan(model, out, cfg) -> None:
+def _show_plan(model, out, cfg, settings) -> None:
     """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
     from geoprobe.plan import check_fits, plan_scan
     from geoprobe.rundir import human
 
     plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
-                     cfg.dtype, cfg.trust_remote_code)
+                     cfg.dtype, cfg.trust_remote_code, settings)
     from geoprobe.report.terminal import print_table
 
     show(plan.record(), lambda: print_table(f"plan for {model} on {plan.device} ({plan.dtype})", ["need", "size", "detail"], [
@@ -47,9 +47,9 @@ def _show_plan(model, out, cfg) -> None:
              f"{plan.batch_size} x {plan.seq_len} tokens, {plan.layers} captured layers "
              f"({human(plan.captured_bytes)}) + working set ({human(plan.working_bytes)})"],
             ["device memory", human(plan.memory_bytes), f"{human(plan.memory_available)} free"],
-            ["geometry / layer", human(plan.geometry_bytes), f"{plan.rows:,} states x d={plan.hidden_size} in float64 "
-                                                              "(centred in place), the stored rows, one kNN distance "
-                                                              "chunk"],
+            ["geometry / layer", human(plan.geometry_bytes), f"{plan.rows:,} states x d={plan.hidden_size}: float32 and "
+                                                              "float64 copies, the largest phase's temporaries "
+                                                              "(geometry.peak_bytes)"],
             ["disk (shards)", human(plan.disk_bytes), f"{plan.rows:,} rows x {plan.layers} layers x d={plan.hidden_size}; "
                                                       f"{human(plan.disk_available)} free"],
         ]))
@@ -188,7 +188,7 @@ def scan(
                         batch_size=batch_size, device=device, device_map=device_map,
                         trust_remote_code=trust_remote_code)
     if plan:
-        _show_plan(model, out, cfg)
+        _show_plan(model, out, cfg, settings)
         return
     settings.check_rows(tokens)  # a scan whose geometry must fail is refused before extracting
     world = world_from(rank, world_size)
