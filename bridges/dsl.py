@@ -164,6 +164,27 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
     return model
 
 
+def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device) -> None:
+    """`--init-from spec` refused in one line, before any weight loads, when its training will not
+    fit the device (geoprobe.memory.dsl_training_bytes) or its loading the host (two float32
+    copies of the weights: the loaded model and the DSL's)."""
+    from geoprobe.backbone import load_config, resolve_source
+    from geoprobe.memory import dsl_training_bytes, memory_available, parameter_count
+    from geoprobe.rundir import human
+
+    config = load_config(resolve_source(spec), False)
+    need, free = dsl_training_bytes(config, d_tok, batch_size, seq_len), memory_available(device)
+    if need > free:
+        raise BadInput(f"dsl train --init-from {spec} needs about {human(need)} on {device} (float32 weights, "
+                       f"gradients, AdamW moments and EMA: 20 bytes x {parameter_count(config) / 1e9:.2f} B "
+                       f"parameters, and one batch's activations) but {human(free)} is free; use a smaller model or "
+                       "--batch-size (bfloat16 training and sharding over GPUs are not supported yet)")
+    host, ram = 8 * parameter_count(config), memory_available(torch.device("cpu"))
+    if host > ram:
+        raise BadInput(f"loading --init-from {spec} holds two float32 copies of its weights ({human(host)}) "
+                       f"but {human(ram)} of RAM is available")
+
+
 @dataclass
 class DSLTrainSettings:
     snr: str = "mixed"
@@ -257,6 +278,9 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
         raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
     check_table_init(table_init)
     settings.validate()
+    target = resolve_device(world.device(device))
+    if init_from is not None:
+        check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target)
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)
@@ -285,7 +309,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                     save_tokenizer(tok, out)
                     save_config(out, model.cfg, settings, {"identity": identity})
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
-            trained = train_dsl(model, data, settings, out, resolve_device(world.device(device)), progress=progress,
+            trained = train_dsl(model, data, settings, out, target, progress=progress,
                                 world=world)
         finally:
             if progress is not None:

@@ -276,8 +276,10 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
 
 
 def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
-                  trust_remote_code: bool = False, revision: str | None = None) -> Backbone:
-    """Load a causal LM from a hub id, a local folder, a .gguf file or `builtin:NAME`."""
+                  trust_remote_code: bool = False, revision: str | None = None,
+                  batch: tuple[int, int] = (8, 512)) -> Backbone:
+    """Load a causal LM from a hub id, a local folder, a .gguf file or `builtin:NAME`; `batch`
+    (sequences, tokens each): the forward batch that must fit beside the weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_device_map(device_map)
@@ -289,7 +291,8 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     if device_map is None:  # checked before any weight is read, on the CPU and on one GPU alike
         from geoprobe.report.terminal import console
 
-        torch_dtype = load_dtype(config, torch_dtype, dtype, target, say=lambda line: console.print(line, markup=False))
+        torch_dtype = load_dtype(config, torch_dtype, dtype, target, *batch,
+                                 say=lambda line: console.print(line, markup=False))
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
                   local_files_only=offline and not source.is_local)

@@ -253,7 +253,8 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
 def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
     documents = read_documents(cfg.corpus, cfg.text_field)
     backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device, cfg.device_map),
-                                         device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code)
+                                         device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,
+                                         batch=(cfg.batch_size, cfg.seq_len))
     layers = parse_layers(cfg.layers, backbone.num_layers)
     tokenizer = backbone.tokenizer
     plan = plan_blocks(documents, tokenizer, cfg)

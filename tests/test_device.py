@@ -206,3 +206,36 @@ def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massiv
         layer_geometry(states.to(DEVICE), docs.to(DEVICE), settings, counts.to(DEVICE), rng_key=1)
         measured = acc.peak_bytes - before - 8 * counts.numel() - 8 * n  # minus the counts and docs
     assert 0.8 < measured / peak_bytes(n, d, settings) < 1.2, (measured, peak_bytes(n, d, settings))
+
+
+@pytest.mark.parametrize("batch, length", [(4, 16), (16, 64)])
+def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, length, tmp_path):
+    from bridges.dsl import pretrained_dsl
+    from geoprobe.memory import dsl_training_bytes
+
+    model = pretrained_dsl(llama.model.name_or_path, llama.tokenizer, d_tok=8)
+    data = torch.randint(0, llama.config.vocab_size, (64, length), generator=torch.Generator().manual_seed(0))
+    settings = DSLTrainSettings(seq_len=length, train=TrainConfig(steps=2, batch_size=batch, save_every=2))
+    with accelerator() as acc:
+        before = acc.live_bytes
+        train_dsl(model, data, settings, tmp_path, DEVICE)
+        measured = acc.peak_bytes - before
+    planned = dsl_training_bytes(llama.config, 8, batch, length)
+    assert 0.8 < measured / planned < 1.2, (measured, planned)
+
+
+def test_dsl_init_from_that_will_not_fit_is_refused_before_loading(llama, corpus_txt, tmp_path, monkeypatch):
+    import geoprobe.backbone
+    import geoprobe.memory
+    from bridges.dsl import fit_dsl
+    from geoprobe.errors import BadInput
+    from geoprobe.memory import dsl_training_bytes
+
+    need = dsl_training_bytes(llama.config, 8, 4, 16)
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: need - 1)
+    monkeypatch.setattr(geoprobe.backbone, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(BadInput, match="needs about .* on cpu .* is free"):
+        fit_dsl(tmp_path / "dsl", str(corpus_txt), None, DSLTrainSettings(
+            seq_len=16, train=TrainConfig(steps=2, batch_size=4)), DSLConfig(vocab_size=0, d_tok=8),
+            init_from=llama.model.name_or_path, device="cpu")
+    assert not (tmp_path / "dsl").exists()

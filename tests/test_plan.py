@@ -81,6 +81,18 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(available_gib, dtype,
     assert not (tmp_path / "r").exists()
 
 
+def test_the_load_check_counts_the_batch_the_command_will_run(tmp_path, corpus_txt, capsys, monkeypatch):
+    """16 GB of bfloat16 weights fit 20 GiB beside a batch of 8 x 512 (the old assumption) but not
+    beside the 64 x 2,048 asked for (27 GB of attention scores and MLP)."""
+    import geoprobe.memory
+
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: 20 * 2**30)
+    model = _llama_8b_config(tmp_path / "llama-8b")
+    code, _, err = invoke(capsys, "extract", model, "--corpus", corpus_txt, "--dtype", "bfloat16", "--batch-size", 64,
+                          "--seq-len", 2048, "--out", tmp_path / "r", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "and one batch need")
+
+
 def test_dtype_auto_picks_bfloat16_on_a_cpu_when_only_that_fits(tmp_path, corpus_txt, capsys, monkeypatch):
     import geoprobe.memory
 
