@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from bridges.channel import channel, draw_snr
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
@@ -195,8 +194,8 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
         # next-token cross-entropy of the frozen upper stack: position i predicts i + 1
         pair = mask[:, 1:].float()
         for key, states in (("ce", h_hat), ("ref_ce", hl)):
-            logits = teacher.backbone.run_from(layer, states, attention_mask=mask)[:, :-1].float()
-            ce = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            final = teacher.backbone.final_from(layer, states, attention_mask=mask)[:, :-1]
+            ce = teacher.backbone.token_losses(final, ids[:, 1:])  # the head in chunks: no B x L x V tensor
             sums[key] += float((ce * pair).sum())
         sums["ce_count"] += float(pair.sum())
         for s in NOISY_SNRS:

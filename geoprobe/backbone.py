@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from geoprobe.capture import capture, stream_arg
 from geoprobe.device import deterministic_cuda
@@ -255,6 +256,29 @@ class Backbone:
             out = self.model(input_ids=placeholder, attention_mask=attention_mask,
                              position_ids=position_ids, use_cache=False)
         return out.logits
+
+    def final_from(self, layer: int, hidden, attention_mask=None) -> torch.Tensor:
+        """What `run_from` feeds the head: the final-normed states of blocks layer+1..N."""
+        if not 0 <= layer <= self.num_layers:
+            raise BadInput(f"layer {layer} out of range 0..{self.num_layers}")
+        placeholder = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self.input_device)
+        with self._entering_at(layer, hidden):
+            return self.base(input_ids=placeholder, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    def token_losses(self, final: torch.Tensor, targets: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+        """-log p(target) in float32 for final-normed states (..., d) and target ids (...), the head
+        run on `chunk` positions at a time: never a positions x V float32 tensor (10 GB at 8,192
+        positions of a 128k vocabulary), at most chunk x V. Gemma's final logit soft-capping,
+        which its model applies after the head, is applied here too."""
+        flat, ids = final.reshape(-1, final.shape[-1]), targets.reshape(-1)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        losses = torch.empty(len(ids), dtype=torch.float32, device=final.device)
+        for start in range(0, len(ids), chunk):
+            logits = self.lm_head(flat[start:start + chunk]).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            losses[start:start + chunk] = F.cross_entropy(logits, ids[start:start + chunk], reduction="none")
+        return losses.view(targets.shape)
 
 
 def _pass_through(*args, **kwargs):

@@ -55,6 +55,25 @@ def test_run_from_any_layer_reproduces_the_model_logits(arch, tiny_models):
     torch.testing.assert_close(backbone.model(input_ids=ids).logits, out.logits)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_losses_in_chunks_equal_the_cross_entropy_of_the_model_logits(arch, tiny_models):
+    """The evaluator and the bridge's validation never build the B x L x V logits: final_from and the
+    head in chunks (3 positions here, so chunks split rows) give the model's own losses, Gemma's
+    soft-capped logits included."""
+    import torch.nn.functional as F
+
+    from geoprobe.capture import capture
+
+    backbone = load_backbone(str(tiny_models(arch)), device="cpu")
+    ids = _batch(backbone, seed=2)
+    with torch.no_grad():
+        logits = backbone.model(input_ids=ids).logits
+        expected = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+        states = capture(backbone, ids, layers=[1])
+        got = backbone.token_losses(backbone.final_from(1, states[1])[:, :-1], ids[:, 1:], chunk=3)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4, msg=arch)
+
+
 def test_run_from_with_padding_mask(tiny_models):
     backbone = load_backbone(str(tiny_models("llama")), device="cpu")
     ids = _batch(backbone, seed=2, length=10)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from geoprobe.errors import BadInput
 
@@ -78,10 +77,11 @@ def score(backbone, texts: list[str], context: int | None = None) -> tuple[dict,
     device = backbone.input_device
     for rows, ids, mask in _batches(chunks):
         ids, mask = ids.to(device), mask.to(device)
-        out = backbone.model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
-        losses = F.cross_entropy(out.logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
-        losses = losses * mask[:, 1:]
-        last = out.hidden_states[-1][torch.arange(len(rows), device=device), mask.sum(1) - 1].float().cpu().numpy()
+        # the base model's final-normed states, then the head in chunks of positions: a B x L x V
+        # float32 logits tensor would be 10 GB at 8,192 positions of a 128k vocabulary
+        final = backbone.base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        losses = backbone.token_losses(final[:, :-1], ids[:, 1:]) * mask[:, 1:]
+        last = final[torch.arange(len(rows), device=device), mask.sum(1) - 1].float().cpu().numpy()
         for row, chunk in enumerate(rows):
             text, first = owner[chunk]
             nll[text] += float(losses[row].sum())
