@@ -63,6 +63,11 @@ def main() -> None:
         return
     found = figures_of(out, step, batch, seq)
     found[f"{step}_seconds"] = seconds
+    # ops without a deterministic CUDA kernel warn (geoprobe.device.deterministic_cuda): reruns of
+    # this step may then differ in the last bits
+    log = out / f"{step}.err"
+    found[f"{step}_nondeterministic_op_warnings"] = log.read_text(errors="replace").count(
+        "does not have a deterministic implementation") if log.is_file() else None
     found["peak_gpu_memory_mib"] = peak_memory_mib(out)
     record.update(found)
     path.write_text(json.dumps(record, indent=2))

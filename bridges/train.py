@@ -193,10 +193,9 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tup
         best.weights = {k: tensors[f"best.{k}"].to(v.device) for k, v in ema.items()}
         best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
     params = trainable(model)
+    fused = bool(optimizer.defaults.get("fused"))
     for name, p in params.items():
-        # AdamW keeps its step count on the CPU (unless fused/capturable): moving it to the GPU
-        # would make every step synchronise on it
-        state = {key.rsplit(".", 1)[1]: v if key.endswith(".step") else v.to(p.device) for key, v in tensors.items()
+        state = {key.rsplit(".", 1)[1]: _state_tensor(key, v, p, fused) for key, v in tensors.items()
                  if key.startswith(f"opt.{name}.") and key[len(f"opt.{name}."):].count(".") == 0}
         if state:
             optimizer.state[p] = state
@@ -208,6 +207,15 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tup
 
 
 PRECISIONS = ("auto", "float32")
+
+
+def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: bool) -> torch.Tensor:
+    """An AdamW state tensor where the optimizer expects it: moments on the parameter's device;
+    the step count on the CPU for the foreach kernels (on the device every step would wait for
+    it), but beside the parameter in float32 for the fused kernel, which refuses it elsewhere."""
+    if not key.endswith(".step"):
+        return value.to(param.device)
+    return value.to(param.device, torch.float32) if fused else value
 
 
 @dataclass

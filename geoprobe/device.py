@@ -15,9 +15,11 @@ def upload(x: torch.Tensor, device) -> torch.Tensor:
     device = torch.device(device)
     if x.device == device:
         return x
-    if device.type == "cuda" and x.device.type == "cpu":
-        x = x.pin_memory()
-    return x.to(device, non_blocking=True)
+    if x.device.type == "cpu" and device.type != "cpu":
+        if device.type == "cuda":  # pinned (a contiguous copy: an expanded view cannot be)
+            x = x.contiguous().pin_memory()
+        return x.to(device, non_blocking=True)
+    return x.to(device)  # a read back as a plain copy: a non-blocking one would not be synchronised
 
 
 def deterministic_cuda() -> None:

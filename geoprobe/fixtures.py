@@ -49,6 +49,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_atte
             head_dim=16, vocab_size=1024, max_position_embeddings=4096, bos_token_id=0, eos_token_id=1)
 SHARD_BYTES = 2 * 2**30  # safetensors shards of about 2 GiB, as the hub's checkpoints are cut
 TOKENIZER_WORDS = 1000  # the stand-in tokenizer's trained vocabulary (then padded to the model's)
+FORMAT = 2  # what a snapshot holds (2: padded tokenizer, massive channel): an older one is not reused
 MASSIVE_CHANNEL, MASSIVE_SCALE = 7, 100.0  # real 8B models carry a few channels of 20-100x the others
 
 
@@ -103,7 +104,7 @@ def write_fixture(repo_id: str, hf_home: Path, tiny: bool = False, seed: int = 0
     from transformers import AutoModelForCausalLM
 
     config = config_for(repo_id, tiny)
-    revision = hashlib.sha1(json.dumps([repo_id, tiny, seed, config.to_dict()], sort_keys=True,
+    revision = hashlib.sha1(json.dumps([repo_id, tiny, seed, config.to_dict(), FORMAT], sort_keys=True,
                                        default=str).encode()).hexdigest()
     folder = snapshot_dir(repo_id, hf_home, revision)
     if (folder / "model.safetensors.index.json").is_file():

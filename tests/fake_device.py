@@ -5,14 +5,18 @@ in `OnDevice`, whose `.device` says `lazy:0` (a device type with a guard in ever
 autograd and nn.Module work on it, and which no code here treats specially, unlike `meta`, which
 `load_state_dict` skips). Every aten call is checked as CUDA checks it: tensors of more than zero
 dimensions from both sides in one call raise `DeviceMixing` (CUDA allows CPU scalars, and CPU
-index tensors into device tensors, which it uploads); a random op drawn with a generator of the
-other side raises too. The calls a CUDA device would make the host wait for are counted in
+index tensors into device tensors, which it uploads: counted as a wait); a random op drawn with
+a generator of the other side raises too. The calls a CUDA device would make the host wait for are counted in
 `Accelerator.syncs` by name (`item`, `to_host`, `nonzero`, ...), where they come from in
 `Accelerator.where`, host-to-device copies in `Accelerator.uploads`.
 
 Why not the meta device itself: it has no values, so `.item()`, `.tolist()` and every
 data-dependent step fail; FakeTensorMode has the same limit. Why not CUDA's own checks: no GPU
 here. The wrapper runs the real computation, so results can be compared with a plain CPU run.
+
+What it cannot see: whether an upload's memory was pinned (a `non_blocking=True` upload counts as
+no wait), CUDA's refusals of CPU scalars outside elementwise ops, and the bf16 autocast a CUDA
+run trains under (`lazy` has none, so the device tests run in float32).
 
 `torch.Generator(device=DEVICE)` is not possible; `accelerator()` replaces `torch.Generator` by a
 class that draws on the CPU and reports the device it was asked for.
@@ -160,7 +164,8 @@ class Accelerator(TorchDispatchMode):
             self._count_copy(func, args, kwargs, target)
         elif on_device and host:
             if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default):
-                self.uploads += 1  # CUDA uploads CPU indices itself
+                self.uploads += 1  # CUDA uploads CPU indices itself, from pageable memory: a wait
+                self._sync("blocking_upload")
             else:
                 raise DeviceMixing(f"{func}: tensors on {DEVICE.type} and cpu in one call "
                                    f"(cpu shapes {[tuple(x.shape) for x in host]})")

@@ -239,3 +239,17 @@ def test_dsl_init_from_that_will_not_fit_is_refused_before_loading(llama, corpus
             seq_len=16, train=TrainConfig(steps=2, batch_size=4)), DSLConfig(vocab_size=0, d_tok=8),
             init_from=llama.model.name_or_path, device="cpu")
     assert not (tmp_path / "dsl").exists()
+
+
+def test_a_resumed_fused_adamw_finds_its_step_count_beside_the_parameter():
+    """The fused kernel (CUDA) refuses a step count on another device; the foreach kernels keep it on
+    the CPU (beside the parameter every step would wait for it)."""
+    from bridges.train import _state_tensor
+
+    with accelerator():
+        param = torch.zeros(3, device=DEVICE)
+        step, moment = torch.tensor(5.0, dtype=torch.float64), torch.ones(3)
+        assert _state_tensor("opt.w.step", step, param, fused=True).device.type == DEVICE.type
+        assert _state_tensor("opt.w.step", step, param, fused=True).dtype == torch.float32
+        assert _state_tensor("opt.w.step", step, param, fused=False).device.type == "cpu"
+        assert _state_tensor("opt.w.exp_avg", moment, param, fused=False).device.type == DEVICE.type
