@@ -92,13 +92,30 @@ def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, sto
                     geometry_bytes=peak_bytes(tokens, d, settings or GeometrySettings()))
 
 
+def geometry_refusal(need: int, free: int, device) -> str | None:
+    if need <= free:
+        return None
+    return (f"the geometry of one layer needs {human(need)} on {device} but only {human(free)} is free; lower "
+            "--tokens, or use --positions random:K")
+
+
+def check_geometry_fits(model: str, rows: int, settings: GeometrySettings, device: torch.device,
+                        trust_remote_code: bool = False) -> None:
+    """A scan whose geometry will not fit the device (`rows` per layer on this process) is
+    refused before it extracts anything (config.json alone is read)."""
+    config = load_config(resolve_source(model), trust_remote_code)
+    refusal = geometry_refusal(peak_bytes(rows, config.hidden_size, settings), memory.memory_available(device), device)
+    if refusal:
+        raise BadInput(refusal)
+
+
 def check_fits(plan: ScanPlan) -> None:
     if plan.disk_bytes > plan.disk_available:
         raise BadInput(f"the shards need {human(plan.disk_bytes)} but only {human(plan.disk_available)} is free "
                        f"under --out; lower --tokens or --layers, use --positions random:K, or another --out")
-    if plan.geometry_bytes > plan.memory_available:
-        raise BadInput(f"the geometry of one layer needs {human(plan.geometry_bytes)} on {plan.device} but only "
-                       f"{human(plan.memory_available)} is free; lower --tokens, or use --positions random:K")
+    refusal = geometry_refusal(plan.geometry_bytes, plan.memory_available, plan.device)
+    if refusal:
+        raise BadInput(refusal)
     if plan.memory_bytes > plan.memory_available:
         raise BadInput(f"the model and one batch need {human(plan.memory_bytes)} on {plan.device} but only "
                        f"{human(plan.memory_available)} is free; lower --batch-size, use --dtype bfloat16, "

@@ -120,3 +120,16 @@ def test_a_model_that_cannot_fit_one_gpu_is_refused_naming_what_would(tmp_path, 
     assert asked == [torch.device("cuda", 1)]
     monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: 40 * 2**30)  # an H200 holds it
     assert geoprobe.memory.load_dtype(config, torch.bfloat16, "auto", torch.device("cuda", 1)) == torch.bfloat16
+
+
+def test_a_scan_whose_geometry_will_not_fit_is_refused_before_extracting(tmp_path, tiny_models, corpus_txt, capsys,
+                                                                          monkeypatch):
+    import geoprobe.memory
+    from geoprobe.geometry import GeometrySettings, peak_bytes
+
+    need = peak_bytes(400, 64, GeometrySettings(anchors=256))
+    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: need - 1)
+    code, _, err = invoke(capsys, "-q", "scan", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 400,
+                          "--anchors", 256, "--out", tmp_path / "run", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "the geometry of one layer needs")
+    assert not (tmp_path / "run").exists()

@@ -194,9 +194,15 @@ def scan(
     world = world_from(rank, world_size)
     from geoprobe.backbone import resolve_device
     from geoprobe.pipeline import scan_run
+    from geoprobe.plan import check_geometry_fits
+
+    target = resolve_device(world.device(device))
+    # ranks with a process group share each layer's rows; ranks started by hand leave the last one all of them
+    check_geometry_fits(model, -(-tokens // world.size) if world.connected else tokens, settings, target,
+                        trust_remote_code)
 
     with holding(out, "geoprobe scan", world.rank):
-        geometry_result, timing = scan_run(out, cfg, settings, resolve_device(world.device(device)), force=force,
+        geometry_result, timing = scan_run(out, cfg, settings, target, force=force,
                                            extract_progress=progress("extract", "tok"),
                                            geometry_progress=progress("geometry", "layer"), world=world)
         _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out), "timing": timing})
