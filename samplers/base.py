@@ -73,12 +73,13 @@ class CountingDenoiser:
             changed = torch.ones(len(z), dtype=torch.bool, device=z.device)
         else:
             changed = (z != self._last_z).flatten(1).any(1)
-        if not changed.any():
+        count = int(changed.sum())  # the one read-back of the call: skip, all rows, or some
+        if count == 0:
             self.skipped += 1
             return self._last_logits
         self.nfe += 1
-        self.rows += int(changed.sum())
-        if changed.all():
+        self.rows += count
+        if count == len(changed):
             logits = self.denoiser(z).float()
         else:
             logits = self._last_logits.clone()
