@@ -89,7 +89,7 @@ def main() -> None:
          done=run / "sweep.json" if swept(run, args.seeds) else None)
     if args.generation:
         generation(out, run, step, dev)
-    write_page(run, out, args.page, log, time.perf_counter() - began)
+    write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)
 
 
 def swept(run: Path, seeds: str) -> bool:
@@ -158,7 +158,7 @@ def machine() -> str:
             f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
 
 
-def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float) -> None:
+def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
     """docs/results.md: how it was run, the report's tables and plots, and what they say."""
     from geoprobe.report.page import write_report
 
@@ -174,7 +174,11 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float) -> N
         "# Results: SmolLM2-135M-Instruct on the KJV", "",
         "Made by `make results` (`python examples/smollm2_results.py`), which ran every command below in "
         f"order on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
-        f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone).", "",
+        f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
+        "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
+        "bridges' own training time is under Cost below." + (
+            "" if seeds == SEEDS else f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
+            "`make results` trains the missing ones, resumably, and rewrites the page."), "",
         what_it_says(run, out), "",
         "## How it was run", "", "| step | seconds | command |", "|---|---|---|", timing, "",
         report,
