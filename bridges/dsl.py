@@ -173,13 +173,14 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     from geoprobe.rundir import human
 
     config = load_config(resolve_source(spec), False)
-    need, free = dsl_training_bytes(config, d_tok, batch_size, seq_len), memory_available(device)
+    count = parameter_count(config)  # once: counting builds an empty model
+    need, free = dsl_training_bytes(config, d_tok, batch_size, seq_len, count), memory_available(device)
     if need > free:
         raise BadInput(f"dsl train --init-from {spec} needs about {human(need)} on {device} (float32 weights, "
-                       f"gradients, AdamW moments and EMA: 20 bytes x {parameter_count(config) / 1e9:.2f} B "
+                       f"gradients, AdamW moments and EMA: 20 bytes x {count / 1e9:.2f} B "
                        f"parameters, and one batch's activations) but {human(free)} is free; use a smaller model or "
                        "--batch-size (bfloat16 training and sharding over GPUs are not supported yet)")
-    host, ram = 8 * parameter_count(config), memory_available(torch.device("cpu"))
+    host, ram = 8 * count, memory_available(torch.device("cpu"))
     if host > ram:
         raise BadInput(f"loading --init-from {spec} holds two float32 copies of its weights ({human(host)}) "
                        f"but {human(ram)} of RAM is available")

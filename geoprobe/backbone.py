@@ -249,21 +249,19 @@ class Backbone:
 
     def run_from(self, layer: int, hidden, attention_mask=None, position_ids=None) -> torch.Tensor:
         """Logits of blocks layer+1..N, the final norm and the head applied to a layer-`layer` state."""
-        if not 0 <= layer <= self.num_layers:
-            raise BadInput(f"layer {layer} out of range 0..{self.num_layers}")
-        placeholder = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self.input_device)
-        with self._entering_at(layer, hidden):
-            out = self.model(input_ids=placeholder, attention_mask=attention_mask,
-                             position_ids=position_ids, use_cache=False)
-        return out.logits
+        return self._spliced(self.model, layer, hidden, attention_mask=attention_mask, position_ids=position_ids).logits
 
     def final_from(self, layer: int, hidden, attention_mask=None) -> torch.Tensor:
         """What `run_from` feeds the head: the final-normed states of blocks layer+1..N."""
+        return self._spliced(self.base, layer, hidden, attention_mask=attention_mask).last_hidden_state
+
+    def _spliced(self, module, layer: int, hidden, **kwargs):
+        """`module` (the model, or its base without the head) run with `hidden` entering after block `layer`."""
         if not 0 <= layer <= self.num_layers:
             raise BadInput(f"layer {layer} out of range 0..{self.num_layers}")
         placeholder = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self.input_device)
         with self._entering_at(layer, hidden):
-            return self.base(input_ids=placeholder, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            return module(input_ids=placeholder, use_cache=False, **kwargs)
 
     def token_losses(self, final: torch.Tensor, targets: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
         """-log p(target) in float32 for final-normed states (..., d) and target ids (...), the head

@@ -42,16 +42,17 @@ def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
     return tokens * d * width * 2 + batch_size * heads * seq_len ** 2 * width + tokens * 2 * intermediate * width
 
 
-def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int) -> int:
+def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None) -> int:
     """Device memory of `dsl train --init-from` a causal LM of `config` (bridges/train.py's loop):
     20 bytes per parameter (float32 weights, gradients, AdamW's two moments, the EMA copy) for
     the LM (its input embedding becomes the DSL's own, as large) and the d_tok-wide token table,
     plus the activations backward keeps (twice each block's working set, the prepended BOS
     position included: measured on a pretend device, tests/test_device.py) and four
     vocabulary-wide float32 tensors per token (the converter's posterior and its gradient, the
-    logits and theirs)."""
+    logits and theirs). `parameters`: the LM's count when the caller has it (counting builds an
+    empty model)."""
     vocab = config.vocab_size
-    parameters = parameter_count(config) + vocab * d_tok
+    parameters = (parameters or parameter_count(config)) + vocab * d_tok
     blocks = 2 * config.num_hidden_layers * working_bytes(config, 4, batch_size, seq_len + 1)
     return 20 * parameters + blocks + 4 * 4 * batch_size * seq_len * vocab
 
