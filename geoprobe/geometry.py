@@ -446,8 +446,8 @@ def peak_bytes(n: int, d: int, settings: GeometrySettings) -> int:
     """Device memory of one layer's geometry (`compute_geometry`): the layer in float32 (4nd) and
     layer_geometry's float64 copy (8nd), then the largest of what each phase adds: the channel
     variances' n x d square, or dropping massive rows or channels (one more float64 copy while
-    the old one goes), 8nd either way; the spectrum (the n x n Gram matrix, its eigenvectors and the d x n directions below
-    n = d; else three d x d matrices), the kNN (a float32 copy of the reference rows, one
+    the old one goes), 8nd either way; the spectrum (the n x n Gram matrix, its eigenvectors and
+    the d x n directions below n = d; else three d x d matrices), the kNN (a float32 copy of the reference rows, one
     chunk x n float32 distance block, the chunk's exact distances over its candidates),
     the neighbourhoods (a chunk of k x d neighbour sets, centred) and the bootstrap (per-document
     sums and the top eigen-directions' n x r^2 scatter), the last three beside the anchors' rows
