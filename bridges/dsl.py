@@ -199,6 +199,16 @@ class DSLTrainSettings:
         self.train.validate()
 
 
+def dsl_settings(**flags) -> tuple[DSLTrainSettings, DSLConfig]:
+    """(training settings, network shape) of `dsl train` from its flags by name (TrainConfig's,
+    DSLTrainSettings' and DSLConfig's fields); the rest keep their class defaults."""
+    from geoprobe.settings import split_flags
+
+    train, run, shape = split_flags(flags, TrainConfig, DSLTrainSettings, DSLConfig)
+    shape.setdefault("vocab_size", 0)  # the tokenizer's, set when the run starts
+    return DSLTrainSettings(**run, train=TrainConfig(**train)), DSLConfig(**shape)
+
+
 def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
     """The id stream cut into (n, seq_len) rows (the tail that does not fill a row is dropped)."""
     n = len(ids) // seq_len
@@ -258,6 +268,24 @@ def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
     return train_docs, val_docs
 
 
+def dsl_tokenizer(spec: str, documents: list[str] | None = None):
+    """`char`, `words`, `train:V` (both need the documents), a model/tokenizer folder, a hub id, or
+    builtin:NAME."""
+    from bridges.tokens import char_tokenizer, train_bpe, word_tokenizer
+    from geoprobe.backbone import load_tokenizer
+
+    if spec == "char":
+        return char_tokenizer()
+    if spec == "words":
+        return word_tokenizer(documents or [])
+    if spec.startswith("train:"):
+        size = spec.split(":", 1)[1]
+        if not size.isdigit():
+            raise BadInput(f"malformed tokenizer spec {spec!r}: use train:V with V a number")
+        return train_bpe(documents or [], int(size))
+    return load_tokenizer(spec)  # a model's own tokenizer: the loader every command uses
+
+
 def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLConfig,
             table_init: str = "random", init: Path | None = None, init_from: str | None = None, force: bool = False,
             device: str = "auto", progress=None, world: World = SINGLE) -> dict | None:
@@ -268,7 +296,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     Returns the metrics (None on data-parallel ranks other than 0). A directory holding another
     run is refused in one line, as is every bad setting, before anything loads."""
     from bridges.channel import SNR_SCHEMES
-    from bridges.tokens import load_saved_tokenizer, load_tokenizer, save_tokenizer, token_stream
+    from bridges.tokens import load_saved_tokenizer, save_tokenizer, token_stream
     from bridges.train import training_summary, write_training_record
     from geoprobe.backbone import resolve_device
     from geoprobe.rundir import clear, holding, is_empty
@@ -302,7 +330,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             else:
                 if not is_empty(out):
                     raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
-                tok = load_tokenizer(tokenizer, train_docs)
+                tok = dsl_tokenizer(tokenizer, train_docs)
                 model = _new_model(tok, tokenizer, shape, table_init, init, init_from, seed)
                 world.barrier()  # every rank has looked at the directory before rank 0 fills it
                 if world.is_main:

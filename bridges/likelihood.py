@@ -85,3 +85,7 @@ def continuous_bound(denoiser, tokens: torch.Tensor, steps: int = 64, seed: int 
     integral = torch.cat([torch.zeros(1, errors.shape[1], dtype=torch.float64),
                           torch.cumsum(widths * (errors[1:] + errors[:-1]) / 2, dim=0)])
     return (integral + stops).min(0).values / tokens.shape[1]
+
+
+# every held-out likelihood estimator by the name `geoprobe nll --estimators` takes
+ESTIMATORS = {"mdlm": mdlm_elbo, "roar": roar_nll, "continuous": continuous_bound}

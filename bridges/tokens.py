@@ -80,23 +80,6 @@ def word_tokenizer(documents: list[str]):
                                    pad_token="<eos>")
 
 
-def load_tokenizer(spec: str, documents: list[str] | None = None):
-    """`char`, `words`, `train:V` (both need the documents), a model/tokenizer folder, a hub id, or
-    builtin:NAME."""
-    if spec == "char":
-        return char_tokenizer()
-    if spec == "words":
-        return word_tokenizer(documents or [])
-    if spec.startswith("train:"):
-        size = spec.split(":", 1)[1]
-        if not size.isdigit():
-            raise BadInput(f"malformed tokenizer spec {spec!r}: use train:V with V a number")
-        return train_bpe(documents or [], int(size))
-    from geoprobe.backbone import load_tokenizer as model_tokenizer
-
-    return model_tokenizer(spec)  # a model's own tokenizer: the loader every command uses
-
-
 def token_stream(documents: list[str], tokenizer) -> list[int]:
     """All documents as one id stream, each followed by the end-of-sequence token."""
     eos = tokenizer.eos_token_id

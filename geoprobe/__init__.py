@@ -2,10 +2,12 @@
 
 The toolkit measures the geometry of every layer's hidden states, ranks the layers, and
 (with the sibling packages `bridges` and `samplers`) trains and samples diffusion models at
-the chosen interface. See DESIGN.md for the architecture and README.md for the CLI.
+the chosen interface. See docs/architecture.md for the architecture and README.md for the CLI.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("geoprobe")  # pyproject.toml owns the number
 
 _API = ("Run", "open_run", "scan", "bridge", "sample")
 

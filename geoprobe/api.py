@@ -10,9 +10,9 @@ as functions with the commands' own defaults.
     geoprobe.bridge(run, layer=3, steps=500)          # metrics dict
     geoprobe.sample("runs/demo/bridges/layer-03/seed-0", sampler="roar", num=4, length=32)   # texts
 
-The functions run the same code as `geoprobe scan|bridge|sample` (they parse the same flags, so
-the defaults cannot drift apart) and raise `geoprobe.errors.BadInput` where the command would
-print its one-line error.
+The functions make the same library calls as `geoprobe scan|bridge|sample`, with the same
+defaults (they live in the settings dataclasses both build), and raise `geoprobe.errors.BadInput`
+where the command would print its one-line error.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.errors import BadInput
 from geoprobe.store import META_COLUMNS, RunReader, column_name
 
 
@@ -121,52 +121,44 @@ def open_run(path) -> Run:
     return Run(path)
 
 
-def run_command(argv: list[str]) -> None:
-    """One geoprobe command (`argv` as typed after `geoprobe`) in this process, quietly; raises
-    its error. The caller's own --quiet/--format settings are kept."""
-    from geoprobe.cli.app import app  # here, not at the top: `import geoprobe.api` needs no CLI
-    from geoprobe.cli.options import state
-
-    kept = state.quiet, state.format
-    try:
-        code = app(args=["--quiet", *argv], standalone_mode=False)
-    finally:
-        state.quiet, state.format = kept
-    if code:  # a command that ended with typer.Exit(code)
-        raise GeoprobeError(f"geoprobe {' '.join(argv[:2])} exited with status {code}")
-
-
-def _invoke(command: list[str], **flags) -> None:
-    """Run a command in-process with `flags` as its options (python names; True = a bare flag)."""
-    argv = list(command)
-    for name, value in flags.items():
-        if value is None or value is False:
-            continue
-        argv.append("--" + name.replace("_", "-"))
-        if value is not True:
-            argv.append(str(value))
-    run_command(argv)
-
-
 def scan(model: str, out, **flags) -> Run:
-    """`geoprobe scan MODEL --out OUT ...flags`; the finished run."""
-    _invoke(["scan", model, "--out", str(out)], **flags)
+    """What `geoprobe scan MODEL --out OUT` does; the finished run. `flags` are the fields of
+    ExtractConfig (corpus, tokens, seq_len, positions, doc_blocks, device, ...) and of
+    GeometrySettings (k, anchors, pairs, bootstrap, drop_massive, ...), plus weights, log, force."""
+    from geoprobe.extract import ExtractConfig
+    from geoprobe.geometry import GeometrySettings
+    from geoprobe.pipeline import scan as scan_run, scan_config
+    from geoprobe.settings import split_flags
+
+    extract, geometry, rest = split_flags(flags, ExtractConfig, GeometrySettings, {"weights", "log", "force"})
+    extract.pop("model", None)
+    scan_run(Path(out), scan_config(model, extract.pop("corpus", None), extract.pop("doc_blocks", None), **extract),
+             GeometrySettings(**geometry), **rest)
     return Run(out)
 
 
 def bridge(run, layer: int | None = None, **flags) -> dict:
-    """`geoprobe bridge --run RUN [--layer L] ...flags`; the bridge's validation metrics."""
-    root = Path(run.path if isinstance(run, Run) else run)
-    _invoke(["bridge", "--run", str(root)], layer=layer, **flags)
-    from geoprobe.sweep import bridge_dir, chosen_layer
+    """What `geoprobe bridge --run RUN [--layer L]` does; the bridge's validation metrics. `flags`
+    are the fields of BridgeConfig (d_model, n_layers, ...) and BridgeSettings (steps, batch_size,
+    seq_len, lr, seed, until, ...), plus model, corpus, out, device, dtype, device_map, force."""
+    from geoprobe.settings import split_flags
+    from geoprobe.sweep import bridge_run, bridge_settings
 
-    folder = bridge_dir(Path(flags.get("out") or root), chosen_layer(root) if layer is None else layer,
-                        flags.get("seed", 0))
-    return json.loads((folder / "metrics.json").read_text())
+    options = {"model", "corpus", "out", "device", "dtype", "device_map", "force"}
+    placement, network = split_flags(flags, options, set(flags) - options)
+    root = Path(run.path if isinstance(run, Run) else run) if run is not None else None
+    if placement.get("out") is not None:
+        placement["out"] = Path(placement["out"])
+    metrics, _ = bridge_run(bridge_settings(**network), layer, root, **placement)
+    return metrics
 
 
-def sample(model, sampler: str = "roar", out=None, **flags) -> list[str]:
-    """`geoprobe sample --model MODEL --sampler S ...flags`; the generated texts."""
-    _invoke(["sample", "--model", str(model), "--sampler", sampler], out=out, **flags)
-    path = Path(out or model) / "samples.jsonl"
-    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+def sample(model, sampler: str = "roar", out=None, device: str = "auto", **flags) -> list[str]:
+    """What `geoprobe sample --model MODEL --sampler S` does; the generated texts. `flags` are the
+    fields of SampleSettings (num, length, steps, top_p, seed, ...)."""
+    from geoprobe.generate import SampleSettings, generate
+    from geoprobe.settings import split_flags
+
+    settings = SampleSettings(**split_flags(flags, SampleSettings)[0])
+    result = generate(Path(model), sampler, settings, Path(out) if out is not None else None, device)
+    return [row["text"] for row in result["samples"]]

@@ -1,9 +1,9 @@
 """The demo: the whole pipeline end to end, as the commands a user would type.
 
 scan → sweep → DSL and MDLM training → every sampler (and, on the testbed, the chosen, worst
-and oracle bridges and the rounding baseline) → eval → compare → report. Each step is one
-geoprobe command run in this process (`geoprobe.api.run_command`), so the demo shows exactly
-what the commands do with their own defaults; `geoprobe demo` makes this one call.
+and oracle bridges and the rounding baseline) → eval → compare → report. Each step is the one
+library call its command makes, with the settings classes' defaults for every flag the demo does
+not set, so it computes what the commands would; `geoprobe demo` makes this one call.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geoprobe.rundir import read_json
+
 
 
 @dataclass(frozen=True)
@@ -74,63 +75,68 @@ DSL_SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 
 
 def run_demo(out: Path, tiny: bool = False, device: str = "auto",
-             on_step: Callable[[list, float], None] | None = None) -> dict:
+             on_step: Callable[[str, float], None] | None = None) -> dict:
     """Run the demo into `out` (the testbed when `tiny`, else SmolLM2 on the KJV); the summary:
     report path, chosen/oracle/worst layers, the sweep's verdict and one row per generator.
-    `on_step(argv, seconds)` is called after each command."""
-    from geoprobe.api import run_command
+    `on_step(what, seconds)` is called after each step, `what` being the command it stands for."""
+    from bridges.dsl import dsl_settings, fit_dsl
     from geoprobe.backbone import resolve_device
-    from geoprobe.report.compare import read_rows
+    from geoprobe.generate import SampleSettings, generate
+    from geoprobe.geometry import GeometrySettings
+    from geoprobe.metrics.evaluator import evaluate_samples
+    from geoprobe.pipeline import scan, scan_config
+    from geoprobe.report.compare import compare_run, read_rows
     from geoprobe.report.page import write_report
     from geoprobe.store import check_writable
-    from geoprobe.sweep import bridge_dir, parse_seeds
+    from geoprobe.sweep import bridge_dir, bridge_settings, parse_seeds, sweep_run
     from geoprobe.testbed import CORPUS
 
     resolve_device(device)
     check_writable(out)
     p = TINY if tiny else REAL
-    first_seed = parse_seeds(p.seeds)[0]
-    corpus, model, run, dev = p.corpus or CORPUS, p.model, out / "run", ["--device", device]
+    seeds = parse_seeds(p.seeds)
+    corpus, model, run = p.corpus or CORPUS, p.model, out / "run"
     out.mkdir(parents=True, exist_ok=True)
 
-    def step(*argv) -> None:
+    def step(what: str, call, *args, **kwargs):
         started = time.perf_counter()
-        run_command(list(map(str, argv)))
+        result = call(*args, **kwargs)
         if on_step is not None:
-            on_step(list(argv), time.perf_counter() - started)
+            on_step(what, time.perf_counter() - started)
+        return result
 
-    step("scan", model, "--corpus", corpus, "--tokens", p.tokens, "--seq-len", p.seq_len, "--positions", p.positions,
-         "--doc-blocks", p.doc_blocks, "--k", p.k, "--anchors", p.anchors, "--pairs", p.pairs,
-         "--bootstrap", p.bootstrap, "--out", run, *dev)
-    step("sweep", "--run", run, "--layers", p.layers, "--seeds", p.seeds, "--steps", p.bridge_steps, "--batch-size", p.bridge_batch,
-         "--seq-len", p.bridge_seq, "--d-model", p.bridge_width, "--n-layers", p.bridge_blocks, "--lr", p.bridge_lr,
-         "--eval-every", p.bridge_eval_every, *dev)
-    for name, snr in {"dsl": "mixed", "mdlm": "endpoint"}.items():  # DSL, and the endpoint-only MDLM model
-        step("dsl", "train", "--corpus", corpus, "--tokenizer", p.dsl_tokenizer or model, "--snr", snr,
-             "--steps", p.dsl_steps, "--batch-size", p.dsl_batch, "--seq-len", p.dsl_seq, "--lr", p.dsl_lr,
-             "--d-model", p.dsl_width, "--n-layers", 2, "--out", out / name, *dev)
+    step(f"scan {model}", scan, run, scan_config(model, corpus, p.doc_blocks, tokens=p.tokens, seq_len=p.seq_len,
+                                                 positions=p.positions, device=device),
+         GeometrySettings(k=p.k, anchors=p.anchors, pairs=p.pairs, bootstrap=p.bootstrap))
+    bridges = bridge_settings(steps=p.bridge_steps, batch_size=p.bridge_batch, seq_len=p.bridge_seq,
+                              d_model=p.bridge_width, n_layers=p.bridge_blocks, lr=p.bridge_lr,
+                              eval_every=p.bridge_eval_every)
+    step(f"sweep --layers {p.layers}", sweep_run, run, bridges, p.layers, device, seeds=seeds)
     sweep = read_json(run / "sweep.json", f"{run} has no sweep.json: the sweep step did not finish")["verdict"]
-    table = {f"dsl-{s}": ["--model", out / "dsl", "--sampler", s] for s in DSL_SAMPLERS}
-    table["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]
+    for name, snr in {"dsl": "mixed", "mdlm": "endpoint"}.items():  # DSL, and the endpoint-only MDLM model
+        settings, shape = dsl_settings(snr=snr, steps=p.dsl_steps, batch_size=p.dsl_batch, seq_len=p.dsl_seq,
+                                       lr=p.dsl_lr, d_model=p.dsl_width, n_layers=2)
+        step(f"dsl train --snr {snr}", fit_dsl, out / name, corpus, p.dsl_tokenizer or model, settings, shape,
+             device=device)
+    table = {f"dsl-{s}": (out / "dsl", s, "stack") for s in DSL_SAMPLERS}
+    table["mdlm-mdlm"] = (out / "mdlm", "mdlm", "stack")
     if p.bridges_compared:
         for role in ("chosen", "worst", "oracle"):  # the same layer may play two roles: one row
             layer = sweep[role + "_layer"]  # the first seed's bridge
-            table[f"bridge-{layer:02d}"] = ["--model", bridge_dir(run, layer, first_seed), "--sampler", "hybrid"]
-        table["round-00"] = ["--model", bridge_dir(run, 0, first_seed), "--decode", "round", "--sampler", "mdlm"]
-    shape = ["--num", p.num, "--length", p.length]
+            table[f"bridge-{layer:02d}"] = (bridge_dir(run, layer, seeds[0]), "hybrid", "stack")
+        table["round-00"] = (bridge_dir(run, 0, seeds[0]), "mdlm", "round")
     files, curve = [], []
-    for name, args in table.items():
-        step("sample", *args, *shape, "--steps", p.steps, "--out", out / "samples" / name, *dev)
-        files.append(out / "samples" / name / "samples.jsonl")
-        if name.startswith("dsl-"):  # the same generators at fewer steps: quality against sampling budget
-            for steps in p.curve:
-                folder = out / "samples" / f"{name}-steps{steps}"
-                step("sample", *args, *shape, "--steps", steps, "--out", folder, *dev)
-                curve.append(folder / "samples.jsonl")
-    step("sample", "--model", model, "--sampler", "ar", *shape, "--out", out / "samples" / "ar", *dev)  # the ceiling
+    for name, (source, sampler, decode) in table.items():
+        for steps in (p.steps, *(p.curve if name.startswith("dsl-") else ())):  # DSL: also at fewer steps
+            folder = out / "samples" / (name if steps == p.steps else f"{name}-steps{steps}")
+            settings = SampleSettings(num=p.num, length=p.length, steps=steps, decode=decode)
+            step(f"sample {name} --steps {steps}", generate, source, sampler, settings, folder, device)
+            (files if steps == p.steps else curve).append(folder / "samples.jsonl")
+    ceiling = SampleSettings(num=p.num, length=p.length)
+    step("sample --sampler ar", generate, model, "ar", ceiling, out / "samples" / "ar", device)  # the ceiling
     files.append(out / "samples" / "ar" / "samples.jsonl")
-    step("eval", *files, *curve, "--evaluator", model, "--references", corpus, *dev)  # one evaluator load
-    step("compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run)
+    step("eval", evaluate_samples, files + curve, model, corpus, None, device=device)  # one evaluator load
+    step("compare", compare_run, files, run, curve=curve)
     path = write_report(run)
     return {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
             "worst_layer": sweep["worst_layer"], "verdict": sweep,

@@ -11,13 +11,13 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import version as package_version
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from geoprobe import __version__
 from geoprobe.backbone import Backbone, load_backbone, parse_layers
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
@@ -43,7 +43,7 @@ def parse_positions(spec: str) -> str:
 class ExtractConfig:
     model: str
     corpus: str
-    tokens: int
+    tokens: int = 10000
     seq_len: int = 256
     layers: str = "all"
     positions: str = "all"
@@ -264,7 +264,7 @@ def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | No
     if not world.is_main:
         existing = open_run(out, identity)
     manifest = existing or {
-        "tool": "geoprobe", "version": __version__, "command": "extract",
+        "tool": "geoprobe", "version": package_version("geoprobe"), "command": "extract",
         "config": identity, "config_sha256": config_sha256(identity),
         "model": backbone.identity, "tokenizer": tokenizer_identity(tokenizer),
         "layers": layers, "hidden_size": backbone.hidden_size, "storage": cfg.storage,

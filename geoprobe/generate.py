@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,35 +42,52 @@ def load_denoiser(model: Path, device: str, decode: str = "stack"):
     raise BadInput(f"{model} holds a {kind!r} checkpoint, not a DSL model or a bridge")
 
 
-def generate(model: Path, sampler: str, num: int, length: int, out: Path | None, seed: int = 0, device: str = "auto",
-             decode: str = "stack", steps: int | None = None, top_p: float = 1.0, per_step: int | None = None,
-             eta: float = 0.02, eta_cap: float = 0.02, switch_snr: float = 5.0, finisher: str = "mdlm") -> dict:
-    """`num` samples of `length` tokens from `model` with `sampler` (or `ar`: the causal LM
-    itself, left to right), written to OUT/samples.jsonl with a row in samples.meta.jsonl;
-    every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
+@dataclass(frozen=True)
+class SampleSettings:
+    """The flags of `geoprobe sample` (their defaults live here)."""
+
+    num: int = 8
+    length: int = 128
+    steps: int | None = None  # None: 64 denoiser calls (roar: one token per step)
+    top_p: float = 1.0
+    per_step: int | None = None
+    eta: float = 0.02
+    eta_cap: float = 0.02
+    switch_snr: float = 5.0
+    finisher: str = "mdlm"
+    decode: str = "stack"
+    seed: int = 0
+
+
+def generate(model: Path, sampler: str, settings: SampleSettings = SampleSettings(), out: Path | None = None,
+             device: str = "auto") -> dict:
+    """`settings.num` samples of `settings.length` tokens from `model` with `sampler` (or `ar`:
+    the causal LM itself, left to right), written to OUT/samples.jsonl with a row in
+    samples.meta.jsonl; every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
     from geoprobe.store import check_writable
     from samplers import SAMPLERS, check_options, make_sampler
 
-    check_options(steps=steps, top_p=top_p, per_step=per_step, eta=eta, eta_cap=eta_cap, switch_snr=switch_snr,
-                  finisher=finisher, num=num, length=length)
+    p = settings
+    check_options(steps=p.steps, top_p=p.top_p, per_step=p.per_step, eta=p.eta, eta_cap=p.eta_cap,
+                  switch_snr=p.switch_snr, finisher=p.finisher, num=p.num, length=p.length)
     if out is not None:
         check_writable(out)
     if sampler == "ar":  # the ceiling: the backbone itself, sampled left to right with its KV cache
-        return _sample_autoregressive(str(model), num, length, top_p, out, seed, device)
+        return _sample_autoregressive(str(model), p.num, p.length, p.top_p, out, p.seed, device)
     if sampler not in SAMPLERS:
         raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)}, or ar for a causal LM)")
-    if decode not in ("stack", "round"):
-        raise BadInput(f"unknown --decode {decode!r} (use stack or round)")
-    options = {"steps": steps if steps is not None else (None if sampler == "roar" else 64), "top_p": top_p,
-               "per_step": per_step, "eta": eta, "eta_cap": eta_cap, "switch_snr": switch_snr}
+    if p.decode not in ("stack", "round"):
+        raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
+    options = {"steps": p.steps if p.steps is not None else (None if sampler == "roar" else 64), "top_p": p.top_p,
+               "per_step": p.per_step, "eta": p.eta, "eta_cap": p.eta_cap, "switch_snr": p.switch_snr}
     if sampler == "hybrid":
-        finishing = {k: v for k, v in options.items() if k in inspect.signature(SAMPLERS[finisher]).parameters}
-        options["finisher"] = make_sampler(finisher, **finishing)
+        finishing = {k: v for k, v in options.items() if k in inspect.signature(SAMPLERS[p.finisher]).parameters}
+        options["finisher"] = make_sampler(p.finisher, **finishing)
     accepted = inspect.signature(SAMPLERS[sampler]).parameters
     chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
-    denoiser, tokenizer = load_denoiser(model, device, decode)
-    result = chosen.sample(denoiser, num, length, seed)
-    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": decode}
+    denoiser, tokenizer = load_denoiser(model, device, p.decode)
+    result = chosen.sample(denoiser, p.num, p.length, p.seed)
+    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": p.decode}
     # the model's absolute path: compare may run from elsewhere
     return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(Path(model).resolve()))
 
@@ -117,17 +135,16 @@ def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out:
     return write_samples(out, tok, generated[:, 1:].tolist(), meta, seconds, model)
 
 
-def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32, estimators: str = "mdlm,roar,continuous",
+def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32, estimators: str | None = None,
                batch_size: int = 8, seed: int = 0, device: str = "auto", split: str = "test") -> dict:
     """Bits per token and per character of held-out text under a DSL checkpoint (the training
     corpus: its held-out documents; a Text8 file: the Text8 protocol, bits per character)."""
     from bridges.dsl import read_config, sequences, split_documents
-    from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
+    from bridges.likelihood import ESTIMATORS as table
     from bridges.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
     from geoprobe.corpus import read_documents
 
-    table = {"mdlm": mdlm_elbo, "roar": roar_nll, "continuous": continuous_bound}
-    chosen = [e.strip() for e in estimators.split(",")]
+    chosen = [e.strip() for e in estimators.split(",")] if estimators else list(table)
     unknown = [e for e in chosen if e not in table]
     if unknown:
         raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")

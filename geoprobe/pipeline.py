@@ -11,6 +11,7 @@ import torch
 
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
+from geoprobe.extract import ExtractConfig
 from geoprobe.geometry import GeometrySettings, compute_geometry, finished_run, run_fingerprint
 from geoprobe.ranking import has_massive_channels, rank_layers
 from geoprobe.report.plots import geometry_plot
@@ -122,6 +123,82 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
               "geometry_seconds": round(measured - extracted, 3),
               "geometry_seconds_per_layer": round((measured - extracted) / len(geometry["layers"]), 3)}
     return geometry, timing
+
+
+def scan_config(model: str, corpus: str | None = None, doc_blocks: int | None = None, **flags) -> ExtractConfig:
+    """The extraction a scan makes: without a corpus, the default one (`default_corpus`), one block
+    from each of its many chapters (so that the bootstrap has many documents to resample)."""
+    doc_blocks = (1 if corpus is None else 0) if doc_blocks is None else doc_blocks
+    return ExtractConfig(model=model, corpus=corpus or default_corpus(), doc_blocks=doc_blocks, **flags)
+
+
+def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str = "1,1,1", log: bool = False,
+         force: bool = False, rank: int | None = None, world_size: int | None = None, extract_progress=None,
+         geometry_progress=None) -> dict | None:
+    """What `geoprobe scan` does: every check before any slow work, then, holding `out`,
+    extract, geometry and the ranking. Returns {run, geometry, ranking, plot, warning, timing}
+    (None on a data-parallel rank other than 0, which leaves the ranking to rank 0)."""
+    from geoprobe.backbone import resolve_device
+    from geoprobe.distributed import world_from
+    from geoprobe.plan import check_geometry_fits
+    from geoprobe.ranking import parse_weights
+    from geoprobe.rundir import holding
+
+    out = Path(out)
+    settings.validate()
+    parsed = parse_weights(weights)
+    settings.check_rows(cfg.tokens)  # a scan whose geometry must fail is refused before extracting
+    world = world_from(rank, world_size)
+    device = resolve_device(world.device(cfg.device))
+    # ranks with a process group share each layer's rows; ranks started by hand leave the last one all of them
+    check_geometry_fits(cfg.model, -(-cfg.tokens // world.size) if world.connected else cfg.tokens, settings,
+                        device, cfg.trust_remote_code)
+    with holding(out, "geoprobe scan", world.rank):
+        geometry, timing = scan_run(out, cfg, settings, device, force=force, extract_progress=extract_progress,
+                                    geometry_progress=geometry_progress, world=world)
+        if world.connected and not world.is_main:  # rank 0 writes the ranking and its plot
+            return None
+        ranking, plot = ranking_step(out, geometry, parsed, log)
+    return {"run": str(out), "timing": timing, "geometry": geometry, "ranking": ranking, "plot": str(plot),
+            "warning": warning_for(out, geometry)}
+
+
+def measure(run: Path, settings: GeometrySettings, device: str = "auto", progress=None) -> dict:
+    """What `geoprobe geometry` does: holding the run, every layer's proxies (reused when current).
+    Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
+    from geoprobe.backbone import resolve_device
+    from geoprobe.distributed import world_from
+    from geoprobe.rundir import holding
+
+    world = world_from()
+    try:
+        with holding(run, "geoprobe geometry", world.rank):
+            return geometry_step(run, settings, resolve_device(world.device(device)), progress=progress,
+                                 world=world)[0]
+    finally:
+        if progress is not None:
+            progress.stop()
+
+
+def rank(run: Path, weights: str = "1,1,1", log: bool = False) -> dict | None:
+    """What `geoprobe rank` does: the ranking of geometry.json's layers (None on data-parallel
+    ranks other than 0); the same result as `scan`'s, without its timing."""
+    from geoprobe.distributed import world_from
+    from geoprobe.ranking import parse_weights
+
+    parsed = parse_weights(weights)
+    geometry = load_geometry(run)
+    if not world_from().is_main:
+        return None
+    ranking, plot = ranking_step(run, geometry, parsed, log)
+    return {"run": str(run), "geometry": geometry, "ranking": ranking, "plot": str(plot),
+            "warning": warning_for(run, geometry)}
+
+
+def warning_for(run: Path, geometry: dict) -> str | None:
+    """The one warning line about the run's massive tokens (named) and channels, or None."""
+    massive_tokens = any(l.get("massive") for l in geometry["layers"])  # naming them loads the tokenizer
+    return massive_warning(geometry, token_namer(run) if massive_tokens else None)
 
 
 def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, Path]:

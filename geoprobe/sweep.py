@@ -174,6 +174,18 @@ class BridgeSettings:
                        hidden_size=backbone.hidden_size)
 
 
+NETWORK = BridgeConfig(layer=0, vocab_size=0, hidden_size=0)  # the network's defaults live in BridgeConfig
+
+
+def bridge_settings(**flags) -> BridgeSettings:
+    """BridgeSettings from the flags of `bridge`/`sweep` by name (BridgeConfig's network fields
+    and BridgeSettings' training fields); everything not given keeps its class default."""
+    from geoprobe.settings import split_flags
+
+    network, training = split_flags(flags, BridgeConfig, BridgeSettings)
+    return BridgeSettings(replace(NETWORK, **network), **training)
+
+
 Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/stop), or None
 
 

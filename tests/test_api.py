@@ -78,16 +78,12 @@ def test_the_api_raises_what_the_command_refuses(run, tmp_path):
         geoprobe.scan("builtin:hmm-tiny", tmp_path / "x", tokens=10, anchors=100)
 
 
-def test_run_command_raises_and_keeps_the_callers_output_settings(run, tmp_path):
-    """The in-process runner the API and the demo share: a refusal is raised (not printed and
-    swallowed), and the step's --quiet does not stick to the caller."""
-    from geoprobe.api import run_command
-    from geoprobe.cli.options import state
-
-    state.quiet, state.format = False, "table"
-    with pytest.raises(BadInput, match="--weights"):
-        run_command(["rank", str(run.path), "--weights", "1,2"])
-    assert (state.quiet, state.format) == (False, "table")
-    run_command(["rank", str(run.path), "--weights", "1,1,0"])
-    assert (state.quiet, state.format) == (False, "table")
-    assert (run.path / "ranking.csv").is_file()
+def test_the_api_refuses_an_option_no_command_takes(run):
+    """Keyword arguments are the settings classes' fields: a misspelt one is refused by name, before
+    any work, instead of being dropped silently."""
+    with pytest.raises(BadInput, match="unknown option widht .*d_model"):
+        geoprobe.bridge(run, layer=1, widht=16)
+    with pytest.raises(BadInput, match="unknown option tokenz"):
+        geoprobe.scan("builtin:hmm-tiny", run.path.parent / "y", tokenz=10)
+    with pytest.raises(BadInput, match="unknown option lenght"):
+        geoprobe.sample(run.path, lenght=4)

@@ -1,4 +1,5 @@
-"""The package's import graph: no import inside a function hides an import loop (issue 13)."""
+"""The packages' import graph: no loop anywhere (imports inside functions count), and the library
+never reaches into the command line (issue 23)."""
 
 from __future__ import annotations
 
@@ -43,25 +44,53 @@ def import_graph() -> tuple[dict, dict]:
     return top, inner
 
 
-def _reaches(top, start: str, goal: str) -> bool:
-    seen, stack = set(), [start]
-    while stack:
-        here = stack.pop()
-        if here == goal:
-            return True
-        if here not in seen:
-            seen.add(here)
-            stack.extend(top[here])
-    return False
+def cycles(graph: dict) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each is an import loop."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(set(graph) | {n for targets in graph.values() for n in targets}):
+        if node not in index:
+            visit(node)
+    return found
 
 
-def test_no_import_inside_a_function_hides_an_import_loop():
+def test_the_whole_import_graph_has_no_loop():
+    """Every import counts, those inside functions too: a loop hidden in a function is still a loop."""
     top, inner = import_graph()
     assert sum(len(v) for v in top.values()) > 50 and inner  # the graph was read
-    hidden = [f"{a} -> {b}" for a in sorted(inner) for b in sorted(inner[a]) if _reaches(top, b, a)]
-    assert hidden == [], "moving these imports to the top would make a loop: " + ", ".join(hidden)
+    graph = {name: top[name] | inner[name] for name in set(top) | set(inner)}
+    assert cycles(graph) == [], "import loops: " + "; ".join(" <-> ".join(c) for c in cycles(graph))
+
+
+def test_the_library_never_imports_its_command_line():
+    top, inner = import_graph()
+    command_line = ("geoprobe.cli", "geoprobe.__main__")  # `python -m geoprobe` is the command line too
+    library = [name for name in set(top) | set(inner) if not name.startswith(command_line)]
+    calls = [f"{a} -> {b}" for a in sorted(library) for b in sorted(top[a] | inner[a]) if b.startswith("geoprobe.cli")]
+    assert calls == []
 
 
 def test_the_check_finds_a_loop_when_there_is_one():
-    top = defaultdict(set, {"a": {"b"}, "b": {"c"}})
-    assert _reaches(top, "c", "c") and _reaches(top, "a", "c") and not _reaches(top, "c", "a")
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}}) == []

@@ -9,7 +9,7 @@ import typer
 
 from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
-from bridges.hidden import BridgeConfig
+from geoprobe.sweep import BridgeSettings, NETWORK as DEFAULT
 from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, Steps
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
@@ -29,7 +29,7 @@ Seeds = Annotated[str, typer.Option("--seeds", help="Training seeds, each a repl
                                     "they vary initialisation and training noise, not the validation data.")]
 IncludeSource = Annotated[bool, typer.Option("--include-source", help="Test layer 0 too (its clean source is its "
                                              "own state, so its loss is ~0 by construction).")]
-DEFAULT = BridgeConfig(layer=0, vocab_size=0, hidden_size=0)  # the network's defaults live there
+TRAINING = BridgeSettings(DEFAULT)  # the defaults live in the settings classes
 BridgeSteps = Annotated[int, typer.Option("--bridge-steps", min=1, help="Bridge sampling steps K.")]
 Until = Annotated[str, typer.Option("--until", help="plateau: train until the validation nmse stops improving "
                                     "(< 2% better over the last 20% of steps; --steps is the cap); steps: exactly "
@@ -41,13 +41,11 @@ EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps betwe
 
 def _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
               eval_every, vocab, precision, tau_zero):
-    from dataclasses import replace
+    from geoprobe.sweep import bridge_settings
 
-    from geoprobe.sweep import BridgeSettings
-
-    network = replace(DEFAULT, d_model=d_model, n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b,
-                      bridge_steps=bridge_steps, vocab=vocab, precision=precision, tau_zero=tau_zero)
-    return BridgeSettings(network, steps, batch_size, seq_len, lr, seed, until, eval_every)
+    return bridge_settings(d_model=d_model, n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b,
+                           bridge_steps=bridge_steps, vocab=vocab, precision=precision, tau_zero=tau_zero, steps=steps,
+                           batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, until=until, eval_every=eval_every)
 
 
 def _bars(label: str):
@@ -62,10 +60,12 @@ def bridge(
     layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
     run: Run = None, model: Model = None, corpus: CorpusOpt = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Root for bridges/layer-NN (default: --run).")] = None,
-    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = None, lr: Lr = 1e-3,
+    steps: Steps = TRAINING.steps, batch_size: BatchSize = TRAINING.batch_size, seq_len: SeqLen = TRAINING.seq_len,
+    lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0,
+    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
+    eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
@@ -91,10 +91,12 @@ def bridge(
 def sweep(
     run: Annotated[Path, typer.Option("--run", help="A scanned run directory (its ranking gives the scores).")],
     layers: Layers = "all", seeds: Seeds = "", include_source: IncludeSource = False,
-    steps: Steps = 2000, batch_size: BatchSize = 8, seq_len: SeqLen = None, lr: Lr = 1e-3,
+    steps: Steps = TRAINING.steps, batch_size: BatchSize = TRAINING.batch_size, seq_len: SeqLen = TRAINING.seq_len,
+    lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = 0, until: Until = "plateau", eval_every: EvalEvery = 0,
+    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
+    eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
     dtype: Dtype = "auto", force: Force = False,

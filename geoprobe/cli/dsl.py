@@ -10,6 +10,10 @@ import typer
 from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps
+from bridges.dsl import dsl_settings
+
+RUN, SHAPE = dsl_settings()  # the defaults live in the settings classes
+TRAIN = RUN.train
 
 dsl_app = typer.Typer(help="Discrete stochastic localization: train the SNR-agnostic denoiser.", no_args_is_help=True)
 app.add_typer(dsl_app, name="dsl")
@@ -27,35 +31,34 @@ def train_cmd(
                                                        "per word of the corpus) or char (Text8). Default: train:4096, "
                                                        "or --init-from's.")] = None,
     snr: Annotated[str, typer.Option(help="mixed (log-normal + random-order endpoint), lognormal, or endpoint "
-                                          "(MDLM baseline).")] = "mixed",
-    roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = 0.1,
-    steps: Steps = 1000, batch_size: BatchSize = 16, seq_len: SeqLen = 128,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = 3e-4,
-    warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = 100,
-    d_tok: Annotated[int, typer.Option(min=2, help="Token embedding dimension on the unit sphere.")] = 64,
-    d_model: Annotated[int, typer.Option(min=8, help="Transformer width.")] = 256,
-    n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = 4,
-    n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
-    norm_input: Annotated[bool, typer.Option(help="Give the network log(1+|z|) per token.")] = False,
+                                          "(MDLM baseline).")] = RUN.snr,
+    roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = RUN.roar_frac,
+    steps: Steps = TRAIN.steps, batch_size: BatchSize = TRAIN.batch_size, seq_len: SeqLen = RUN.seq_len,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = TRAIN.lr,
+    warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = TRAIN.warmup,
+    d_tok: Annotated[int, typer.Option(min=2, help="Token embedding dimension on the unit sphere.")] = SHAPE.d_tok,
+    d_model: Annotated[int, typer.Option(min=8, help="Transformer width.")] = SHAPE.d_model,
+    n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = SHAPE.n_layers,
+    n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = SHAPE.n_heads,
+    norm_input: Annotated[bool, typer.Option(help="Give the network log(1+|z|) per token.")] = SHAPE.norm_input,
     table_init: Annotated[str, typer.Option(help="Token table: random, or pca (the top principal components "
                                                  "of --tokenizer's model input embeddings).")] = "random",
-    freeze_table: Annotated[bool, typer.Option(help="Keep the unit-norm token table fixed.")] = False,
+    freeze_table: Annotated[bool, typer.Option(help="Keep the unit-norm token table fixed.")] = not SHAPE.learn_table,
     init: Annotated[Path | None, typer.Option(help="Start from this DSL checkpoint (e.g. an MDLM one).")] = None,
     init_from: Annotated[str | None, typer.Option("--init-from", help="Start from a pretrained causal LM (folder, hub "
                                                  "id, builtin:smollm2): its blocks run bidirectionally, its head, its "
                                                  "input embedding as the converter's matrix.")] = None,
-    seed: Seed = 0, device: Device = "auto", force: Force = False, precision: Precision = "auto",
+    seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
 ):
     """Train a DSL denoiser (fixed budget, resumable)."""
-    from bridges.dsl import DSLConfig, DSLTrainSettings, fit_dsl
-    from bridges.train import TrainConfig
+    from bridges.dsl import fit_dsl
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
 
-    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, precision=precision)
-    settings = DSLTrainSettings(snr=snr, roar_frac=roar_frac, seq_len=seq_len, train=train_cfg)
-    shape = DSLConfig(vocab_size=0, d_tok=d_tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                      norm_input=norm_input, learn_table=not freeze_table)  # the vocabulary: the tokenizer's
+    settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
+                                   precision=precision, snr=snr, roar_frac=roar_frac, seq_len=seq_len, d_tok=d_tok,
+                                   d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
+                                   learn_table=not freeze_table)
     resolve_device(device)
     metrics = fit_dsl(out, corpus, tokenizer, settings, shape, table_init=table_init, init=init, init_from=init_from,
                       force=force, device=device, progress=progress("dsl train", "step"), world=world_from())

@@ -24,18 +24,10 @@ def compare(
                                                      "with the table's rows.")] = None,
 ):
     """One table at one budget: every generator with its sampler, NFE, time and metrics."""
-    from geoprobe.report.compare import compare as build, comparison_row, steps_curve, write_comparison
-    from geoprobe.store import check_writable
+    from geoprobe.report.compare import compare_run
 
-    check_writable(out)
-    rows = build(samples, allow_mismatch)
-    table, plot = write_comparison(rows, out)
-    result = {"rows": rows, "table": str(table), "plot": str(plot)}
-    if curve:
-        points = [comparison_row(p) for p in curve]
-        lines = {(r["generator"], r["sampler"]) for r in points}
-        points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
-        result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
+    result = compare_run(samples, out, allow_mismatch, curve)
+    rows, table = result["rows"], result["table"]
     from geoprobe.report.terminal import print_table
 
     keys = ["generator", "sampler", "nfe", "train_tokens", "gen_ppl", "diversity", "mauve", "budget"]
@@ -67,10 +59,9 @@ def demo(
     show(summary, lambda: _print_demo(summary))
 
 
-def _print_step(argv: list, seconds: float) -> None:
+def _print_step(what: str, seconds: float) -> None:
     """One line per step on stderr, with its time."""
-    shown = " ".join(Path(a).name if isinstance(a, Path) else str(a) for a in argv[:4])
-    print(f"  {seconds:6.1f} s  geoprobe {shown} …", file=sys.stderr, flush=True)
+    print(f"  {seconds:6.1f} s  geoprobe {what}", file=sys.stderr, flush=True)
 
 
 def _print_demo(summary: dict) -> None:

@@ -10,6 +10,11 @@ import typer
 from geoprobe.cli.root import app
 from geoprobe.cli.output import show
 from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
+from geoprobe.generate import SampleSettings
+from bridges.likelihood import ESTIMATORS
+from samplers import FINISHERS, SAMPLERS
+
+SAMPLE = SampleSettings()  # the defaults live in the settings class
 
 
 @app.command(epilog="Examples:\n\n  geoprobe sample --model runs/dsl --sampler roar --num 8 --length 128\n\n"
@@ -18,28 +23,30 @@ from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
 def sample(
     model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory or a bridge directory "
                                                         "(RUN/bridges/layer-NN).")],
-    sampler: Annotated[str, typer.Option(help="mdlm, remdm-cap, remdm-rescale, remdm-loop, roar, continuous, "
-                                              "hybrid.")] = "roar",
-    num: Annotated[int, typer.Option(help="Number of samples.")] = 8,
-    length: Annotated[int, typer.Option(help="Tokens per sample.")] = 128,
+    sampler: Annotated[str, typer.Option(help=", ".join(SAMPLERS) + ", or ar (a causal LM itself, left to "
+                                              "right).")] = "roar",
+    num: Annotated[int, typer.Option(help="Number of samples.")] = SAMPLE.num,
+    length: Annotated[int, typer.Option(help="Tokens per sample.")] = SAMPLE.length,
     steps: Annotated[int | None, typer.Option("--steps", help="Denoiser budget (roar: default one token "
-                                                              "per step).")] = None,
-    top_p: Annotated[float, typer.Option(help="Nucleus threshold in (0, 1].")] = 1.0,
-    per_step: Annotated[int | None, typer.Option(help="roar: tokens revealed per step.")] = None,
-    eta: Annotated[float, typer.Option(help="ReMDM rescale/loop remasking rate.")] = 0.02,
-    eta_cap: Annotated[float, typer.Option(help="ReMDM cap.")] = 0.02,
-    switch_snr: Annotated[float, typer.Option(help="hybrid: SNR where the continuous stage stops.")] = 5.0,
-    finisher: Annotated[str, typer.Option(help="hybrid: the masked sampler that finishes (mdlm or a remdm-*).")] = "mdlm",
+                                                              "per step).")] = SAMPLE.steps,
+    top_p: Annotated[float, typer.Option(help="Nucleus threshold in (0, 1].")] = SAMPLE.top_p,
+    per_step: Annotated[int | None, typer.Option(help="roar: tokens revealed per step.")] = SAMPLE.per_step,
+    eta: Annotated[float, typer.Option(help="ReMDM rescale/loop remasking rate.")] = SAMPLE.eta,
+    eta_cap: Annotated[float, typer.Option(help="ReMDM cap.")] = SAMPLE.eta_cap,
+    switch_snr: Annotated[float, typer.Option(help="hybrid: SNR where the continuous stage stops.")] = SAMPLE.switch_snr,
+    finisher: Annotated[str, typer.Option(help="hybrid: the masked sampler that finishes (" + ", ".join(FINISHERS)
+                                               + ").")] = SAMPLE.finisher,
     decode: Annotated[str, typer.Option(help="Bridges: stack (the frozen upper blocks and head) or round (nearest "
-                                             "token embedding: the layer-0 Diffusion-LM baseline).")] = "stack",
+                                             "token embedding: the layer-0 Diffusion-LM baseline).")] = SAMPLE.decode,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
-    seed: Seed = 0, device: Device = "auto",
+    seed: Seed = SAMPLE.seed, device: Device = "auto",
 ):
     """Generate text with any sampler from a DSL checkpoint or a bridge → samples.jsonl."""
     from geoprobe.generate import generate
 
-    result = generate(model, sampler, num, length, out, seed=seed, device=device, decode=decode, steps=steps,
-                      top_p=top_p, per_step=per_step, eta=eta, eta_cap=eta_cap, switch_snr=switch_snr, finisher=finisher)
+    settings = SampleSettings(num=num, length=length, steps=steps, top_p=top_p, per_step=per_step, eta=eta,
+                              eta_cap=eta_cap, switch_snr=switch_snr, finisher=finisher, decode=decode, seed=seed)
+    result = generate(model, sampler, settings, out, device)
     show(result, lambda: _print_samples(result))
 
 
@@ -60,7 +67,8 @@ def nll(
     corpus: Corpus = "kjv",
     seq_len: SeqLen = 128,
     max_seqs: Annotated[int, typer.Option(min=1, help="Held-out sequences to score.")] = 32,
-    estimators: Annotated[str, typer.Option(help="Comma list of mdlm, roar, continuous.")] = "mdlm,roar,continuous",
+    estimators: Annotated[str | None, typer.Option(help="Comma list of " + ", ".join(ESTIMATORS)
+                                                        + " (default: all).")] = None,
     batch_size: BatchSize = 8, seed: Seed = 0, device: Device = "auto",
     split: Annotated[str, typer.Option(help="Text8 files: the split to score (train, validation or test: the "
                                             "90/5/5% character ranges).")] = "test",

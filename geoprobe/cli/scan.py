@@ -9,6 +9,8 @@ import typer
 
 from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
+from geoprobe.extract import ExtractConfig
+from geoprobe.geometry import GeometrySettings
 from geoprobe.cli.options import (BatchSize, DocBlocks, Device, DeviceMap, Dtype, Force, Layers, Rank, Seed, SeqLen, Tokens,
                                   TrustRemoteCode, WorldSize, state)
 
@@ -30,6 +32,8 @@ Reseeds = Annotated[int, typer.Option("--reseeds", help="Extra draws of anchors 
                                                        "often each layer ranks first across them (0 = none).")]
 Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) + b z(mono) - c z(erank).")]
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
+GEOMETRY = GeometrySettings()  # the defaults live in the settings classes
+EXTRACT = ExtractConfig(model="", corpus="")
 
 
 def _show_plan(model, out, cfg, settings) -> None:
@@ -56,76 +60,50 @@ def _show_plan(model, out, cfg, settings) -> None:
     check_fits(plan)
 
 
-def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_channels=False, reseeds=8):
-    from geoprobe.geometry import GeometrySettings
-
+def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_channels, reseeds):
     return GeometrySettings(k=k, anchors=anchors, pairs=pairs, alpha=alpha, normalize=normalize,
                             drop_massive=not keep_massive, bootstrap=bootstrap, seed=seed,
                             drop_massive_channels=drop_channels, reseeds=reseeds)
 
 
-def _geometry(run, settings, device):
-    """Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
-    from geoprobe.backbone import resolve_device
-    from geoprobe.distributed import world_from
-    from geoprobe.rundir import holding
-    from geoprobe.pipeline import geometry_step
-
-    world = world_from()
-    bar = progress("geometry", "layer")
-    try:
-        with holding(run, "geoprobe geometry", world.rank):
-            return geometry_step(run, settings, resolve_device(world.device(device)), progress=bar, world=world)[0]
-    finally:
-        bar.stop()
-
-
-def _warn_massive(run, geometry) -> str | None:
-    """The one warning line about massive tokens and channels (stderr), also returned for JSON."""
-    from geoprobe.pipeline import massive_warning, token_namer
-
-    massive_tokens = any(l.get("massive") for l in geometry["layers"])  # naming them loads the tokenizer
-    warning = massive_warning(geometry, token_namer(run) if massive_tokens else None)
+def _warn(warning: str | None) -> None:
+    """The one warning line about massive tokens and channels, on stderr (JSON carries it too)."""
     if warning and not state.quiet:
         from geoprobe.report.terminal import console
 
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
-    return warning
 
 
-def _rank_and_show(run, geometry, weights, log, extra=None):
-    from geoprobe.distributed import world_from
-    from geoprobe.ranking import parse_weights
+def _show_ranking(result: dict) -> None:
     from geoprobe.report.tables import print_ranking
-    from geoprobe.pipeline import ranking_step
 
-    if not world_from().is_main:  # rank 0 writes the ranking and its plot
-        return None
-    ranking, plot = ranking_step(run, geometry, parse_weights(weights), log)
-    warning = _warn_massive(run, geometry)
+    _warn(result["warning"])
+
     def for_people():
-        print_ranking(ranking, geometry)
+        ranking = result["ranking"]
+        print_ranking(ranking, result["geometry"])
         other = ranking.get("other")
         alternative = (f"; with massive channels {'excluded' if other['drop_massive_channels'] else 'kept'}: "
                        f"{other['chosen_layer']}" if other else "")
-        print(f"chosen layer: {ranking['chosen_layer']}{alternative}   plot: {plot}")
+        print(f"chosen layer: {ranking['chosen_layer']}{alternative}   plot: {result['plot']}")
 
-    show({**(extra or {}), "ranking": ranking, "plot": str(plot), "warning": warning}, for_people)
-    return ranking
+    show({k: v for k, v in result.items() if k != "geometry"}, for_people)
 
 
 @app.command(epilog="Examples:\n\n  geoprobe geometry runs/kjv\n\n"
                     "  geoprobe geometry runs/kjv --k 16 --anchors 1024 --normalize none --device cuda")
-def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3,
-             normalize: Normalize = "trace", keep_massive: KeepMassive = False, bootstrap: Bootstrap = 200,
-             reseeds: Reseeds = 8, seed: Seed = 0, device: Device = "auto",
-             drop_massive_channels: DropChannels = False):
+def geometry(run: RunDir, k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors, pairs: Pairs = GEOMETRY.pairs,
+             alpha: Alpha = GEOMETRY.alpha, normalize: Normalize = GEOMETRY.normalize,
+             keep_massive: KeepMassive = not GEOMETRY.drop_massive, bootstrap: Bootstrap = GEOMETRY.bootstrap,
+             reseeds: Reseeds = GEOMETRY.reseeds, seed: Seed = GEOMETRY.seed, device: Device = "auto",
+             drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
-    result = _geometry(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
-                                      drop_massive_channels, reseeds), device)
-    _warn_massive(run, result)
+    from geoprobe.pipeline import measure, warning_for
     from geoprobe.report.terminal import print_table
 
+    result = measure(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
+                                    drop_massive_channels, reseeds), device, progress("geometry", "layer"))
+    _warn(warning_for(run, result))
     norm = result["settings"]["normalize"]
     show(result, lambda: print_table(
         f"geometry of {run} (normalize={norm})", ["layer", "curv", "mono", "erank", "dup", "massive", "massive channels"],
@@ -136,9 +114,11 @@ def geometry(run: RunDir, k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 409
 @app.command(epilog="Examples:\n\n  geoprobe rank runs/kjv\n\n  geoprobe rank runs/kjv --weights 1,1,0 --log")
 def rank(run: RunDir, weights: Weights = "1,1,1", log: Log = False):
     """Rank layers from geometry.json → ranking.csv, ranking.md, plots/geometry.png."""
-    from geoprobe.pipeline import load_geometry
+    from geoprobe.pipeline import rank as rank_run
 
-    _rank_and_show(run, load_geometry(run), weights, log)
+    result = rank_run(run, weights, log)
+    if result is not None:
+        _show_ranking(result)
 
 
 @app.command(epilog="Examples:\n\n  geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo\n\n"
@@ -149,17 +129,20 @@ def scan(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<model name>).")] = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: wikitext-103 when online "
                                                                 "with `datasets`, else the installed KJV).")] = None,
-    tokens: Tokens = 10000, seq_len: SeqLen = 256, layers: Layers = "all",
-    positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
+    tokens: Tokens = EXTRACT.tokens, seq_len: SeqLen = EXTRACT.seq_len, layers: Layers = EXTRACT.layers,
+    positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = EXTRACT.positions,
     doc_blocks: DocBlocks = None,
-    skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = 1,
+    skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = EXTRACT.skip_first,
     shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MiB "
                                                          "of float32 states, at least one block: a d = 4,096 model at "
-                                                         "--seq-len 2048, --positions all stores ~550 MB per shard).")] = 0,
-    k: K = 32, anchors: Anchors = 2048, pairs: Pairs = 4096, alpha: Alpha = 1e-3, normalize: Normalize = "trace",
-    keep_massive: KeepMassive = False, drop_massive_channels: DropChannels = False, bootstrap: Bootstrap = 200,
-    reseeds: Reseeds = 8, weights: Weights = "1,1,1", log: Log = False,
-    seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto", batch_size: BatchSize = 8,
+                                                         "--seq-len 2048, --positions all stores ~550 MB per "
+                                                         "shard).")] = EXTRACT.shard_rows,
+    k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors, pairs: Pairs = GEOMETRY.pairs, alpha: Alpha = GEOMETRY.alpha,
+    normalize: Normalize = GEOMETRY.normalize, keep_massive: KeepMassive = not GEOMETRY.drop_massive,
+    drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels, bootstrap: Bootstrap = GEOMETRY.bootstrap,
+    reseeds: Reseeds = GEOMETRY.reseeds, weights: Weights = "1,1,1", log: Log = False,
+    seed: Seed = EXTRACT.seed, device: Device = EXTRACT.device, dtype: Dtype = EXTRACT.dtype,
+    batch_size: BatchSize = EXTRACT.batch_size,
     device_map: DeviceMap = None, trust_remote_code: TrustRemoteCode = False, force: Force = False,
     plan: Annotated[bool, typer.Option("--plan", help="Print the memory and disk this scan needs (from the config "
                                                       "alone, no weights loaded) and stop; refuse if they do not "
@@ -168,41 +151,21 @@ def scan(
 ):
     """Extract, measure and rank every layer in one resumable command (several ranks under
     torchrun: each extracts its share of the shards and of every layer's geometry)."""
-    from geoprobe.distributed import world_from
-    from geoprobe.extract import ExtractConfig
+    from geoprobe.pipeline import scan as scan_run, scan_config
     from geoprobe.ranking import parse_weights
-    from geoprobe.rundir import holding
-    from geoprobe.pipeline import default_corpus
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
     settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels,
                          reseeds)
-    settings.validate()  # before any extraction work
-    parse_weights(weights)
-    cfg = ExtractConfig(model=model, corpus=corpus or default_corpus(), tokens=tokens, seq_len=seq_len,
-                        layers=layers, positions=positions, skip_first=skip_first, seed=seed, dtype=dtype,
-                        # the default corpus is a few long books of chapters: one block from each of
-                        # many chapters, so that the bootstrap has many documents to resample
-                        doc_blocks=(1 if corpus is None else 0) if doc_blocks is None else doc_blocks,
-                        shard_rows=shard_rows,
-                        batch_size=batch_size, device=device, device_map=device_map,
-                        trust_remote_code=trust_remote_code)
+    cfg = scan_config(model, corpus, doc_blocks, tokens=tokens, seq_len=seq_len, layers=layers, positions=positions,
+                      skip_first=skip_first, seed=seed, dtype=dtype, shard_rows=shard_rows, batch_size=batch_size,
+                      device=device, device_map=device_map, trust_remote_code=trust_remote_code)
     if plan:
+        settings.validate()
+        parse_weights(weights)
         _show_plan(model, out, cfg, settings)
         return
-    settings.check_rows(tokens)  # a scan whose geometry must fail is refused before extracting
-    world = world_from(rank, world_size)
-    from geoprobe.backbone import resolve_device
-    from geoprobe.pipeline import scan_run
-    from geoprobe.plan import check_geometry_fits
-
-    target = resolve_device(world.device(device))
-    # ranks with a process group share each layer's rows; ranks started by hand leave the last one all of them
-    check_geometry_fits(model, -(-tokens // world.size) if world.connected else tokens, settings, target,
-                        trust_remote_code)
-
-    with holding(out, "geoprobe scan", world.rank):
-        geometry_result, timing = scan_run(out, cfg, settings, target, force=force,
-                                           extract_progress=progress("extract", "tok"),
-                                           geometry_progress=progress("geometry", "layer"), world=world)
-        _rank_and_show(out, geometry_result, weights, log, extra={"run": str(out), "timing": timing})
+    result = scan_run(out, cfg, settings, weights, log, force, rank, world_size,
+                      extract_progress=progress("extract", "tok"), geometry_progress=progress("geometry", "layer"))
+    if result is not None:
+        _show_ranking(result)

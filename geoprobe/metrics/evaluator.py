@@ -175,7 +175,7 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
 
 
 def evaluate_samples(samples: list[Path], evaluator: str, references: str | None, out: Path | None, seed: int = 0,
-                     device: str = "auto", warn=print) -> tuple[dict, Path]:
+                     device: str = "auto", warn=None) -> tuple[dict, Path]:
     """Gen.PPL, diversity, entropy, repetition and (with `references`) MAUVE of each samples file,
     plus the exact NLL under the HMM for a synthetic corpus. Every file is checked before the
     evaluator loads. Writes `out`, or SAMPLES.metrics.json beside each file; returns (results,
@@ -206,7 +206,7 @@ def evaluate_samples(samples: list[Path], evaluator: str, references: str | None
             if len(refs) < len(texts):
                 raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "
                                f"of the samples' length from {references}, {len(texts)} samples")
-            if len(texts) < MAUVE_MIN_SAMPLES:
+            if len(texts) < MAUVE_MIN_SAMPLES and warn is not None:  # the CLI prints it; the library does not
                 warn(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
             key = tuple(refs[: len(texts)])  # files of the same length share their references: one pass
             if key not in reference_features:

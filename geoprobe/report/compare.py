@@ -80,6 +80,24 @@ def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
     return rows
 
 
+def compare_run(samples: list[Path], out: Path, allow_mismatch: bool = False, curve: list[Path] | None = None) -> dict:
+    """What `geoprobe compare` does: one table of the evaluated samples at one budget
+    (compare.csv, compare.md, plots/compare.png), and with `curve` the same generators at other
+    step counts (steps.csv, plots/steps.png). Returns rows and the files written."""
+    from geoprobe.store import check_writable
+
+    check_writable(out)
+    rows = compare(samples, allow_mismatch)
+    table, plot = write_comparison(rows, out)
+    result = {"rows": rows, "table": str(table), "plot": str(plot)}
+    if curve:
+        points = [comparison_row(p) for p in curve]
+        lines = {(r["generator"], r["sampler"]) for r in points}
+        points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
+        result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
+    return result
+
+
 def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
     """compare.csv / steps.csv / sweep.csv: `columns` of each row, missing values left empty
     (nullable dtypes: a step count stays 16, not 16.0, beside a missing one)."""
