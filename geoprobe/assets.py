@@ -85,11 +85,10 @@ def _testbed() -> tuple[Path, dict]:
 
     folder = cache_dir() / f"{testbed.NAME}-v{testbed.VERSION}"
     if not (folder / "geoprobe-source.json").is_file():
-        from geoprobe.report.terminal import Bar, console
+        from geoprobe.events import note, progress
 
-        console.print(f"building builtin:{testbed.NAME} once (a small Llama trained on {testbed.CORPUS}) "
-                      f"into {folder}")
-        bar = Bar(f"training builtin:{testbed.NAME}", "step")
+        note(f"building builtin:{testbed.NAME} once (a small Llama trained on {testbed.CORPUS}) into {folder}")
+        bar = progress(f"training builtin:{testbed.NAME}", "step")
         try:
             testbed.train_testbed(folder, progress=bar)
         finally:

@@ -311,10 +311,7 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None))
     if device_map is None:  # checked before any weight is read, on the CPU and on one GPU alike
-        from geoprobe.report.terminal import console
-
-        torch_dtype = load_dtype(config, torch_dtype, dtype, target, *batch,
-                                 say=lambda line: console.print(line, markup=False))
+        torch_dtype = load_dtype(config, torch_dtype, dtype, target, *batch)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
                   local_files_only=offline and not source.is_local)

@@ -237,6 +237,13 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
     rank finishes last (by hand), merges them into the manifest. Resume works with any world size.
     """
     out = Path(out)
+    check_extract(cfg, out, force, world)
+    with holding(out, "geoprobe extract", world.rank):
+        return extract_held(cfg, out, force, backbone, progress, world)
+
+
+def check_extract(cfg: ExtractConfig, out: Path, force: bool = False, world: World = SINGLE) -> None:
+    """Every flag of an extraction, checked before anything loads."""
     parse_positions(cfg.positions)
     if cfg.tokens <= 0:
         raise BadInput(f"--tokens must be positive, got {cfg.tokens}")
@@ -246,11 +253,10 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
         raise BadInput("--force with --world-size > 1 would let one rank delete another's shards; "
                        "start over with a single process or under torchrun")
     check_writable(out)
-    with holding(out, "geoprobe extract", world.rank):
-        return _extract(cfg, out, force, backbone, progress, world)
 
 
-def _extract(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
+def extract_held(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
+    """`extract` once the caller holds `out` (and has checked the flags)."""
     documents = read_documents(cfg.corpus, cfg.text_field)
     backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device, cfg.device_map),
                                          device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,

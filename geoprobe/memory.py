@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from geoprobe.errors import BadInput
+from geoprobe.events import note
 from geoprobe.rundir import human
 
 
@@ -58,7 +59,7 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
 
 
 def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,
-               seq_len: int = 512, say=print) -> torch.dtype:
+               seq_len: int = 512) -> torch.dtype:
     """The dtype to load a model in on `device` (the CPU or one GPU), checked before any weight is
     read: `dtype` when the weights and one batch fit its free memory; bfloat16 when `requested` is
     auto and only bfloat16 fits (said in one line); otherwise a one-line refusal naming what
@@ -75,7 +76,7 @@ def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device,
     if need(dtype) <= available:
         return dtype
     if requested == "auto" and dtype == torch.float32 and need(torch.bfloat16) <= available:
-        say(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of {memory} is "
+        note(f"note: float32 weights and one batch need {human(need(dtype))}, {human(available)} of {memory} is "
             f"available: loading in bfloat16 ({human(need(torch.bfloat16))}); --dtype float32 insists")
         return torch.bfloat16
     smaller = " --dtype bfloat16," if dtype == torch.float32 and need(torch.bfloat16) <= available else ""

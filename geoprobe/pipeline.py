@@ -87,7 +87,7 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
     import time
 
     from geoprobe.errors import GeoprobeError
-    from geoprobe.extract import extract
+    from geoprobe.extract import extract_held
     from geoprobe.store import MANIFEST, damaged_shard, read_manifest
 
     existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
@@ -96,7 +96,7 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
     began = time.perf_counter()
     if not finished:  # a finished extraction is not even reloaded (extract re-extracts damaged shards)
         try:
-            manifest = extract(cfg, out, force=force, progress=extract_progress, world=world)
+            manifest = extract_held(cfg, out, force, None, extract_progress, world)
         finally:
             if extract_progress is not None:
                 extract_progress.stop()
@@ -140,6 +140,7 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
     (None on a data-parallel rank other than 0, which leaves the ranking to rank 0)."""
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
+    from geoprobe.extract import check_extract
     from geoprobe.plan import check_geometry_fits
     from geoprobe.ranking import parse_weights
     from geoprobe.rundir import holding
@@ -149,6 +150,7 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
     parsed = parse_weights(weights)
     settings.check_rows(cfg.tokens)  # a scan whose geometry must fail is refused before extracting
     world = world_from(rank, world_size)
+    check_extract(cfg, out, force, world)
     device = resolve_device(world.device(cfg.device))
     # ranks with a process group share each layer's rows; ranks started by hand leave the last one all of them
     check_geometry_fits(cfg.model, -(-cfg.tokens // world.size) if world.connected else cfg.tokens, settings,

@@ -16,7 +16,6 @@ import json
 import os
 import queue
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.events import note
 from geoprobe.rundir import is_empty, nearest_existing, read_json, sha256_file
 
 MANIFEST = "manifest.json"
@@ -106,8 +106,7 @@ def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
                            "use another --out or --force to start over")
         dropped = drop_damaged(out, manifest)
         if dropped:
-            print(f"note: re-extracting {len(dropped)} missing or damaged shard(s): {', '.join(dropped)}",
-                  file=sys.stderr)
+            note(f"note: re-extracting {len(dropped)} missing or damaged shard(s): {', '.join(dropped)}")
         return manifest
     if not is_empty(out) and not (out / HIDDEN).exists():
         raise BadInput(f"output directory {out} is not empty and holds no geoprobe run; use another --out")

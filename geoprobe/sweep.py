@@ -192,27 +192,27 @@ Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/
 def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, force: bool = False,
                  bars: Bars = None) -> tuple[dict, Path]:
     """One bridge at `layer` in root/bridges/layer-NN/seed-S (resumed, or refused when it holds
-    another run; cleared first with `force`): its validation metrics and its folder."""
+    another run; cleared first with `force`): its validation metrics and its folder. The caller
+    holds that folder (`bridge_run`, `sweep_run`)."""
     from bridges.fit import fit_bridge
     from geoprobe.distributed import world_from
-    from geoprobe.rundir import clear, holding
+    from geoprobe.rundir import clear
 
     check_layer(source, layer)
     cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
     out = bridge_dir(root, layer, settings.seed)
     world = world_from()
-    with holding(out, "geoprobe bridge", world.rank):
-        if force and world.is_main:
-            clear(out)
-        world.barrier()
-        bar = bars(f"bridge layer {layer}") if bars else None
-        try:
-            return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                              identity(source, layer), progress=bar, world=world,
-                              stop_blocks=source.stop_blocks, massive_factor=source.massive_factor), out
-        finally:
-            if bar is not None:
-                bar.stop()
+    if force and world.is_main:
+        clear(out)
+    world.barrier()
+    bar = bars(f"bridge layer {layer}") if bars else None
+    try:
+        return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
+                          identity(source, layer), progress=bar, world=world,
+                          stop_blocks=source.stop_blocks, massive_factor=source.massive_factor), out
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
@@ -278,7 +278,8 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
         rows = []
         for seed in seeds:  # seed-major: an interrupted sweep has whole replicates of every layer
             for layer in chosen:
-                metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), force, bars)
+                with holding(bridge_dir(run, layer, seed), "geoprobe sweep", world.rank):  # each bridge's folder
+                    metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), force, bars)
                 rows.append({**metrics, "seed": seed, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
         rows.sort(key=lambda r: (r["layer"], r["seed"]))
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep

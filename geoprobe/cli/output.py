@@ -1,9 +1,11 @@
 """The CLI's one output path: a command's result goes to stdout as JSON (`--format json`) or
-as tables for people (unless `-q`), and its progress bar shows only for people."""
+as tables for people (unless `-q`), its progress bar shows only for people, and the library's
+notes (geoprobe.events) go to stderr."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 
@@ -27,3 +29,23 @@ def progress(label: str, unit: str):
     from geoprobe.report.terminal import Bar
 
     return Bar(label, unit, quiet=state.quiet or state.format == "json")
+
+
+class _Notes(logging.Handler):
+    """The library's notes, one line each on stderr (they are not results: --format json keeps stdout clean)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from geoprobe.report.terminal import console
+
+        console.print(record.getMessage(), markup=False, highlight=False, soft_wrap=True)
+
+
+def render_events() -> None:
+    """Show what the library says (geoprobe.events) the CLI's way: notes on stderr, bars like the commands' own."""
+    from geoprobe import events
+
+    if not any(isinstance(h, _Notes) for h in events.log.handlers):
+        events.log.addHandler(_Notes())
+        events.log.setLevel(logging.INFO)
+        events.log.propagate = False
+    events.use_progress(progress)

@@ -49,6 +49,9 @@ def main_options(
     if format not in ("table", "json"):
         raise typer.BadParameter("use table or json", param_hint="--format")
     state.debug, state.quiet, state.format = debug, quiet, format
+    from geoprobe.cli.output import render_events
+
+    render_events()
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports (errors still show)
         state.quiet = True
         sys.stdout = open(os.devnull, "w")
