@@ -1,2 +1,2 @@
 """Trainable generative models: the DSL channel and denoiser, the DiHAL hidden-state bridge,
-and the one training loop they share (see DESIGN.md)."""
+and the one training loop they share (docs/architecture.md)."""

@@ -30,11 +30,11 @@ from torch import nn
 from bridges.channel import S_MAX, TokenTable, channel, draw_snr
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig
-from bridges.train import WEIGHTS, TrainConfig, Trained, train
+from bridges.checkpoint import CONFIG, build_network, load_weights, read_config, save_config
+from bridges.train import TrainConfig, Trained, train
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-from geoprobe.rundir import CONFIG, build, load_weights, read_config, write_config
 
 
 
@@ -170,7 +170,7 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     copies of the weights: the loaded model and the DSL's)."""
     from geoprobe.backbone import load_config, resolve_source
     from geoprobe.memory import dsl_training_bytes, memory_available, parameter_count
-    from geoprobe.rundir import human
+    from geoprobe.files import human
 
     config = load_config(resolve_source(spec), False)
     count = parameter_count(config)  # once: counting builds an empty model
@@ -223,7 +223,7 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
     Writes `config.json` first when the directory has none, so the result always loads."""
     if not (Path(out) / CONFIG).is_file() and world.is_main:
         Path(out).mkdir(parents=True, exist_ok=True)
-        save_config(out, model.cfg, settings, {})
+        save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), {})
     model.to(device)
     data = data.to(device)
 
@@ -238,18 +238,15 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
     return train(model, loss_fn, settings.train, out, device, progress=progress, world=world)
 
 
-def save_config(out: Path, cfg: DSLConfig, settings: DSLTrainSettings, extra: dict) -> None:
-    record = {"kind": "dsl", "model": asdict(cfg), "training": {**asdict(settings)}, **extra}
-    write_config(out, record)
+def budget(settings: DSLTrainSettings) -> dict:
+    """The training budget every checkpoint records (bridges.checkpoint)."""
+    return {"steps": settings.train.steps, "batch_size": settings.train.batch_size, "seq_len": settings.seq_len}
 
 
 def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
     """The EMA weights of a trained DSL checkpoint directory, ready to sample."""
-    record = read_config(folder)
-    if record.get("kind") != "dsl":
-        raise BadInput(f"{folder} holds a {record.get('kind')!r} checkpoint, not a DSL model")
-    model = DSLModel(build(DSLConfig, record.get("model", {}), Path(folder) / CONFIG))
-    load_weights(model, Path(folder) / WEIGHTS)
+    model = DSLModel(build_network(DSLConfig, read_config(folder, "dsl"), folder))
+    load_weights(model, folder)
     return model.to(device).eval()
 
 
@@ -297,9 +294,10 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     run is refused in one line, as is every bad setting, before anything loads."""
     from bridges.channel import SNR_SCHEMES
     from bridges.tokens import load_saved_tokenizer, save_tokenizer, token_stream
-    from bridges.train import training_summary, write_training_record
+    from bridges.checkpoint import write_record
+    from bridges.train import training_summary
     from geoprobe.backbone import resolve_device
-    from geoprobe.rundir import clear, holding, is_empty
+    from geoprobe.files import clear, holding, is_empty
 
     if settings.snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {settings.snr!r} (use {', '.join(SNR_SCHEMES)})")
@@ -326,7 +324,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
                     raise BadInput(f"{out} holds another training run; use another --out or --force")
                 tok = load_saved_tokenizer(out)
-                model = DSLModel(build(DSLConfig, old.get("model", {}), out / CONFIG), seed=seed)
+                model = DSLModel(build_network(DSLConfig, old, out), seed=seed)
             else:
                 if not is_empty(out):
                     raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
@@ -336,7 +334,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 if world.is_main:
                     out.mkdir(parents=True, exist_ok=True)
                     save_tokenizer(tok, out)
-                    save_config(out, model.cfg, settings, {"identity": identity})
+                    save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), identity)
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
             trained = train_dsl(model, data, settings, out, target, progress=progress,
                                 world=world)
@@ -347,7 +345,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             return None
         metrics = evaluate_dsl(out, val_docs, tok, settings.seq_len, device)
         metrics.update(training_summary(trained))
-        write_training_record(out, metrics, trained, "DSL model")
+        write_record(out, metrics, trained, "DSL model")
         return metrics
 
 

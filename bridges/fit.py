@@ -20,15 +20,15 @@ import numpy as np
 import torch
 
 from bridges.channel import channel, draw_snr
-from bridges.hidden import BridgeConfig, HiddenBridge, Teacher, save_bridge_config
+from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
 from bridges.nn import full_precision
-from bridges.train import WEIGHTS, TrainConfig, train, training_summary, write_training_record
+from bridges.checkpoint import CONFIG, METRICS, load_weights, read_config, save_config, write_record
+from bridges.train import TrainConfig, train, training_summary
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
 from geoprobe.geometry import GeometrySettings
-from geoprobe.rundir import CONFIG, METRICS, load_weights, read_config
 from geoprobe.store import differing_keys
 
 NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -244,12 +244,12 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
         if cfg.vocab == "corpus" else None
     if support is not None:
         cfg = replace(cfg, support_size=len(support))
-    record = {"kind": "bridge", "bridge": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
+    record = {"network": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
     if (out / CONFIG).is_file():
-        old = read_config(out)
-        if old.get("identity") != identity or old.get("bridge") != record["bridge"]:
+        old = read_config(out, "bridge")
+        if old.get("identity") != identity or old["network"] != record["network"]:
             keys = differing_keys(old.get("identity", {}), identity) or [
-                f"bridge.{k}" for k in differing_keys(old.get("bridge", {}), record["bridge"])]
+                f"bridge.{k}" for k in differing_keys(old["network"], record["network"])]
             raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
                            f"(differs in: {', '.join(keys)}); use another --out or --force")
         if old.get("training") != record["training"]:
@@ -265,17 +265,18 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     fit_statistics(bridge, teacher, batches, train_cfg.batch_size, train_cfg.seed)
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        save_bridge_config(out, cfg, {"training": record["training"], "identity": identity})
+        budget = {"steps": train_cfg.steps, "batch_size": train_cfg.batch_size, "seq_len": identity.get("seq_len")}
+        save_config(out, "bridge", cfg, record["training"], budget, identity)
     watched = BlockBatches(stop_blocks, pad_id, device) if stop_blocks else val
     trained = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
                     progress=progress, world=world,
                     evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False,
                                                     massive_factor=massive_factor)["nmse_dim"])
-    load_weights(bridge, out / WEIGHTS)  # the kept EMA weights (the best by the stopping split)
+    load_weights(bridge, out)  # the kept EMA weights (the best by the stopping split)
     bridge.eval()
     metrics = validate(bridge, teacher, val, train_cfg.batch_size, massive_factor=massive_factor)
     metrics.update(training_summary(trained), seed=train_cfg.seed)
     metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in stop_blocks) if stop_blocks else 0
     if world.is_main:
-        write_training_record(out, metrics, trained, f"bridge at layer {layer}")
+        write_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics

@@ -27,7 +27,7 @@ shifted so that position i scores token x_i: any DSL sampler can generate with i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.device import upload
 from geoprobe.errors import BadInput
-from geoprobe.rundir import CONFIG, WEIGHTS, build, load_weights, read_config, write_config
+from bridges.checkpoint import build_network, load_weights, read_config
 
 
 
@@ -297,16 +297,9 @@ class RoundingDenoiser(HybridDenoiser):
         return -distance / self.temperature
 
 
-def save_bridge_config(out: Path, cfg: BridgeConfig, extra: dict) -> None:
-    write_config(out, {"kind": "bridge", "bridge": asdict(cfg), **extra})
-
-
 def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
-    record = read_config(folder)
-    if record.get("kind") != "bridge":
-        raise BadInput(f"{folder} is not a bridge checkpoint")
+    record = read_config(folder, "bridge")
     # older records have no skip connection and a whole-vocabulary converter
-    bridge = HiddenBridge(build(BridgeConfig, {"residual": False, "vocab": "all", **record.get("bridge", {})},
-                                Path(folder) / CONFIG))
-    load_weights(bridge, Path(folder) / WEIGHTS)
+    bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={"residual": False, "vocab": "all"}))
+    load_weights(bridge, folder)
     return bridge.to(device).eval(), record

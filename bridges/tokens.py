@@ -49,20 +49,28 @@ def text8_split(spec: str, split: str) -> tuple[str, int, int]:
     return text[start:end], start, end
 
 
-def train_bpe(documents: list[str], vocab_size: int):
-    """A byte-level BPE of `vocab_size` tokens trained on the documents (with <eos>)."""
+def byte_level_bpe(documents, vocab_size: int, specials: tuple[str, ...], unk: str | None = None):
+    """The project's one BPE builder: a byte-level BPE (any text tokenizes) of at most `vocab_size`
+    tokens trained on the documents, `specials` first; a raw `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=unk) if unk else models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(documents, trainer)
+    return tok
+
+
+def train_bpe(documents: list[str], vocab_size: int):
+    """`--tokenizer train:V`: a byte-level BPE of `vocab_size` tokens trained on the documents (with <eos>)."""
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 300:
         raise BadInput(f"--tokenizer train:V needs V >= 300 (256 bytes + merges), got {vocab_size}")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(documents, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(documents, vocab_size, ("<eos>",)),
+                                   eos_token="<eos>")
 
 
 def word_tokenizer(documents: list[str]):

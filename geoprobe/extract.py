@@ -24,9 +24,9 @@ from geoprobe.corpus import Block, iter_blocks, read_documents
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-from geoprobe.rundir import disk_full_message, holding, is_disk_full, write_json_atomic
+from geoprobe.files import disk_full_message, holding, is_disk_full, write_json_atomic
 from geoprobe.store import (HIDDEN, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
-                            open_run, rank_parts, read_manifest, shard_file, check_shards, state_array,
+                            prepare_run, rank_parts, read_manifest, shard_file, check_shards, state_array,
                             JOURNAL, append_journal, merge_entries, rank_journal, read_journal)
 
 
@@ -255,24 +255,19 @@ def check_extract(cfg: ExtractConfig, out: Path, force: bool = False, world: Wor
     check_writable(out)
 
 
-def extract_held(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
-    """`extract` once the caller holds `out` (and has checked the flags)."""
-    documents = read_documents(cfg.corpus, cfg.text_field)
-    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device, cfg.device_map),
-                                         device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,
-                                         batch=(cfg.batch_size, cfg.seq_len))
-    layers = parse_layers(cfg.layers, backbone.num_layers)
-    tokenizer = backbone.tokenizer
-    plan = plan_blocks(documents, tokenizer, cfg)
+def _open_manifest(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone, layers: list[int],
+                   world: World) -> tuple[dict, int]:
+    """(the run's manifest, blocks per shard): the one on disk when it holds this run (resumed),
+    else a new one; written back with the last session's journal folded in."""
     identity = cfg.identity(backbone, layers)
-    existing = open_run(out, identity, force) if world.is_main else None
+    existing = prepare_run(out, identity, force) if world.is_main else None
     world.barrier()  # rank 0 has cleared (--force) or created the directory
     if not world.is_main:
-        existing = open_run(out, identity)
+        existing = prepare_run(out, identity)
     manifest = existing or {
         "tool": "geoprobe", "version": package_version("geoprobe"), "command": "extract",
         "config": identity, "config_sha256": config_sha256(identity),
-        "model": backbone.identity, "tokenizer": tokenizer_identity(tokenizer),
+        "model": backbone.identity, "tokenizer": tokenizer_identity(backbone.tokenizer),
         "layers": layers, "hidden_size": backbone.hidden_size, "storage": cfg.storage,
         "rows_target": cfg.tokens, "shards": [], "status": "running",
         "shard_blocks": blocks_per_shard(cfg, len(layers), backbone.hidden_size),
@@ -282,7 +277,19 @@ def extract_held(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone 
     if world.is_main:  # the shards of the last session's journal folded in, the journal restarted
         write_json_atomic(out / MANIFEST, manifest)
         (out / JOURNAL).unlink(missing_ok=True)
+    return manifest, shard_blocks
 
+
+def extract_held(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone | None, progress, world: World) -> dict:
+    """`extract` once the caller holds `out` (and has checked the flags)."""
+    documents = read_documents(cfg.corpus, cfg.text_field)
+    backbone = backbone or load_backbone(cfg.model, dtype=cfg.dtype, device=world.device(cfg.device, cfg.device_map),
+                                         device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,
+                                         batch=(cfg.batch_size, cfg.seq_len))
+    layers = parse_layers(cfg.layers, backbone.num_layers)
+    tokenizer = backbone.tokenizer
+    plan = plan_blocks(documents, tokenizer, cfg)
+    manifest, shard_blocks = _open_manifest(cfg, out, force, backbone, layers, world)
     shard_ranges = [(i, plan[s:s + shard_blocks]) for i, s in enumerate(range(0, len(plan), shard_blocks))]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     parts = rank_parts(out)

@@ -70,18 +70,14 @@ def snapshot_dir(repo_id: str, hf_home: Path, revision: str) -> Path:
 def _tokenizer(folder: Path, vocab: int) -> None:
     """A byte-level BPE trained on the synthetic corpus's words (any text tokenizes), its
     vocabulary padded with never-produced tokens to exactly `vocab` entries."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
+    from bridges.tokens import byte_level_bpe
     from geoprobe.synthetic import documents
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=min(TOKENIZER_WORDS, vocab),
-                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(documents("synthetic:hmm?docs=400&length=64&seed=7"), trainer)
+    tok = byte_level_bpe(documents("synthetic:hmm?docs=400&length=64&seed=7"), min(TOKENIZER_WORDS, vocab),
+                         ("<|begin_of_text|>", "<|end_of_text|>", "<unk>"), unk="<unk>")
     spec = json.loads(tok.to_str())
     trained = spec["model"]["vocab"]
     # padding entries in the BPE model itself (no merge produces them): len(tokenizer) == vocab

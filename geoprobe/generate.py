@@ -5,7 +5,6 @@ What `geoprobe sample` and `geoprobe nll` call."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import time
@@ -19,7 +18,8 @@ from geoprobe.errors import BadInput
 
 def load_denoiser(model: Path, device: str, decode: str = "stack"):
     """(TokenDenoiser, tokenizer) from a DSL checkpoint or a bridge directory."""
-    from bridges.dsl import load_dsl, read_config
+    from bridges.checkpoint import read_config
+    from bridges.dsl import load_dsl
     from bridges.tokens import load_saved_tokenizer
     from geoprobe.backbone import resolve_device
 
@@ -65,26 +65,22 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     the causal LM itself, left to right), written to OUT/samples.jsonl with a row in
     samples.meta.jsonl; every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
     from geoprobe.store import check_writable
-    from samplers import SAMPLERS, check_options, make_sampler
+    from samplers import AUTOREGRESSIVE, NAMES, check_options, sampler_from_flags
 
     p = settings
     check_options(steps=p.steps, top_p=p.top_p, per_step=p.per_step, eta=p.eta, eta_cap=p.eta_cap,
                   switch_snr=p.switch_snr, finisher=p.finisher, num=p.num, length=p.length)
     if out is not None:
         check_writable(out)
-    if sampler == "ar":  # the ceiling: the backbone itself, sampled left to right with its KV cache
+    if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
         return _sample_autoregressive(str(model), p.num, p.length, p.top_p, out, p.seed, device)
-    if sampler not in SAMPLERS:
-        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(SAMPLERS)}, or ar for a causal LM)")
+    if sampler not in NAMES:
+        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
     if p.decode not in ("stack", "round"):
         raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
-    options = {"steps": p.steps if p.steps is not None else (None if sampler == "roar" else 64), "top_p": p.top_p,
-               "per_step": p.per_step, "eta": p.eta, "eta_cap": p.eta_cap, "switch_snr": p.switch_snr}
-    if sampler == "hybrid":
-        finishing = {k: v for k, v in options.items() if k in inspect.signature(SAMPLERS[p.finisher]).parameters}
-        options["finisher"] = make_sampler(p.finisher, **finishing)
-    accepted = inspect.signature(SAMPLERS[sampler]).parameters
-    chosen = make_sampler(sampler, **{k: v for k, v in options.items() if k in accepted and v is not None})
+    chosen = sampler_from_flags(sampler, p.finisher, top_p=p.top_p, per_step=p.per_step, eta=p.eta,
+                                eta_cap=p.eta_cap, switch_snr=p.switch_snr,
+                                steps=p.steps if p.steps is not None else (None if sampler == "roar" else 64))
     denoiser, tokenizer = load_denoiser(model, device, p.decode)
     result = chosen.sample(denoiser, p.num, p.length, p.seed)
     meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": p.decode}
@@ -139,7 +135,8 @@ def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32,
                batch_size: int = 8, seed: int = 0, device: str = "auto", split: str = "test") -> dict:
     """Bits per token and per character of held-out text under a DSL checkpoint (the training
     corpus: its held-out documents; a Text8 file: the Text8 protocol, bits per character)."""
-    from bridges.dsl import read_config, sequences, split_documents
+    from bridges.checkpoint import read_config
+    from bridges.dsl import sequences, split_documents
     from bridges.likelihood import ESTIMATORS as table
     from bridges.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
     from geoprobe.corpus import read_documents

@@ -270,6 +270,93 @@ def draw_samples(n: int, settings: GeometrySettings, key: int, reseed: int = 0):
 # --- one layer -----------------------------------------------------------------------------
 
 
+def _without_massive_states(x: torch.Tensor, docs: torch.Tensor, settings: GeometrySettings, world: World):
+    """Drop the states whose norm exceeds massive_factor x the median (over every rank's rows)
+    when settings say so: (x, docs, the massive mask over all rows, this rank's row offset)."""
+    every_norm = world.gather(x.norm(dim=1))
+    all_norms = torch.cat(every_norm)
+    massive_all = all_norms > settings.massive_factor * all_norms.median()
+    keep = [~m for m in torch.split(massive_all, [len(t) for t in every_norm])]  # per rank
+    if settings.drop_massive and massive_all.any():  # (a copy of the layer only when something goes)
+        x, docs = x[keep[world.rank]], docs[~massive_all]
+    else:
+        keep = [torch.ones_like(k) for k in keep]
+    return x, docs, massive_all, sum(int(k.sum()) for k in keep[: world.rank])
+
+
+def _centred_spectrum(x: torch.Tensor, n: int, settings: GeometrySettings, world: World, name: str) -> dict:
+    """Centre `x` in place, find massive channels (dropped when settings say so), and the
+    covariance spectrum (two passes: exact centring). Every later use (kNN distances, duplicates,
+    pair differences) is translation invariant, so the layer is held once in float64, not twice."""
+    d = x.shape[1]
+    x -= world.sum(x.sum(0)) / n
+    variances = world.sum((x * x).sum(0)) / max(n - 1, 1)
+    channels = massive_channels(variances, settings.channel_factor)
+    channel_share = float(variances[channels].sum() / variances.sum().clamp(min=1e-300))
+    if settings.drop_massive_channels and len(channels):
+        kept = torch.ones(d, dtype=torch.bool, device=x.device)
+        kept[channels] = False
+        x, d = x[:, kept], int(kept.sum())
+    eigenvalues, eigenvectors = covariance_spectrum(x, n, world)
+    trace = float(eigenvalues.clamp(min=0).sum())
+    if n < 2 or trace <= 0:
+        raise BadInput(f"{name}: all states are identical (zero covariance); nothing to measure")
+    return {"x": x, "d": d, "channels": channels, "channel_share": channel_share, "eigenvalues": eigenvalues,
+            "eigenvectors": eigenvectors, "trace": trace, "scale": trace / d}
+
+
+def _distinct_reference(x: torch.Tensor, n: int, offset: int, settings: GeometrySettings, world: World,
+                        name: str):
+    """The kNN reference set of distinct states (split across the ranks that hold it), checked
+    against k and --anchors: (reference, its ids, every row's distinct id, local positions)."""
+    if world.size == 1:
+        reference, inverse = distinct_rows(x)
+        reference_ids = torch.arange(len(reference), device=x.device)
+    else:
+        reference, reference_ids, inverse = _distinct_shared(x, offset, world)
+    n_distinct = int(inverse.max()) + 1
+    if n_distinct < settings.k + 1:
+        raise BadInput(f"{name} has {n_distinct} distinct states, fewer than k+1 = {settings.k + 1}; "
+                       "extract more tokens or lower --k")
+    if n < settings.anchors:
+        raise BadInput(f"{name} has {n} states, fewer than --anchors {settings.anchors}; "
+                       "extract more tokens or lower --anchors")
+    local_position = torch.full((n_distinct,), -1, dtype=torch.int64, device=x.device)
+    local_position[reference_ids] = torch.arange(len(reference_ids), device=x.device)
+    return reference, reference_ids, inverse, local_position
+
+
+def _union_curvature(x, union_rows, offset, reference, reference_ids, inverse, local_position, scale,
+                     settings: GeometrySettings, world: World) -> torch.Tensor:
+    """1 / lambda of every row in `union_rows` (the anchors of every draw): a row's curvature does
+    not depend on the draw, so it is computed once for the union."""
+    queries = _rows(x, union_rows, offset, world)
+    if len(reference):
+        dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[union_rows]],
+                                   chunk=settings.chunk)
+        found = (dist, reference_ids[idx])
+    else:
+        found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
+                 torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
+    dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
+    ids = torch.cat(world.gather(found[1].T.contiguous())).T
+    neighbours = nearest(dist, ids, settings.k)
+    lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
+    return 1.0 / lam.clamp(min=EPS_REL * scale)
+
+
+def _pair_monotonicity(x, i, j, offset, spectrum: dict, ridge: float, world: World) -> torch.Tensor:
+    """Per pair, delta' P delta / delta' delta with P = (Sigma + ridge I)^-1."""
+    eigenvalues, eigenvectors = spectrum["eigenvalues"], spectrum["eigenvectors"]
+    delta = _rows(x, i, offset, world) - _rows(x, j, offset, world)
+    sq = (delta @ eigenvectors) ** 2
+    quotient = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1)
+    if eigenvectors.shape[1] < spectrum["d"]:  # thin spectrum (Gram path): the rest of delta lies where Sigma is 0
+        total = (delta * delta).sum(1)
+        return (quotient + (total - sq.sum(1)).clamp(min=0) / ridge) / total
+    return quotient / sq.sum(1)
+
+
 def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometrySettings,
                    counts: torch.Tensor | None = None, rng_key: int = 0, layer: int | None = None,
                    world: World = SINGLE) -> dict:
@@ -284,119 +371,58 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     """
     name = f"layer {layer}" if layer is not None else "this layer"
     x = states.to(torch.float64, copy=True)  # centred in place below: never the caller's tensor
-    d = x.shape[1]
+    x, docs, massive_all, offset = _without_massive_states(x, docs, settings, world)
+    n_all, n = len(massive_all), len(docs)
+    spectrum = _centred_spectrum(x, n, settings, world, name)
+    x, scale = spectrum["x"], spectrum["scale"]
+    reference, reference_ids, inverse, local_position = _distinct_reference(x, n, offset, settings, world, name)
 
-    every_norm = world.gather(x.norm(dim=1))
-    all_norms = torch.cat(every_norm)
-    n_all = len(all_norms)
-    massive_all = all_norms > settings.massive_factor * all_norms.median()
-    keep = [~m for m in torch.split(massive_all, [len(t) for t in every_norm])]  # per rank
-    if settings.drop_massive and massive_all.any():  # (a copy of the layer only when something goes)
-        x, docs = x[keep[world.rank]], docs[~massive_all]
-    else:
-        keep = [torch.ones_like(k) for k in keep]
-    n, offset = len(docs), sum(int(k.sum()) for k in keep[: world.rank])
-
-    # channel variances, massive channels, then the covariance spectrum (two passes: exact centring).
-    # Centred in place: every later use (kNN distances, duplicates, pair differences) is translation
-    # invariant, so the layer is held once in float64, not twice
-    mean = world.sum(x.sum(0)) / n
-    x -= mean
-    centred = x
-    variances = world.sum((centred * centred).sum(0)) / max(n - 1, 1)
-    channels = massive_channels(variances, settings.channel_factor)
-    channel_share = float(variances[channels].sum() / variances.sum().clamp(min=1e-300))
-    if settings.drop_massive_channels and len(channels):
-        kept = torch.ones(d, dtype=torch.bool, device=x.device)
-        kept[channels] = False
-        x, d = x[:, kept], int(kept.sum())
-        centred = x
-    eigenvalues, eigenvectors = covariance_spectrum(centred, n, world)
-    trace = float(eigenvalues.clamp(min=0).sum())
-    if n < 2 or trace <= 0:
-        raise BadInput(f"{name}: all states are identical (zero covariance); nothing to measure")
-    scale = trace / d
-    spectrum = spectrum_summary(eigenvalues)
-
-    # kNN among distinct states: the reference set is split across the ranks that hold it
-    if world.size == 1:
-        reference, inverse = distinct_rows(x)
-        reference_ids = torch.arange(len(reference), device=x.device)
-    else:
-        reference, reference_ids, inverse = _distinct_shared(x, offset, world)
-    n_distinct = int(inverse.max()) + 1
-    duplicate_fraction = 1.0 - n_distinct / n
-    if n_distinct < settings.k + 1:
-        raise BadInput(f"{name} has {n_distinct} distinct states, fewer than k+1 = {settings.k + 1}; "
-                       "extract more tokens or lower --k")
-    if n < settings.anchors:
-        raise BadInput(f"{name} has {n} states, fewer than --anchors {settings.anchors}; "
-                       "extract more tokens or lower --anchors")
-    local_position = torch.full((n_distinct,), -1, dtype=torch.int64, device=x.device)
-    local_position[reference_ids] = torch.arange(len(reference_ids), device=x.device)
-    ridge = settings.alpha * scale
-
-    # every draw of anchors (the estimate's, then --reseeds more): a row's curvature does not depend
-    # on the draw, so it is computed once for the union of the anchors (where anchors are a large
-    # share of the rows the draws overlap, and R more draws cost far less than R times one)
+    # every draw of anchors (the estimate's, then --reseeds more): where anchors are a large share
+    # of the rows the draws overlap, and R more draws cost far less than R times one
     draws = [draw_samples(n, settings, rng_key, reseed) for reseed in range(settings.reseeds + 1)]
     union = np.unique(np.concatenate([anchors for anchors, _, _ in draws]))
-    union_rows = torch.from_numpy(union).to(x.device)
-    queries = _rows(x, union_rows, offset, world)
-    if len(reference):
-        dist, idx = knn_candidates(queries, reference, settings.k, exclude=local_position[inverse[union_rows]],
-                                   chunk=settings.chunk)
-        found = (dist, reference_ids[idx])
-    else:
-        found = (torch.empty((len(queries), 0), dtype=x.dtype, device=x.device),
-                 torch.empty((len(queries), 0), dtype=torch.int64, device=x.device))
-    dist = torch.cat(world.gather(found[0].T.contiguous())).T  # candidates of every rank, merged by distance
-    ids = torch.cat(world.gather(found[1].T.contiguous())).T
-    neighbours = nearest(dist, ids, settings.k)
-    lam = _neighbourhood_lambda_shared(reference, local_position, neighbours, world, settings.chunk)
-    union_curv = 1.0 / lam.clamp(min=EPS_REL * scale)
+    union_curv = _union_curvature(x, torch.from_numpy(union).to(x.device), offset, reference, reference_ids, inverse,
+                                  local_position, scale, settings, world)
 
     def estimate(reseed: int):
-        """Per-anchor curvatures and per-pair monotonicities for one draw of anchors and pairs."""
+        """Per-anchor curvatures and per-pair monotonicities (pairs of non-identical states) for one draw."""
         anchors, cand_i, cand_j = draws[reseed]
-        anchor_rows = torch.from_numpy(anchors).to(x.device)
         curv_values = union_curv[torch.from_numpy(np.searchsorted(union, anchors)).to(x.device)]
-
-        # monotonicity on random pairs of non-identical states
         i, j = torch.from_numpy(cand_i).to(x.device), torch.from_numpy(cand_j).to(x.device)
         valid = (inverse[i] != inverse[j]).nonzero().squeeze(1)[: settings.pairs]
         i, j = i[valid], j[valid]
-        delta = _rows(x, i, offset, world) - _rows(x, j, offset, world)
-        sq = (delta @ eigenvectors) ** 2
-        quotient = (sq / (eigenvalues.clamp(min=0) + ridge)).sum(1)
-        if eigenvectors.shape[1] < d:  # thin spectrum (Gram path): the rest of delta lies where Sigma is 0
-            total = (delta * delta).sum(1)
-            mono_values = (quotient + (total - sq.sum(1)).clamp(min=0) / ridge) / total
-        else:
-            mono_values = quotient / sq.sum(1)
-        return curv_values, mono_values, anchor_rows, i, j
+        mono_values = _pair_monotonicity(x, i, j, offset, spectrum, settings.alpha * scale, world)
+        return curv_values, mono_values, torch.from_numpy(anchors).to(x.device), i, j
 
     curv_values, mono_values, anchor_rows, i, j = estimate(0)
-    # the usual median (mean of the two middle values for an even count), as numpy defines it
-    curv, mono = float(torch.quantile(curv_values, 0.5)), float(torch.quantile(mono_values, 0.5))
     reseeded = [estimate(r)[:2] for r in range(1, settings.reseeds + 1)]
+    reps = {"none": {}, "trace": {}}
+    if counts is not None and len(counts):
+        reps = _bootstrap(x, docs[offset:offset + len(x)], counts, spectrum["eigenvectors"], curv_values,
+                          docs[anchor_rows], mono_values, docs[i], docs[j], world)
+    summary = spectrum_summary(spectrum["eigenvalues"])
     result = {
         "layer": layer, "n_states": n_all, "n_used": n, "massive": int(massive_all.sum()),
-        "massive_rows": massive_all.nonzero().squeeze(1)[:1000].tolist(), "massive_channels": channels.tolist(),
-        "massive_channel_share": channel_share, "channels_used": d,
-        "duplicate_fraction": duplicate_fraction, "n_pairs": len(i), "scale": scale,
-        "participation_ratio": spectrum["participation_ratio"], "entropy_rank": spectrum["entropy_rank"],
-        "lambda_max": spectrum["lambda_max"], "trace": trace,
+        "massive_rows": massive_all.nonzero().squeeze(1)[:1000].tolist(),
+        "massive_channels": spectrum["channels"].tolist(), "massive_channel_share": spectrum["channel_share"],
+        "channels_used": spectrum["d"], "duplicate_fraction": 1.0 - (int(inverse.max()) + 1) / n, "n_pairs": len(i),
+        "scale": scale, "participation_ratio": summary["participation_ratio"],
+        "entropy_rank": summary["entropy_rank"], "lambda_max": summary["lambda_max"], "trace": spectrum["trace"],
     }
-    points = {"none": {"curv": curv, "mono": mono, "erank": spectrum["erank"]},
-              "trace": {"curv": curv * scale, "mono": mono * scale, "erank": spectrum["erank"]}}
+    return _with_estimates(result, summary["erank"], curv_values, mono_values, reseeded, reps)
+
+
+def _with_estimates(result: dict, erank: float, curv_values, mono_values, reseeded, reps) -> dict:
+    """The point estimates (medians), their reseeded medians and bootstrap intervals, raw and trace-normalised."""
+    scale = result["scale"]
+    # the usual median (mean of the two middle values for an even count), as numpy defines it
+    curv, mono = float(torch.quantile(curv_values, 0.5)), float(torch.quantile(mono_values, 0.5))
+    points = {"none": {"curv": curv, "mono": mono, "erank": erank},
+              "trace": {"curv": curv * scale, "mono": mono * scale, "erank": erank}}
     if reseeded:  # raw medians per draw; the ranking scales them like the point estimate
         result["reseeds"] = {"curv": [float(torch.quantile(c, 0.5)) for c, _ in reseeded],
                              "mono": [float(torch.quantile(m, 0.5)) for _, m in reseeded]}
-    reps = {"none": {}, "trace": {}}
-    if counts is not None and len(counts):
-        reps = _bootstrap(centred, docs[offset:offset + len(x)], counts, eigenvectors, curv_values,
-                          docs[anchor_rows], mono_values, docs[i], docs[j], world)
+    if "raw" in reps:
         result["replicates"] = {k: v.cpu().numpy().tolist() for k, v in reps.pop("raw").items()}
     for norm in ("none", "trace"):
         result[norm] = {proxy: {"value": points[norm][proxy],

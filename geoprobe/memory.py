@@ -10,7 +10,7 @@ import torch
 
 from geoprobe.errors import BadInput
 from geoprobe.events import note
-from geoprobe.rundir import human
+from geoprobe.files import human
 
 
 def empty_model(config):

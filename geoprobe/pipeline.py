@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from geoprobe.geometry import GeometrySettings, compute_geometry, finished_run, 
 from geoprobe.ranking import has_massive_channels, rank_layers
 from geoprobe.report.plots import geometry_plot
 from geoprobe.report.tables import write_csv, write_markdown
-from geoprobe.rundir import write_json_atomic
+from geoprobe.files import write_json_atomic
 
 GEOMETRY = "geometry.json"
 DEFAULT_HF_CORPUS = "hf:Salesforce/wikitext?config=wikitext-103-raw-v1&split=train"
@@ -26,8 +25,9 @@ def default_corpus() -> str:
     """A standard public corpus when online, the installed public-domain text when offline."""
     import importlib.util
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    if not offline and importlib.util.find_spec("datasets") is not None:
+    from geoprobe.backbone import hub_offline
+
+    if not hub_offline() and importlib.util.find_spec("datasets") is not None:
         return DEFAULT_HF_CORPUS
     from geoprobe.assets import cache_dir
 
@@ -143,7 +143,7 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
     from geoprobe.extract import check_extract
     from geoprobe.plan import check_geometry_fits
     from geoprobe.ranking import parse_weights
-    from geoprobe.rundir import holding
+    from geoprobe.files import holding
 
     out = Path(out)
     settings.validate()
@@ -170,7 +170,7 @@ def measure(run: Path, settings: GeometrySettings, device: str = "auto", progres
     Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
-    from geoprobe.rundir import holding
+    from geoprobe.files import holding
 
     world = world_from()
     try:

@@ -30,7 +30,7 @@ from geoprobe import memory
 from geoprobe.backbone import check_architecture, load_config, parse_layers, resolve_device, resolve_dtype, resolve_source
 from geoprobe.errors import BadInput
 from geoprobe.geometry import GeometrySettings, peak_bytes
-from geoprobe.rundir import human, nearest_existing
+from geoprobe.files import human, nearest_existing
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
 

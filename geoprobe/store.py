@@ -1,6 +1,6 @@
 """The run directory: manifest, Parquet shards written in the background, resume, reading.
 
-Layout (DESIGN.md): `manifest.json` and `hidden/part-NNNNN.parquet`, one row per sampled
+Layout (docs/architecture.md): `manifest.json` and `hidden/part-NNNNN.parquet`, one row per sampled
 token with columns `doc_id, seq_id, position, token_id, h00, h01, ...`; each hidden column
 holds one row's state per value, as the raw bytes of d float16 (when no value overflows) or
 float32 numbers (`state_array`; runs written before hold fixed-size float lists, still read).
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from geoprobe.errors import BadInput, GeoprobeError
 from geoprobe.events import note
-from geoprobe.rundir import is_empty, nearest_existing, read_json, sha256_file
+from geoprobe.files import is_empty, nearest_existing, read_json, sha256_file
 
 MANIFEST = "manifest.json"
 HIDDEN = "hidden"
@@ -85,7 +85,7 @@ def check_writable(out: Path) -> None:
         raise BadInput(f"output directory {out} is not writable ({exc.strerror or exc})") from exc
 
 
-def open_run(out: Path, config: dict, force: bool = False) -> dict | None:
+def prepare_run(out: Path, config: dict, force: bool = False) -> dict | None:
     """Prepare `out` for a run with `config`: returns the manifest to resume, or None for a new run.
 
     A directory that holds a run with another config is refused (naming the keys), unless

@@ -196,7 +196,7 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     holds that folder (`bridge_run`, `sweep_run`)."""
     from bridges.fit import fit_bridge
     from geoprobe.distributed import world_from
-    from geoprobe.rundir import clear
+    from geoprobe.files import clear
 
     check_layer(source, layer)
     cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
@@ -222,7 +222,7 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
     scanned run, or over --model/--corpus into `out`. Flags are checked before the backbone loads."""
     from geoprobe.backbone import check_device_map
     from geoprobe.distributed import world_from
-    from geoprobe.rundir import holding
+    from geoprobe.files import holding
 
     if run is None and out is None:
         raise BadInput("pass --run RUN, or --out DIR with --model and --corpus")
@@ -262,7 +262,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     verdict and the plot (None on data-parallel ranks other than 0)."""
     from geoprobe.backbone import parse_layers
     from geoprobe.distributed import world_from
-    from geoprobe.rundir import holding
+    from geoprobe.files import holding
 
     settings.training()
     seeds = seeds or [settings.seed]
@@ -314,7 +314,7 @@ def summarise(run: Path, rows: list[dict], include_source: bool = False) -> dict
     the control scores (every scanned layer, --normalize none, massive channels excluded)."""
     from geoprobe.pipeline import load_geometry
     from geoprobe.ranking import has_massive_channels, layer_scores
-    from geoprobe.rundir import read_json
+    from geoprobe.files import read_json
     from geoprobe.verdict import SOURCE_LAYERS, sweep_verdict
 
     geometry = load_geometry(run)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from geoprobe.errors import BadInput
 from samplers.base import SampleResult, Sampler, TokenDenoiser, check_flags
 from samplers.continuous import Continuous
@@ -14,6 +16,10 @@ SAMPLERS: dict[str, type[Sampler]] = {cls.name: cls for cls in
 
 
 FINISHERS = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-loop")
+# the causal LM itself, left to right with its KV cache: a generator like the others, but it
+# samples a backbone rather than a denoiser, so geoprobe.generate runs it
+AUTOREGRESSIVE = "ar"
+NAMES = (*SAMPLERS, AUTOREGRESSIVE)  # every --sampler, in the order --help lists them
 
 
 def check_options(finisher: str = "mdlm", **flags) -> None:
@@ -29,4 +35,16 @@ def make_sampler(name: str, **options) -> Sampler:
     return SAMPLERS[name](**options)
 
 
-__all__ = ["FINISHERS", "SAMPLERS", "check_options", "SampleResult", "Sampler", "TokenDenoiser", "make_sampler"]
+def sampler_from_flags(name: str, finisher: str = "mdlm", **flags) -> Sampler:
+    """The sampler `name` from every sampling flag: each takes the flags it has (None: its own
+    default); the hybrid's finishing sampler is built from the same flags."""
+    if name not in SAMPLERS:
+        raise BadInput(f"unknown sampler {name!r} (valid: {', '.join(NAMES)})")
+    options = dict(flags)
+    if name == "hybrid":
+        options["finisher"] = sampler_from_flags(finisher, **flags)
+    accepted = inspect.signature(SAMPLERS[name]).parameters
+    return make_sampler(name, **{k: v for k, v in options.items() if k in accepted and v is not None})
+
+
+__all__ = ["AUTOREGRESSIVE", "FINISHERS", "NAMES", "SAMPLERS", "check_options", "sampler_from_flags", "SampleResult", "Sampler", "TokenDenoiser", "make_sampler"]

@@ -267,13 +267,13 @@ def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, tmp_path):
                tmp_path / "b", {"layer": 1})
     loaded, record = load_bridge(tmp_path / "b")
     expected = corpus_support([*blocks[0], *blocks[1]], llama.tokenizer)
-    assert record["bridge"]["support_size"] == len(expected) < llama.config.vocab_size
+    assert record["network"]["support_size"] == len(expected) < llama.config.vocab_size
     assert torch.equal(loaded.support, expected)
     assert set(llama.tokenizer.all_special_ids) <= set(expected.tolist())
     assert set(np.concatenate([b.tokens for b in blocks[0]]).tolist()) <= set(expected.tolist())
     fit_bridge(llama, 1, *blocks, small(1, llama, vocab="all"), TrainConfig(steps=4, batch_size=4, save_every=4),
                tmp_path / "all", {"layer": 1})
-    assert load_bridge(tmp_path / "all")[1]["bridge"]["support_size"] == 0
+    assert load_bridge(tmp_path / "all")[1]["network"]["support_size"] == 0
 
 
 def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, blocks):

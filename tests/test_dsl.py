@@ -11,7 +11,8 @@ import torch
 
 from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
 from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
-from bridges.train import CHECKPOINT, WEIGHTS, TrainConfig, plateaued, train
+from bridges.checkpoint import WEIGHTS
+from bridges.train import CHECKPOINT, TrainConfig, plateaued, train
 from tests.test_extract import assert_one_line_error, invoke
 
 V = 8
@@ -271,7 +272,7 @@ def test_dsl_train_init_from_a_pretrained_lm_then_sample_and_nll(tiny_models, co
                           "--batch-size", 2, "--seq-len", 16, "--out", out, "--device", "cpu")
     assert code == 0, err
     record = json.loads((out / "config.json").read_text())
-    assert record["model"]["backbone"]["model_type"] == "qwen3"
+    assert record["network"]["backbone"]["model_type"] == "qwen3"
     assert record["identity"]["init_from"] == str(model_dir)
     assert json.loads((out / "metrics.json").read_text())["val_mdlm_elbo_bits_per_token"] > 0
     for sampler in ("mdlm", "roar", "continuous", "hybrid"):

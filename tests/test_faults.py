@@ -20,7 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from geoprobe.cli.app import main
-from geoprobe.rundir import LOCK
+from geoprobe.files import LOCK
 from geoprobe.store import RunReader, read_manifest
 from tests.conftest import read_json, write_corpus
 from tests.test_extract import all_rows, assert_one_line_error, invoke
@@ -179,7 +179,7 @@ def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(t
 def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_models, corpus_txt, capsys):
     out = tmp_path / "out"
     held = out / "bridges" / "layer-01" / "seed-0" if command[0] == "bridge" else out
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from geoprobe.rundir import acquire; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from geoprobe.files import acquire; "
                                "acquire(sys.argv[1], 'a test holding the directory'); time.sleep(600)", str(held)])
     try:
         deadline = time.time() + 60
@@ -340,7 +340,7 @@ def test_a_config_from_another_version_is_one_line(tmp_path, corpus_txt, capsys)
             "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu", "--out", tmp_path / "dsl"]
     assert invoke(capsys, *args)[0] == 0
     config = read_json(tmp_path / "dsl" / "config.json")
-    config["model"]["attention_kind"] = "linear"  # a field this version does not know
+    config["network"]["attention_kind"] = "linear"  # a field this version does not know
     (tmp_path / "dsl" / "config.json").write_text(json.dumps(config))
     code, _, err = invoke(capsys, "sample", "--model", tmp_path / "dsl", "--num", 1, "--length", 8, "--device", "cpu")
     assert_one_line_error(code, err, 2, "another version")

@@ -94,3 +94,12 @@ def test_the_library_never_imports_its_command_line():
 def test_the_check_finds_a_loop_when_there_is_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}}) == []
+
+
+def test_no_library_function_is_longer_than_80_lines():
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []

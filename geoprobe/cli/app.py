@@ -46,7 +46,7 @@ def _run(argv: list[str] | None) -> None:
             sys.exit(exc.exit_code)
         if state.debug:
             raise
-        from geoprobe.rundir import disk_full_message, is_disk_full  # here, not at the top: it imports torch
+        from geoprobe.files import disk_full_message, is_disk_full  # here, not at the top: it imports torch
 
         if is_disk_full(exc):  # where no command caught it with a better estimate
             print(f"error: {disk_full_message(Path(exc.filename or '.'))}", file=sys.stderr)

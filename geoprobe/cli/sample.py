@@ -12,7 +12,7 @@ from geoprobe.cli.output import show
 from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
 from geoprobe.generate import SampleSettings
 from bridges.likelihood import ESTIMATORS
-from samplers import FINISHERS, SAMPLERS
+from samplers import FINISHERS, NAMES
 
 SAMPLE = SampleSettings()  # the defaults live in the settings class
 
@@ -23,7 +23,7 @@ SAMPLE = SampleSettings()  # the defaults live in the settings class
 def sample(
     model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory or a bridge directory "
                                                         "(RUN/bridges/layer-NN).")],
-    sampler: Annotated[str, typer.Option(help=", ".join(SAMPLERS) + ", or ar (a causal LM itself, left to "
+    sampler: Annotated[str, typer.Option(help=", ".join(NAMES) + " (ar: a causal LM itself, left to "
                                               "right).")] = "roar",
     num: Annotated[int, typer.Option(help="Number of samples.")] = SAMPLE.num,
     length: Annotated[int, typer.Option(help="Tokens per sample.")] = SAMPLE.length,

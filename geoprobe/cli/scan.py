@@ -39,7 +39,7 @@ EXTRACT = ExtractConfig(model="", corpus="")
 def _show_plan(model, out, cfg, settings) -> None:
     """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
     from geoprobe.plan import check_fits, plan_scan
-    from geoprobe.rundir import human
+    from geoprobe.files import human
 
     plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
                      cfg.dtype, cfg.trust_remote_code, settings)

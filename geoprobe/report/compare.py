@@ -17,27 +17,10 @@ from pathlib import Path
 import pandas as pd
 
 from geoprobe.errors import BadInput
-from geoprobe.rundir import CONFIG, METRICS, read_config, read_json
+from bridges.checkpoint import training_tokens
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "used_tokens", "samples", "gen_ppl",
            "diversity", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "oracle_invalid", "budget"]
-
-
-def training_tokens(model_dir: Path) -> tuple[int | None, int | None]:
-    """(budget, used): the tokens a model was allowed (step cap x batch x sequence length) and
-    those it trained on (steps run, from metrics.json: fewer when the plateau rule stopped it)."""
-    if not (Path(model_dir) / CONFIG).is_file():  # a causal LM (the AR ceiling) has no training budget
-        return None, None
-    record = read_config(model_dir)
-    training = record.get("training", {})
-    loop = training.get("train", training)
-    seq_len = training.get("seq_len") or record.get("identity", {}).get("seq_len")
-    if not all(k in loop for k in ("steps", "batch_size")) or not seq_len:
-        return None, None
-    per_step = int(loop["batch_size"]) * int(seq_len)
-    metrics = Path(model_dir) / METRICS
-    ran = read_json(metrics, "").get("steps_run") if metrics.is_file() else None
-    return int(loop["steps"]) * per_step, (int(ran) * per_step if ran else None)
 
 
 def comparison_row(samples: Path) -> dict:

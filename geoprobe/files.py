@@ -1,4 +1,7 @@
-"""Owning an output directory while a command writes it: one writer at a time, stale locks taken over.
+"""Writing any directory safely: its lock (one writer at a time, stale locks taken over), files
+replaced whole (`write_json_atomic`), one-line reads of JSON it owns, checksums, and one-line
+messages for a full disk. What the directories hold has its own owner: a run (manifest, shards)
+is geoprobe/store.py's, a trained model's is bridges/checkpoint.py's.
 
 Every command that writes a directory (extract, scan, bridge, sweep, dsl train) holds
 `.geoprobe.lock` in it for as long as it runs. The lock file records the holder (pid, host,
@@ -165,11 +168,6 @@ def nearest_existing(path: Path) -> Path:
     return next(p for p in (path, *path.absolute().parents) if p.exists())
 
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"  # the EMA weights: what sampling and evaluation load
-METRICS = "metrics.json"  # written last: a directory holding it has finished
-
-
 def write_json_atomic(path: Path, data) -> None:
     """Replace `path` whole: a reader (or a resume after kill -9) never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -181,10 +179,6 @@ def write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def write_config(folder: Path, record: dict) -> None:
-    write_json_atomic(Path(folder) / CONFIG, record)
-
-
 def read_json(path: Path, missing: str):
     """A JSON file the run or checkpoint directory owns; one line (`missing`, or that it is cut
     short) when it cannot be read."""
@@ -194,36 +188,6 @@ def read_json(path: Path, missing: str):
         return json.loads(path.read_text())
     except (ValueError, OSError) as exc:
         raise BadInput(f"{path} is truncated or not JSON ({short(exc)}); delete it or use --force") from exc
-
-
-def read_config(folder: Path) -> dict:
-    """A checkpoint directory's `config.json` (bridge or DSL), or one line saying why it cannot be read."""
-    path = Path(folder) / CONFIG
-    record = read_json(path, f"{folder} is not a DSL or bridge checkpoint directory (no {CONFIG})")
-    if not isinstance(record, dict) or "kind" not in record:
-        raise BadInput(f"{path} is not a geoprobe checkpoint config (no 'kind'); written by another tool or version")
-    return record
-
-
-def build(config_class, fields: dict, path: Path):
-    """`config_class(**fields)`, or one line when the fields come from another version."""
-    try:
-        return config_class(**fields)
-    except TypeError as exc:
-        raise BadInput(f"{path} was written by another version of geoprobe ({short(exc)})") from exc
-
-
-def load_weights(module, path: Path) -> None:
-    """Load a safetensors file into `module`, or one line: missing, truncated, or of another shape."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"{path.parent} has no {path.name}: training has not finished (rerun it to resume)")
-    try:
-        module.load_state_dict(load_file(path))
-    except Exception as exc:
-        raise BadInput(f"{path} is truncated, corrupt or from another version ({short(exc)})") from exc
 
 
 def human(size: float) -> str:
