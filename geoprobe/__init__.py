@@ -5,15 +5,16 @@ The toolkit measures the geometry of every layer's hidden states, ranks the laye
 the chosen interface. See docs/architecture.md for the architecture and README.md for the CLI.
 """
 
-from importlib.metadata import version as _version
-
-__version__ = _version("geoprobe")  # pyproject.toml owns the number
 
 _API = ("Run", "open_run", "scan", "bridge", "sample")
 
 
 def __getattr__(name):
     """`geoprobe.open_run`, `geoprobe.scan`, ... (imported on first use: pandas stays out of the CLI's start-up)."""
+    if name == "__version__":  # pyproject.toml owns the number; read only when asked
+        from importlib.metadata import version
+
+        return version("geoprobe")
     if name in _API:
         from geoprobe import api
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from bridges.hidden import BridgeConfig, check_bridge_flags
 from geoprobe.errors import BadInput
 
-from geoprobe.verdict import LOSSES
 
 
 def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
@@ -291,18 +290,17 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     return {"rows": rows, "verdict": verdict, "plot": str(plot)}
 
 
-SWEEP_COLUMNS = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss", "steps_run",
-                 "best_step", "stop"]
-
-
 def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
     """sweep.csv (one row per layer and seed), sweep.json (rows and verdict), plots/sweep.png
     (score against the seed-mean primary loss) and plots/sweep-curves.png (every bridge's
     stopping-split curve up to where its plateau rule stopped it)."""
     from geoprobe.report.plots import curves_plot, sweep_plot
     from geoprobe.report.compare import write_rows
+    from geoprobe.verdict import LOSSES  # scipy: imported when a sweep is written, not at the CLI's start-up
 
-    write_rows(Path(run) / "sweep.csv", rows, SWEEP_COLUMNS)
+    columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss",
+               "steps_run", "best_step", "stop"]
+    write_rows(Path(run) / "sweep.csv", rows, columns)
     (Path(run) / "sweep.json").write_text(json.dumps({"rows": rows, "verdict": verdict}, indent=2))
     curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
                 Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}")
