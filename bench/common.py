@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import transformers
 
-from tests.conftest import build_tokenizer, write_corpus
+from tests.helpers import build_tokenizer, write_corpus  # until the library has them (issue 23)
 
 
 def tiny_llama(work: Path, n_docs: int) -> tuple[Path, Path]:

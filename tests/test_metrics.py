@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from geoprobe.backbone import load_backbone
 from geoprobe.metrics.evaluator import gen_ppl
 from geoprobe.metrics.text import diversity, repetition, text_metrics, unigram_entropy
 from geoprobe.synthetic import HMM, documents, hmm_from_spec
-from tests.test_extract import assert_one_line_error, invoke
+from tests.helpers import assert_one_line_error, invoke
 
 
 def test_diversity_entropy_and_repetition_by_hand():
@@ -53,8 +52,8 @@ def test_synthetic_corpus_is_seeded_and_its_entropy_rate_is_below_the_uniform_ra
     assert 0 < hmm_from_spec(spec).entropy_rate(4000) < math.log(50)
 
 
-def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(tiny_models):
-    backbone = load_backbone(str(tiny_models("llama")), device="cpu")
+def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(llama):
+    backbone = llama
     tok = backbone.tokenizer
     start = torch.tensor([[tok.bos_token_id, 40]])
     greedy = backbone.model.generate(start, max_new_tokens=40, do_sample=False, pad_token_id=0)[0, 1:].tolist()
@@ -84,11 +83,11 @@ def test_mauve_of_references_against_themselves_and_against_shuffled_words(smoll
     assert garbled["mauve"] < same["mauve"] - 0.3, (same, garbled)
 
 
-def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models, capsys):
+def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
     spec = "synthetic:hmm?states=4&vocab=40&docs=60&length=20&seed=1"
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"text": t}) + "\n" for t in documents(spec)[:12]))
-    code, out, err = invoke(capsys, "--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
+    code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
                             "--references", spec, "--device", "cpu")
     assert code == 0, err
     row = json.loads(out)[str(samples)]
@@ -97,16 +96,16 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models, capsys):
     assert row["oracle_nll_per_word"] == pytest.approx(row["oracle_entropy_rate"], rel=0.25)
     assert (tmp_path / "samples.metrics.json").is_file()
 
-    code, _, err = invoke(capsys, "eval", tmp_path / "none.jsonl", "--evaluator", tiny_models("llama"))
+    code, _, err = invoke("eval", tmp_path / "none.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "samples file not found")
     (tmp_path / "empty.jsonl").write_text("\n")
-    code, _, err = invoke(capsys, "eval", tmp_path / "empty.jsonl", "--evaluator", tiny_models("llama"))
+    code, _, err = invoke("eval", tmp_path / "empty.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "is empty")
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
-    code, _, err = invoke(capsys, "eval", tmp_path / "bad.jsonl", "--evaluator", tiny_models("llama"))
+    code, _, err = invoke("eval", tmp_path / "bad.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "bad.jsonl:2: not valid JSON")
     (tmp_path / "few.txt").write_text("light water earth king stone bread wine tree field road\n")
-    code, _, err = invoke(capsys, "eval", samples, "--evaluator", tiny_models("llama"), "--references",
+    code, _, err = invoke("eval", samples, "--evaluator", tiny_models("llama"), "--references",
                           tmp_path / "few.txt", "--device", "cpu")
     assert_one_line_error(code, err, 2, "MAUVE needs at least as many references as samples")
     import shutil
@@ -115,5 +114,5 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models, capsys):
     shutil.copytree(tiny_models("llama"), no_tok)
     for f in no_tok.glob("tokenizer*"):
         f.unlink()
-    code, _, err = invoke(capsys, "eval", samples, "--evaluator", no_tok, "--device", "cpu")
+    code, _, err = invoke("eval", samples, "--evaluator", no_tok, "--device", "cpu")
     assert_one_line_error(code, err, 2, "has no usable tokenizer")

@@ -10,7 +10,7 @@ import pytest
 
 from geoprobe.extract import ExtractConfig, extract
 from geoprobe.store import RunReader
-from tests.conftest import interrupted_copy
+from tests.helpers import interrupted_copy
 
 pytestmark = pytest.mark.real
 
@@ -51,17 +51,17 @@ def test_real_resume(kjv_run, smollm2, tmp_path):
     assert pq.read_table(files(cut)).equals(pq.read_table(files(run)))
 
 
-def test_real_scan_all_layers_both_normalisations(tmp_path, smollm2, capsys):
+def test_real_scan_all_layers_both_normalisations(tmp_path, smollm2):
     """`geoprobe scan` on ~4,000 KJV tokens, all 31 layers (the model loads from the cached folder)."""
     import csv
     import math
 
-    from tests.test_extract import invoke
+    from tests.helpers import invoke
 
     run = tmp_path / "scan"
     args = ["scan", "builtin:smollm2", "--corpus", "kjv", "--tokens", 4000, "--out", run, "--device", "cpu",
             "--reseeds", 2]  # the default 8 redraws are tested elsewhere; here 4 geometry passes x 31 layers
-    code, out, err = invoke(capsys, *args)
+    code, out, err = invoke(*args)
     assert code == 0, err
     rows = list(csv.DictReader((run / "ranking.csv").open()))
     assert [int(r["layer"]) for r in rows] == list(range(31))
@@ -74,7 +74,7 @@ def test_real_scan_all_layers_both_normalisations(tmp_path, smollm2, capsys):
     assert all(float(r["duplicate_fraction"]) < 0.05 for r in rows[1:])
     trace_choice = min(rows, key=lambda r: int(r["rank"]))["layer"]
     # unnormalised proxies shrink with the residual scale: the raw score picks layer 0 (DESIGN.md)
-    code, out, err = invoke(capsys, "-q", "--format", "json", *args, "--normalize", "none")
+    code, out, err = invoke("-q", "--format", "json", *args, "--normalize", "none")
     assert code == 0, err
     import json
 
