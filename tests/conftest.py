@@ -1,6 +1,6 @@
 """Shared fixtures: tiny random models of every supported architecture with the test tokenizer,
 a small corpus, the tiny Llama loaded once, one scanned run of it, the testbed, and (once per
-session) the real SmolLM2 backbone. The functions they are built from, and
+session) the real SmolLM2 backbone and one real scan. The functions they are built from, and
 the CLI runners, are in tests/helpers.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SCAN, build_model, flags, invoke, write_corpus
+from tests.helpers import REAL_SCAN, SCAN, build_model, flags, invoke, write_corpus
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +60,16 @@ def smollm2():
     from geoprobe.backbone import load_backbone
 
     return load_backbone("builtin:smollm2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_scan(tmp_path_factory) -> Path:
+    """`geoprobe scan` of SmolLM2 on the KJV (REAL_SCAN), once per session; the model loads from the
+    cached folder. Read it, never write it: copy it first (helpers.copy_run)."""
+    run = tmp_path_factory.mktemp("real") / "scan"
+    code, _, err = invoke(*REAL_SCAN, "--out", run)
+    assert code == 0, err
+    return run
 
 
 @pytest.fixture(scope="session")

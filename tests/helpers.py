@@ -40,6 +40,11 @@ ARCH_CONFIGS = {
 SCAN = dict(tokens=400, seq_len=32, anchors=64, k=8, pairs=256, bootstrap=20, device="cpu")
 
 
+# The one real-model scan of the session (the `smollm2_scan` fixture): SmolLM2 on ~4,000 KJV tokens,
+# all 31 layers (the default 8 redraws of the estimator are tested elsewhere: 2 here).
+REAL_SCAN = ["scan", "builtin:smollm2", "--corpus", "kjv", "--tokens", "4000", "--device", "cpu", "--reseeds", "2"]
+
+
 def flags(settings: dict) -> list[str]:
     """{"seq_len": 32} -> ["--seq-len", "32"]."""
     return [item for name, value in settings.items() for item in ("--" + name.replace("_", "-"), str(value))]
