@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import transformers
 
-from tests.conftest import build_tokenizer, write_corpus
+from geoprobe.fixtures import build_tokenizer, write_corpus
 
 
 def tiny_llama(work: Path, n_docs: int) -> tuple[Path, Path]:

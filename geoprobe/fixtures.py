@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from pathlib import Path
 
 import torch
@@ -85,6 +86,39 @@ def _tokenizer(folder: Path, vocab: int) -> None:
     tok = Tokenizer.from_str(json.dumps(spec))
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                             unk_token="<unk>").save_pretrained(folder)
+
+
+# --- small offline fixtures for the tests and benchmarks ------------------------------------------
+
+VOCAB = 320
+WORDS = ("light dark water earth heaven king house city river stone bread wine tree field road "
+         "morning evening word voice hand heart spirit land people fire cloud mountain sea").split()
+
+
+def synthetic_text(n_words: int, rng: random.Random) -> str:
+    """A sentence of the small fixed vocabulary below (the tests' and benchmarks' plain-text corpora)."""
+    return " ".join(rng.choice(WORDS) for _ in range(n_words)).capitalize() + "."
+
+
+def write_corpus(path: Path, n_docs: int, words: tuple[int, int] = (40, 400), seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    path.write_text("\n\n".join(synthetic_text(rng.randint(*words), rng) for _ in range(n_docs)) + "\n")
+    return path
+
+
+def build_tokenizer(folder: Path):
+    """The tests' and benchmarks' small byte-level BPE (VOCAB - 8 entries), saved into `folder`."""
+    from transformers import PreTrainedTokenizerFast
+
+    from bridges.tokens import byte_level_bpe
+
+    rng = random.Random(1)
+    tok = byte_level_bpe([synthetic_text(30, rng) for _ in range(2000)], VOCAB - 8,
+                         ("<pad>", "<bos>", "<eos>", "<unk>"), unk="<unk>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return fast
 
 
 def _random_tensor(name: str, shape, generator: torch.Generator) -> torch.Tensor:

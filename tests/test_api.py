@@ -13,24 +13,18 @@ import pytest
 import geoprobe
 from geoprobe.errors import BadInput
 from geoprobe.store import RunReader
-
-FLAGS = dict(tokens=400, seq_len=32, anchors=64, k=8, pairs=256, bootstrap=20, device="cpu")
+from tests.helpers import SCAN, copy_run
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_models, corpus_txt):
-    return geoprobe.scan(str(tiny_models("llama")), tmp_path_factory.mktemp("api") / "run", corpus=str(corpus_txt),
-                         **FLAGS)
+def run(tmp_path_factory, scanned_run):
+    """The shared scanned run (`geoprobe scan` with the SCAN settings), copied: the tests below write into it."""
+    return geoprobe.open_run(copy_run(scanned_run, tmp_path_factory.mktemp("api") / "run"))
 
 
-def test_a_scan_from_python_equals_the_command(run, tmp_path, tiny_models, corpus_txt):
-    from geoprobe.cli.app import main
-
-    argv = ["-q", "scan", str(tiny_models("llama")), "--corpus", str(corpus_txt), "--out", str(tmp_path / "cli")]
-    for name, value in FLAGS.items():
-        argv += ["--" + name.replace("_", "-"), str(value)]
-    main(argv)
-    assert (run.path / "ranking.csv").read_text() == (tmp_path / "cli" / "ranking.csv").read_text()
+def test_a_scan_from_python_equals_the_command(scanned_run, tmp_path, tiny_models, corpus_txt):
+    run = geoprobe.scan(str(tiny_models("llama")), tmp_path / "python", corpus=str(corpus_txt), **SCAN)
+    assert (run.path / "ranking.csv").read_text() == (scanned_run / "ranking.csv").read_text()
     assert "rows x 4 layers x d=64" in repr(run)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from geoprobe.backbone import SUPPORTED_ARCHITECTURES, load_backbone
 from geoprobe.errors import BadInput
-from tests.conftest import ARCH_CONFIGS, run_cli
+from tests.helpers import ARCH_CONFIGS, run_cli
 
 ARCHS = list(ARCH_CONFIGS)
 
@@ -125,15 +125,15 @@ def test_identity_records_config_hash_and_gguf_sha(tiny_models):
 
 
 @pytest.mark.real
-def test_a_truncated_or_foreign_gguf_file_is_one_line(tmp_path, capsys):
+def test_a_truncated_or_foreign_gguf_file_is_one_line(tmp_path):
     from geoprobe.assets import smollm2_gguf
-    from tests.test_extract import assert_one_line_error, invoke
+    from tests.helpers import assert_one_line_error, invoke
 
     data = smollm2_gguf().read_bytes()
     for name, content, fragment in (("cut-tensors.gguf", data[: len(data) - 4096], "is truncated or corrupt"),
                                     ("cut-header.gguf", data[:2000], "is truncated or corrupt"),
                                     ("not.gguf", b"PK\x03\x04" + data[4:5000], "is not a GGUF file")):
         (tmp_path / name).write_bytes(content)
-        code, _, err = invoke(capsys, "extract", tmp_path / name, "--corpus", "kjv", "--out", tmp_path / "r")
+        code, _, err = invoke("extract", tmp_path / name, "--corpus", "kjv", "--out", tmp_path / "r")
         assert_one_line_error(code, err, 2, fragment)
         assert not (tmp_path / "r").exists()

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from geoprobe.cli.app import app, main
+from geoprobe.cli.app import app
+from tests.helpers import copy_run, invoke
 
 
 # Every command with arguments that make it valid and cheap; the bad value of each case is
@@ -121,15 +122,13 @@ CASES = cases()
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, tiny_models, corpus_txt):
+def world(tmp_path_factory, tiny_models, corpus_txt, scanned_run):
     """The valid things the baselines point at: a model, a corpus, a scanned run, a DSL checkpoint,
     a samples file and an evaluated one, and the bad files of every kind."""
     root = tmp_path_factory.mktemp("bad-input")
     model = tiny_models("llama")
-    run, dsl = root / "run", root / "dsl"
-    ok = lambda *argv: main_code(list(map(str, argv))) == 0
-    assert ok("-q", "scan", model, "--corpus", corpus_txt, "--tokens", 300, "--seq-len", 32, "--anchors", 32,
-              "--k", 4, "--pairs", 64, "--bootstrap", 10, "--out", run, "--device", "cpu")
+    run, dsl = copy_run(scanned_run, root / "run"), root / "dsl"
+    ok = lambda *argv: invoke(*argv)[0] == 0
     assert ok("-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 2, "--batch-size", 2,
               "--seq-len", 16, "--d-model", 16, "--n-layers", 1, "--out", dsl, "--device", "cpu")
     assert ok("-q", "sample", "--model", dsl, "--num", 2, "--length", 8, "--out", root / "samples", "--device", "cpu")
@@ -143,14 +142,6 @@ def world(tmp_path_factory, tiny_models, corpus_txt):
     (root / "a-file").write_text("not a folder")
     return {"model": str(model), "corpus": str(corpus_txt), "run": str(run), "dsl": str(dsl),
             "samples": str(samples), "evaluated": str(evaluated), "root": root}
-
-
-def main_code(argv) -> int:
-    try:
-        main(argv)
-    except SystemExit as exc:
-        return exc.code or 0
-    return 0
 
 
 BAD_PATH = {"missing": "nowhere/at/all", "empty-file": "empty.txt", "empty-dir": "empty-dir", "foreign": "foreign"}
@@ -192,15 +183,13 @@ def no_work(monkeypatch):
 
 
 @pytest.mark.parametrize("command", sorted(BASE))
-def test_every_bad_flag_and_file_is_one_line_and_exit_2(command, world, tmp_path, capsys, no_work):
+def test_every_bad_flag_and_file_is_one_line_and_exit_2(command, world, tmp_path, no_work):
     failures = []
     mine = [c for c in CASES if c[0] == command]
     for number, case in enumerate(mine):
         new = tmp_path / f"new-{number}"
         argv = argv_for(case, world, new)
-        capsys.readouterr()
-        code = main_code(argv)
-        err = capsys.readouterr().err
+        code, _, err = invoke(*argv)
         lines = [l for l in err.strip().splitlines() if l.strip()]
         if code != 2 or len(lines) != 1 or not lines[0].startswith("error: "):
             failures.append(f"{' '.join(case)} -> exit {code}: {err.strip()[:300]!r}")
@@ -219,18 +208,17 @@ def test_the_walk_covers_every_command_and_hundreds_of_cases():
 
 
 @pytest.mark.parametrize("command", sorted(BASE))
-def test_every_baseline_is_valid_so_each_refusal_is_the_bad_value(command, world, tmp_path, capsys, no_work):
+def test_every_baseline_is_valid_so_each_refusal_is_the_bad_value(command, world, tmp_path, no_work):
     argv = argv_for((command, "--quiet-check", ""), world, tmp_path / "new")[:-2]  # the baseline alone
-    code = main_code(argv)
-    err = capsys.readouterr().err
+    code, _, err = invoke(*argv)
     assert code == 0 or (code == 1 and "work started before" in err), f"{argv}: exit {code}: {err}"
 
 
-def test_help_lists_the_commands_in_the_order_a_user_runs_them(capsys):
+def test_help_lists_the_commands_in_the_order_a_user_runs_them():
     from geoprobe.cli.app import ORDER
 
-    assert main_code(["--help"]) == 0
-    out = capsys.readouterr().out
+    code, out, _ = invoke("--help")
+    assert code == 0
     listed = [line.split()[1] for line in out.splitlines() if line.startswith("│ ") and len(line.split()) > 2
               and line.split()[1] in commands() | {"dsl": None}]
     assert listed == list(ORDER)

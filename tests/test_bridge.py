@@ -11,14 +11,8 @@ import torch
 from bridges.fit import fit_bridge
 from bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
 from bridges.train import TrainConfig
-from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
-from tests.test_extract import assert_one_line_error, invoke
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_models):
-    return load_backbone(str(tiny_models("llama")), device="cpu")
+from tests.helpers import assert_one_line_error, copy_run, invoke
 
 
 @pytest.fixture(scope="module")
@@ -105,23 +99,15 @@ def test_layer0_clean_nmse_is_zero_before_training(llama, blocks):
 
 
 @pytest.fixture(scope="module")
-def scanned(tmp_path_factory, tiny_models, corpus_txt):
-    from geoprobe.cli.app import main
-
-    run = tmp_path_factory.mktemp("sweep") / "run"
-    try:
-        main(["-q", "scan", str(tiny_models("llama")), "--corpus", str(corpus_txt), "--tokens", "600",
-              "--seq-len", "32", "--k", "8", "--anchors", "100", "--pairs", "200", "--bootstrap", "20",
-              "--out", str(run), "--device", "cpu"])
-    except SystemExit as exc:
-        assert not exc.code
-    return run
+def scanned(tmp_path_factory, scanned_run):
+    """The shared scanned run, copied: the sweep below writes its bridges and verdict into it."""
+    return copy_run(scanned_run, tmp_path_factory.mktemp("sweep") / "run")
 
 
-def test_sweep_over_three_layers_and_two_seeds(scanned, capsys):
+def test_sweep_over_three_layers_and_two_seeds(scanned):
     flags = ["--layers", "0-2", "--seeds", "0,1", "--steps", 20, "--eval-every", 5, "--batch-size", 4, "--seq-len", 32,
              "--d-model", 32, "--n-layers", 1, "--device", "cpu"]
-    code, out, err = invoke(capsys, "--format", "json", "sweep", "--run", scanned, *flags)
+    code, out, err = invoke("--format", "json", "sweep", "--run", scanned, *flags)
     assert code == 0, err
     data = json.loads(out)
     rows = list(csv.DictReader((scanned / "sweep.csv").open()))
@@ -135,35 +121,35 @@ def test_sweep_over_three_layers_and_two_seeds(scanned, capsys):
     a, b = (json.loads((scanned / "bridges" / "layer-01" / f"seed-{s}" / "metrics.json").read_text()) for s in (0, 1))
     assert a["val_positions"] == b["val_positions"] and a["ref_ce"] == b["ref_ce"] and a["nmse"] != b["nmse"]
     # with the source included there are three layers: a test, one-sided, and the plots
-    code, out, err = invoke(capsys, "--format", "json", "sweep", "--run", scanned, *flags, "--include-source")
+    code, out, err = invoke("--format", "json", "sweep", "--run", scanned, *flags, "--include-source")
     assert code == 0, err
     v = json.loads(out)["verdict"]
     assert v["compared_layers"] == [0, 1, 2] and v["tests"]["nmse_dim"]["alternative"] == "less"
     assert v["tests"]["nmse_dim"]["n"] == 3 and v["reliability"]["nmse_dim"] is not None
     assert (scanned / "plots" / "sweep.png").stat().st_size > 20000
-    report = invoke(capsys, "report", scanned)
+    report = invoke("report", scanned)
     assert report[0] == 0 and v["statement"][0] in (scanned / "report.md").read_text()
 
 
-def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, capsys, tmp_path):
+def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_path):
     flags = ["--run", scanned, "--layer", "1", "--out", tmp_path, "--steps", 6, "--until", "steps", "--batch-size", 4,
              "--d-model", 32, "--n-layers", 1, "--device", "cpu"]
-    code, out, err = invoke(capsys, "--format", "json", "bridge", *flags)
+    code, out, err = invoke("--format", "json", "bridge", *flags)
     assert code == 0, err
     first = json.loads(out)
     # another step count or learning rate on a finished bridge: refused, naming what differs
     for extra, key in ((["--steps", 8], "steps"), (["--lr", "0.01"], "lr")):
-        code, _, err = invoke(capsys, "bridge", *flags, *extra)
+        code, _, err = invoke("bridge", *flags, *extra)
         assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: ")
         assert key in err.split("differs in: ")[1].split(")")[0].split(", "), err
     # another seed: its own directory, trained anew
-    code, out, err = invoke(capsys, "--format", "json", "bridge", *flags, "--seed", "1")
+    code, out, err = invoke("--format", "json", "bridge", *flags, "--seed", "1")
     assert code == 0, err
     second = json.loads(out)
     assert second["dir"].endswith("layer-01/seed-1") and first["dir"].endswith("layer-01/seed-0")
     assert second["nmse"] != first["nmse"]
     # the same settings again: the finished bridge's metrics, unchanged
-    code, out, _ = invoke(capsys, "--format", "json", "bridge", *flags)
+    code, out, _ = invoke("--format", "json", "bridge", *flags)
     assert code == 0 and json.loads(out)["nmse"] == first["nmse"]
 
 
@@ -173,38 +159,37 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, capsy
     (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
     (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
 ])
-def test_bridge_bad_input(args, fragment, scanned, capsys):
-    code, _, err = invoke(capsys, "bridge", "--run", scanned, "--device", "cpu", *args)
+def test_bridge_bad_input(args, fragment, scanned):
+    code, _, err = invoke("bridge", "--run", scanned, "--device", "cpu", *args)
     assert_one_line_error(code, err, 2, fragment)
 
 
-def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned, tmp_path, tiny_models, corpus_txt,
-                                                                      capsys):
+def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned, tmp_path, tiny_models, corpus_txt):
     import shutil
 
     unscanned = shutil.copytree(scanned, tmp_path / "unscanned")
     (unscanned / "ranking.csv").unlink()
-    code, _, err = invoke(capsys, "bridge", "--run", unscanned, "--device", "cpu")
+    code, _, err = invoke("bridge", "--run", unscanned, "--device", "cpu")
     assert_one_line_error(code, err, 2, "has no finished scan")
     partial = tmp_path / "partial"
-    code, _, err = invoke(capsys, "-q", "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 200,
+    code, _, err = invoke("-q", "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 200,
                           "--layers", "0,1", "--seq-len", 32, "--out", partial, "--device", "cpu")
     assert code == 0, err
-    code, _, err = invoke(capsys, "bridge", "--run", partial, "--layer", 2, "--device", "cpu")
+    code, _, err = invoke("bridge", "--run", partial, "--layer", 2, "--device", "cpu")
     assert_one_line_error(code, err, 2, "layer 2 was not scanned in this run")
     common = ["--corpus", corpus_txt, "--layer", 1, "--steps", 2, "--batch-size", 2, "--seq-len", 32, "--d-model", 32,
               "--n-layers", 1, "--out", tmp_path / "b", "--device", "cpu"]
-    assert invoke(capsys, "-q", "bridge", "--model", tiny_models("llama"), *common)[0] == 0
-    code, _, err = invoke(capsys, "bridge", "--model", tiny_models("qwen3"), *common)
+    assert invoke("-q", "bridge", "--model", tiny_models("llama"), *common)[0] == 0
+    code, _, err = invoke("bridge", "--model", tiny_models("qwen3"), *common)
     assert_one_line_error(code, err, 2, "holds a bridge for another backbone, layer or shape")
     # a bridge directory is a TokenDenoiser for `geoprobe sample`
-    code, out, err = invoke(capsys, "--format", "json", "sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0",
+    code, out, err = invoke("--format", "json", "sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0",
                             "--sampler", "hybrid", "--steps", 6, "--num", 2, "--length", 5, "--out", tmp_path / "s",
                             "--device", "cpu")
     assert code == 0, err
     data = json.loads(out)
     assert data["meta"]["nfe"] == 6 and len(data["samples"][0]["token_ids"]) == 5
-    code, _, err = invoke(capsys, "sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0", "--decode", "round",
+    code, _, err = invoke("sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0", "--decode", "round",
                           "--num", 1, "--length", 4, "--out", tmp_path / "s", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--decode round is the layer-0 baseline")
 

@@ -10,7 +10,7 @@ import pytest
 from geoprobe.assets import parse_bible_output
 from geoprobe.corpus import is_validation, iter_blocks, read_documents
 from geoprobe.errors import BadInput
-from tests.conftest import build_tokenizer
+from tests.helpers import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,14 @@ import pytest
 
 from geoprobe.synthetic import hmm_from_spec
 from geoprobe.testbed import CORPUS
-from tests.test_extract import assert_one_line_error, invoke
+from tests.helpers import assert_one_line_error, invoke
 
 
 @pytest.fixture(scope="module")
 def tiny_demo(tmp_path_factory):
-    from geoprobe.cli.app import main
-
     out = tmp_path_factory.mktemp("demo")
-    try:
-        main(["-q", "demo", "--tiny", "--out", str(out)])
-    except SystemExit as exc:
-        assert not exc.code
+    code, _, err = invoke("-q", "demo", "--tiny", "--out", out)
+    assert code == 0, err
     return out
 
 
@@ -73,21 +69,21 @@ def test_tiny_demo_writes_a_report_with_every_row_filled(tiny_demo):
         assert list(metrics) == [str(folder / "samples.jsonl")]
 
 
-def test_compare_refuses_mismatched_budgets_unless_allowed(tiny_demo, capsys):
+def test_compare_refuses_mismatched_budgets_unless_allowed(tiny_demo):
     dsl = tiny_demo / "dsl"
     other = tiny_demo / "samples" / "mdlm-64"
     common = ["--model", dsl, "--sampler", "mdlm", "--num", 12, "--length", 32, "--device", "cpu"]
-    assert invoke(capsys, "-q", "sample", *common, "--steps", 64, "--out", other)[0] == 0
-    assert invoke(capsys, "-q", "eval", other / "samples.jsonl", "--evaluator", "builtin:hmm-tiny",
+    assert invoke("-q", "sample", *common, "--steps", 64, "--out", other)[0] == 0
+    assert invoke("-q", "eval", other / "samples.jsonl", "--evaluator", "builtin:hmm-tiny",
                   "--references", CORPUS, "--device", "cpu")[0] == 0
     files = [tiny_demo / "samples" / "dsl-mdlm" / "samples.jsonl", other / "samples.jsonl"]
-    code, _, err = invoke(capsys, "compare", *files, "--out", tiny_demo / "cmp")
+    code, _, err = invoke("compare", *files, "--out", tiny_demo / "cmp")
     assert_one_line_error(code, err, 2, "the generators have different budgets")
-    code, out, err = invoke(capsys, "--format", "json", "compare", *files, "--out", tiny_demo / "cmp",
+    code, out, err = invoke("--format", "json", "compare", *files, "--out", tiny_demo / "cmp",
                             "--allow-mismatch")
     assert code == 0, err
     assert {r["budget"] for r in json.loads(out)["rows"]} == {"MISMATCH"}
-    code, _, err = invoke(capsys, "compare", tiny_demo / "nothing.jsonl", "--out", tiny_demo / "cmp")
+    code, _, err = invoke("compare", tiny_demo / "nothing.jsonl", "--out", tiny_demo / "cmp")
     assert_one_line_error(code, err, 2, "samples file not found")
 
 

@@ -16,7 +16,6 @@ from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, train_dsl
 from bridges.fit import fit_bridge
 from bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
 from bridges.train import TrainConfig
-from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
 from samplers import SAMPLERS, make_sampler
@@ -111,12 +110,8 @@ def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_models):
-    return load_backbone(str(tiny_models("llama")), device="cpu", dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def blocks(llama, corpus_txt):
+    assert llama.model.dtype == torch.float32  # the shared tiny Llama (conftest): float32 on the CPU
     found = list(iter_blocks(read_documents(str(corpus_txt)), llama.tokenizer, 16, seed=0))
     return found[:24], found[-4:]
 

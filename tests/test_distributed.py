@@ -19,8 +19,7 @@ import torch.multiprocessing as mp
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
 from geoprobe.store import read_journal
 from tests import distributed_worker
-from tests.conftest import read_json, run_cli, write_corpus
-from tests.test_extract import all_rows
+from tests.helpers import all_rows, read_json, run_cli, write_corpus
 
 
 def free_port() -> int:
@@ -133,12 +132,10 @@ def test_two_rank_scan_equals_one_rank_scan(tmp_path, scan_args):
 
 def test_a_killed_rank_resumes_with_any_world_size(tmp_path, tiny_models):
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
-    args = [sys.executable, "-m", "geoprobe", "--quiet", "extract", str(tiny_models("llama")), "--corpus", str(corpus),
-            "--tokens", "20000", "--seq-len", "64", "--shard-rows", "256", "--batch-size", "1", "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    args = ["--quiet", "extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 20000, "--seq-len", 64,
+            "--shard-rows", 256, "--batch-size", 1, "--device", "cpu"]
     run = tmp_path / "shared"
-    victim = subprocess.Popen([*args, "--out", str(run), "--rank", "1", "--world-size", "2"], env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = run_cli(*args, "--out", run, "--rank", 1, "--world-size", 2, background=True)
     part = run / "parts" / "rank-001.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not len(read_journal(part)) >= 2:
@@ -146,15 +143,12 @@ def test_a_killed_rank_resumes_with_any_world_size(tmp_path, tiny_models):
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_with = len(read_journal(part))
-    rank0 = subprocess.run([*args, "--out", str(run), "--rank", "0", "--world-size", "2"], env=env,
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    rank0 = run_cli(*args, "--out", run, "--rank", 0, "--world-size", 2)
     assert rank0.returncode == 0, rank0.stderr
     assert read_json(run / "manifest.json")["status"] == "running"  # rank 1's share is unfinished
-    resumed = subprocess.run([*args, "--out", str(run)], env=env, capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL)  # one process finishes what rank 1 left
+    resumed = run_cli(*args, "--out", run)  # one process finishes what rank 1 left
     assert resumed.returncode == 0, resumed.stderr
-    clean = subprocess.run([*args, "--out", str(tmp_path / "clean")], env=env, capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL)
+    clean = run_cli(*args, "--out", tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr
     merged, reference = read_json(run / "manifest.json"), read_json(tmp_path / "clean" / "manifest.json")
     assert merged["status"] == "complete" and killed_with >= 2

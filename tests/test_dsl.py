@@ -13,7 +13,7 @@ from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_d
 from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
 from bridges.checkpoint import WEIGHTS
 from bridges.train import CHECKPOINT, TrainConfig, plateaued, train
-from tests.test_extract import assert_one_line_error, invoke
+from tests.helpers import assert_one_line_error, invoke
 
 V = 8
 
@@ -92,22 +92,18 @@ def test_token_table_rows_stay_on_the_unit_sphere():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, corpus_txt):
     out = tmp_path_factory.mktemp("dsl") / "m"
-    from geoprobe.cli.app import main
-
-    try:
-        main(["-q", "dsl", "train", "--corpus", str(corpus_txt), "--tokenizer", "train:400", "--steps", "5",
-              "--batch-size", "4", "--seq-len", "32", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
-              "--out", str(out), "--device", "cpu"])
-    except SystemExit as exc:
-        assert not exc.code
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "train:400", "--steps", 5,
+                          "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--n-heads", 2,
+                          "--out", out, "--device", "cpu")
+    assert code == 0, err
     return out
 
 
-def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, capsys, tmp_path):
+def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, tmp_path):
     metrics = json.loads((checkpoint / "metrics.json").read_text())
     assert metrics["val_mdlm_elbo_bits_per_token"] > 0
     assert (checkpoint / "curve.csv").read_text().startswith("step,loss,val\n0,")
-    code, out, err = invoke(capsys, "--format", "json", "sample", "--model", checkpoint, "--sampler", "roar",
+    code, out, err = invoke("--format", "json", "sample", "--model", checkpoint, "--sampler", "roar",
                             "--num", 3, "--length", 10, "--out", tmp_path, "--device", "cpu")
     assert code == 0, err
     data = json.loads(out)
@@ -115,7 +111,7 @@ def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, capsys, tmp_pat
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 3 and len(json.loads(lines[0])["token_ids"]) == 10
     assert json.loads((tmp_path / "samples.meta.jsonl").read_text())["sampler"] == "roar"
-    code, out, err = invoke(capsys, "--format", "json", "nll", "--model", checkpoint, "--corpus", corpus_txt,
+    code, out, err = invoke("--format", "json", "nll", "--model", checkpoint, "--corpus", corpus_txt,
                             "--seq-len", 16, "--max-seqs", 2, "--device", "cpu")
     assert code == 0, err
     result = json.loads(out)
@@ -130,31 +126,31 @@ def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, capsys, tmp_pat
     (["--sampler", "mdlm", "--steps", "0"], "--steps must be at least 1"),
     (["--sampler", "roar", "--steps", "50", "--length", "10"], "exceeds --length 10"),
 ])
-def test_sample_bad_input(args, fragment, checkpoint, capsys):
-    code, _, err = invoke(capsys, "sample", "--model", checkpoint, "--device", "cpu", *args)
+def test_sample_bad_input(args, fragment, checkpoint):
+    code, _, err = invoke("sample", "--model", checkpoint, "--device", "cpu", *args)
     assert_one_line_error(code, err, 2, fragment)
 
 
-def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkpoint, corpus_txt, capsys):
-    code, _, err = invoke(capsys, "sample", "--model", tmp_path)
+def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkpoint, corpus_txt):
+    code, _, err = invoke("sample", "--model", tmp_path)
     assert_one_line_error(code, err, 2, "is not a DSL or bridge checkpoint directory")
-    code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "char", "--init", checkpoint,
+    code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--tokenizer", "char", "--init", checkpoint,
                           "--steps", 2, "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--out", tmp_path / "x",
                           "--device", "cpu")
     assert_one_line_error(code, err, 2, "tokenizer mismatch")
     (tmp_path / "empty.txt").write_text("\n")
-    code, _, err = invoke(capsys, "dsl", "train", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "y")
+    code, _, err = invoke("dsl", "train", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "y")
     assert_one_line_error(code, err, 2, "is empty")
-    code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--snr", "cosine", "--out", tmp_path / "z")
+    code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--snr", "cosine", "--out", tmp_path / "z")
     assert_one_line_error(code, err, 2, "unknown --snr 'cosine'")
     bridge = tmp_path / "bridge"
     bridge.mkdir()
     (bridge / "config.json").write_text(json.dumps({"kind": "bridge", "bridge": {}}))
-    code, _, err = invoke(capsys, "nll", "--model", bridge, "--corpus", corpus_txt, "--device", "cpu")
+    code, _, err = invoke("nll", "--model", bridge, "--corpus", corpus_txt, "--device", "cpu")
     assert_one_line_error(code, err, 2, "nll scores DSL checkpoints")
 
 
-def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt, capsys):
+def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt):
     import re
 
     text = re.sub(" +", " ", re.sub("[^a-z ]", " ", corpus_txt.read_text().lower().replace("\n", " "))).strip()
@@ -162,12 +158,12 @@ def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt, capsys
     text8.write_text((text + " ") * (60000 // len(text) + 1))
     text8.write_text(text8.read_text()[:60000])
     char = tmp_path / "char"
-    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "char", "--steps", 3,
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "char", "--steps", 3,
                           "--batch-size", 4, "--seq-len", 32, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
                           "--out", char, "--device", "cpu")
     assert code == 0, err
     for split, chars in (("test", [57000, 60000]), ("validation", [54000, 57000])):
-        code, out, err = invoke(capsys, "--format", "json", "nll", "--model", char, "--corpus", text8, "--split", split,
+        code, out, err = invoke("--format", "json", "nll", "--model", char, "--corpus", text8, "--split", split,
                                 "--max-seqs", 100, "--estimators", "mdlm", "--device", "cpu")
         assert code == 0, err
         result = json.loads(out)
@@ -175,7 +171,7 @@ def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt, capsys
         assert result["sequences"] == 3000 // 256  # every whole 256-character sequence of the 5% split
         assert result["mdlm_bits_per_char"] == result["mdlm_bits_per_token"]
         assert 0 < result["mdlm_bits_per_char"] < 3 * math.log2(27)
-    code, _, err = invoke(capsys, "nll", "--model", checkpoint, "--corpus", text8, "--device", "cpu")
+    code, _, err = invoke("nll", "--model", checkpoint, "--corpus", text8, "--device", "cpu")
     assert_one_line_error(code, err, 2, "its protocol needs a model trained with --tokenizer char")
 
 
@@ -265,10 +261,10 @@ def test_a_dsl_from_a_pretrained_lm_starts_as_that_lm_with_bidirectional_attenti
         assert model(z).shape == (2, 7, model.cfg.vocab_size)
 
 
-def test_dsl_train_init_from_a_pretrained_lm_then_sample_and_nll(tiny_models, corpus_txt, capsys, tmp_path):
+def test_dsl_train_init_from_a_pretrained_lm_then_sample_and_nll(tiny_models, corpus_txt, tmp_path):
     model_dir = tiny_models("qwen3")
     out = tmp_path / "dsl"
-    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--steps", 4,
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--steps", 4,
                           "--batch-size", 2, "--seq-len", 16, "--out", out, "--device", "cpu")
     assert code == 0, err
     record = json.loads((out / "config.json").read_text())
@@ -276,32 +272,32 @@ def test_dsl_train_init_from_a_pretrained_lm_then_sample_and_nll(tiny_models, co
     assert record["identity"]["init_from"] == str(model_dir)
     assert json.loads((out / "metrics.json").read_text())["val_mdlm_elbo_bits_per_token"] > 0
     for sampler in ("mdlm", "roar", "continuous", "hybrid"):
-        code, data, err = invoke(capsys, "--format", "json", "sample", "--model", out, "--sampler", sampler,
+        code, data, err = invoke("--format", "json", "sample", "--model", out, "--sampler", sampler,
                                  "--steps", 4, "--num", 2, "--length", 8, "--out", tmp_path / sampler, "--device", "cpu")
         assert code == 0, err
         assert len(json.loads(data)["samples"]) == 2
-    code, data, err = invoke(capsys, "--format", "json", "nll", "--model", out, "--corpus", corpus_txt, "--seq-len", 8,
+    code, data, err = invoke("--format", "json", "nll", "--model", out, "--corpus", corpus_txt, "--seq-len", 8,
                              "--max-seqs", 1, "--device", "cpu")
     assert code == 0, err
     assert json.loads(data)["mdlm_bits_per_token"] > 0
     # the same command again resumes (nothing to do) instead of refusing
-    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--steps", 4,
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--steps", 4,
                           "--batch-size", 2, "--seq-len", 16, "--out", out, "--device", "cpu")
     assert code == 0, err
 
 
-def test_init_from_refuses_another_tokenizer_and_init_together(tiny_models, corpus_txt, capsys, tmp_path):
+def test_init_from_refuses_another_tokenizer_and_init_together(tiny_models, corpus_txt, tmp_path):
     model_dir = tiny_models("llama")
-    code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--tokenizer",
+    code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--tokenizer",
                           "train:300", "--steps", 2, "--out", tmp_path / "a", "--device", "cpu")
     assert_one_line_error(code, err, 2, "tokenizer mismatch: --tokenizer has another vocabulary")
     assert not (tmp_path / "a").exists()
-    code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--init",
+    code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--init",
                           tmp_path, "--steps", 2, "--out", tmp_path / "b", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
 
 
-def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(tiny_models, corpus_txt, capsys,
+def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(tiny_models, corpus_txt,
                                                                                tmp_path, monkeypatch):
     """--init-from with --table-init pca loads the model once (the PCA comes from the same weights),
     and the checkpoint holds no vocabulary-wide copy of the LM's own (unused) input embedding."""
@@ -315,7 +311,7 @@ def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(ti
     real_load = backbone_module.load_backbone
     monkeypatch.setattr(backbone_module, "load_backbone", lambda *a, **k: loads.append(a) or real_load(*a, **k))
     model_dir, out = tiny_models("llama"), tmp_path / "dsl"
-    code, _, err = invoke(capsys, "-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--table-init",
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--table-init",
                           "pca", "--freeze-table", "--steps", 2, "--batch-size", 2, "--seq-len", 16, "--out", out,
                           "--device", "cpu")
     assert code == 0, err

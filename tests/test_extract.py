@@ -1,10 +1,7 @@
 """`geoprobe extract` end to end: run directory, values, resume, and every bad input."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,46 +13,17 @@ import torch
 
 from geoprobe.backbone import load_backbone
 from geoprobe.capture import capture
-from geoprobe.cli.app import main
 from geoprobe.backbone import parse_layers
 from geoprobe.extract import ExtractConfig, extract
 from geoprobe.store import RunReader, read_manifest, state_array
-from tests.conftest import build_model, interrupted_copy, read_json, write_corpus
-
-
-def invoke(capsys, *args):
-    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def assert_one_line_error(code, err, expected_code, fragment):
-    assert code == expected_code, err
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert fragment in lines[0], lines[0]
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_models):
-    return load_backbone(str(tiny_models("llama")), device="cpu")
+from tests.helpers import (all_rows, assert_one_line_error, build_model, interrupted_copy, invoke, read_json,
+                           run_cli, write_corpus)
 
 
 def cfg_for(folder, corpus, **kw):
     base = dict(model=str(folder), corpus=str(corpus), tokens=1500, seq_len=64, shard_rows=256, batch_size=4,
                 device="cpu")
     return ExtractConfig(**{**base, **kw})
-
-
-def all_rows(run):
-    """Every row of a run as {(doc, seq, pos): (token, {col: vector})}."""
-    table = pq.read_table(sorted((Path(run) / "hidden").glob("part-*.parquet")))
-    return table
 
 
 def test_extract_writes_the_run_directory(tmp_path, tiny_models, corpus_txt, llama):
@@ -146,11 +114,9 @@ def test_resume_after_interruption_gives_the_rows_of_an_uninterrupted_run(tmp_pa
 
 def test_kill_9_then_resume(tmp_path, tiny_models):
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
-    args = [sys.executable, "-m", "geoprobe", "--quiet", "extract", str(tiny_models("llama")), "--corpus", str(corpus),
-            "--tokens", "30000", "--seq-len", "64", "--shard-rows", "256", "--batch-size", "1", "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    victim = subprocess.Popen([*args, "--out", str(tmp_path / "killed")], env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["--quiet", "extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 30000, "--seq-len", 64,
+            "--shard-rows", 256, "--batch-size", 1, "--device", "cpu"]
+    victim = run_cli(*args, "--out", tmp_path / "killed", background=True)
     manifest_path = tmp_path / "killed" / "manifest.json"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -163,8 +129,7 @@ def test_kill_9_then_resume(tmp_path, tiny_models):
     interrupted = read_manifest(manifest_path.parent)
     assert interrupted["status"] == "running" and 2 <= len(interrupted["shards"])
     for run in ("killed", "clean"):
-        done = subprocess.run([*args, "--out", str(tmp_path / run)], env=env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL)
+        done = run_cli(*args, "--out", tmp_path / run)
         assert done.returncode == 0, done.stderr
     assert all_rows(tmp_path / "killed").equals(all_rows(tmp_path / "clean"))
 
@@ -191,38 +156,38 @@ def test_reader_streams_batches(tmp_path, tiny_models, corpus_txt, llama):
     assert isinstance(tensors[0], torch.Tensor) and torch.equal(tensors[0], torch.from_numpy(batches[0]))
 
 
-def test_cli_table_and_json(tmp_path, tiny_models, corpus_txt, capsys):
-    code, out, err = invoke(capsys, "--format", "json", "extract", tiny_models("llama"), "--corpus", corpus_txt,
+def test_cli_table_and_json(tmp_path, tiny_models, corpus_txt):
+    code, out, err = invoke("--format", "json", "extract", tiny_models("llama"), "--corpus", corpus_txt,
                             "--tokens", 300, "--seq-len", 64, "--out", tmp_path / "run", "--device", "cpu")
     assert code == 0, err
     data = json.loads(out)
     assert data["rows"] == 300 and data["status"] == "complete"
-    code, out, err = invoke(capsys, "extract", tiny_models("llama"), "--corpus", corpus_txt,
+    code, out, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt,
                             "--tokens", 300, "--seq-len", 64, "--out", tmp_path / "run", "--device", "cpu")
     assert code == 0 and "rows per layer" in out and "300" in out
 
 
 def test_python_m_geoprobe_help():
-    result = subprocess.run([sys.executable, "-m", "geoprobe", "--help"], capture_output=True, text=True)
+    result = run_cli("--help")
     assert result.returncode == 0 and "extract" in result.stdout and "Examples" in result.stdout
 
 
 # --- bad input: one line, exit code 2, nothing half-written -----------------------------------
 
 
-def test_corpus_missing_empty_or_too_short(tmp_path, tiny_models, capsys):
+def test_corpus_missing_empty_or_too_short(tmp_path, tiny_models):
     model = tiny_models("llama")
-    code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "none.txt", "--out", tmp_path / "r")
+    code, _, err = invoke("extract", model, "--corpus", tmp_path / "none.txt", "--out", tmp_path / "r")
     assert_one_line_error(code, err, 2, "corpus not found")
     (tmp_path / "empty.txt").write_text("\n\n")
-    code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "r")
+    code, _, err = invoke("extract", model, "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "r")
     assert_one_line_error(code, err, 2, "is empty")
     (tmp_path / "weights.bin").write_bytes(bytes(range(256)) * 64)  # a binary file is refused, not tokenised
-    code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "weights.bin", "--out", tmp_path / "r")
+    code, _, err = invoke("extract", model, "--corpus", tmp_path / "weights.bin", "--out", tmp_path / "r")
     assert_one_line_error(code, err, 2, "is not text (binary or not UTF-8)")
     assert not (tmp_path / "r").exists()
     (tmp_path / "short.txt").write_text("light water earth\n\nking stone\n")
-    code, _, err = invoke(capsys, "extract", model, "--corpus", tmp_path / "short.txt", "--tokens", 1000,
+    code, _, err = invoke("extract", model, "--corpus", tmp_path / "short.txt", "--tokens", 1000,
                           "--out", tmp_path / "r", "--device", "cpu")
     assert_one_line_error(code, err, 2, "fewer than --tokens 1000")
     assert not (tmp_path / "r").exists()
@@ -230,37 +195,37 @@ def test_corpus_missing_empty_or_too_short(tmp_path, tiny_models, capsys):
 
 @pytest.mark.parametrize("spec,fragment", [("0-9", "layer 4 out of range"), ("2-1", "malformed layer spec"),
                                            ("a,b", "malformed layer spec"), ("0,17", "layer 17 out of range")])
-def test_bad_layer_specs(spec, fragment, tmp_path, tiny_models, corpus_txt, capsys):
-    code, _, err = invoke(capsys, "extract", tiny_models("llama"), "--corpus", corpus_txt, "--layers", spec,
+def test_bad_layer_specs(spec, fragment, tmp_path, tiny_models, corpus_txt):
+    code, _, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt, "--layers", spec,
                           "--out", tmp_path / "r", "--device", "cpu")
     assert_one_line_error(code, err, 2, fragment)
     assert not (tmp_path / "r").exists()
     assert parse_layers("0-1,3", 3) == [0, 1, 3]
 
 
-def test_different_config_is_refused_then_force_starts_over(tmp_path, tiny_models, corpus_txt, capsys):
+def test_different_config_is_refused_then_force_starts_over(tmp_path, tiny_models, corpus_txt):
     common = ["-q", "extract", tiny_models("llama"), "--corpus", corpus_txt, "--seq-len", 64, "--out", tmp_path / "r",
               "--device", "cpu"]
-    assert invoke(capsys, *common, "--tokens", 200)[0] == 0
+    assert invoke(*common, "--tokens", 200)[0] == 0
     before = (tmp_path / "r" / "manifest.json").read_text()
-    code, _, err = invoke(capsys, *common, "--tokens", 300, "--layers", "0-2")
+    code, _, err = invoke(*common, "--tokens", 300, "--layers", "0-2")
     assert_one_line_error(code, err, 2, "holds a different run (differs in: layers, tokens)")
     assert (tmp_path / "r" / "manifest.json").read_text() == before
-    code, _, err = invoke(capsys, *common, "--tokens", 300, "--layers", "0-2", "--force")
+    code, _, err = invoke(*common, "--tokens", 300, "--layers", "0-2", "--force")
     assert code == 0, err
     assert read_manifest(tmp_path / "r")["rows"] == 300 and read_manifest(tmp_path / "r")["layers"] == [0, 1, 2]
 
 
-def test_foreign_folder_is_refused(tmp_path, tiny_models, corpus_txt, capsys):
+def test_foreign_folder_is_refused(tmp_path, tiny_models, corpus_txt):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "thesis.tex").write_text("precious")
-    code, _, err = invoke(capsys, "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 100,
+    code, _, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 100,
                           "--out", tmp_path / "r", "--device", "cpu")
     assert_one_line_error(code, err, 2, "holds no geoprobe run")
     assert (tmp_path / "r" / "thesis.tex").read_text() == "precious"
 
 
-def test_nan_activations_are_refused(tmp_path, corpus_txt, capsys):
+def test_nan_activations_are_refused(tmp_path, corpus_txt):
     folder = build_model("llama", tmp_path / "nan")
     from safetensors.torch import load_file, save_file
 
@@ -268,20 +233,20 @@ def test_nan_activations_are_refused(tmp_path, corpus_txt, capsys):
     key = next(k for k in weights if "layers.1.mlp.down_proj" in k)
     weights[key][0, 0] = float("nan")
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    code, _, err = invoke(capsys, "extract", folder, "--corpus", corpus_txt, "--tokens", 100, "--seq-len", 64,
+    code, _, err = invoke("extract", folder, "--corpus", corpus_txt, "--tokens", 100, "--seq-len", 64,
                           "--out", tmp_path / "r", "--device", "cpu")
     assert_one_line_error(code, err, 2, "layer 2 has NaN or Inf activations")
     assert read_manifest(tmp_path / "r")["status"] == "interrupted"
     assert not list((tmp_path / "r" / "hidden").glob("part-*"))
     # a run limited to the healthy layers works
-    code, _, err = invoke(capsys, "-q", "extract", folder, "--corpus", corpus_txt, "--tokens", 100, "--seq-len", 64,
+    code, _, err = invoke("-q", "extract", folder, "--corpus", corpus_txt, "--tokens", 100, "--seq-len", 64,
                           "--layers", "0-1", "--out", tmp_path / "ok", "--device", "cpu")
     assert code == 0, err
 
 
-def test_unwritable_output_directory(tmp_path, tiny_models, corpus_txt, capsys):
+def test_unwritable_output_directory(tmp_path, tiny_models, corpus_txt):
     (tmp_path / "a-file").write_text("x")
     for out in (tmp_path / "a-file" / "run", Path("/proc/geoprobe-run")):
-        code, _, err = invoke(capsys, "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 100,
+        code, _, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 100,
                               "--seq-len", 64, "--out", out, "--device", "cpu")
         assert_one_line_error(code, err, 2, "is not writable")

@@ -19,25 +19,17 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file
 
-from geoprobe.cli.app import main
 from geoprobe.files import LOCK
 from geoprobe.store import RunReader, read_manifest
-from tests.conftest import read_json, write_corpus
-from tests.test_extract import all_rows, assert_one_line_error, invoke
+from tests.helpers import (SCAN, all_rows, assert_one_line_error, copy_run, invoke, read_json, run_cli,
+                           write_corpus)
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
-GEOPROBE = [sys.executable, "-m", "geoprobe", "--quiet"]
-
-
-def start(args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([*GEOPROBE, *map(str, args)], env=ENV, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+def start(args) -> subprocess.Popen:
+    return run_cli("--quiet", *args, background=True)
 
 
 def finish(args) -> subprocess.CompletedProcess:
-    done = subprocess.run([*GEOPROBE, *map(str, args)], env=ENV, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600)
-    return done
+    return run_cli("--quiet", *args)
 
 
 def kill_when(victim: subprocess.Popen, ready, timeout: float = 300) -> None:
@@ -70,22 +62,13 @@ def results(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def scanned(tmp_path_factory, tiny_models, corpus_txt):
-    run = tmp_path_factory.mktemp("faults") / "run"
-    assert main_ok(["-q", "scan", str(tiny_models("llama")), "--corpus", str(corpus_txt), "--tokens", "600",
-                    "--seq-len", "64", "--anchors", "64", "--k", "8", "--pairs", "256", "--bootstrap", "10",
-                    "--out", str(run), "--device", "cpu"])
-    return run
+def scanned(tmp_path_factory, scanned_run):
+    """The shared scanned run, copied: the faults below read it and write beside it."""
+    return copy_run(scanned_run, tmp_path_factory.mktemp("faults") / "run")
 
 
-def main_ok(argv) -> bool:
-    try:
-        main(argv)
-    except SystemExit as exc:
-        return exc.code in (0, None)
-    return True
-
-
+# the extraction flags the scanned run was made with: rerunning them resumes that run
+EXTRACT = ["--tokens", SCAN["tokens"], "--seq-len", SCAN["seq_len"]]
 BRIDGE = ["--steps", 300, "--until", "steps", "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1,
           "--device", "cpu"]
 
@@ -176,7 +159,7 @@ def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(t
     ["bridge", "--model", "{model}", "--corpus", "{corpus}", "--layer", 1, "--out", "{root}"],
     ["dsl", "train", "--corpus", "{corpus}", "--tokenizer", "words", "--out", "{out}"],
 ], ids=["extract", "scan", "bridge", "dsl-train"])
-def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_models, corpus_txt, capsys):
+def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_models, corpus_txt):
     out = tmp_path / "out"
     held = out / "bridges" / "layer-01" / "seed-0" if command[0] == "bridge" else out
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from geoprobe.files import acquire; "
@@ -187,7 +170,7 @@ def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_m
             assert time.time() < deadline and holder.poll() is None
             time.sleep(0.02)
         argv = [str(a).format(model=tiny_models("llama"), corpus=corpus_txt, out=out, root=out) for a in command]
-        code, _, err = invoke(capsys, *argv, "--device", "cpu")
+        code, _, err = invoke(*argv, "--device", "cpu")
         assert_one_line_error(code, err, 2, f"is in use by 'a test holding the directory' (pid {holder.pid}")
     finally:
         holder.kill()
@@ -238,12 +221,12 @@ def small_disk(tmp_path):
     mp.undo()
 
 
-def test_disk_full_while_writing_shards_then_resume_after_freeing_space(small_disk, tmp_path, tiny_models, capsys):
+def test_disk_full_while_writing_shards_then_resume_after_freeing_space(small_disk, tmp_path, tiny_models):
     mount, free_space = small_disk
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
     args = ["extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 6000, "--seq-len", 64,
             "--shard-rows", 256, "--device", "cpu"]
-    code, _, err = invoke(capsys, *args, "--out", mount / "r")
+    code, _, err = invoke(*args, "--out", mount / "r")
     assert_one_line_error(code, err, 2, "disk full while writing")
     assert "the run still needs about" in err
     manifest = read_manifest(mount / "r")
@@ -251,12 +234,12 @@ def test_disk_full_while_writing_shards_then_resume_after_freeing_space(small_di
     RunReader(mount / "r", verify=True)  # the manifest lists only whole shards
     assert not list((mount / "r" / "hidden").glob(".*.tmp"))  # no partial shard left holding space
     free_space()
-    assert invoke(capsys, *args, "--out", mount / "r")[0] == 0
-    assert invoke(capsys, *args, "--out", tmp_path / "clean")[0] == 0
+    assert invoke(*args, "--out", mount / "r")[0] == 0
+    assert invoke(*args, "--out", tmp_path / "clean")[0] == 0
     assert all_rows(mount / "r").equals(all_rows(tmp_path / "clean"))
 
 
-def test_disk_full_while_writing_a_checkpoint_is_one_line(tmp_path, corpus_txt, capsys, monkeypatch):
+def test_disk_full_while_writing_a_checkpoint_is_one_line(tmp_path, corpus_txt, monkeypatch):
     mount = tmp_path / "disk"
     mount.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)]).returncode:
@@ -266,7 +249,7 @@ def test_disk_full_while_writing_a_checkpoint_is_one_line(tmp_path, corpus_txt, 
 
         monkeypatch.setattr("bridges.train.save_file", full)
     try:
-        code, _, err = invoke(capsys, "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 4,
+        code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 4,
                               "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu",
                               "--out", mount / "dsl")
         assert_one_line_error(code, err, 2, "disk full while writing")
@@ -291,12 +274,12 @@ def damage(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["flipped", "truncated", "deleted"])
 def test_a_damaged_shard_is_never_computed_on_and_extract_rewrites_it(how, scanned, tmp_path, tiny_models,
-                                                                       corpus_txt, capsys):
+                                                                       corpus_txt):
     run = shutil.copytree(scanned, tmp_path / "run")
     (run / "geometry.json").unlink()
     shard = run / read_manifest(run)["shards"][0]["file"]
     damage(shard, how)
-    code, _, err = invoke(capsys, "geometry", run, "--anchors", 64, "--k", 8, "--pairs", 256, "--device", "cpu")
+    code, _, err = invoke("geometry", run, "--anchors", 64, "--k", 8, "--pairs", 256, "--device", "cpu")
     assert_one_line_error(code, err, 2, f"shard {shard}")
     assert not (run / "geometry.json").exists()
     with pytest.raises(Exception, match="shard .*part-00000"):
@@ -304,43 +287,43 @@ def test_a_damaged_shard_is_never_computed_on_and_extract_rewrites_it(how, scann
         for layer in reader.layers:
             reader.read_layer(layer)
     if how != "flipped":  # the bridge checks sizes and footers of the run it trusts
-        code, _, err = invoke(capsys, "bridge", "--run", run, "--layer", 1, *BRIDGE)
+        code, _, err = invoke("bridge", "--run", run, "--layer", 1, *BRIDGE)
         assert_one_line_error(code, err, 2, f"shard {shard}")
     # the message's advice: delete it and rerun the extraction, which re-extracts exactly that shard
     shard.unlink(missing_ok=True)
     manifest = read_manifest(scanned)
-    code, _, err = invoke(capsys, "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 600,
-                          "--seq-len", 64, "--out", run, "--device", "cpu")
+    code, _, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt, *EXTRACT, "--out", run,
+                          "--device", "cpu")
     assert code == 0 and "re-extracting 1 missing or damaged shard" in err, err
     assert [s["sha256"] for s in read_manifest(run)["shards"]] == [s["sha256"] for s in manifest["shards"]]
 
 
-def test_a_changed_shard_is_rewritten_when_extraction_resumes(scanned, tmp_path, tiny_models, corpus_txt, capsys):
+def test_a_changed_shard_is_rewritten_when_extraction_resumes(scanned, tmp_path, tiny_models, corpus_txt):
     run = shutil.copytree(scanned, tmp_path / "run")
     damage(run / read_manifest(run)["shards"][0]["file"], "flipped")
-    code, _, err = invoke(capsys, "extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 600,
-                          "--seq-len", 64, "--out", run, "--device", "cpu")
+    code, _, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt, *EXTRACT, "--out", run,
+                          "--device", "cpu")
     assert code == 0 and "re-extracting 1" in err, err
     assert all_rows(run).equals(all_rows(scanned))
 
 
 @pytest.mark.parametrize("target", ["checkpoint.safetensors", "config.json", "model.safetensors"])
-def test_a_truncated_checkpoint_or_config_is_one_line(target, tmp_path, corpus_txt, capsys):
+def test_a_truncated_checkpoint_or_config_is_one_line(target, tmp_path, corpus_txt):
     args = ["dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 4, "--batch-size", 4,
             "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu", "--out", tmp_path / "dsl"]
-    assert invoke(capsys, *args)[0] == 0
+    assert invoke(*args)[0] == 0
     damage(tmp_path / "dsl" / target, "truncated")
-    code, _, err = invoke(capsys, "sample", "--model", tmp_path / "dsl", "--num", 1, "--length", 8,
-                          "--device", "cpu") if target == "model.safetensors" else invoke(capsys, *args)
+    code, _, err = invoke("sample", "--model", tmp_path / "dsl", "--num", 1, "--length", 8,
+                          "--device", "cpu") if target == "model.safetensors" else invoke(*args)
     assert_one_line_error(code, err, 2, "truncated")
 
 
-def test_a_config_from_another_version_is_one_line(tmp_path, corpus_txt, capsys):
+def test_a_config_from_another_version_is_one_line(tmp_path, corpus_txt):
     args = ["dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 4, "--batch-size", 4,
             "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu", "--out", tmp_path / "dsl"]
-    assert invoke(capsys, *args)[0] == 0
+    assert invoke(*args)[0] == 0
     config = read_json(tmp_path / "dsl" / "config.json")
     config["network"]["attention_kind"] = "linear"  # a field this version does not know
     (tmp_path / "dsl" / "config.json").write_text(json.dumps(config))
-    code, _, err = invoke(capsys, "sample", "--model", tmp_path / "dsl", "--num", 1, "--length", 8, "--device", "cpu")
+    code, _, err = invoke("sample", "--model", tmp_path / "dsl", "--num", 1, "--length", 8, "--device", "cpu")
     assert_one_line_error(code, err, 2, "another version")

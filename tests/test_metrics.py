@@ -1,5 +1,7 @@
-"""Generation metrics against hand-computed values and behavioural oracles; the HMM against
-brute force; `geoprobe eval` bad input."""
+"""Generation metrics against hand-computed values and behavioural oracles, `geoprobe eval` bad
+input, and the correlation statistics the sweep reports (geoprobe/metrics/correlation.py): rho
+and its one-sided permutation p against an exhaustive enumeration and scipy, Holm and the
+reliability on hand-made tables, the partial Spearman correlation against its regression form."""
 
 import itertools
 import json
@@ -8,12 +10,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
-from geoprobe.backbone import load_backbone
 from geoprobe.metrics.evaluator import gen_ppl
 from geoprobe.metrics.text import diversity, repetition, text_metrics, unigram_entropy
-from geoprobe.synthetic import HMM, documents, hmm_from_spec
-from tests.test_extract import assert_one_line_error, invoke
+from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
+from geoprobe.synthetic import documents
+from tests.helpers import assert_one_line_error, invoke
 
 
 def test_diversity_entropy_and_repetition_by_hand():
@@ -29,32 +32,8 @@ def test_diversity_entropy_and_repetition_by_hand():
     assert unigram_entropy("x x x") == 0.0
 
 
-def test_hmm_forward_equals_brute_force_enumeration():
-    hmm = HMM.random(states=3, vocab=4, seed=5, concentration=1.0)
-    ids = [0, 3, 1, 1, 2]
-    total = 0.0
-    for path in itertools.product(range(3), repeat=len(ids)):
-        p = hmm.initial[path[0]] * hmm.emission[path[0], ids[0]]
-        for prev, cur, word in zip(path, path[1:], ids[1:]):
-            p *= hmm.transition[prev, cur] * hmm.emission[cur, word]
-        total += p
-    assert hmm.log_prob(ids) == pytest.approx(math.log(total), rel=1e-10)
-    # probabilities of all sequences of length 3 sum to one
-    assert sum(math.exp(hmm.log_prob(list(s))) for s in itertools.product(range(4), repeat=3)) == pytest.approx(1.0)
-    assert hmm.text_log_prob(hmm.text(ids)) == pytest.approx(hmm.log_prob(ids))
-    assert hmm.text_log_prob("zzz") == float("-inf")
-
-
-def test_synthetic_corpus_is_seeded_and_its_entropy_rate_is_below_the_uniform_rate():
-    spec = "synthetic:hmm?states=4&vocab=50&docs=5&length=20&seed=3"
-    assert documents(spec) == documents(spec)
-    assert len(documents(spec)) == 5 and all(len(d.split()) == 20 for d in documents(spec))
-    assert documents(spec) != documents(spec.replace("seed=3", "seed=4"))
-    assert 0 < hmm_from_spec(spec).entropy_rate(4000) < math.log(50)
-
-
-def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(tiny_models):
-    backbone = load_backbone(str(tiny_models("llama")), device="cpu")
+def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(llama):
+    backbone = llama
     tok = backbone.tokenizer
     start = torch.tensor([[tok.bos_token_id, 40]])
     greedy = backbone.model.generate(start, max_new_tokens=40, do_sample=False, pad_token_id=0)[0, 1:].tolist()
@@ -84,11 +63,11 @@ def test_mauve_of_references_against_themselves_and_against_shuffled_words(smoll
     assert garbled["mauve"] < same["mauve"] - 0.3, (same, garbled)
 
 
-def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models, capsys):
+def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
     spec = "synthetic:hmm?states=4&vocab=40&docs=60&length=20&seed=1"
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"text": t}) + "\n" for t in documents(spec)[:12]))
-    code, out, err = invoke(capsys, "--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
+    code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
                             "--references", spec, "--device", "cpu")
     assert code == 0, err
     row = json.loads(out)[str(samples)]
@@ -97,16 +76,16 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models, capsys):
     assert row["oracle_nll_per_word"] == pytest.approx(row["oracle_entropy_rate"], rel=0.25)
     assert (tmp_path / "samples.metrics.json").is_file()
 
-    code, _, err = invoke(capsys, "eval", tmp_path / "none.jsonl", "--evaluator", tiny_models("llama"))
+    code, _, err = invoke("eval", tmp_path / "none.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "samples file not found")
     (tmp_path / "empty.jsonl").write_text("\n")
-    code, _, err = invoke(capsys, "eval", tmp_path / "empty.jsonl", "--evaluator", tiny_models("llama"))
+    code, _, err = invoke("eval", tmp_path / "empty.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "is empty")
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
-    code, _, err = invoke(capsys, "eval", tmp_path / "bad.jsonl", "--evaluator", tiny_models("llama"))
+    code, _, err = invoke("eval", tmp_path / "bad.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "bad.jsonl:2: not valid JSON")
     (tmp_path / "few.txt").write_text("light water earth king stone bread wine tree field road\n")
-    code, _, err = invoke(capsys, "eval", samples, "--evaluator", tiny_models("llama"), "--references",
+    code, _, err = invoke("eval", samples, "--evaluator", tiny_models("llama"), "--references",
                           tmp_path / "few.txt", "--device", "cpu")
     assert_one_line_error(code, err, 2, "MAUVE needs at least as many references as samples")
     import shutil
@@ -115,5 +94,86 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models, capsys):
     shutil.copytree(tiny_models("llama"), no_tok)
     for f in no_tok.glob("tokenizer*"):
         f.unlink()
-    code, _, err = invoke(capsys, "eval", samples, "--evaluator", no_tok, "--device", "cpu")
+    code, _, err = invoke("eval", samples, "--evaluator", no_tok, "--device", "cpu")
     assert_one_line_error(code, err, 2, "has no usable tokenizer")
+
+
+def test_one_sided_permutation_p_is_the_exhaustive_count():
+    x = np.array([0.3, -1.2, 2.0, 0.8, -0.4, 1.5])
+    y = np.array([1.0, 2.5, 0.2, 0.9, 1.9, 0.1])
+    result = spearman_with_uncertainty(x, y, alternative="less")
+    rho = stats.spearmanr(x, y).statistic
+    assert result["rho"] == pytest.approx(rho)
+    every = [stats.spearmanr(x[list(p)], y).statistic for p in itertools.permutations(range(6))]
+    assert result["p"] == pytest.approx(np.mean(np.array(every) <= rho + 1e-12))  # exact: 6! <= 9999
+    greater = spearman_with_uncertainty(x, y, alternative="greater", interval=False)
+    assert greater["p"] == pytest.approx(np.mean(np.array(every) >= rho - 1e-12))
+    assert "ci" not in greater
+
+
+def test_two_sided_spearman_against_scipy():
+    x = np.arange(6.0)
+    y = np.array([0.1, 0.5, 0.3, 0.9, 1.2, 1.1])
+    result = spearman_with_uncertainty(x, y, seed=0)
+    assert result["rho"] == pytest.approx(stats.spearmanr(x, y).statistic)
+    # perfectly monotone, n = 5: the exact two-sided permutation p-value is 2/5! = 1/60
+    perfect = spearman_with_uncertainty(np.arange(5.0), -np.arange(5.0) ** 2)
+    assert perfect["rho"] == pytest.approx(-1.0) and perfect["p"] == pytest.approx(2 / 120)
+    one = spearman_with_uncertainty(np.arange(5.0), -np.arange(5.0) ** 2, alternative="less")
+    assert one["p"] == pytest.approx(1 / 120)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(40)
+    noisy = spearman_with_uncertainty(a, a + 0.5 * rng.standard_normal(40))
+    low, high = noisy["ci"]
+    assert low < noisy["rho"] < high and 0 < noisy["p"] < 0.01
+
+
+def test_holm_on_a_hand_made_table():
+    # sorted: a 0.01 x 4 = 0.04; c 0.03 x 3 = 0.09; b 0.04 x 2 = 0.08 -> 0.09 (monotone); d 0.5 x 1
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.5})
+    assert adjusted == pytest.approx({"a": 0.04, "b": 0.09, "c": 0.09, "d": 0.5})
+    assert holm({"x": 0.4, "y": 0.6}) == pytest.approx({"x": 0.8, "y": 0.8})  # capped, then monotone
+
+
+def test_reliability_on_a_hand_made_table():
+    values = [[1.0, 1.2], [2.0, 2.2], [3.0, 3.4]]
+    # seed variances (ddof 1): 0.02, 0.02, 0.08 -> mean 0.04; layer means 1.1, 2.1, 3.2 -> variance 1.1033...
+    means = np.array([1.1, 2.1, 3.2])
+    expected = 1 - 0.04 / means.var(ddof=1)
+    assert reliability(values) == pytest.approx(expected)
+    assert reliability([[1.0], [2.0]]) is None  # one seed: not measured
+    assert reliability([[1.0, 3.0], [3.0, 1.0]]) == float("-inf")  # layers identical, seeds differ
+    noise = np.random.default_rng(0).standard_normal((8, 3))
+    assert reliability(noise) < 0.5  # pure seed noise cannot separate the layers
+
+
+def test_partial_spearman_is_the_correlation_of_rank_residuals():
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal(30)
+    x = z + rng.standard_normal(30)
+    y = -z + rng.standard_normal(30)
+    rx, ry, rz = (stats.rankdata(v) for v in (x, y, z))
+
+    def residual(a):
+        slope, intercept = np.polyfit(rz, a, 1)
+        return a - (slope * rz + intercept)
+    expected = stats.pearsonr(residual(rx), residual(ry)).statistic
+    assert partial_spearman(x, y, z) == pytest.approx(expected)
+
+
+def test_freedman_lane_partial_test():
+    from geoprobe.metrics.correlation import partial_spearman_test
+
+    rng = np.random.default_rng(2)
+    z = np.arange(12.0)
+    y = z + 2.0 * rng.standard_normal(12)
+    tracking = z + 2.0 * rng.standard_normal(12)  # a score that only tracks depth (noise independent of y)
+    result = partial_spearman_test(-tracking, y, z, resamples=2000)
+    assert result["rho"] == pytest.approx(partial_spearman(-tracking, y, z))
+    assert result["p"] > 0.05  # no association beyond depth: not significant
+    naive = spearman_with_uncertainty(-tracking, y, alternative="less", interval=False)
+    assert naive["p"] < 0.01  # whereas the plain test passes through depth
+    extra = rng.standard_normal(12)
+    y2 = z + 2 * extra
+    strong = partial_spearman_test(-extra, y2, z, resamples=2000)
+    assert strong["rho"] < -0.5 and strong["p"] < 0.05

@@ -6,23 +6,21 @@ import math
 import pytest
 
 from geoprobe.extract import ExtractConfig, extract
-from geoprobe.backbone import load_backbone
-from tests.test_extract import assert_one_line_error, invoke
+from tests.helpers import assert_one_line_error, invoke
 
 SMALL = ["--k", 8, "--anchors", 200, "--pairs", 400, "--bootstrap", 50, "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory, tiny_models, corpus_txt):
+def extracted(tmp_path_factory, tiny_models, corpus_txt, llama):
     run = tmp_path_factory.mktemp("scan") / "run"
-    backbone = load_backbone(str(tiny_models("llama")), device="cpu")
     extract(ExtractConfig(model=str(tiny_models("llama")), corpus=str(corpus_txt), tokens=1200, seq_len=64,
-                          device="cpu"), run, backbone=backbone)
+                          device="cpu"), run, backbone=llama)
     return run
 
 
-def test_geometry_then_rank_write_every_output(extracted, capsys):
-    code, out, err = invoke(capsys, "--format", "json", "geometry", extracted, *SMALL)
+def test_geometry_then_rank_write_every_output(extracted):
+    code, out, err = invoke("--format", "json", "geometry", extracted, *SMALL)
     assert code == 0, err
     printed = json.loads(out)
     stored = json.loads((extracted / "geometry.json").read_text())
@@ -34,7 +32,7 @@ def test_geometry_then_rank_write_every_output(extracted, capsys):
                 value, (lo, hi) = layer[norm][proxy]["value"], layer[norm][proxy]["ci"]
                 assert 0 < lo <= hi and value > 0
         assert len(layer["replicates"]["curv"]) == 50
-    code, out, err = invoke(capsys, "rank", extracted, "--weights", "1,1,1")
+    code, out, err = invoke("rank", extracted, "--weights", "1,1,1")
     assert code == 0, err
     assert "chosen layer" in out
     csv_lines = (extracted / "ranking.csv").read_text().splitlines()
@@ -45,43 +43,43 @@ def test_geometry_then_rank_write_every_output(extracted, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20000
 
 
-def test_same_seed_same_geometry_and_another_seed_differs(extracted, tmp_path, capsys):
+def test_same_seed_same_geometry_and_another_seed_differs(extracted, tmp_path):
     import shutil
 
     copy = shutil.copytree(extracted, tmp_path / "copy")
     for run in (extracted, copy):
         (run / "geometry.json").unlink(missing_ok=True)
-        assert invoke(capsys, "-q", "geometry", run, *SMALL)[0] == 0
+        assert invoke("-q", "geometry", run, *SMALL)[0] == 0
     assert (extracted / "geometry.json").read_bytes() == (copy / "geometry.json").read_bytes()
-    assert invoke(capsys, "-q", "geometry", copy, *SMALL, "--seed", 1)[0] == 0
+    assert invoke("-q", "geometry", copy, *SMALL, "--seed", 1)[0] == 0
     assert (extracted / "geometry.json").read_bytes() != (copy / "geometry.json").read_bytes()
 
 
-def test_scan_runs_everything_and_a_rerun_recomputes_nothing(tmp_path, tiny_models, corpus_txt, capsys):
+def test_scan_runs_everything_and_a_rerun_recomputes_nothing(tmp_path, tiny_models, corpus_txt):
     args = ["scan", tiny_models("qwen3"), "--corpus", corpus_txt, "--tokens", 800, "--seq-len", 64,
             "--out", tmp_path / "s", *SMALL]
-    code, out, err = invoke(capsys, "--format", "json", *args)
+    code, out, err = invoke("--format", "json", *args)
     assert code == 0, err
     data = json.loads(out)
     assert data["run"] == str(tmp_path / "s") and len(data["ranking"]["rows"]) == 4
     stamps = {p: p.stat().st_mtime_ns for p in [tmp_path / "s" / "geometry.json", tmp_path / "s" / "manifest.json",
                                                 *(tmp_path / "s" / "hidden").iterdir()]}
-    code, out, err = invoke(capsys, *args)
+    code, out, err = invoke(*args)
     assert code == 0, err
     assert "chosen layer" in out
     assert stamps == {p: p.stat().st_mtime_ns for p in stamps}  # nothing extracted or measured again
     # other extraction flags on a finished run are not silently ignored
-    code, _, err = invoke(capsys, *args, "--tokens", 900)
+    code, _, err = invoke(*args, "--tokens", 900)
     assert_one_line_error(code, err, 2, "holds a different run (differs in: tokens)")
     # new geometry settings recompute the geometry only
-    code, _, err = invoke(capsys, "-q", *args, "--normalize", "none")
+    code, _, err = invoke("-q", *args, "--normalize", "none")
     assert code == 0 and json.loads((tmp_path / "s" / "geometry.json").read_text())["settings"]["normalize"] == "none"
 
 
-def test_rank_weights_and_log_change_the_score(extracted, capsys):
-    assert invoke(capsys, "-q", "geometry", extracted, *SMALL)[0] == 0
-    _, out_a, _ = invoke(capsys, "--format", "json", "rank", extracted)
-    _, out_b, _ = invoke(capsys, "--format", "json", "rank", extracted, "--weights", "0,0,1", "--log")
+def test_rank_weights_and_log_change_the_score(extracted):
+    assert invoke("-q", "geometry", extracted, *SMALL)[0] == 0
+    _, out_a, _ = invoke("--format", "json", "rank", extracted)
+    _, out_b, _ = invoke("--format", "json", "rank", extracted, "--weights", "0,0,1", "--log")
     a, b = json.loads(out_a)["ranking"], json.loads(out_b)["ranking"]
     assert b["weights"] == [0, 0, 1] and b["log"] is True
     erank = [r["erank"] for r in b["rows"]]
@@ -92,8 +90,8 @@ def test_rank_weights_and_log_change_the_score(extracted, capsys):
 # --- bad input ------------------------------------------------------------------------------
 
 
-def test_run_missing_or_unfinished(tmp_path, extracted, capsys):
-    code, _, err = invoke(capsys, "geometry", tmp_path / "nowhere")
+def test_run_missing_or_unfinished(tmp_path, extracted):
+    code, _, err = invoke("geometry", tmp_path / "nowhere")
     assert_one_line_error(code, err, 2, "is not a geoprobe run directory")
     import shutil
 
@@ -101,9 +99,9 @@ def test_run_missing_or_unfinished(tmp_path, extracted, capsys):
     manifest = json.loads((unfinished / "manifest.json").read_text())
     manifest["status"], manifest["shards"] = "running", manifest["shards"][:0]
     (unfinished / "manifest.json").write_text(json.dumps(manifest))
-    code, _, err = invoke(capsys, "geometry", unfinished)
+    code, _, err = invoke("geometry", unfinished)
     assert_one_line_error(code, err, 2, "has not finished extracting (0 of 1200 rows)")
-    code, _, err = invoke(capsys, "rank", tmp_path)
+    code, _, err = invoke("rank", tmp_path)
     assert_one_line_error(code, err, 2, "has no geometry.json")
 
 
@@ -115,35 +113,35 @@ def test_run_missing_or_unfinished(tmp_path, extracted, capsys):
     (["--anchors", 5000], "fewer than --anchors 5000"),
     (["--k", 2000, "--anchors", 10], "fewer than k+1 = 2001"),
 ])
-def test_bad_geometry_settings(flags, fragment, extracted, capsys):
-    code, _, err = invoke(capsys, "geometry", extracted, "--bootstrap", 0, "--device", "cpu", *flags)
+def test_bad_geometry_settings(flags, fragment, extracted):
+    code, _, err = invoke("geometry", extracted, "--bootstrap", 0, "--device", "cpu", *flags)
     assert_one_line_error(code, err, 2, fragment)
 
 
-def test_all_identical_states_are_refused(tmp_path, capsys):
+def test_all_identical_states_are_refused(tmp_path):
     """600 one-word documents: every stored token is the same, so layer 0 holds one state."""
-    from tests.conftest import build_model
+    from tests.helpers import build_model
 
     folder = build_model("llama", tmp_path / "m")
     (tmp_path / "same.txt").write_text("\n\n".join(["light"] * 600) + "\n")
-    code, _, err = invoke(capsys, "-q", "extract", folder, "--corpus", tmp_path / "same.txt", "--tokens", 500,
+    code, _, err = invoke("-q", "extract", folder, "--corpus", tmp_path / "same.txt", "--tokens", 500,
                           "--seq-len", 64, "--layers", "0", "--skip-first", 2, "--out", tmp_path / "r", "--device", "cpu")
     assert code == 0, err
-    code, _, err = invoke(capsys, "geometry", tmp_path / "r", "--bootstrap", 0, "--anchors", 10, "--device", "cpu")
+    code, _, err = invoke("geometry", tmp_path / "r", "--bootstrap", 0, "--anchors", 10, "--device", "cpu")
     assert_one_line_error(code, err, 2, "all states are identical")
 
 
-def test_bad_weights(extracted, capsys):
-    assert invoke(capsys, "-q", "geometry", extracted, *SMALL)[0] == 0
-    code, _, err = invoke(capsys, "rank", extracted, "--weights", "1,2")
+def test_bad_weights(extracted):
+    assert invoke("-q", "geometry", extracted, *SMALL)[0] == 0
+    code, _, err = invoke("rank", extracted, "--weights", "1,2")
     assert_one_line_error(code, err, 2, "malformed --weights")
 
 
-def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_txt, capsys):
+def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_txt):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.conftest import build_model
+    from tests.helpers import build_model
 
     folder = build_model("llama", tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(folder)
@@ -151,7 +149,7 @@ def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_tx
         model.get_input_embeddings().weight[:, 5] = 40.0 * model.get_input_embeddings().weight[:, 5].abs() + 5.0
     model.save_pretrained(folder)
     args = ["scan", folder, "--corpus", corpus_txt, "--tokens", 800, "--seq-len", 64, "--out", tmp_path / "s", *SMALL]
-    code, out, err = invoke(capsys, *args)
+    code, out, err = invoke(*args)
     assert code == 0, err
     warning = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert len(warning) == 1 and "massive channels at layers 0" in warning[0] and "(5;" in warning[0]
@@ -161,7 +159,7 @@ def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_tx
     ranking = (tmp_path / "s" / "ranking.md").read_text()
     assert "## Massive channels kept (the primary ranking)" in ranking and "## Massive channels excluded" in ranking
     assert "with massive channels excluded:" in out
-    code, out, err = invoke(capsys, "--format", "json", *args[:-len(SMALL)], *SMALL, "--drop-massive-channels")
+    code, out, err = invoke("--format", "json", *args[:-len(SMALL)], *SMALL, "--drop-massive-channels")
     assert code == 0, err
     data = json.loads(out)
     assert data["ranking"]["drop_massive_channels"] and not data["ranking"]["other"]["drop_massive_channels"]
@@ -172,21 +170,21 @@ def test_massive_channels_warned_listed_and_ranked_both_ways(tmp_path, corpus_tx
     (["--tokens", 100, "--anchors", 200], "--tokens 100 stores fewer states per layer than --anchors 200"),
     (["--tokens", 100, "--anchors", 50, "--k", 100], "fewer states per layer than k + 1 = 101"),
 ])
-def test_scan_refuses_too_few_tokens_before_extracting(flags, fragment, tmp_path, capsys):
-    code, _, err = invoke(capsys, "scan", tmp_path / "no-model-needed", "--corpus", tmp_path / "none.txt",
+def test_scan_refuses_too_few_tokens_before_extracting(flags, fragment, tmp_path):
+    code, _, err = invoke("scan", tmp_path / "no-model-needed", "--corpus", tmp_path / "none.txt",
                           "--out", tmp_path / "s", "--device", "cpu", *flags)
     assert_one_line_error(code, err, 2, fragment)
     assert not (tmp_path / "s").exists()  # refused before the model, the corpus or the run directory
 
 
-def test_few_documents_resample_blocks_and_too_few_blocks_give_no_interval(tmp_path, tiny_models, capsys):
-    from tests.conftest import synthetic_text
+def test_few_documents_resample_blocks_and_too_few_blocks_give_no_interval(tmp_path, tiny_models):
+    from tests.helpers import synthetic_text
     import random
 
     (tmp_path / "one.txt").write_text(synthetic_text(3000, random.Random(0)) + "\n")  # a single document
     for seq_len, unit in ((32, "block"), (512, "none")):
         run = tmp_path / f"r{seq_len}"
-        code, _, err = invoke(capsys, "-q", "scan", tiny_models("llama"), "--corpus", tmp_path / "one.txt", "--tokens",
+        code, _, err = invoke("-q", "scan", tiny_models("llama"), "--corpus", tmp_path / "one.txt", "--tokens",
                               800, "--seq-len", seq_len, "--out", run, *SMALL)
         assert code == 0, err
         geometry = json.loads((run / "geometry.json").read_text())
@@ -216,29 +214,29 @@ def test_massive_warning_names_counts_layers_and_tokens():
     assert massive_warning(quiet) is None
 
 
-def test_doc_blocks_spreads_the_rows_over_many_documents(tmp_path, tiny_models, capsys):
+def test_doc_blocks_spreads_the_rows_over_many_documents(tmp_path, tiny_models):
     from geoprobe.store import RunReader
-    from tests.conftest import write_corpus
+    from tests.helpers import write_corpus
 
     corpus = write_corpus(tmp_path / "long.txt", n_docs=40, words=(300, 400), seed=5)  # many blocks each
     common = ["extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 240, "--seq-len", 32,
               "--positions", "random:8", "--device", "cpu", "--layers", "0"]
-    assert invoke(capsys, *common, "--out", tmp_path / "all")[0] == 0
-    assert invoke(capsys, *common, "--doc-blocks", 1, "--out", tmp_path / "one")[0] == 0
+    assert invoke(*common, "--out", tmp_path / "all")[0] == 0
+    assert invoke(*common, "--doc-blocks", 1, "--out", tmp_path / "one")[0] == 0
     meta = {name: RunReader(tmp_path / name).read_meta() for name in ("all", "one")}
     blocks = {name: set(zip(m["doc_id"].tolist(), m["seq_id"].tolist())) for name, m in meta.items()}
     assert len(blocks["all"]) == len(blocks["one"]) == 30  # 240 rows, 8 per block
     assert len({d for d, _ in blocks["all"]}) <= 4  # consecutive blocks of the first few documents
     assert len({d for d, _ in blocks["one"]}) == 30  # the first block of each of 30 documents
     assert all(seq == 0 for _, seq in blocks["one"])
-    code, _, err = invoke(capsys, *common, "--doc-blocks", 1, "--tokens", 400, "--out", tmp_path / "x")
+    code, _, err = invoke(*common, "--doc-blocks", 1, "--tokens", 400, "--out", tmp_path / "x")
     assert_one_line_error(code, err, 2, "has only 320 eligible tokens")
 
 
-def test_scan_takes_one_block_per_chapter_of_the_default_corpus(tmp_path, tiny_models, capsys):
+def test_scan_takes_one_block_per_chapter_of_the_default_corpus(tmp_path, tiny_models):
     from geoprobe.store import RunReader, read_manifest
 
-    code, _, err = invoke(capsys, "scan", tiny_models("llama"), "--tokens", 600, "--seq-len", 32, "--anchors", 64,
+    code, _, err = invoke("scan", tiny_models("llama"), "--tokens", 600, "--seq-len", 32, "--anchors", 64,
                           "--k", 8, "--pairs", 128, "--bootstrap", 20, "--out", tmp_path / "r", "--device", "cpu")
     assert code == 0, err
     assert read_manifest(tmp_path / "r")["config"]["doc_blocks"] == 1

@@ -1,12 +1,14 @@
-"""The testbed: an HMM whose structure makes the acceptance band meaningful, and a trained
-backbone that lands inside it, measured again here on fresh held-out sequences."""
+"""The testbed: the HMM (its forward algorithm against brute force, seeded synthetic corpora),
+one whose structure makes the acceptance band meaningful, and a trained backbone that lands
+inside it, measured again here on fresh held-out sequences."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from geoprobe.synthetic import HMM, hmm_from_spec, parse_spec
+from geoprobe.synthetic import HMM, documents, hmm_from_spec, parse_spec
 from geoprobe.testbed import CORPUS, held_out_nll, tokenizer_for
 
 
@@ -53,3 +55,27 @@ def test_testbed_is_within_ten_percent_of_the_entropy_rate_on_fresh_text(testbed
     assert fit["model_nll"] >= fit["hmm_nll"] - 0.05  # nothing beats the true distribution (up to sampling noise)
     assert fit["model_nll"] < hmm.baselines()["bigram"]  # it uses more than one word of context
     assert math.isclose(record["entropy_rate"], rate, rel_tol=1e-9)  # the record is reproducible
+
+
+def test_hmm_forward_equals_brute_force_enumeration():
+    hmm = HMM.random(states=3, vocab=4, seed=5, concentration=1.0)
+    ids = [0, 3, 1, 1, 2]
+    total = 0.0
+    for path in itertools.product(range(3), repeat=len(ids)):
+        p = hmm.initial[path[0]] * hmm.emission[path[0], ids[0]]
+        for prev, cur, word in zip(path, path[1:], ids[1:]):
+            p *= hmm.transition[prev, cur] * hmm.emission[cur, word]
+        total += p
+    assert hmm.log_prob(ids) == pytest.approx(math.log(total), rel=1e-10)
+    # probabilities of all sequences of length 3 sum to one
+    assert sum(math.exp(hmm.log_prob(list(s))) for s in itertools.product(range(4), repeat=3)) == pytest.approx(1.0)
+    assert hmm.text_log_prob(hmm.text(ids)) == pytest.approx(hmm.log_prob(ids))
+    assert hmm.text_log_prob("zzz") == float("-inf")
+
+
+def test_synthetic_corpus_is_seeded_and_its_entropy_rate_is_below_the_uniform_rate():
+    spec = "synthetic:hmm?states=4&vocab=50&docs=5&length=20&seed=3"
+    assert documents(spec) == documents(spec)
+    assert len(documents(spec)) == 5 and all(len(d.split()) == 20 for d in documents(spec))
+    assert documents(spec) != documents(spec.replace("seed=3", "seed=4"))
+    assert 0 < hmm_from_spec(spec).entropy_rate(4000) < math.log(50)
