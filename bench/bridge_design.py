@@ -45,7 +45,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from bridges.hidden import BridgeConfig
-    from geoprobe.sweep import BridgeSettings, open_source, train_bridge
+    from geoprobe.files import holding
+    from geoprobe.sweep import BridgeSettings, bridge_dir, open_source, train_bridge
 
     if args.page_only:
         write_page(finished(args.out), args)
@@ -59,7 +60,8 @@ def main() -> None:
             settings = BridgeSettings(network, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                                       eval_every=10)
             root = args.out / name.split(" (")[0].replace(" ", "-")
-            metrics, _ = train_bridge(source, layer, root, settings)
+            with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
+                metrics, _ = train_bridge(source, layer, root, settings)
             print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} nmse {metrics['nmse']:.3f} "
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)

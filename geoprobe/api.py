@@ -124,13 +124,17 @@ def open_run(path) -> Run:
 def scan(model: str, out, **flags) -> Run:
     """What `geoprobe scan MODEL --out OUT` does; the finished run. `flags` are the fields of
     ExtractConfig (corpus, tokens, seq_len, positions, doc_blocks, device, ...) and of
-    GeometrySettings (k, anchors, pairs, bootstrap, drop_massive, ...), plus weights, log, force."""
+    GeometrySettings (k, anchors, pairs, bootstrap, drop_massive, ...), plus weights, log, force,
+    rank, world_size, and keep_massive as the command spells it."""
     from geoprobe.extract import ExtractConfig
     from geoprobe.geometry import GeometrySettings
     from geoprobe.pipeline import scan as scan_run, scan_config
     from geoprobe.settings import split_flags
 
-    extract, geometry, rest = split_flags(flags, ExtractConfig, GeometrySettings, {"weights", "log", "force"})
+    if "keep_massive" in flags:  # the command's flag for GeometrySettings.drop_massive
+        flags["drop_massive"] = not flags.pop("keep_massive")
+    extract, geometry, rest = split_flags(flags, ExtractConfig, GeometrySettings,
+                                          {"weights", "log", "force", "rank", "world_size"})
     extract.pop("model", None)
     scan_run(Path(out), scan_config(model, extract.pop("corpus", None), extract.pop("doc_blocks", None), **extract),
              GeometrySettings(**geometry), **rest)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from importlib.metadata import version as package_version
+from importlib.metadata import PackageNotFoundError, version as package_version
 from pathlib import Path
 
 import numpy as np
@@ -255,6 +255,14 @@ def check_extract(cfg: ExtractConfig, out: Path, force: bool = False, world: Wor
     check_writable(out)
 
 
+def _version() -> str:
+    """The installed version (pyproject.toml owns it); a source tree that was never installed says so."""
+    try:
+        return package_version("geoprobe")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def _open_manifest(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbone, layers: list[int],
                    world: World) -> tuple[dict, int]:
     """(the run's manifest, blocks per shard): the one on disk when it holds this run (resumed),
@@ -265,7 +273,7 @@ def _open_manifest(cfg: ExtractConfig, out: Path, force: bool, backbone: Backbon
     if not world.is_main:
         existing = prepare_run(out, identity)
     manifest = existing or {
-        "tool": "geoprobe", "version": package_version("geoprobe"), "command": "extract",
+        "tool": "geoprobe", "version": _version(), "command": "extract",
         "config": identity, "config_sha256": config_sha256(identity),
         "model": backbone.identity, "tokenizer": tokenizer_identity(backbone.tokenizer),
         "layers": layers, "hidden_size": backbone.hidden_size, "storage": cfg.storage,
