@@ -66,21 +66,25 @@ def build_network(config_class, record: dict, folder: Path, older: dict | None =
         raise BadInput(f"{Path(folder) / CONFIG} was written by another version of geoprobe ({short(exc)})") from exc
 
 
-def save_weights(folder: Path, weights: dict, metadata: dict) -> None:
-    """model.safetensors (replaced whole; a full disk is one line)."""
+def write_tensors(path: Path, tensors: dict, metadata: dict) -> None:
+    """A safetensors file replaced whole (a reader or a resume never sees half of it); a full disk is one line."""
     from safetensors.torch import save_file
 
-    path = Path(folder) / WEIGHTS
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        save_file(weights, tmp, metadata=metadata)
+        save_file(tensors, tmp, metadata=metadata)
     except Exception as exc:
         tmp.unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise BadInput(disk_full_message(path, sum(t.numel() * t.element_size() for t in weights.values()))) \
+            raise BadInput(disk_full_message(path, sum(t.numel() * t.element_size() for t in tensors.values()))) \
                 from exc
         raise
     tmp.replace(path)
+
+
+def save_weights(folder: Path, weights: dict, metadata: dict) -> None:
+    """model.safetensors: the weights sampling and evaluation load."""
+    write_tensors(Path(folder) / WEIGHTS, weights, metadata)
 
 
 def load_weights(module, folder: Path) -> None:

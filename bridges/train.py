@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -35,13 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open
 
 from bridges.nn import native_bf16
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
-from bridges.checkpoint import save_weights
-from geoprobe.files import disk_full_message, is_disk_full
+from bridges.checkpoint import save_weights, write_tensors
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -163,16 +161,7 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
     meta = {"step": str(step), "curve": json.dumps(curve), "scheduler": json.dumps(scheduler.state_dict()),
             "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or "",
             "best_step": str(best.step)}
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        save_file(tensors, tmp, metadata=meta)
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        if is_disk_full(exc):
-            raise BadInput(disk_full_message(path, sum(t.numel() * t.element_size() for t in tensors.values()))) \
-                from exc
-        raise
-    os.replace(tmp, path)
+    write_tensors(path, tensors, meta)
 
 
 def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tuple[int, list, list, str | None]:
