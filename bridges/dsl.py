@@ -218,9 +218,12 @@ def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
 
 
 def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, out: Path, device: torch.device,
-              progress=None, world: World = SINGLE) -> Trained:
+              progress=None, world: World = SINGLE, stop_rows: torch.Tensor | None = None) -> Trained:
     """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed.
-    Writes `config.json` first when the directory has none, so the result always loads."""
+    With `settings.train.eval_every` > 0 the plateau rule watches the MDLM bound of the EMA
+    weights on `stop_rows` (fixed Monte-Carlo draws, so the curve moves only with the weights)
+    and keeps the best. Writes `config.json` first when the directory has none, so the result
+    always loads."""
     if not (Path(out) / CONFIG).is_file() and world.is_main:
         Path(out).mkdir(parents=True, exist_ok=True)
         save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), {})
@@ -235,7 +238,16 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
         noise = shard.rows(torch.randn((size, length, m.cfg.d_tok), generator=generator))
         return m.loss(data[upload(rows, device)], snr, noise=noise)
 
-    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world)
+    evaluate = None
+    if settings.train.eval_every > 0 and stop_rows is not None:
+        from bridges.likelihood import mdlm_elbo
+
+        rows = stop_rows.to(device)
+
+        def evaluate(m):
+            return mdlm_elbo(m, rows).mean().item()
+
+    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=evaluate)
 
 
 def budget(settings: DSLTrainSettings) -> dict:
@@ -336,8 +348,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                     save_tokenizer(tok, out)
                     save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), identity)
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
-            trained = train_dsl(model, data, settings, out, target, progress=progress,
-                                world=world)
+            trained = train_dsl(model, data, settings, out, target, progress=progress, world=world,
+                                stop_rows=stopping_rows(val_docs, tok, settings.seq_len))
         finally:
             if progress is not None:
                 progress.stop()
@@ -386,7 +398,22 @@ def pca_table(tokenizer_spec: str, vocab_size: int, d_tok: int) -> torch.Tensor:
     return TokenTable.pca_init(embeddings[:vocab_size], d_tok)
 
 
-def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, device: str, max_seqs: int = 32) -> dict:
+REPORTED_ROWS = 32  # held-out rows evaluate_dsl reports on; the plateau rule stops on the rows after them
+
+
+def stopping_rows(documents: list[str], tokenizer, seq_len: int) -> torch.Tensor:
+    """The held-out rows the plateau rule watches: those after the REPORTED_ROWS that
+    metrics.json reports, so that the reported bound is not the one training stopped on (a
+    held-out set too small for both shares them)."""
+    from bridges.tokens import token_stream
+
+    ids = token_stream(documents, tokenizer)
+    rows = sequences(ids, min(seq_len, len(ids)))
+    return rows[REPORTED_ROWS:] if len(rows) > REPORTED_ROWS else rows
+
+
+def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, device: str,
+                 max_seqs: int = REPORTED_ROWS) -> dict:
     """The MDLM bound of the trained model on (at most `max_seqs` sequences of) held-out documents."""
     import math
 

@@ -140,5 +140,7 @@ def run_demo(out: Path, tiny: bool = False, device: str = "auto",
     path = write_report(run)
     return {"report": str(path), "chosen_layer": sweep["chosen_layer"], "oracle_layer": sweep["oracle_layer"],
             "worst_layer": sweep["worst_layer"], "verdict": sweep,
-            "generation": [{k: r.get(k) for k in ("generator", "sampler", "gen_ppl", "mauve", "oracle_nll_per_word",
-                                                  "budget")} for r in read_rows(run / "compare.csv")]}
+            "generation": [{k: r.get(k) for k in ("generator", "sampler", "evaluator", "gen_ppl", "gen_ppl_lo",
+                                                  "gen_ppl_hi", "own_evaluator", "mauve", "oracle_nll_per_word",
+                                                  "oracle_nll_lo", "oracle_nll_hi", "budget")}
+                           for r in read_rows(run / "compare.csv")]}

@@ -65,6 +65,10 @@ class HMM:
             state = rng.choice(len(self.initial), p=self.transition[state])
         return out
 
+    def sample_from(self, start: np.ndarray, length: int, rng: np.random.Generator) -> list[int]:
+        """One `length`-word text from the state distribution `start`."""
+        return HMM(start, self.transition, self.emission, self.words).sample_many(1, length, rng)[0].tolist()
+
     def sample_many(self, count: int, length: int, rng: np.random.Generator) -> np.ndarray:
         """(count, length) word ids of `count` independent sequences, vectorised over sequences."""
         cum_t, cum_e = np.cumsum(self.transition, 1), np.cumsum(self.emission, 1)
@@ -103,19 +107,45 @@ class HMM:
         ids = [index.get(w) for w in text.split()]
         return None if any(i is None for i in ids) else ids
 
-    def log_prob(self, ids: list[int]) -> float:
-        """log p(x_1..n) by the forward algorithm in log space."""
+    def state_distributions(self, start: np.ndarray, length: int) -> np.ndarray:
+        """(length, S): the hidden state's distribution at positions 0..length-1 from `start`."""
+        out = np.empty((length, len(start)))
+        out[0] = start
+        for t in range(1, length):
+            out[t] = out[t - 1] @ self.transition
+        return out
+
+    def start(self, where: str, document_length: int) -> np.ndarray:
+        """The state distribution a text starts from: `document` (a document's first word: what
+        an AR model prompted with BOS, or a model trained on whole documents, starts from) or
+        `anywhere` (a uniformly random word of a `document_length`-word document: where a
+        block cut from the concatenated corpus starts)."""
+        if where == "document":
+            return self.initial
+        if where == "anywhere":
+            return self.state_distributions(self.initial, document_length).mean(0)
+        raise BadInput(f"unknown oracle start {where!r} (use document or anywhere)")
+
+    def bigram_distribution(self, start: np.ndarray, length: int) -> np.ndarray:
+        """(V, V): the expected share of each bigram among the bigrams of a `length`-word text
+        that starts in state distribution `start` (exact, averaged over its positions)."""
+        states = self.state_distributions(start, max(length - 1, 1)).mean(0)
+        return (self.emission.T * states) @ self.transition @ self.emission
+
+    def log_prob(self, ids: list[int], start: np.ndarray | None = None) -> float:
+        """log p(x_1..n) by the forward algorithm in log space, from the state distribution
+        `start` (default: the document start, `initial`)."""
         if not ids:
             return 0.0
         log_t, log_e = np.log(self.transition), np.log(self.emission)
-        alpha = np.log(self.initial) + log_e[:, ids[0]]
+        alpha = np.log(self.initial if start is None else start) + log_e[:, ids[0]]
         for word in ids[1:]:
             alpha = logsumexp(alpha[:, None] + log_t, axis=0) + log_e[:, word]
         return float(logsumexp(alpha))
 
-    def text_log_prob(self, text: str) -> float:
+    def text_log_prob(self, text: str, start: np.ndarray | None = None) -> float:
         ids = self.encode(text)
-        return float("-inf") if ids is None else self.log_prob(ids)
+        return float("-inf") if ids is None else self.log_prob(ids, start)
 
     def entropy_rate(self, length: int = 20000, seed: int = 1) -> float:
         """Nats per word: -log p(x_1..n) / n on one long emitted sequence."""
@@ -157,17 +187,41 @@ def draw_rows(cumulative: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((rng.random(len(cumulative))[:, None] > cumulative).sum(1), cumulative.shape[1] - 1)
 
 
-def oracle_scores(hmm: HMM, texts: list[str]) -> dict:
-    """Exact NLL per word of generated texts under the true HMM.
+def oracle_scores(hmm: HMM, texts: list[str], start: str = "anywhere", document_length: int = 64) -> dict:
+    """Exact NLL per word of generated texts under the true HMM, from the state distribution
+    the generator's training blocks start from (`HMM.start`), and the total-variation distance
+    between the samples' pooled bigram frequencies and the HMM's expected bigram distribution
+    for texts of their length, beside the same distance for as many texts of that length drawn
+    from the HMM itself (its finite-sample floor). The NLL rewards repeating a likely word; the
+    bigram distance does not.
 
     A text holding a word the HMM cannot emit (an unknown or special token) has probability 0;
     such texts are counted (`oracle_invalid`) and the NLL is over the others, so that one stray
     token does not turn a generator's whole row into infinity, nor hide."""
-    scores = [(hmm.text_log_prob(t), len(t.split())) for t in texts]
-    valid = [(lp, n) for lp, n in scores if math.isfinite(lp)]
+    origin = hmm.start(start, document_length)
+    encoded = [hmm.encode(t) for t in texts]
+    per_sample = [-hmm.log_prob(ids, origin) / len(ids) if ids else math.inf for ids in encoded]
+    valid = [(v, len(ids)) for v, ids in zip(per_sample, encoded) if ids and math.isfinite(v)]
     words = sum(n for _, n in valid)
-    return {"oracle_nll_per_word": -sum(lp for lp, _ in valid) / words if words else math.inf,
-            "oracle_invalid": len(scores) - len(valid)}
+    result = {"oracle_nll_per_word": sum(v * n for v, n in valid) / words if words else math.inf,
+              "oracle_nll_per_sample": per_sample, "oracle_invalid": len(texts) - len(valid),
+              "oracle_start": start}
+    kept = [ids for ids in encoded if ids and len(ids) >= 2]
+    if kept:
+        length = int(np.median([len(ids) for ids in kept]))
+        expected = hmm.bigram_distribution(origin, length)
+        rng = np.random.default_rng([len(kept), length])
+        own = [hmm.sample_from(origin, length, rng) for _ in kept]
+        result.update(bigram_tv=bigram_tv(kept, expected), bigram_tv_hmm=bigram_tv(own, expected))
+    return result
+
+
+def bigram_tv(texts: list[list[int]], expected: np.ndarray) -> float:
+    """Total-variation distance between the pooled bigram frequencies of word-id texts and `expected`."""
+    counts = np.zeros_like(expected)
+    for ids in texts:
+        np.add.at(counts, (np.asarray(ids[:-1]), np.asarray(ids[1:])), 1)
+    return float(0.5 * np.abs(counts / counts.sum() - expected).sum())
 
 
 def reference_sample_scores(hmm: HMM, length: int, count: int = 200, seed: int = 0) -> dict:

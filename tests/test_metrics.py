@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 
 from geoprobe.metrics.evaluator import gen_ppl
-from geoprobe.metrics.text import diversity, repetition, text_metrics, unigram_entropy
+from geoprobe.metrics.text import diversity_pooled, diversity_within, repetition, text_metrics, unigram_entropy
 from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
 from geoprobe.synthetic import documents
 from tests.helpers import assert_one_line_error, invoke
@@ -22,14 +22,30 @@ from tests.helpers import assert_one_line_error, invoke
 def test_diversity_entropy_and_repetition_by_hand():
     texts = ["a b a b", "c d e f"]
     # bigrams: (a b)(b a)(a b) + (c d)(d e)(e f): 5 distinct of 6; trigrams 4 of 4; 4-grams 2 of 2
-    d = diversity(texts)
+    d = diversity_pooled(texts)
     assert d["distinct_2"] == pytest.approx(5 / 6) and d["distinct_3"] == 1.0 and d["distinct_4"] == 1.0
-    assert d["diversity"] == pytest.approx(5 / 6)
+    assert d["diversity_pooled"] == pytest.approx(5 / 6)
     assert unigram_entropy("a b a b") == pytest.approx(math.log(2))
     assert unigram_entropy("c d e f") == pytest.approx(math.log(4))
     assert text_metrics(texts)["unigram_entropy"] == pytest.approx((math.log(2) + math.log(4)) / 2)
     assert repetition(texts, 2) == pytest.approx((1 - 2 / 3 + 0) / 2)
     assert unigram_entropy("x x x") == 0.0
+
+
+def test_diversity_within_counts_repeats_inside_a_sample_only():
+    # SimCTG's definition: distinct n-grams within each sample, summed over samples, over all n-grams
+    texts = ["a b a b a", "a b a b a"]
+    # each sample: bigrams ab ba ab ba (2 of 4), trigrams aba bab aba (2 of 3), 4-grams abab baba (2 of 2)
+    d = diversity_within(texts)
+    assert d["diversity_within"] == pytest.approx((4 / 8) * (4 / 6) * (4 / 4))
+    assert d["diversity_within_per_sample"] == pytest.approx([0.5 * 2 / 3] * 2)
+    # the pooled ratio also counts the second sample's n-grams as repeats of the first's
+    assert diversity_pooled(texts)["diversity_pooled"] == pytest.approx((2 / 8) * (2 / 6) * (2 / 4))
+    # two different samples without inner repeats: both are 1
+    other = ["a b c d", "e f g h"]
+    assert diversity_within(other)["diversity_within"] == 1.0 == diversity_pooled(other)["diversity_pooled"]
+    # a sample too short for 4-grams contributes nothing to that factor's counts
+    assert diversity_within(["a b c d", "x y"])["diversity_within"] == pytest.approx(1.0)
 
 
 def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(llama):
@@ -71,10 +87,32 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
                             "--references", spec, "--device", "cpu")
     assert code == 0, err
     row = json.loads(out)[str(samples)]
-    for key in ("gen_ppl", "diversity", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word"):
+    for key in ("gen_ppl", "diversity_within", "diversity_pooled", "unigram_entropy", "mauve", "mauve_std",
+                "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"):
         assert math.isfinite(row[key]), key
     assert row["oracle_nll_per_word"] == pytest.approx(row["oracle_entropy_rate"], rel=0.25)
     assert (tmp_path / "samples.metrics.json").is_file()
+    assert row["evaluator"] == str(tiny_models("llama")) and row["evaluator_is_generator"] == []
+
+    # several evaluators: each scores Gen.PPL, the first one's is `gen_ppl`; an AR sample set of
+    # the llama itself is flagged (and warned about) under the llama, not under the other one
+    llama, qwen = str(tiny_models("llama")), str(tiny_models("qwen2"))
+    ar = tmp_path / "ar"
+    assert invoke("-q", "sample", "--model", llama, "--sampler", "ar", "--num", 4, "--length", 12, "--out", ar,
+                  "--device", "cpu")[0] == 0
+    code, out, err = invoke("--format", "json", "eval", samples, ar / "samples.jsonl", "--evaluator",
+                            f"{llama},{qwen}", "--device", "cpu")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert list(rows[str(samples)]["gen_ppl_by_evaluator"]) == [llama, qwen]
+    assert rows[str(samples)]["gen_ppl"] == rows[str(samples)]["gen_ppl_by_evaluator"][llama]
+    assert rows[str(samples)]["gen_ppl_by_evaluator"][llama] != rows[str(samples)]["gen_ppl_by_evaluator"][qwen]
+    assert rows[str(ar / "samples.jsonl")]["evaluator_is_generator"] == [llama]
+    assert "the generator's own backbone" in " ".join(err.split()) and rows[str(samples)]["evaluator_is_generator"] == []
+    code, _, err = invoke("eval", samples, "--evaluator", f"{llama},", "--device", "cpu")
+    assert_one_line_error(code, err, 2, "--evaluator needs one or more models")
+    code, _, err = invoke("eval", samples, "--evaluator", llama, "--references", spec, "--oracle-start", "middle")
+    assert_one_line_error(code, err, 2, "unknown oracle start")
 
     code, _, err = invoke("eval", tmp_path / "none.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "samples file not found")
@@ -177,3 +215,20 @@ def test_freedman_lane_partial_test():
     y2 = z + 2 * extra
     strong = partial_spearman_test(-extra, y2, z, resamples=2000)
     assert strong["rho"] < -0.5 and strong["p"] < 0.05
+
+
+def test_bootstrap_interval_matches_the_normal_theory_and_overlapping_rows_are_not_ranked():
+    from geoprobe.report.compare import bootstrap_interval, distinguishable
+
+    values = np.random.default_rng(0).normal(3.0, 1.0, 400)
+    lo, hi = bootstrap_interval(list(values))
+    half = 1.96 * values.std() / math.sqrt(len(values))
+    assert lo == pytest.approx(values.mean() - half, abs=0.02) and hi == pytest.approx(values.mean() + half, abs=0.02)
+    assert bootstrap_interval([1.0]) == (None, None) and bootstrap_interval([1.0, math.inf]) == (None, None)
+    lo, hi = bootstrap_interval([0.0, math.log(4)], math.exp)  # through a transform: geometric means
+    assert 1.0 <= lo <= hi <= 4.0
+    rows = [{"generator": g, "oracle_nll_lo": lo, "oracle_nll_hi": hi}
+            for g, lo, hi in (("a", 3.0, 3.2), ("b", 3.1, 3.4), ("c", 3.5, 3.6), ("d", None, None))]
+    pairs, compared = distinguishable(rows, "oracle_nll")
+    assert compared == 3  # the row without an interval is not compared
+    assert sorted((a["generator"], b["generator"]) for a, b in pairs) == [("a", "c"), ("b", "c")]

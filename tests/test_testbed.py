@@ -79,3 +79,41 @@ def test_synthetic_corpus_is_seeded_and_its_entropy_rate_is_below_the_uniform_ra
     assert len(documents(spec)) == 5 and all(len(d.split()) == 20 for d in documents(spec))
     assert documents(spec) != documents(spec.replace("seed=3", "seed=4"))
     assert 0 < hmm_from_spec(spec).entropy_rate(4000) < math.log(50)
+
+
+def test_oracle_start_distributions_and_expected_bigrams_against_enumeration():
+    hmm = HMM.random(states=3, vocab=4, seed=5, concentration=1.0, transition=1.0)
+    # "anywhere" in a 3-word document: the text x_1..n is the document's words from a uniform
+    # position on, so p(text) = mean over positions o of p(x | state distribution at o)
+    ids = [2, 0]
+    at = [hmm.initial @ np.linalg.matrix_power(hmm.transition, o) for o in range(3)]
+    expected = np.mean([math.exp(hmm.log_prob(ids, a)) for a in at])
+    assert math.exp(hmm.log_prob(ids, hmm.start("anywhere", 3))) == pytest.approx(expected, rel=1e-10)
+    assert np.allclose(hmm.start("document", 3), hmm.initial)
+    # the expected bigram distribution of a 3-word text: the mean of its two bigrams' exact joint
+    # distributions, by enumerating all 4^3 texts
+    table = np.zeros((4, 4))
+    for text in itertools.product(range(4), repeat=3):
+        p = math.exp(hmm.log_prob(list(text)))
+        table[text[0], text[1]] += p / 2
+        table[text[1], text[2]] += p / 2
+    assert np.allclose(hmm.bigram_distribution(hmm.initial, 3), table, atol=1e-12)
+
+
+def test_oracle_scores_bigram_distance_by_hand_and_repetition_cannot_win_it():
+    from geoprobe.synthetic import bigram_tv, oracle_scores
+
+    expected = np.array([[0.5, 0.0], [0.25, 0.25]])
+    # bigrams of [0, 0, 1] and [1, 0]: (0,0) (0,1) (1,0): frequencies 1/3 each
+    assert bigram_tv([[0, 0, 1], [1, 0]], expected) == pytest.approx(0.5 * (1 / 6 + 1 / 3 + 1 / 12 + 1 / 4))
+    hmm = hmm_from_spec(CORPUS)
+    likely = int(np.argmax(hmm.emission[np.argmax(hmm.initial)]))
+    repeated = [" ".join([hmm.words[likely]] * 32)] * 32
+    own = [hmm.text(row) for row in hmm.sample_many(32, 32, np.random.default_rng(4))]
+    rep, real = oracle_scores(hmm, repeated, start="document"), oracle_scores(hmm, own, start="document")
+    assert rep["oracle_nll_per_word"] < real["oracle_nll_per_word"]  # the NLL alone rewards repetition
+    assert rep["bigram_tv"] > 0.9 > real["bigram_tv"]  # the bigram distance does not
+    assert real["bigram_tv"] == pytest.approx(real["bigram_tv_hmm"], abs=0.1)  # the HMM's own text sits at its floor
+    assert len(real["oracle_nll_per_sample"]) == 32 and real["oracle_invalid"] == 0
+    with pytest.raises(Exception, match="unknown oracle start"):
+        oracle_scores(hmm, own, start="middle")

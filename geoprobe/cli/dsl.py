@@ -36,6 +36,13 @@ def train_cmd(
     steps: Steps = TRAIN.steps, batch_size: BatchSize = TRAIN.batch_size, seq_len: SeqLen = RUN.seq_len,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = TRAIN.lr,
     warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = TRAIN.warmup,
+    eval_every: Annotated[int, typer.Option(min=0, help="Score the held-out MDLM bound every N steps and stop when "
+                                                        "it plateaus, keeping the best weights (--steps is then "
+                                                        "the cap); 0: train exactly --steps.")] = TRAIN.eval_every,
+    plateau_rel: Annotated[float, typer.Option(help="The plateau rule's threshold: stop when the last 20% of "
+                                                    "steps improved the bound by less than this share.")]
+    = TRAIN.plateau_rel,
+    min_steps: Annotated[int, typer.Option(min=0, help="Never stop on a plateau before this step.")] = TRAIN.min_steps,
     d_tok: Annotated[int, typer.Option(min=2, help="Token embedding dimension on the unit sphere.")] = SHAPE.d_tok,
     d_model: Annotated[int, typer.Option(min=8, help="Transformer width.")] = SHAPE.d_model,
     n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = SHAPE.n_layers,
@@ -50,12 +57,13 @@ def train_cmd(
                                                  "input embedding as the converter's matrix.")] = None,
     seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
 ):
-    """Train a DSL denoiser (fixed budget, resumable)."""
+    """Train a DSL denoiser (a fixed budget, or until its held-out bound plateaus; resumable)."""
     from bridges.dsl import fit_dsl
     from geoprobe.backbone import resolve_device
     from geoprobe.distributed import world_from
 
     settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
+                                   eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
                                    precision=precision, snr=snr, roar_frac=roar_frac, seq_len=seq_len, d_tok=d_tok,
                                    d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
                                    learn_table=not freeze_table)

@@ -18,11 +18,16 @@ from geoprobe.cli.options import Device, Seed, state
 def evaluate(
     samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files (rows with a 'text' field).")],
     evaluator: Annotated[str, typer.Option(help="Causal LM for Gen.PPL and MAUVE features (any model geoprobe "
-                                                "loads).")] = "builtin:smollm2",
+                                                "loads), or several separated by commas: each scores Gen.PPL, "
+                                                "the first gives MAUVE's features.")] = "builtin:smollm2",
     references: Annotated[str | None, typer.Option(help="Reference corpus for MAUVE (and the HMM for "
                                                         "synthetic:hmm).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="One file for all the metrics (default: "
                                                                   "SAMPLES.metrics.json beside each file).")] = None,
+    oracle_start: Annotated[str, typer.Option(help="synthetic:hmm only: where the HMM starts a sample: anywhere (a "
+                                                   "random word of a document: blocks cut from the corpus) or "
+                                                   "document (its first word: whole-document rows, an AR model "
+                                                   "after BOS).")] = "anywhere",
     seed: Seed = 0, device: Device = "auto",
 ):
     """Gen.PPL, diversity, entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
@@ -30,8 +35,13 @@ def evaluate(
     from geoprobe.report.terminal import console, print_table
 
     results, target = evaluate_samples(samples, evaluator, references, out, seed, device,
-                                       warn=lambda line: None if state.quiet else console.print(line))
-    keys = ["samples", "gen_ppl", "diversity", "unigram_entropy", "rep_4", "mauve", "mauve_std", "oracle_nll_per_word"]
+                                       warn=lambda line: None if state.quiet else console.print(line),
+                                       oracle_start=oracle_start)
+    names = next(iter(results.values()))["gen_ppl_by_evaluator"]
+    keys = ["samples", "diversity_within", "diversity_pooled", "unigram_entropy", "rep_4", "mauve", "mauve_std",
+            "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"]
     present = [k for k in keys if any(k in r for r in results.values())]
-    show(results, lambda: print_table(f"metrics → {target}", ["file", *present],
-                                      [[Path(n).name, *[r.get(k, "") for k in present]] for n, r in results.items()]))
+    head = ["file", *[f"Gen.PPL ({n})" for n in names], *present]
+    show(results, lambda: print_table(f"metrics → {target}", head,
+                                      [[Path(n).name, *[r["gen_ppl_by_evaluator"][e] for e in names],
+                                        *[r.get(k, "") for k in present]] for n, r in results.items()]))

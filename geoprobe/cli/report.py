@@ -30,7 +30,8 @@ def compare(
     rows, table = result["rows"], result["table"]
     from geoprobe.report.terminal import print_table
 
-    keys = ["generator", "sampler", "nfe", "train_tokens", "gen_ppl", "diversity", "mauve", "budget"]
+    keys = ["generator", "sampler", "nfe", "train_tokens", "evaluator", "gen_ppl", "oracle_nll_per_word",
+            "diversity_within", "mauve", "budget"]
     show(result, lambda: print_table(f"comparison → {table}", keys,
                                      [[r.get(k) if r.get(k) is not None else "—" for k in keys] for r in rows]))
 
@@ -68,9 +69,19 @@ def _print_demo(summary: dict) -> None:
     from geoprobe.cli.bridge import print_verdict
     from geoprobe.report.terminal import print_table
 
-    print_table("generation (matched budget)", ["generator", "sampler", "Gen.PPL", "MAUVE", "oracle NLL/word"],
-                [[g["generator"], g["sampler"], g["gen_ppl"], g["mauve"], g["oracle_nll_per_word"] or "—"]
-                 for g in summary["generation"]])
+    def interval(g, key, value):
+        if g.get(value) is None:
+            return "—"
+        if g.get(f"{key}_lo") is None:
+            return f"{g[value]:.4g}"
+        return f"{g[value]:.4g} [{g[f'{key}_lo']:.4g}, {g[f'{key}_hi']:.4g}]"
+
+    evaluator = next((g["evaluator"] for g in summary["generation"] if g.get("evaluator")), "?")
+    print_table(f"generation (matched budget; Gen.PPL by {evaluator}; 95% bootstrap intervals over samples; "
+                "* = the evaluator is the generator's own backbone)",
+                ["generator", "sampler", "Gen.PPL", "MAUVE", "oracle NLL/word"],
+                [[g["generator"], g["sampler"], interval(g, "gen_ppl", "gen_ppl") + (" *" if g.get("own_evaluator") else ""),
+                  g["mauve"], interval(g, "oracle_nll", "oracle_nll_per_word")] for g in summary["generation"]])
     print_verdict("the sweep's verdict", summary["verdict"])
     print(f"report: {summary['report']}")
 

@@ -174,48 +174,101 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
     return [pieces[i] for i in order]
 
 
-def evaluate_samples(samples: list[Path], evaluator: str, references: str | None, out: Path | None, seed: int = 0,
-                     device: str = "auto", warn=None) -> tuple[dict, Path]:
+def generator_backbone(samples: Path) -> str | None:
+    """The causal LM a samples file's generator runs through, if any: the AR ceiling's model, a
+    bridge's backbone (its upper stack writes the text) or a DSL model's `--init-from`. Gen.PPL
+    under that same model measures agreement with itself, not quality."""
+    from bridges.checkpoint import read_config
+
+    meta_path = Path(samples).with_name("samples.meta.jsonl")
+    if not meta_path.is_file():
+        return None
+    metas = [json.loads(l) for l in meta_path.read_text().splitlines() if l.strip()]
+    metas = [m for m in metas if Path(m.get("file", "")).name == Path(samples).name] or metas
+    if not metas:
+        return None
+    meta = metas[-1]
+    if meta.get("decode") == "causal":
+        return meta.get("model")
+    model = Path(meta.get("model", ""))
+    if not (model / "config.json").is_file():
+        return None
+    config = read_config(model)
+    identity = config.get("identity", {})
+    return identity.get("model") if config.get("kind") == "bridge" else identity.get("init_from")
+
+
+def same_model(a: str | None, b: str) -> bool:
+    if a is None:
+        return False
+    if a == b:
+        return True
+    return Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve()
+
+
+def evaluator_list(evaluator: str | list[str]) -> list[str]:
+    """--evaluator: one model, or several separated by commas (each scores every file)."""
+    names = [e.strip() for e in evaluator.split(",")] if isinstance(evaluator, str) else list(evaluator)
+    if not names or not all(names):
+        raise BadInput(f"--evaluator needs one or more models separated by commas, got {evaluator!r}")
+    return names
+
+
+def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
+                     seed: int = 0, device: str = "auto", warn=None, oracle_start: str = "anywhere") -> tuple[dict, Path]:
     """Gen.PPL, diversity, entropy, repetition and (with `references`) MAUVE of each samples file,
-    plus the exact NLL under the HMM for a synthetic corpus. Every file is checked before the
-    evaluator loads. Writes `out`, or SAMPLES.metrics.json beside each file; returns (results,
-    the file written first)."""
+    plus the exact NLL under the HMM for a synthetic corpus (from `oracle_start`, see
+    geoprobe.synthetic.HMM.start). Every file is checked before the evaluator loads. With several
+    evaluators each scores Gen.PPL (`gen_ppl_by_evaluator`); the first also gives `gen_ppl` and
+    MAUVE's features. An evaluator that is the generator's own backbone is named in
+    `evaluator_is_generator` (and warned about). Writes `out`, or SAMPLES.metrics.json beside
+    each file; returns (results, the file written first)."""
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import check_source
     from geoprobe.store import check_writable
     from geoprobe.metrics.text import text_metrics
 
+    evaluators = evaluator_list(evaluator)
     sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
     if references is not None:
         check_source(references)
-    if out is not None:
-        check_writable(out.parent)
-    backbone = load_backbone(evaluator, device=device)
-    results, reference_features = {}, {}
     oracle = None
     if references is not None and references.startswith("synthetic:"):  # one HMM and one entropy rate per call
-        from geoprobe.synthetic import hmm_from_spec, oracle_scores
+        from geoprobe.synthetic import hmm_from_spec, parse_spec
 
         oracle = hmm_from_spec(references)
+        oracle.start(oracle_start, parse_spec(references)["length"])  # a bad --oracle-start, before any model loads
+    if out is not None:
+        check_writable(out.parent)
+    results = {name: {"samples": len(texts), "evaluator": evaluators[0], **text_metrics(texts),
+                      "gen_ppl_by_evaluator": {}, "evaluator_is_generator": []} for name, texts in sets.items()}
+    owners = {name: generator_backbone(Path(name)) for name in sets}
+    for index, name in enumerate(evaluators):
+        backbone = load_backbone(name, device=device)
+        reference_features = {}
+        for path, texts in sets.items():
+            row = results[path]
+            ppl, feats = score(backbone, texts)
+            row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
+            if same_model(owners[path], name):
+                row["evaluator_is_generator"].append(name)
+                if warn is not None:
+                    warn(f"warning: {Path(path).parent.name}: the evaluator {name} is the generator's own backbone; "
+                         "its Gen.PPL measures agreement with itself, not quality")
+            if index:
+                continue
+            row.update(ppl)
+            if references is not None:
+                row.update(_mauve_row(backbone, texts, feats, references, seed, reference_features, warn))
+        del backbone
+    if oracle is not None:
+        from geoprobe.synthetic import oracle_scores, parse_spec
+
         entropy_rate = oracle.entropy_rate()
-    for name, texts in sets.items():
-        ppl, feats = score(backbone, texts)
-        row = {"samples": len(texts), **text_metrics(texts), **ppl}
-        if references is not None:
-            refs = references_like(references, texts, seed)
-            if len(refs) < len(texts):
-                raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "
-                               f"of the samples' length from {references}, {len(texts)} samples")
-            if len(texts) < MAUVE_MIN_SAMPLES and warn is not None:  # the CLI prints it; the library does not
-                warn(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
-            key = tuple(refs[: len(texts)])  # files of the same length share their references: one pass
-            if key not in reference_features:
-                reference_features[key] = features(backbone, list(key))
-            row.update(mauve_score(feats, reference_features[key]))
-            if oracle is not None:
-                row.update(oracle_scores(oracle, texts), oracle_entropy_rate=entropy_rate)
-        results[name] = row
-    header = {"evaluator": evaluator, "references": references, "seed": seed}
+        for path, texts in sets.items():
+            results[path].update(oracle_scores(oracle, texts, oracle_start, parse_spec(references)["length"]),
+                                 oracle_entropy_rate=entropy_rate)
+    header = {"evaluator": evaluators[0], "evaluators": evaluators, "references": references, "seed": seed}
     if out is not None:
         out.write_text(json.dumps({**header, "results": results}, indent=2))
     else:  # each beside its samples file (never the checkpoint's own metrics.json)
@@ -223,3 +276,18 @@ def evaluate_samples(samples: list[Path], evaluator: str, references: str | None
             Path(name).with_suffix(".metrics.json").write_text(json.dumps({**header, "results": {name: row}}, indent=2))
     target = out or Path(samples[0]).with_suffix(".metrics.json")
     return results, target
+
+
+def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, seed: int, cache: dict, warn) -> dict:
+    """MAUVE of one file's features against held-out references of its length (`cache`: files of
+    the same length share their references' features: one pass)."""
+    refs = references_like(references, texts, seed)
+    if len(refs) < len(texts):
+        raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "
+                       f"of the samples' length from {references}, {len(texts)} samples")
+    if len(texts) < MAUVE_MIN_SAMPLES and warn is not None:  # the CLI prints it; the library does not
+        warn(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
+    key = tuple(refs[: len(texts)])
+    if key not in cache:
+        cache[key] = features(backbone, list(key))
+    return mauve_score(feats, cache[key])

@@ -19,8 +19,44 @@ import pandas as pd
 from geoprobe.errors import BadInput
 from bridges.checkpoint import training_tokens
 
-COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds", "train_tokens", "used_tokens", "samples", "gen_ppl",
-           "diversity", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "oracle_invalid", "budget"]
+COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds_per_sample", "train_tokens", "used_tokens", "samples",
+           "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators", "own_evaluator", "diversity_within",
+           "diversity_pooled", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "oracle_nll_lo",
+           "oracle_nll_hi", "bigram_tv", "bigram_tv_hmm", "oracle_invalid", "budget"]
+BOOTSTRAP = 1000  # resamples of a row's samples for its 95% intervals
+
+
+def bootstrap_interval(values: list[float], transform=None, seed: int = 0) -> tuple[float | None, float | None]:
+    """The 95% percentile interval of the mean of `values` (finite ones) over BOOTSTRAP resamples
+    of them, through `transform` (e.g. exp for a perplexity from per-sample log values)."""
+    import numpy as np
+
+    finite = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if len(finite) < 2:
+        return None, None
+    rng = np.random.default_rng(seed)
+    means = finite[rng.integers(0, len(finite), (BOOTSTRAP, len(finite)))].mean(1)
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    if transform is not None:
+        lo, hi = transform(lo), transform(hi)
+    return float(lo), float(hi)
+
+
+def intervals(values: dict) -> dict:
+    """A row's bootstrap intervals over its samples: the oracle NLL per word and Gen.PPL (the
+    per-sample perplexities' geometric mean, equal weights)."""
+    ppl = [math.log(v) for v in values.get("gen_ppl_per_sample") or [] if v and math.isfinite(v) and v > 0]
+    lo, hi = bootstrap_interval(ppl, math.exp)
+    nll_lo, nll_hi = bootstrap_interval(values.get("oracle_nll_per_sample") or [])
+    return {"gen_ppl_lo": lo, "gen_ppl_hi": hi, "oracle_nll_lo": nll_lo, "oracle_nll_hi": nll_hi}
+
+
+def distinguishable(rows: list[dict], key: str) -> tuple[list[tuple[dict, dict]], int]:
+    """(pairs (better, worse) whose 95% intervals of `key` (lower is better) are disjoint, the
+    number of pairs compared): rows whose intervals overlap are not ranked."""
+    have = [r for r in rows if r.get(f"{key}_lo") is not None and r.get(f"{key}_hi") is not None]
+    pairs = [(a, b) for a in have for b in have if a is not b and a[f"{key}_hi"] < b[f"{key}_lo"]]
+    return pairs, len(have) * (len(have) - 1) // 2
 
 
 def comparison_row(samples: Path) -> dict:
@@ -44,11 +80,18 @@ def comparison_row(samples: Path) -> dict:
     name = "/".join(model.parts[-depth:]) if model.is_dir() else meta["model"]
     suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
+    evaluator = values.get("evaluator") or json.loads(metrics_path.read_text()).get("evaluator")
+    others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
     return {"generator": name + suffix,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
-            "seconds": meta["seconds"], "train_tokens": budget, "used_tokens": used,
-            **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity", "unigram_entropy", "mauve", "mauve_std",
-                                          "oracle_nll_per_word", "oracle_invalid")}}
+            "seconds_per_sample": meta["seconds"] / max(1, meta.get("num") or values.get("samples") or 1),
+            "train_tokens": budget, "used_tokens": used, "evaluator": evaluator,
+            "other_evaluators": "; ".join(f"{k}: {v:.4g}" for k, v in others.items()) or None,
+            "own_evaluator": ", ".join(values.get("evaluator_is_generator") or []) or None,
+            **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity_within", "diversity_pooled",
+                                          "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "bigram_tv",
+                                          "bigram_tv_hmm", "oracle_invalid")},
+            **intervals(values)}
 
 
 def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:

@@ -48,6 +48,7 @@ def write_report(run: Path) -> Path:
                       "generators (mauve-text's authors use thousands); read it as a sanity check only."
                       if samples < 1000 else ""), "",
                   (run / "compare.md").read_text().split("\n", 2)[2], ""]
+        parts += generation_prose(rows)
         if corpus.startswith("synthetic:") and any(r.get("oracle_nll_per_word") is not None for r in rows):
             from geoprobe.synthetic import hmm_from_spec, reference_sample_scores
 
@@ -60,10 +61,39 @@ def write_report(run: Path) -> Path:
         parts += ["![compare](plots/compare.png)", ""]
     if (run / "steps.csv").is_file():
         curve = read_rows(run / "steps.csv")
-        columns = ["generator", "sampler", "steps", "nfe", "seconds", "gen_ppl", "mauve"]
-        columns += ["oracle_nll_per_word"] * any(r.get("oracle_nll_per_word") is not None for r in curve)
+        columns = ["generator", "sampler", "steps", "nfe", "seconds_per_sample", "evaluator", "gen_ppl", "mauve"]
+        columns += ["oracle_nll_per_word", "oracle_nll_lo", "oracle_nll_hi"] * any(r.get("oracle_nll_per_word") is not None for r in curve)
         parts += ["## Quality against sampling steps", "", markdown_table(curve, columns), "",
                   "![steps](plots/steps.png)", ""]
     path = run / "report.md"
     path.write_text("\n".join(parts) + "\n")
     return path
+
+
+def generation_prose(rows: list[dict]) -> list[str]:
+    """What the comparison table allows one to say: the evaluator, which rows are scored by their
+    own backbone, and which rows differ beyond their 95% intervals (the others are not ranked)."""
+    from geoprobe.report.compare import distinguishable
+
+    lines = []
+    evaluators = sorted({r["evaluator"] for r in rows if r.get("evaluator")})
+    if evaluators:
+        lines.append(f"Gen.PPL is scored by {', '.join(f'`{e}`' for e in evaluators)}; the intervals are 95% "
+                     "bootstrap intervals over each row's samples.")
+    own = [f"{r['generator']} · {r['sampler']}" for r in rows if r.get("own_evaluator")]
+    if own:
+        lines.append(f"Warning: the evaluator is the generator's own backbone for {', '.join(own)}: their Gen.PPL "
+                     "measures agreement with the evaluator itself, not quality; compare them by the other "
+                     "metrics.")
+    for key, label in (("oracle_nll", "the exact HMM NLL"), ("gen_ppl", "Gen.PPL")):
+        pairs, compared = distinguishable(rows, key)
+        if not compared:
+            continue
+        if not pairs:
+            lines.append(f"By {label}, no two rows' intervals are disjoint: the rows are not ranked against each other.")
+            continue
+        shown = "; ".join(f"{a['generator']} · {a['sampler']} < {b['generator']} · {b['sampler']}" for a, b in pairs[:12])
+        more = f" (and {len(pairs) - 12} more)" if len(pairs) > 12 else ""
+        lines.append(f"By {label} (lower is better), {len(pairs)} of {compared} pairs of rows differ beyond their "
+                     f"intervals: {shown}{more}. Every other pair overlaps and is not ranked.")
+    return [" ".join(lines), ""] if lines else []
