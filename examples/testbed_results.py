@@ -216,13 +216,223 @@ def main() -> None:
     bridges, sweep = dihal_rows(out) if "3" in stages else ([], None)
     if bridges:
         (out / "bridges.json").write_text(json.dumps(bridges))
-    log(f"done in {time.perf_counter() - began:.0f} s; writing {args.page}")
+    seconds = time.perf_counter() - began
+    if stages >= {"1", "2", "3"}:
+        (out / "timing.json").write_text(json.dumps({"seconds": seconds}))
+    log(f"done in {seconds:.0f} s; writing {args.page}")
     write_page(out, args.page)
 
 
+RESULTS_HEADING = "## Results"
+
+
+def mean_sd(values) -> tuple[float, float]:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return math.nan, math.nan
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def cell(values, digits: int = 3) -> str:
+    m, sd = mean_sd(values)
+    return "—" if math.isnan(m) else f"{m:.{digits}f} ± {sd:.{digits}f}"
+
+
+def disjoint(a, b) -> bool:
+    """Whether the seed intervals (mean ± sd) of two lists of values do not overlap."""
+    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
+    return ma + sa < mb - sb or mb + sb < ma - sa
+
+
 def write_page(out: Path, page: Path) -> None:
-    """The results section of docs/testbed.md (below its protocol) from the stored results."""
-    raise NotImplementedError
+    """The results section of docs/testbed.md (below its protocol) and its plots, from the stored results."""
+    from geoprobe.assets import builtin_model
+    from geoprobe.synthetic import hmm_from_spec
+
+    record = builtin_model("hmm-tiny")[1]
+    hmm = hmm_from_spec(CORPUS)
+    refs = {"entropy rate": hmm.entropy_rate(), "HMM, same documents": record["hmm_nll"],
+            "AR testbed, same documents": record["model_nll"]}
+    figures = page.parent / "testbed"
+    figures.mkdir(parents=True, exist_ok=True)
+    parts = [RESULTS_HEADING, "", f"Measured with `make results-testbed` on {machine()}; total wall time "
+             f"{json.loads((out / 'timing.json').read_text())['seconds'] / 60:.0f} min." if (out / "timing.json").is_file()
+             else f"Measured with `make results-testbed` on {machine()}.", ""]
+    training = json.loads((out / "training.json").read_text()) if (out / "training.json").is_file() else {}
+    if training:
+        parts += convergence_section(training, refs, figures)
+    if (out / "samples.json").is_file():
+        parts += sampler_section(json.loads((out / "samples.json").read_text()), refs, figures)
+    if (out / "bridges.json").is_file():
+        parts += bridges_section(json.loads((out / "bridges.json").read_text()), out)
+    text = page.read_text() if page.is_file() else ""
+    head = text.split(RESULTS_HEADING)[0].rstrip() + "\n\n" if RESULTS_HEADING in text else text
+    page.write_text(head + "\n".join(parts) + "\n")
+    log(f"wrote {page}")
+
+
+def machine() -> str:
+    import platform
+
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else "?"
+    return f"{os.cpu_count()} cores of {cpu}, torch float32 on the CPU"
+
+
+def tokens_of(name: str, seed: int, training: dict) -> float:
+    """Training tokens of a model (its own steps x rows x row length; a fine-tune adds its start's)."""
+    m = training[f"{name}-seed{seed}"]
+    own = m["steps_run"] * TRAINING["batch_size"] * SEQ_LEN
+    start = VARIANTS[name][2]
+    return own + (tokens_of(start, seed, training) if start == "mdlm" else 0)
+
+
+def convergence_section(training: dict, refs: dict, figures: Path) -> list[str]:
+    from scipy import stats
+
+    from geoprobe.metrics.correlation import holm
+    from geoprobe.report.plots import plt, save_figure
+
+    bound = {n: [training[f"{n}-seed{s}"]["bound_nats_per_word"] for s in SEEDS] for n in VARIANTS}
+    rows = ["| model | seeds | steps run (stop) | training tokens | held-out bound, nats/word | above the HMM floor |",
+            "|---|---|---|---|---|---|"]
+    floor = refs["HMM, same documents"]
+    for n in VARIANTS:
+        ms = [training[f"{n}-seed{s}"] for s in SEEDS]
+        steps = ", ".join(f"{m['steps_run']} ({m['stop']})" for m in ms)
+        tokens = np.mean([tokens_of(n, s, training) for s in SEEDS])
+        gap = [b / floor - 1 for b in bound[n]]
+        rows.append(f"| `{n}` | {len(ms)} | {steps} | {tokens / 1e6:.2f} M | {cell(bound[n])} | "
+                    f"{100 * np.mean(gap):+.1f} % |")
+    tests = {"dsl < mdlm": ("dsl", "mdlm"), "mdlm-dsl < dsl": ("mdlm-dsl", "dsl"), "dsl-init < dsl": ("dsl-init", "dsl")}
+    p = {k: float(stats.ttest_ind(bound[a], bound[b], equal_var=False, alternative="less").pvalue)
+         for k, (a, b) in tests.items()}
+    adjusted = holm(p)
+    lines = [f"- **{k}** (one-sided Welch t, {len(SEEDS)} seeds each): difference of means "
+             f"{np.mean(bound[a]) - np.mean(bound[b]):+.3f} nats/word, p = {p[k]:.3g}, Holm-adjusted {adjusted[k]:.3g}: "
+             + ("**supported** at 0.05." if adjusted[k] < 0.05 else "not supported at 0.05.")
+             for k, (a, b) in tests.items()]
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    colors = dict(zip(VARIANTS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for n in VARIANTS:
+        for s in SEEDS:
+            m = training[f"{n}-seed{s}"]
+            offset = tokens_of(VARIANTS[n][2], s, training) if VARIANTS[n][2] == "mdlm" else 0
+            xs = [offset + step * TRAINING["batch_size"] * SEQ_LEN for step, _ in m["val_curve"]]
+            ys = [v * SEQ_LEN / (SEQ_LEN - 1) for _, v in m["val_curve"]]
+            ax.plot(np.array(xs) / 1e6, ys, color=colors[n], alpha=0.8, lw=1, label=n if s == SEEDS[0] else None)
+    for (label, value), style in zip(refs.items(), (":", "--", "-.")):
+        ax.axhline(value, color="black", ls=style, lw=1, label=f"{label} {value:.3f}")
+    ax.set_ylim(refs["entropy rate"] - 0.1, 4.6)
+    ax.set_xlabel("training tokens (millions; MDLM -> DSL counts its MDLM's)")
+    ax.set_ylabel("held-out MDLM bound, nats/word (stopping rows)")
+    ax.set_title("Convergence: every seed, until its held-out bound plateaus")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(fig, figures / "convergence.png")
+    return ["### 1. Convergence", "",
+            f"Reference lines (nats/word, the same 256 held-out documents): the HMM's entropy rate "
+            f"{refs['entropy rate']:.3f}; the exact NLL of those documents under the HMM {floor:.3f} (the floor of "
+            f"any model of a 64-word document); the autoregressive testbed on them {refs['AR testbed, same documents']:.3f} "
+            f"({record_tokens()} training tokens).", "", *rows, "",
+            "Bound: mean ± sd over seeds; each seed's own standard error over the 256 documents is about "
+            f"{np.mean([training[k]['bound_se'] for k in training]):.3f}.", "", *lines, "",
+            "![convergence](testbed/convergence.png)", ""]
+
+
+def record_tokens() -> str:
+    from geoprobe.testbed import BATCH, LENGTH, STEPS
+
+    return f"{STEPS * BATCH * LENGTH / 1e6:.1f} M"
+
+
+def sampler_section(samples: list[dict], refs: dict, figures: Path) -> list[str]:
+    from geoprobe.report.plots import plt, save_figure
+
+    grid = [r for r in samples if r["sampler"] in SAMPLERS]
+    by = {}
+    for r in grid:
+        by.setdefault((r["model"], r["sampler"], r["steps"]), []).append(r)
+    parts = ["### 2. Samplers at convergence", "",
+             f"{NUM} samples of {LENGTH - 1} words per cell and seed; mean ± sd over the {len(SEEDS)} seeds' models. "
+             "Exact HMM NLL per word of the samples (lower: more likely under the true distribution; the HMM's own "
+             f"64-word documents score {refs['HMM, same documents']:.3f}):", ""]
+    for metric, title, digits in (("oracle_nll_per_word", "oracle NLL, nats/word", 2),
+                                  ("bigram_tv", "bigram TV distance to the HMM", 3),
+                                  ("diversity_within", "diversity (SimCTG, within sample)", 3),
+                                  ("unigram_entropy", "unigram entropy per sample, nats", 2)):
+        parts += [f"**{title}**", "", "| model | sampler | " + " | ".join(f"{n} steps" for n in STEPS) + " |",
+                  "|---|---|" + "---|" * len(STEPS)]
+        for model in VARIANTS:
+            for sampler in SAMPLERS:
+                cells = [cell([r[metric] for r in by.get((model, sampler, n), [])], digits) for n in STEPS]
+                parts.append(f"| `{model}` | {sampler} | " + " | ".join(cells) + " |")
+        parts.append("")
+    floor = [r["bigram_tv_hmm"] for r in grid if "bigram_tv_hmm" in r]
+    parts += [f"The bigram distance's finite-sample floor (as many HMM samples of the same length): "
+              f"{np.mean(floor):.3f}.", ""]
+    parts += verdict_lines(by)
+    switch = [r for r in samples if r["sampler"].startswith("hybrid (switch")]
+    if switch:
+        parts += ["**The hybrid's switch SNR** (`dsl`, 32 evaluations):", "", "| switch SNR | oracle NLL | bigram TV |",
+                  "|---|---|---|"]
+        for snr in SWITCH_SNRS:
+            rows = [r for r in switch if r["sampler"] == f"hybrid (switch {snr:g})"]
+            parts.append(f"| {snr:g} | {cell([r['oracle_nll_per_word'] for r in rows], 2)} | "
+                         f"{cell([r['bigram_tv'] for r in rows])} |")
+        parts.append("")
+    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(4 * len(VARIANTS), 4), sharey=True)
+    for ax, model in zip(axes, VARIANTS):
+        for sampler in SAMPLERS:
+            stats_ = [mean_sd([r["oracle_nll_per_word"] for r in by.get((model, sampler, n), [])]) for n in STEPS]
+            ax.errorbar(STEPS, [m for m, _ in stats_], yerr=[sd for _, sd in stats_], marker="o", capsize=2,
+                        label=sampler)
+        ax.axhline(refs["HMM, same documents"], color="black", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_title(model)
+        ax.set_xlabel("denoiser evaluations")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("oracle NLL of the samples, nats/word")
+    axes[-1].legend(fontsize=7)
+    save_figure(fig, figures / "samplers.png")
+    return parts + ["![samplers](testbed/samplers.png)", ""]
+
+
+def verdict_lines(by: dict) -> list[str]:
+    """Which sampler is best at each budget (only where its seed interval clears the runner-up's)
+    and whether 64 evaluations beat 4 (only where the intervals are disjoint)."""
+    lines = []
+    for model in VARIANTS:
+        wins = []
+        for n in STEPS:
+            ranked = sorted(SAMPLERS, key=lambda s: mean_sd([r["oracle_nll_per_word"] for r in by.get((model, s, n), [])])[0])
+            best, second = ranked[0], ranked[1]
+            values = {s: [r["oracle_nll_per_word"] for r in by.get((model, s, n), [])] for s in (best, second)}
+            wins.append(f"{n}: {best}" + ("" if disjoint(values[best], values[second]) else f" (within noise of {second})"))
+        helped = [s for s in SAMPLERS if disjoint([r["oracle_nll_per_word"] for r in by.get((model, s, 64), [])],
+                                                  [r["oracle_nll_per_word"] for r in by.get((model, s, 4), [])])
+                  and mean_sd([r["oracle_nll_per_word"] for r in by.get((model, s, 64), [])])[0]
+                  < mean_sd([r["oracle_nll_per_word"] for r in by.get((model, s, 4), [])])[0]]
+        lines.append(f"- `{model}`: lowest oracle NLL by evaluations: {'; '.join(wins)}. 64 evaluations beat 4 beyond "
+                     f"the seed spread for: {', '.join(helped) or 'no sampler'}.")
+    return lines + [""]
+
+
+def bridges_section(rows: list[dict], out: Path) -> list[str]:
+    from bridges.checkpoint import training_tokens
+    from geoprobe.sweep import bridge_dir
+
+    parts = ["### 3. The DiHAL rows", "", "Bridges of the tiny demo's sweep protocol (d 64 x 2 blocks, cap 400 steps x 16 "
+             "blocks x 33 tokens, three seeds), each sampled with the hybrid sampler at 32 evaluations; 32 samples of "
+             "32 words, scored from a random position of a document (their blocks start mid-document).", "",
+             "| generator | training tokens used (mean) | oracle NLL, nats/word | bigram TV | diversity |", "|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        group = [r for r in rows if r["model"] == model]
+        layer = 0 if model.startswith("layer-0") else int(model.split()[-1])
+        used = np.mean([training_tokens(bridge_dir(out / "run", layer, r["seed"]))[1] or 0 for r in group])
+        parts.append(f"| {model} | {used / 1e6:.2f} M | {cell([r['oracle_nll_per_word'] for r in group], 2)} | "
+                     f"{cell([r['bigram_tv'] for r in group])} | {cell([r['diversity_within'] for r in group])} |")
+    return parts + [""]
 
 
 if __name__ == "__main__":

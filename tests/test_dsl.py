@@ -353,3 +353,24 @@ def test_training_with_evaluations_keeps_the_best_ema_weights(shape, tmp_path):
         torch.testing.assert_close(kept[key], value, rtol=0, atol=0, msg=key)
     if best != len(seen) - 1:  # and they are not the last weights
         assert any(not torch.equal(kept[k], seen[-1][k]) for k in kept)
+
+
+def test_dsl_train_stops_on_its_held_out_bound_and_never_on_the_reported_rows(corpus_txt, tmp_path):
+    from bridges.dsl import REPORTED_ROWS, sequences, stopping_rows
+    from bridges.tokens import token_stream, word_tokenizer
+
+    out = tmp_path / "plateau"
+    # a 50% threshold: the rule fires at its first chance (min-steps 20, five evaluations of 4 steps)
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "train:400", "--steps", 200,
+                          "--batch-size", 4, "--seq-len", 16, "--d-model", 32, "--n-layers", 1, "--n-heads", 2,
+                          "--eval-every", 4, "--plateau-rel", 0.5, "--min-steps", 20, "--out", out, "--device", "cpu")
+    assert code == 0, err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stop"] == "plateau" and 20 <= metrics["steps_run"] < 200
+    steps = [s for s, _ in metrics["val_curve"]]
+    assert steps == list(range(4, metrics["steps_run"] + 1, 4)) and metrics["best_step"] in steps
+    # a held-out set large enough for both: the rule's rows are the ones after the reported ones
+    docs = [f"w{i % 7} w{i % 5} w{i % 3} w{i % 11}" for i in range(60)]
+    tok = word_tokenizer(docs)
+    every = sequences(token_stream(docs, tok), 5)
+    assert len(every) > REPORTED_ROWS and torch.equal(stopping_rows(docs, tok, 5), every[REPORTED_ROWS:])
