@@ -190,7 +190,6 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
 def what_it_says(run: Path, out: Path) -> str:
     """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
     ran, where the comparison's best rows are."""
-    import csv
 
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
@@ -208,11 +207,12 @@ def what_it_says(run: Path, out: Path) -> str:
                  "state)" + (f"; layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
     if (run / "compare.csv").is_file():
-        rows = list(csv.DictReader((run / "compare.csv").open()))
-        found = sorted((float(r["gen_ppl"]), f"{r['generator']} · {r['sampler']}") for r in rows if r.get("gen_ppl"))
-        if found:
-            lines.append(f"- Generation: the lowest Gen.PPL (SmolLM2 as evaluator, which favours its own samples) is "
-                         f"{found[0][0]:.0f} ({found[0][1]}); see the table below.")
+        from geoprobe.report.compare import read_rows
+        from geoprobe.report.page import generation_prose
+
+        # what the table allows one to say: the evaluator, its own-backbone rows, and only the
+        # pairs of rows whose intervals are disjoint
+        lines += [f"- Generation: {line}" for line in generation_prose(read_rows(run / "compare.csv")) if line]
     else:
         lines.append("- Generation was not rerun with this sweep: [results-generation.md](results-generation.md) "
                      "holds the previous run's section (its bridge rows used the bridges of that run).")
