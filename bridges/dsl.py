@@ -239,13 +239,15 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
         return m.loss(data[upload(rows, device)], snr, noise=noise)
 
     evaluate = None
-    if settings.train.eval_every > 0 and stop_rows is not None:
+    if settings.train.eval_every > 0:
+        if stop_rows is None:
+            raise BadInput("--eval-every needs held-out rows for the plateau rule to watch")
         from bridges.likelihood import mdlm_elbo
 
         rows = stop_rows.to(device)
 
-        def evaluate(m):
-            return mdlm_elbo(m, rows).mean().item()
+        def evaluate(m):  # in batches of 64 rows: a (B, L, V) logits tensor per Monte-Carlo draw
+            return torch.cat([mdlm_elbo(m, rows[i:i + 64]) for i in range(0, len(rows), 64)]).mean().item()
 
     return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=evaluate)
 
@@ -348,8 +350,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                     save_tokenizer(tok, out)
                     save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), identity)
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
-            trained = train_dsl(model, data, settings, out, target, progress=progress, world=world,
-                                stop_rows=stopping_rows(val_docs, tok, settings.seq_len))
+            watched, disjoint = stopping_rows(val_docs, tok, settings.seq_len)
+            trained = train_dsl(model, data, settings, out, target, progress=progress, world=world, stop_rows=watched)
         finally:
             if progress is not None:
                 progress.stop()
@@ -357,6 +359,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             return None
         metrics = evaluate_dsl(out, val_docs, tok, settings.seq_len, device)
         metrics.update(training_summary(trained))
+        if settings.train.eval_every > 0:
+            metrics["stop_rows_disjoint"] = disjoint
         write_record(out, metrics, trained, "DSL model")
         return metrics
 
@@ -399,17 +403,21 @@ def pca_table(tokenizer_spec: str, vocab_size: int, d_tok: int) -> torch.Tensor:
 
 
 REPORTED_ROWS = 32  # held-out rows evaluate_dsl reports on; the plateau rule stops on the rows after them
+STOPPING_ROWS = 256  # at most this many: each evaluation scores them 16 times
 
 
-def stopping_rows(documents: list[str], tokenizer, seq_len: int) -> torch.Tensor:
-    """The held-out rows the plateau rule watches: those after the REPORTED_ROWS that
-    metrics.json reports, so that the reported bound is not the one training stopped on (a
-    held-out set too small for both shares them)."""
+def stopping_rows(documents: list[str], tokenizer, seq_len: int) -> tuple[torch.Tensor, bool]:
+    """(the held-out rows the plateau rule watches, whether they are apart from the reported
+    ones): at most STOPPING_ROWS of the rows after the REPORTED_ROWS that metrics.json reports,
+    so that the reported bound is not the one training stopped on; a held-out set too small for
+    both shares them."""
     from bridges.tokens import token_stream
 
     ids = token_stream(documents, tokenizer)
     rows = sequences(ids, min(seq_len, len(ids)))
-    return rows[REPORTED_ROWS:] if len(rows) > REPORTED_ROWS else rows
+    if len(rows) > REPORTED_ROWS:
+        return rows[REPORTED_ROWS:REPORTED_ROWS + STOPPING_ROWS], True
+    return rows[:STOPPING_ROWS], False
 
 
 def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, device: str,

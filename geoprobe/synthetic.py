@@ -117,14 +117,20 @@ class HMM:
 
     def start(self, where: str, document_length: int) -> np.ndarray:
         """The state distribution a text starts from: `document` (a document's first word: what
-        an AR model prompted with BOS, or a model trained on whole documents, starts from) or
-        `anywhere` (a uniformly random word of a `document_length`-word document: where a
-        block cut from the concatenated corpus starts)."""
+        an AR model prompted with BOS, or a model trained on whole documents, starts from),
+        `anywhere` (a uniformly random word of a `document_length`-word document: about where
+        a row cut from the concatenated corpus starts; a row that crosses a document boundary
+        is still scored as one chain) or `blocks:K` (the even mixture of words 0, K, 2K, ...:
+        where per-document blocks of K words start)."""
+        states = self.state_distributions(self.initial, document_length)
         if where == "document":
             return self.initial
         if where == "anywhere":
-            return self.state_distributions(self.initial, document_length).mean(0)
-        raise BadInput(f"unknown oracle start {where!r} (use document or anywhere)")
+            return states.mean(0)
+        size = where.partition(":")[2]
+        if where.startswith("blocks:") and size.isdigit() and int(size) > 0:
+            return states[::int(size)].mean(0)
+        raise BadInput(f"unknown oracle start {where!r} (use document, anywhere or blocks:K)")
 
     def bigram_distribution(self, start: np.ndarray, length: int) -> np.ndarray:
         """(V, V): the expected share of each bigram among the bigrams of a `length`-word text
@@ -187,7 +193,7 @@ def draw_rows(cumulative: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((rng.random(len(cumulative))[:, None] > cumulative).sum(1), cumulative.shape[1] - 1)
 
 
-def oracle_scores(hmm: HMM, texts: list[str], start: str = "anywhere", document_length: int = 64) -> dict:
+def oracle_scores(hmm: HMM, texts: list[str], start: str, document_length: int) -> dict:
     """Exact NLL per word of generated texts under the true HMM, from the state distribution
     the generator's training blocks start from (`HMM.start`), and the total-variation distance
     between the samples' pooled bigram frequencies and the HMM's expected bigram distribution
@@ -204,8 +210,8 @@ def oracle_scores(hmm: HMM, texts: list[str], start: str = "anywhere", document_
     valid = [(v, len(ids)) for v, ids in zip(per_sample, encoded) if ids and math.isfinite(v)]
     words = sum(n for _, n in valid)
     result = {"oracle_nll_per_word": sum(v * n for v, n in valid) / words if words else math.inf,
-              "oracle_nll_per_sample": per_sample, "oracle_invalid": len(texts) - len(valid),
-              "oracle_start": start}
+              "oracle_nll_per_sample": per_sample, "oracle_words_per_sample": [len(ids or []) for ids in encoded],
+              "oracle_invalid": len(texts) - len(valid), "oracle_start": start}
     kept = [ids for ids in encoded if ids and len(ids) >= 2]
     if kept:
         length = int(np.median([len(ids) for ids in kept]))

@@ -369,8 +369,10 @@ def test_dsl_train_stops_on_its_held_out_bound_and_never_on_the_reported_rows(co
     assert metrics["stop"] == "plateau" and 20 <= metrics["steps_run"] < 200
     steps = [s for s, _ in metrics["val_curve"]]
     assert steps == list(range(4, metrics["steps_run"] + 1, 4)) and metrics["best_step"] in steps
+    assert metrics["stop_rows_disjoint"] is False  # two held-out documents: too few rows for both
     # a held-out set large enough for both: the rule's rows are the ones after the reported ones
     docs = [f"w{i % 7} w{i % 5} w{i % 3} w{i % 11}" for i in range(60)]
     tok = word_tokenizer(docs)
     every = sequences(token_stream(docs, tok), 5)
-    assert len(every) > REPORTED_ROWS and torch.equal(stopping_rows(docs, tok, 5), every[REPORTED_ROWS:])
+    watched, disjoint = stopping_rows(docs, tok, 5)
+    assert len(every) > REPORTED_ROWS and disjoint and torch.equal(watched, every[REPORTED_ROWS:])

@@ -225,8 +225,13 @@ def test_bootstrap_interval_matches_the_normal_theory_and_overlapping_rows_are_n
     half = 1.96 * values.std() / math.sqrt(len(values))
     assert lo == pytest.approx(values.mean() - half, abs=0.02) and hi == pytest.approx(values.mean() + half, abs=0.02)
     assert bootstrap_interval([1.0]) == (None, None) and bootstrap_interval([1.0, math.inf]) == (None, None)
-    lo, hi = bootstrap_interval([0.0, math.log(4)], math.exp)  # through a transform: geometric means
+    lo, hi = bootstrap_interval([0.0, math.log(4)], None, math.exp)  # through a transform: geometric means
     assert 1.0 <= lo <= hi <= 4.0
+    # a ratio of sums, as a per-token perplexity is: one long sample weighs more than a short one
+    lo, hi = bootstrap_interval([10.0, 1.0, 10.0, 1.0], [10, 10, 10, 10])
+    assert 0.1 <= lo < 0.55 < hi <= 1.0
+    lo, hi = bootstrap_interval([30.0, 30.0], [10, 10])
+    assert lo == hi == 3.0
     rows = [{"generator": g, "oracle_nll_lo": lo, "oracle_nll_hi": hi}
             for g, lo, hi in (("a", 3.0, 3.2), ("b", 3.1, 3.4), ("c", 3.5, 3.6), ("d", None, None))]
     pairs, compared = distinguishable(rows, "oracle_nll")

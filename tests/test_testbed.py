@@ -90,6 +90,8 @@ def test_oracle_start_distributions_and_expected_bigrams_against_enumeration():
     expected = np.mean([math.exp(hmm.log_prob(ids, a)) for a in at])
     assert math.exp(hmm.log_prob(ids, hmm.start("anywhere", 3))) == pytest.approx(expected, rel=1e-10)
     assert np.allclose(hmm.start("document", 3), hmm.initial)
+    # per-document blocks of 2 words in a 3-word document start at words 0 and 2
+    assert np.allclose(hmm.start("blocks:2", 3), (at[0] + at[2]) / 2)
     # the expected bigram distribution of a 3-word text: the mean of its two bigrams' exact joint
     # distributions, by enumerating all 4^3 texts
     table = np.zeros((4, 4))
@@ -110,10 +112,10 @@ def test_oracle_scores_bigram_distance_by_hand_and_repetition_cannot_win_it():
     likely = int(np.argmax(hmm.emission[np.argmax(hmm.initial)]))
     repeated = [" ".join([hmm.words[likely]] * 32)] * 32
     own = [hmm.text(row) for row in hmm.sample_many(32, 32, np.random.default_rng(4))]
-    rep, real = oracle_scores(hmm, repeated, start="document"), oracle_scores(hmm, own, start="document")
+    rep, real = oracle_scores(hmm, repeated, "document", 64), oracle_scores(hmm, own, "document", 64)
     assert rep["oracle_nll_per_word"] < real["oracle_nll_per_word"]  # the NLL alone rewards repetition
     assert rep["bigram_tv"] > 0.9 > real["bigram_tv"]  # the bigram distance does not
     assert real["bigram_tv"] == pytest.approx(real["bigram_tv_hmm"], abs=0.1)  # the HMM's own text sits at its floor
     assert len(real["oracle_nll_per_sample"]) == 32 and real["oracle_invalid"] == 0
     with pytest.raises(Exception, match="unknown oracle start"):
-        oracle_scores(hmm, own, start="middle")
+        oracle_scores(hmm, own, "middle", 64)

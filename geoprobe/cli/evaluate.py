@@ -24,10 +24,10 @@ def evaluate(
                                                         "synthetic:hmm).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="One file for all the metrics (default: "
                                                                   "SAMPLES.metrics.json beside each file).")] = None,
-    oracle_start: Annotated[str, typer.Option(help="synthetic:hmm only: where the HMM starts a sample: anywhere (a "
-                                                   "random word of a document: blocks cut from the corpus) or "
-                                                   "document (its first word: whole-document rows, an AR model "
-                                                   "after BOS).")] = "anywhere",
+    oracle_start: Annotated[str, typer.Option(help="synthetic:hmm only: where the HMM starts a sample: auto (from "
+                                                   "how each generator's training rows began), document (a "
+                                                   "document's first word), anywhere (a random word of a "
+                                                   "document) or blocks:K (words 0, K, 2K, ...).")] = "auto",
     seed: Seed = 0, device: Device = "auto",
 ):
     """Gen.PPL, diversity, entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""

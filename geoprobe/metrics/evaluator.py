@@ -11,6 +11,7 @@ MAUVE's authors use with GPT-2.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -92,6 +93,7 @@ def score(backbone, texts: list[str], context: int | None = None) -> tuple[dict,
         raise BadInput("no text long enough to score (each sample needs at least one token after BOS)")
     ppl = {"gen_ppl": math.exp(nll.sum() / count.sum()),
            "gen_ppl_per_sample": [math.exp(n / c) for n, c in zip(nll, count) if c],
+           "nll_per_sample": nll.tolist(), "tokens_per_sample": count.tolist(),  # what an interval resamples
            "scored_tokens": int(count.sum())}
     return ppl, feats
 
@@ -174,28 +176,53 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
     return [pieces[i] for i in order]
 
 
-def generator_backbone(samples: Path) -> str | None:
-    """The causal LM a samples file's generator runs through, if any: the AR ceiling's model, a
-    bridge's backbone (its upper stack writes the text) or a DSL model's `--init-from`. Gen.PPL
-    under that same model measures agreement with itself, not quality."""
+def generator_of(samples: Path) -> tuple[dict, dict]:
+    """(the samples file's meta row, its model's config.json record), each {} where there is none."""
     from bridges.checkpoint import read_config
 
     meta_path = Path(samples).with_name("samples.meta.jsonl")
     if not meta_path.is_file():
-        return None
+        return {}, {}
     metas = [json.loads(l) for l in meta_path.read_text().splitlines() if l.strip()]
     metas = [m for m in metas if Path(m.get("file", "")).name == Path(samples).name] or metas
-    if not metas:
-        return None
-    meta = metas[-1]
+    meta = metas[-1] if metas else {}
+    model = Path(meta.get("model", ""))
+    if not meta or meta.get("decode") == "causal" or not (model / "config.json").is_file():
+        return meta, {}  # the AR ceiling's folder is a plain model, not a geoprobe checkpoint
+    try:
+        return meta, read_config(model)
+    except BadInput:  # moved or rewritten since it was sampled: nothing to say about its origin
+        return meta, {}
+
+
+def generator_backbone(samples: Path) -> str | None:
+    """The causal LM a samples file's generator runs through, if any: the AR ceiling's model, a
+    bridge's backbone (its upper stack writes the text; not the rounding baseline's, which rounds
+    to the nearest embedding) or a DSL model's `--init-from`. Gen.PPL under that same model
+    measures agreement with itself, not quality."""
+    meta, config = generator_of(samples)
     if meta.get("decode") == "causal":
         return meta.get("model")
-    model = Path(meta.get("model", ""))
-    if not (model / "config.json").is_file():
+    if meta.get("decode") == "round":
         return None
-    config = read_config(model)
     identity = config.get("identity", {})
     return identity.get("model") if config.get("kind") == "bridge" else identity.get("init_from")
+
+
+def oracle_start_for(samples: Path, document_length: int) -> str:
+    """Where the HMM starts a generator's samples (geoprobe.synthetic.HMM.start), from how its
+    training rows began: an AR model after BOS and a DSL model whose rows are whole documents
+    (seq_len = document + <eos>) at a document start; a bridge at its per-document blocks;
+    another DSL model anywhere (its rows are cut from the concatenated documents)."""
+    meta, config = generator_of(samples)
+    if meta.get("decode") == "causal":
+        return "document"
+    seq_len = (config.get("budget") or {}).get("seq_len")
+    if config.get("kind") == "bridge" and seq_len:
+        return f"blocks:{seq_len - 1}"  # BOS, then seq_len - 1 tokens of one document
+    if config.get("kind") == "dsl" and seq_len == document_length + 1:
+        return "document"
+    return "anywhere"
 
 
 def same_model(a: str | None, b: str) -> bool:
@@ -215,10 +242,10 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
 
 
 def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
-                     seed: int = 0, device: str = "auto", warn=None, oracle_start: str = "anywhere") -> tuple[dict, Path]:
+                     seed: int = 0, device: str = "auto", warn=None, oracle_start: str = "auto") -> tuple[dict, Path]:
     """Gen.PPL, diversity, entropy, repetition and (with `references`) MAUVE of each samples file,
     plus the exact NLL under the HMM for a synthetic corpus (from `oracle_start`, see
-    geoprobe.synthetic.HMM.start). Every file is checked before the evaluator loads. With several
+    geoprobe.synthetic.HMM.start; `auto`: each file's own, `oracle_start_for`). Every file is checked before the evaluator loads. With several
     evaluators each scores Gen.PPL (`gen_ppl_by_evaluator`); the first also gives `gen_ppl` and
     MAUVE's features. An evaluator that is the generator's own backbone is named in
     `evaluator_is_generator` (and warned about). Writes `out`, or SAMPLES.metrics.json beside
@@ -237,7 +264,11 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
         from geoprobe.synthetic import hmm_from_spec, parse_spec
 
         oracle = hmm_from_spec(references)
-        oracle.start(oracle_start, parse_spec(references)["length"])  # a bad --oracle-start, before any model loads
+        length = parse_spec(references)["length"]
+        starts = {name: oracle_start_for(Path(name), length) if oracle_start == "auto" else oracle_start
+                  for name in sets}
+        for start in set(starts.values()):
+            oracle.start(start, length)  # a bad --oracle-start, before any model loads
     if out is not None:
         check_writable(out.parent)
     results = {name: {"samples": len(texts), "evaluator": evaluators[0], **text_metrics(texts),
@@ -261,13 +292,15 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             if references is not None:
                 row.update(_mauve_row(backbone, texts, feats, references, seed, reference_features, warn))
         del backbone
+        gc.collect()  # the next evaluator loads only once this one is gone
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if oracle is not None:
-        from geoprobe.synthetic import oracle_scores, parse_spec
+        from geoprobe.synthetic import oracle_scores
 
         entropy_rate = oracle.entropy_rate()
         for path, texts in sets.items():
-            results[path].update(oracle_scores(oracle, texts, oracle_start, parse_spec(references)["length"]),
-                                 oracle_entropy_rate=entropy_rate)
+            results[path].update(oracle_scores(oracle, texts, starts[path], length), oracle_entropy_rate=entropy_rate)
     header = {"evaluator": evaluators[0], "evaluators": evaluators, "references": references, "seed": seed}
     if out is not None:
         out.write_text(json.dumps({**header, "results": results}, indent=2))

@@ -26,28 +26,32 @@ COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds_per_sample", "train_
 BOOTSTRAP = 1000  # resamples of a row's samples for its 95% intervals
 
 
-def bootstrap_interval(values: list[float], transform=None, seed: int = 0) -> tuple[float | None, float | None]:
-    """The 95% percentile interval of the mean of `values` (finite ones) over BOOTSTRAP resamples
-    of them, through `transform` (e.g. exp for a perplexity from per-sample log values)."""
+def bootstrap_interval(numerators: list[float], denominators: list[float] | None = None, transform=None,
+                       seed: int = 0) -> tuple[float | None, float | None]:
+    """The 95% percentile interval of sum(numerators) / sum(denominators) (default: the mean)
+    over BOOTSTRAP resamples of the items (pairs with a non-finite part are left out), through
+    `transform` (e.g. exp for a perplexity from log-likelihoods)."""
     import numpy as np
 
-    finite = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if len(finite) < 2:
+    denominators = [1.0] * len(numerators) if denominators is None else denominators
+    pairs = np.array([(a, b) for a, b in zip(numerators, denominators) if a is not None and b
+                      and math.isfinite(a) and math.isfinite(b)], dtype=float).reshape(-1, 2)
+    if len(pairs) < 2:
         return None, None
-    rng = np.random.default_rng(seed)
-    means = finite[rng.integers(0, len(finite), (BOOTSTRAP, len(finite)))].mean(1)
-    lo, hi = np.quantile(means, [0.025, 0.975])
+    picks = np.random.default_rng(seed).integers(0, len(pairs), (BOOTSTRAP, len(pairs)))
+    ratios = pairs[picks, 0].sum(1) / pairs[picks, 1].sum(1)
+    lo, hi = np.quantile(ratios, [0.025, 0.975])
     if transform is not None:
         lo, hi = transform(lo), transform(hi)
     return float(lo), float(hi)
 
 
 def intervals(values: dict) -> dict:
-    """A row's bootstrap intervals over its samples: the oracle NLL per word and Gen.PPL (the
-    per-sample perplexities' geometric mean, equal weights)."""
-    ppl = [math.log(v) for v in values.get("gen_ppl_per_sample") or [] if v and math.isfinite(v) and v > 0]
-    lo, hi = bootstrap_interval(ppl, math.exp)
-    nll_lo, nll_hi = bootstrap_interval(values.get("oracle_nll_per_sample") or [])
+    """A row's bootstrap intervals over its samples, of the statistics the row shows: Gen.PPL =
+    exp(total NLL / total tokens) and the oracle NLL per word = total NLL / total words."""
+    lo, hi = bootstrap_interval(values.get("nll_per_sample") or [], values.get("tokens_per_sample"), math.exp)
+    per_word, words = values.get("oracle_nll_per_sample") or [], values.get("oracle_words_per_sample") or []
+    nll_lo, nll_hi = bootstrap_interval([v * n for v, n in zip(per_word, words)], words)
     return {"gen_ppl_lo": lo, "gen_ppl_hi": hi, "oracle_nll_lo": nll_lo, "oracle_nll_hi": nll_hi}
 
 

@@ -86,7 +86,8 @@ def generation_prose(rows: list[dict]) -> list[str]:
                      "measures agreement with the evaluator itself, not quality; compare them by the other "
                      "metrics.")
     for key, label in (("oracle_nll", "the exact HMM NLL"), ("gen_ppl", "Gen.PPL")):
-        pairs, compared = distinguishable(rows, key)
+        # a row scored by its own backbone is not ranked by that backbone's Gen.PPL
+        pairs, compared = distinguishable([r for r in rows if key != "gen_ppl" or not r.get("own_evaluator")], key)
         if not compared:
             continue
         if not pairs:
@@ -95,5 +96,6 @@ def generation_prose(rows: list[dict]) -> list[str]:
         shown = "; ".join(f"{a['generator']} · {a['sampler']} < {b['generator']} · {b['sampler']}" for a, b in pairs[:12])
         more = f" (and {len(pairs) - 12} more)" if len(pairs) > 12 else ""
         lines.append(f"By {label} (lower is better), {len(pairs)} of {compared} pairs of rows differ beyond their "
-                     f"intervals: {shown}{more}. Every other pair overlaps and is not ranked.")
+                     f"intervals (95% each, not corrected for the number of pairs: descriptive): {shown}{more}. "
+                     "Every other pair overlaps and is not ranked.")
     return [" ".join(lines), ""] if lines else []
