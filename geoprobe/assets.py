@@ -79,12 +79,23 @@ def builtin_model(name: str) -> tuple[Path, dict]:
     return folder, json.loads((folder / "geoprobe-source.json").read_text())
 
 
+def testbed_folder() -> Path:
+    from geoprobe import testbed
+
+    return cache_dir() / f"{testbed.NAME}-v{testbed.VERSION}"
+
+
+def testbed_cached() -> bool:
+    """Whether this version of the testbed is trained in the cache already (no training on first use)."""
+    return (testbed_folder() / "geoprobe-source.json").is_file()
+
+
 def _testbed() -> tuple[Path, dict]:
     """builtin:hmm-tiny, trained on first use (a progress bar while it trains)."""
     from geoprobe import testbed
 
-    folder = cache_dir() / f"{testbed.NAME}-v{testbed.VERSION}"
-    if not (folder / "geoprobe-source.json").is_file():
+    folder = testbed_folder()
+    if not testbed_cached():
         from geoprobe.events import note, progress
 
         note(f"building builtin:{testbed.NAME} once (a small Llama trained on {testbed.CORPUS}) into {folder}")

@@ -136,3 +136,53 @@ def test_every_generator_is_scored_by_the_true_hmm_and_the_ar_ceiling_checks_the
     rate = hmm_from_spec(CORPUS).entropy_rate()
     ceiling = next(r for r in rows if "AR ceiling" in r["generator"])
     assert ceiling["oracle_nll_per_word"] <= 1.10 * rate, (ceiling["oracle_nll_per_word"], rate)
+
+
+@pytest.mark.real
+def test_make_demos_report_says_what_was_found_first_with_no_nan(tiny_demo, smollm2_scan, tmp_path):
+    """`make demo`'s report, composed (as run_demo does) from the SmolLM2 scan and the testbed
+    experiment this session ran already: its first lines are the findings, the sweep's verdict
+    among them, and no number in it is NaN or infinite."""
+    from geoprobe.report.page import write_demo_report
+    from tests.helpers import copy_run
+
+    scan = copy_run(smollm2_scan, tmp_path / "smollm2")
+    path, found = write_demo_report(tmp_path, scan, tiny_demo / "run")
+    report = path.read_text()
+    lines = report.splitlines()
+    assert lines[:4] == ["# geoprobe demo", "", "## What was found", ""]
+    assert all(f"- {line}" in report for line in found)
+    assert found[0].startswith("builtin:smollm2 on `kjv`") and "P(first)" in found[0]
+    assert "massive channels excluded" in found[0] and "massive channels kept" in found[0]  # both rankings
+    assert any(line.startswith("Massive activations:") for line in found)
+    verdict = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
+    assert f"Testbed sweep: {verdict['statement'][0]}" in found
+    comparisons = [line for line in found if line.startswith("Testbed generation")]
+    assert len(comparisons) == 3 and all("not ranked" in l or "beyond the intervals" in l for l in comparisons)
+    for number in re.findall(r"-?\d+\.?\d*(?:e[-+]?\d+)?|\bnan\b|\binf\b", report):
+        assert math.isfinite(float(number)), number
+    assert (scan / "report.md").is_file() and "smollm2/report.md" in report and "run/report.md" in report
+
+
+def test_each_demo_step_reports_its_time_and_an_estimate_of_what_remains():
+    from geoprobe.demo import EXPECTED, Steps, testbed_steps
+
+    seen = []
+    steps = Steps(["scan builtin:hmm-tiny", "sweep", "sample", "eval"], lambda *a: seen.append(a))
+    import time
+
+    # each step takes a thousandth of its expected time: a machine 1000 times faster than the table's
+    assert steps("scan builtin:hmm-tiny", lambda x: time.sleep(EXPECTED["scan builtin:hmm-tiny"] / 1000) or x * 2,
+                 21) == 42  # the step's own result comes back
+    for what, kind in (("sweep --layers 0-5", "sweep"), ("sample dsl-mdlm --steps 32", "sample"), ("eval", "eval")):
+        steps(what, time.sleep, EXPECTED[kind] / 1000)
+    assert [w for w, _, _ in seen] == ["scan builtin:hmm-tiny", "sweep --layers 0-5", "sample dsl-mdlm --steps 32",
+                                       "eval"]
+    remaining = [r for _, _, r in seen]
+    assert remaining[-1] == 0 and all(a > b for a, b in zip(remaining, remaining[1:]))
+    # the estimate after the first step is what is left at the pace seen so far
+    pace = seen[0][1] / EXPECTED["scan builtin:hmm-tiny"]
+    assert remaining[0] == pytest.approx(pace * (EXPECTED["sweep"] + EXPECTED["sample"] + EXPECTED["eval"]), rel=0.5)
+    assert remaining[0] == pytest.approx((EXPECTED["sweep"] + EXPECTED["sample"] + EXPECTED["eval"]) / 1000, rel=0.5)
+    # a cached testbed is not trained again
+    assert testbed_steps(cached=False)[0] == "train the testbed" and "train the testbed" not in testbed_steps(True)

@@ -46,14 +46,16 @@ def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
 
 
 @app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # the testbed, ~5-6 min (+3 once to train it)\n\n"
-                    "  geoprobe demo --out runs/demo                  # SmolLM2 on the KJV (what `make demo` runs)")
+                    "  geoprobe demo --out runs/demo                  # + the SmolLM2 scan first (what `make demo` runs)")
 def demo(
-    tiny: Annotated[bool, typer.Option("--tiny", help="The testbed: builtin:hmm-tiny (a small Llama trained on a "
-                                                      "synthetic HMM with an exact likelihood) and its corpus.")] = False,
+    tiny: Annotated[bool, typer.Option("--tiny", help="Only the testbed experiment (builtin:hmm-tiny, a small Llama "
+                                                      "trained on a synthetic HMM with an exact likelihood), not "
+                                                      "the SmolLM2 scan.")] = False,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where everything goes.")] = Path("runs/demo"),
     device: Annotated[str, typer.Option("--device")] = "auto",
 ):
-    """The whole pipeline end to end: scan, sweep, DSL, four samplers, eval, compare, report."""
+    """What is meaningful on a laptop: the SmolLM2 scan (both rankings), then the testbed's sweep verdict
+    and generation comparison with intervals, then one report that says what was found."""
     from geoprobe.demo import run_demo
 
     summary = run_demo(out, tiny=tiny, device=device, on_step=None if state.quiet else _print_step)

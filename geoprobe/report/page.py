@@ -4,6 +4,7 @@ corpus, ranking, sweep, matched-budget comparison, steps curve), their settings 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from geoprobe.report.compare import markdown_table, read_rows
@@ -99,3 +100,106 @@ def generation_prose(rows: list[dict]) -> list[str]:
                      f"intervals (95% each, not corrected for the number of pairs: descriptive): {shown}{more}. "
                      "Every other pair overlaps and is not ranked.")
     return [" ".join(lines), ""] if lines else []
+
+
+def write_demo_report(out: Path, scan_run: Path, testbed_run: Path) -> tuple[Path, list[str]]:
+    """`make demo`'s report.md: what was found, in plain lines first, then where each number is
+    (the SmolLM2 scan's and the testbed's own reports, written here too). Returns (path, lines)."""
+    out = Path(out)
+    found = scan_findings(Path(scan_run)) + testbed_findings(Path(testbed_run))
+    scan_page = os.path.relpath(write_report(scan_run), out)
+    testbed_page = os.path.relpath(Path(testbed_run) / "report.md", out)
+    parts = ["# geoprobe demo", "", "## What was found", "", *[f"- {line}" for line in found], "",
+             "## Where every number is", "",
+             f"- The SmolLM2 scan (both rankings, every proxy with its interval): [{scan_page}]({scan_page})",
+             f"- The testbed experiment (sweep, generation table, plots): [{testbed_page}]({testbed_page})",
+             "- The whole SmolLM2 pipeline (bridges per layer with seeds, DSL, generation) at a larger budget: "
+             "`make results`, docs/results.md; DSL and the samplers trained to convergence on the testbed: "
+             "`make results-testbed`, docs/testbed.md.", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(parts) + "\n")
+    return path, found
+
+
+def scan_findings(run: Path) -> list[str]:
+    """The scan in plain lines: which layer the score ranks first and how sure (P(first) over
+    resamples of the documents), under both choices about massive channels, and the warning."""
+    from geoprobe.pipeline import load_geometry, warning_for
+    from geoprobe.ranking import has_massive_channels, rank_layers
+    from geoprobe.store import read_manifest
+
+    geometry, manifest = load_geometry(run), read_manifest(run)
+    choice = json.loads((run / "ranking.json").read_text())
+    rankings = [rank_layers(geometry, choice["weights"], choice["log"])]
+    if has_massive_channels(geometry):
+        rankings.append(rank_layers(geometry, choice["weights"], choice["log"], other_channels=True))
+
+    def first(ranking: dict) -> str:
+        row = next(r for r in ranking["rows"] if r["layer"] == ranking["chosen_layer"])
+        channels = "excluded" if ranking["drop_massive_channels"] else "kept"
+        return (f"with massive channels {channels}, layer {ranking['chosen_layer']} (P(first) = {row['p_first']:.0%} "
+                "over resamples of the documents)")
+
+    layers = geometry["layers"]
+    line = (f"{manifest['model']['spec']} on `{manifest['config']['corpus']}` ({manifest.get('rows')} states per "
+            f"layer, layers {layers[0]['layer']}–{layers[-1]['layer']}): the geometry score ranks first "
+            + "; ".join(first(r) for r in rankings) + ".")
+    if len(rankings) == 2:
+        same = rankings[0]["chosen_layer"] == rankings[1]["chosen_layer"]
+        line += (" The choice about massive channels does not change the first layer." if same else
+                 " The choice about massive channels changes which layer comes first: the ranking depends on it.")
+    warning = warning_for(run, geometry)
+    return [line] + ([f"Massive activations: {warning}"] if warning else [])
+
+
+def testbed_findings(run: Path) -> list[str]:
+    """The testbed experiment in plain lines: the sweep's pre-registered verdict and its seed
+    noise, bridges worse than the mean state said so, and the generation rows that differ beyond
+    their intervals (the others not ranked)."""
+    from geoprobe.report.compare import read_rows
+
+    lines = []
+    if (run / "sweep.json").is_file():
+        verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+        statement = verdict.get("statement", [])
+        lines += [f"Testbed sweep: {s}" for s in statement[:1] + [s for s in statement if s.startswith("Seed noise")]]
+        worse = [r["layer"] for r in verdict["layers"] if (r.get("nmse") or 0) >= 1]
+        if worse:
+            lines.append(f"Bridges at layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1: "
+                         "worse than predicting the mean state.")
+    if (run / "compare.csv").is_file():
+        lines += key_comparisons(read_rows(run / "compare.csv"))
+    return lines
+
+
+def key_comparisons(rows: list[dict]) -> list[str]:
+    """The comparisons the demo is about, by the exact HMM NLL per word with 95% intervals: each
+    said to differ only where the intervals are disjoint."""
+    def find(test) -> dict | None:
+        have = [r for r in rows if test(r) and r.get("oracle_nll_lo") is not None]
+        return min(have, key=lambda r: r["oracle_nll_per_word"], default=None)
+
+    def show(r: dict) -> str:
+        return (f"{r['generator']} · {r['sampler']} {r['oracle_nll_per_word']:.2f} "
+                f"[{r['oracle_nll_lo']:.2f}, {r['oracle_nll_hi']:.2f}]")
+
+    pairs = [("the best DSL row vs MDLM", lambda r: r["generator"].endswith("/dsl"),
+              lambda r: r["generator"].endswith("/mdlm")),
+             ("the best bridge (hidden state) vs rounding to the nearest embedding",
+              lambda r: "bridges/" in r["generator"] and "(round)" not in r["generator"],
+              lambda r: "(round)" in r["generator"]),
+             ("the AR ceiling vs the best diffusion row", lambda r: "AR ceiling" in r["generator"],
+              lambda r: "AR ceiling" not in r["generator"])]
+    lines = []
+    for label, a_test, b_test in pairs:
+        a, b = find(a_test), find(b_test)
+        if a is None or b is None:
+            continue
+        if a["oracle_nll_hi"] < b["oracle_nll_lo"] or b["oracle_nll_hi"] < a["oracle_nll_lo"]:
+            better = a if a["oracle_nll_per_word"] < b["oracle_nll_per_word"] else b
+            verdict = f"{better['generator']} · {better['sampler']} is more likely under the true HMM, beyond the intervals"
+        else:
+            verdict = "the intervals overlap: not ranked"
+        lines.append(f"Testbed generation, {label} (exact HMM NLL per word, 95% intervals over samples): "
+                     f"{show(a)} vs {show(b)}: {verdict}.")
+    return lines
