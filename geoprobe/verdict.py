@@ -22,6 +22,8 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from scipy import stats
@@ -32,6 +34,9 @@ PRIMARY = "nmse_dim"
 SECONDARY = ("nmse", "delta_ce", "nmse_noisy", "objective")
 LOSSES = (PRIMARY, *SECONDARY)
 ALPHA = 0.05
+# the fewest compared layers whose one-sided permutation test can reach ALPHA: its smallest
+# possible p is 1/n! (the one ordering of n distinct values that agrees perfectly)
+MIN_LAYERS = next(n for n in range(1, 10) if 1 / math.factorial(n) < ALPHA)
 RELIABLE = 0.5  # below this between-layer reliability the layers' order is mostly seed noise
 SOURCE_LAYERS = (0,)
 # the other ways of computing the score, each z-scored over the compared layers unless it says so
@@ -78,8 +83,11 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     layers = [r["layer"] for r in compared]
     result = {"primary_loss": PRIMARY, "alpha": ALPHA, "compared_layers": layers, "source_layers": sources,
               "seeds": sorted({r.get("seed", 0) for r in rows}), "layers": table}
-    if len(compared) < 3:
-        result["statement"] = [f"only {len(compared)} layers compared: no test (at least 3 are needed)"]
+    if len(compared) < MIN_LAYERS:
+        smallest = 1 / math.factorial(len(compared))
+        result["statement"] = [f"only {len(compared)} layers compared: no test (over {len(compared)} layers the "
+                               f"one-sided permutation p cannot go below 1/{len(compared)}! = {smallest:.2g}, so it "
+                               f"cannot reach {ALPHA}; at least {MIN_LAYERS} layers are needed)"]
         return result
     score = np.array([scores["score"][l] for l in layers])
     tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")

@@ -120,12 +120,13 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
     # seeds vary the initialisation, not the validation data
     a, b = (json.loads((scanned / "bridges" / "layer-01" / f"seed-{s}" / "metrics.json").read_text()) for s in (0, 1))
     assert a["val_positions"] == b["val_positions"] and a["ref_ce"] == b["ref_ce"] and a["nmse"] != b["nmse"]
-    # with the source included there are three layers: a test, one-sided, and the plots
+    # with the source included there are three layers: still no test, since a one-sided permutation
+    # p over three layers is at least 1/3! (the tiny demo's five layers are tested), but the plots
     code, out, err = invoke("--format", "json", "sweep", "--run", scanned, *flags, "--include-source")
     assert code == 0, err
     v = json.loads(out)["verdict"]
-    assert v["compared_layers"] == [0, 1, 2] and v["tests"]["nmse_dim"]["alternative"] == "less"
-    assert v["tests"]["nmse_dim"]["n"] == 3 and v["reliability"]["nmse_dim"] is not None
+    assert v["compared_layers"] == [0, 1, 2] and "tests" not in v
+    assert "cannot go below 1/3! = 0.17" in v["statement"][0]
     assert (scanned / "plots" / "sweep.png").stat().st_size > 20000
     report = invoke("report", scanned)
     assert report[0] == 0 and v["statement"][0] in (scanned / "report.md").read_text()

@@ -63,6 +63,9 @@ def test_tied_layers_and_the_layer_table():
     assert tied_with(single, "nmse_dim", 1) == [2]  # one seed: nothing can be told apart
     few = sweep_verdict(rows_for({0: [0, 0, 0], 1: [1, 1, 1], 2: [2, 2, 2]}), {"score": {1: 0.0, 2: 1.0}}, {})
     assert "tests" not in few and "no test" in few["statement"][0]
+    # three layers: a permutation p of at least 1/3! = 0.17 can never be significant, so no test either
+    three = sweep_verdict(rows_for({1: [0, 0, 0], 2: [1, 1, 1], 3: [2, 2, 2]}), {"score": {1: 0.0, 2: 1.0, 3: 2.0}}, {})
+    assert "tests" not in three and "cannot go below 1/3! = 0.17" in three["statement"][0]
 
 
 def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
