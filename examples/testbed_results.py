@@ -439,6 +439,16 @@ def verdict_lines(by: dict) -> list[str]:
                   and mean_sd(nll(model, s, 64))[0] < mean_sd(nll(model, s, 4))[0]]
         lines.append(f"- `{model}`: lowest oracle NLL at each requested number of steps: {'; '.join(wins)}. 64 steps "
                      f"beat 4 beyond the seed spread for: {', '.join(helped) or 'no sampler'}.")
+    for a, b in (("dsl", "mdlm"), ("mdlm-dsl", "mdlm"), ("dsl-init", "dsl")):
+        cells = [(s, n) for s in SAMPLERS for n in STEPS if nll(a, s, n) and nll(b, s, n)]
+        lower = [f"{s} at {n}" for s, n in cells if disjoint(nll(a, s, n), nll(b, s, n))
+                 and mean_sd(nll(a, s, n))[0] < mean_sd(nll(b, s, n))[0]]
+        higher = [f"{s} at {n}" for s, n in cells if disjoint(nll(a, s, n), nll(b, s, n))
+                  and mean_sd(nll(a, s, n))[0] > mean_sd(nll(b, s, n))[0]]
+        lines.append(f"- `{a}` against `{b}`, same sampler and steps: of {len(cells)} cells, `{a}`'s samples are "
+                     f"more likely beyond the seed spread in {len(lower)} ({', '.join(lower) or 'none'}), less likely "
+                     f"in {len(higher)} ({', '.join(higher) or 'none'}); the other {len(cells) - len(lower) - len(higher)} "
+                     "are within noise.")
     return lines + [""]
 
 
