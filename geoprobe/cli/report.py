@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -58,13 +59,20 @@ def demo(
     and generation comparison with intervals, then one report that says what was found."""
     from geoprobe.demo import run_demo
 
+    global _BEGAN
+    _BEGAN = time.perf_counter()
     summary = run_demo(out, tiny=tiny, device=device, on_step=None if state.quiet else _print_step)
     show(summary, lambda: _print_demo(summary))
 
 
-def _print_step(what: str, seconds: float) -> None:
-    """One line per step on stderr, with its time."""
-    print(f"  {seconds:6.1f} s  geoprobe {what}", file=sys.stderr, flush=True)
+_BEGAN = time.perf_counter()
+
+
+def _print_step(what: str, seconds: float, remaining: float) -> None:
+    """One line per step on stderr: its time, the time so far and an estimate of what remains."""
+    elapsed = time.perf_counter() - _BEGAN
+    print(f"  {seconds:6.1f} s  geoprobe {what}   [{elapsed / 60:4.1f} min so far, about {remaining / 60:.0f} min "
+          "left]", file=sys.stderr, flush=True)
 
 
 def _print_demo(summary: dict) -> None:
@@ -79,11 +87,15 @@ def _print_demo(summary: dict) -> None:
         return f"{g[value]:.4g} [{g[f'{key}_lo']:.4g}, {g[f'{key}_hi']:.4g}]"
 
     evaluator = next((g["evaluator"] for g in summary["generation"] if g.get("evaluator")), "?")
-    print_table(f"generation (matched budget; Gen.PPL by {evaluator}; 95% bootstrap intervals over samples; "
+    print_table(f"testbed generation (matched budget; Gen.PPL by {evaluator}; 95% bootstrap intervals over samples; "
                 "* = the evaluator is the generator's own backbone)",
                 ["generator", "sampler", "Gen.PPL", "MAUVE", "oracle NLL/word"],
                 [[g["generator"], g["sampler"], interval(g, "gen_ppl", "gen_ppl") + (" *" if g.get("own_evaluator") else ""),
                   g["mauve"], interval(g, "oracle_nll", "oracle_nll_per_word")] for g in summary["generation"]])
-    print_verdict("the sweep's verdict", summary["verdict"])
+    print_verdict("the testbed sweep's verdict", summary["verdict"])
+    if summary.get("found"):
+        print("\nWhat was found:")
+        for line in summary["found"]:
+            print(f"- {line}")
     print(f"report: {summary['report']}")
 
