@@ -186,3 +186,13 @@ def test_each_demo_step_reports_its_time_and_an_estimate_of_what_remains():
     assert remaining[0] == pytest.approx((EXPECTED["sweep"] + EXPECTED["sample"] + EXPECTED["eval"]) / 1000, rel=0.5)
     # a cached testbed is not trained again
     assert testbed_steps(cached=False)[0] == "train the testbed" and "train the testbed" not in testbed_steps(True)
+    # the CLI's line for each step takes what Steps gives it
+    import contextlib
+    import io
+
+    from geoprobe.cli.report import _print_step
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        Steps(["sweep"], _print_step)("sweep --layers 0-5", lambda: None)
+    assert "geoprobe sweep --layers 0-5" in err.getvalue() and "min so far, about 0 min left" in err.getvalue()
