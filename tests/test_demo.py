@@ -154,11 +154,12 @@ def test_make_demos_report_says_what_was_found_first_with_no_nan(tiny_demo, smol
     assert all(f"- {line}" in report for line in found)
     assert found[0].startswith("builtin:smollm2 on `kjv`") and "P(first)" in found[0]
     assert "massive channels excluded" in found[0] and "massive channels kept" in found[0]  # both rankings
-    assert any(line.startswith("Massive activations:") for line in found)
+    assert any(line.startswith("Massive activations: massive channels at") for line in found)
     verdict = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
     assert f"Testbed sweep: {verdict['statement'][0]}" in found
     comparisons = [line for line in found if line.startswith("Testbed generation")]
     assert len(comparisons) == 3 and all("not ranked" in l or "beyond the intervals" in l for l in comparisons)
+    assert any("leave out the spread between training seeds" in line for line in found)
     for number in re.findall(r"-?\d+\.?\d*(?:e[-+]?\d+)?|\bnan\b|\binf\b", report):
         assert math.isfinite(float(number)), number
     assert (scan / "report.md").is_file() and "smollm2/report.md" in report and "run/report.md" in report

@@ -124,7 +124,7 @@ def write_demo_report(out: Path, scan_run: Path, testbed_run: Path) -> tuple[Pat
 def scan_findings(run: Path) -> list[str]:
     """The scan in plain lines: which layer the score ranks first and how sure (P(first) over
     resamples of the documents), under both choices about massive channels, and the warning."""
-    from geoprobe.pipeline import load_geometry, warning_for
+    from geoprobe.pipeline import load_geometry
     from geoprobe.ranking import has_massive_channels, rank_layers
     from geoprobe.store import read_manifest
 
@@ -137,19 +137,27 @@ def scan_findings(run: Path) -> list[str]:
     def first(ranking: dict) -> str:
         row = next(r for r in ranking["rows"] if r["layer"] == ranking["chosen_layer"])
         channels = "excluded" if ranking["drop_massive_channels"] else "kept"
-        return (f"with massive channels {channels}, layer {ranking['chosen_layer']} (P(first) = {row['p_first']:.0%} "
-                "over resamples of the documents)")
+        default = " (the default ranking)" if ranking is rankings[0] and len(rankings) > 1 else ""
+        return (f"with massive channels {channels}{default}, layer {ranking['chosen_layer']} (P(first) = "
+                f"{row['p_first']:.0%} over resamples of the documents)")
 
     layers = geometry["layers"]
-    line = (f"{manifest['model']['spec']} on `{manifest['config']['corpus']}` ({manifest.get('rows')} states per "
+    line = (f"{manifest['model']['spec']} on `{manifest['config']['corpus']}` ({manifest.get('rows'):,} states per "
             f"layer, layers {layers[0]['layer']}–{layers[-1]['layer']}): the geometry score ranks first "
             + "; ".join(first(r) for r in rankings) + ".")
     if len(rankings) == 2:
         same = rankings[0]["chosen_layer"] == rankings[1]["chosen_layer"]
         line += (" The choice about massive channels does not change the first layer." if same else
                  " The choice about massive channels changes which layer comes first: the ranking depends on it.")
-    warning = warning_for(run, geometry)
-    return [line] + ([f"Massive activations: {warning}"] if warning else [])
+    channels = [l for l in layers if l.get("massive_channels")]
+    tokens = sum(l.get("massive") or 0 for l in layers)
+    if not channels and not tokens:
+        return [line]
+    top = max(channels, key=lambda l: l["massive_channel_share"], default=None)
+    parts = ([f"massive channels at {len(channels)} of {len(layers)} layers, carrying up to "
+              f"{top['massive_channel_share']:.0%} of a layer's variance (layer {top['layer']})"] if channels else [])
+    parts += [f"{tokens} massive-token states"] * bool(tokens)
+    return [line, f"Massive activations: {' and '.join(parts)}; smollm2/report.md names them."]
 
 
 def testbed_findings(run: Path) -> list[str]:
@@ -202,4 +210,8 @@ def key_comparisons(rows: list[dict]) -> list[str]:
             verdict = "the intervals overlap: not ranked"
         lines.append(f"Testbed generation, {label} (exact HMM NLL per word, 95% intervals over samples): "
                      f"{show(a)} vs {show(b)}: {verdict}.")
+    if lines:
+        lines.append("These intervals are over the samples of one trained model per row (the best of several rows "
+                     "where a row is picked as best): they leave out the spread between training seeds, which "
+                     "docs/testbed.md measures with three seeds at convergence.")
     return lines
