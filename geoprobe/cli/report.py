@@ -46,7 +46,7 @@ def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
     show({"report": str(path)}, lambda: print(f"report: {path}"))
 
 
-@app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # the testbed, ~5-6 min (+3 once to train it)\n\n"
+@app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # the testbed, ~3 min (+3.5 once to train it)\n\n"
                     "  geoprobe demo --out runs/demo                  # + the SmolLM2 scan first (what `make demo` runs)")
 def demo(
     tiny: Annotated[bool, typer.Option("--tiny", help="Only the testbed experiment (builtin:hmm-tiny, a small Llama "
