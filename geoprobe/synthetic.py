@@ -159,6 +159,14 @@ class HMM:
         return -self.log_prob(ids) / length
 
 
+def check_oracle_start(where: str) -> str:
+    """An --oracle-start value, checked without an HMM: auto, document, anywhere or blocks:K."""
+    size = where.partition(":")[2]
+    if where in ("auto", "document", "anywhere") or (where.startswith("blocks:") and size.isdigit() and int(size) > 0):
+        return where
+    raise BadInput(f"unknown oracle start {where!r} (use auto, document, anywhere or blocks:K)")
+
+
 def parse_spec(spec: str) -> dict:
     kind, _, query = spec[len("synthetic:"):].partition("?")
     if kind != "hmm":

@@ -255,7 +255,10 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     from geoprobe.store import check_writable
     from geoprobe.metrics.text import text_metrics
 
+    from geoprobe.synthetic import check_oracle_start
+
     evaluators = evaluator_list(evaluator)
+    check_oracle_start(oracle_start)  # whatever the references: a wrong flag is a mistake either way
     sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
     if references is not None:
         check_source(references)
