@@ -103,6 +103,14 @@ def write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: fl
     return {"meta": meta, "samples": rows}
 
 
+def sample_meta(samples: Path) -> dict | None:
+    """The last samples.meta.jsonl row `write_samples` appended for this samples file, or None."""
+    path = Path(samples).with_name("samples.meta.jsonl")
+    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    rows = [m for m in rows if Path(m.get("file", "")).name == Path(samples).name]
+    return rows[-1] if rows else None
+
+
 def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out: Path | None, seed: int,
                            device: str) -> dict:
     from geoprobe.backbone import load_backbone

@@ -122,15 +122,12 @@ class HMM:
         a row cut from the concatenated corpus starts; a row that crosses a document boundary
         is still scored as one chain) or `blocks:K` (the even mixture of words 0, K, 2K, ...:
         where per-document blocks of K words start)."""
-        states = self.state_distributions(self.initial, document_length)
+        if check_oracle_start(where) == "auto":
+            raise BadInput("the oracle start 'auto' is chosen per samples file (metrics.evaluator.oracle_start_for)")
         if where == "document":
             return self.initial
-        if where == "anywhere":
-            return states.mean(0)
-        size = where.partition(":")[2]
-        if where.startswith("blocks:") and size.isdigit() and int(size) > 0:
-            return states[::int(size)].mean(0)
-        raise BadInput(f"unknown oracle start {where!r} (use document, anywhere or blocks:K)")
+        states = self.state_distributions(self.initial, document_length)
+        return states.mean(0) if where == "anywhere" else states[::int(where.partition(":")[2])].mean(0)
 
     def bigram_distribution(self, start: np.ndarray, length: int) -> np.ndarray:
         """(V, V): the expected share of each bigram among the bigrams of a `length`-word text

@@ -179,13 +179,9 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
 def generator_of(samples: Path) -> tuple[dict, dict]:
     """(the samples file's meta row, its model's config.json record), each {} where there is none."""
     from bridges.checkpoint import read_config
+    from geoprobe.generate import sample_meta
 
-    meta_path = Path(samples).with_name("samples.meta.jsonl")
-    if not meta_path.is_file():
-        return {}, {}
-    metas = [json.loads(l) for l in meta_path.read_text().splitlines() if l.strip()]
-    metas = [m for m in metas if Path(m.get("file", "")).name == Path(samples).name] or metas
-    meta = metas[-1] if metas else {}
+    meta = sample_meta(samples) or {}
     model = Path(meta.get("model", ""))
     if not meta or meta.get("decode") == "causal" or not (model / "config.json").is_file():
         return meta, {}  # the AR ceiling's folder is a plain model, not a geoprobe checkpoint

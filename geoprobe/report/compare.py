@@ -64,19 +64,19 @@ def distinguishable(rows: list[dict], key: str) -> tuple[list[tuple[dict, dict]]
 
 
 def comparison_row(samples: Path) -> dict:
+    from geoprobe.generate import sample_meta
+
     samples = Path(samples)
     metrics_path = samples.with_suffix(".metrics.json")
-    meta_path = samples.with_name("samples.meta.jsonl")
     if not samples.is_file():
         raise BadInput(f"samples file not found: {samples}")
     if not metrics_path.is_file():
         raise BadInput(f"{samples} has no {metrics_path.name}: run `geoprobe eval {samples}` first")
-    metas = [json.loads(l) for l in meta_path.read_text().splitlines() if l.strip()] if meta_path.is_file() else []
-    metas = [m for m in metas if Path(m.get("file", "")).name == samples.name]
-    if not metas:
-        raise BadInput(f"{samples} has no row in {meta_path.name}: it was not written by `geoprobe sample`")
-    meta = metas[-1]
-    metrics = json.loads(metrics_path.read_text())["results"]
+    meta = sample_meta(samples)
+    if meta is None:
+        raise BadInput(f"{samples} has no row in samples.meta.jsonl: it was not written by `geoprobe sample`")
+    record = json.loads(metrics_path.read_text())
+    metrics = record["results"]
     values = next(iter(metrics.values()))
     model = Path(meta["model"])
     # bridges/layer-NN/seed-S keeps its three parts: which layer and which replicate
@@ -84,7 +84,7 @@ def comparison_row(samples: Path) -> dict:
     name = "/".join(model.parts[-depth:]) if model.is_dir() else meta["model"]
     suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
-    evaluator = values.get("evaluator") or json.loads(metrics_path.read_text()).get("evaluator")
+    evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
     return {"generator": name + suffix,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
