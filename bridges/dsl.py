@@ -53,7 +53,8 @@ class DSLConfig:
 
 
 class DSLModel(nn.Module):
-    def __init__(self, cfg: DSLConfig, table_init: torch.Tensor | None = None, seed: int = 0):
+    def __init__(self, cfg: DSLConfig, table_init: torch.Tensor | None = None, seed: int = 0,
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg = cfg
         with torch.random.fork_rng(devices=[]):  # the initial weights depend on `seed` alone
@@ -61,7 +62,7 @@ class DSLModel(nn.Module):
             self.table = TokenTable(cfg.vocab_size, cfg.d_tok, learn=cfg.learn_table, init=table_init)
             self.converter = Converter(cfg.vocab_size)
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.lm = None if cfg.backbone is None else causal_lm(cfg.backbone)
+            self.lm = None if cfg.backbone is None else causal_lm(cfg.backbone, dtype)
             d_model = cfg.d_model if self.lm is None else self.lm.config.hidden_size
             self.embed = nn.Embedding(cfg.vocab_size, d_model)
             self.mask_vector = nn.Parameter(torch.zeros(d_model))
@@ -69,6 +70,18 @@ class DSLModel(nn.Module):
             if self.lm is None:
                 self.transformer = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads))
                 self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        self.network_to(dtype)
+
+    def network_to(self, dtype: torch.dtype) -> None:
+        """The network's parameters (blocks, head, embedding matrix: nearly all of them) in
+        `dtype`; the channel's token table and the converter stay float32 (the posterior over V
+        is a softmax of logits up to s_max = 100, where bfloat16 keeps 2 significant digits).
+        Buffers keep their dtype (a rotary table in bfloat16 would misplace long positions)."""
+        network = [self.embed] + ([self.lm] if self.lm is not None else [self.transformer, self.head])
+        for module in network:
+            for p in module.parameters():
+                if p.is_floating_point() and p.dtype != dtype:
+                    p.data = p.data.to(dtype)
 
     @torch.no_grad()
     def init_from(self, pretrained: nn.Module) -> None:
@@ -109,6 +122,7 @@ class DSLModel(nn.Module):
         x = Converter.mix(probs, self.embed.weight, self.mask_vector)
         if self.norm_proj is not None:
             x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)))
+        x = x.to(self.embed.weight.dtype)  # the network's dtype (bfloat16 under --precision bfloat16)
         if self.lm is not None:
             return self.pretrained_logits(x)
         return self.head(self.transformer(x))
@@ -120,8 +134,9 @@ class DSLModel(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
 
 
-def causal_lm(config: dict) -> nn.Module:
-    """A causal LM of this config (a `PretrainedConfig.to_dict()`) with random weights and an
+def causal_lm(config: dict, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A causal LM of this config (a `PretrainedConfig.to_dict()`) with random `dtype` weights (its
+    rotary buffers float32, as transformers builds them) and an
     untied head (the head and the converter's matrix train apart). Its input embedding is
     replaced by an empty one: the converter feeds `inputs_embeds`, so the vocabulary-wide table
     would only be dead weight in every checkpoint (113 MB for SmolLM2, 2 GB for Llama-3.1-8B)."""
@@ -129,9 +144,9 @@ def causal_lm(config: dict) -> nn.Module:
 
     fields = {k: v for k, v in config.items() if k != "model_type"}
     hf_config = AutoConfig.for_model(config["model_type"], **{**fields, "tie_word_embeddings": False})
-    lm = AutoModelForCausalLM.from_config(hf_config)
-    lm.set_input_embeddings(nn.Embedding(0, hf_config.hidden_size).requires_grad_(False))
-    return lm.float()
+    lm = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    lm.set_input_embeddings(nn.Embedding(0, hf_config.hidden_size, dtype=dtype).requires_grad_(False))
+    return lm
 
 
 def input_embedding_key(lm: nn.Module) -> str:
@@ -141,17 +156,18 @@ def input_embedding_key(lm: nn.Module) -> str:
 
 
 def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, table_init: str = "random",
-                   seed: int = 0) -> DSLModel:
+                   seed: int = 0, dtype: torch.dtype = torch.float32) -> DSLModel:
     """A DSL denoiser whose blocks, head and converter matrix start from the causal LM `spec`;
     `tokenizer` must be that model's (one line otherwise). `table_init="pca"` takes the token
-    table from the same loaded weights (the model is read once)."""
+    table from the same loaded weights (the model is read once). The model is loaded, and the
+    network built, in `dtype`: two copies of the weights on the host at once."""
     from geoprobe.backbone import load_backbone, load_tokenizer
 
     own = load_tokenizer(spec)  # checked before the weights load
     if own.get_vocab() != tokenizer.get_vocab():
         raise BadInput(f"tokenizer mismatch: --tokenizer has another vocabulary ({len(tokenizer):,} tokens) than "
                        f"--init-from {spec} ({len(own):,}); leave --tokenizer out to use the model's")
-    backbone = load_backbone(spec, device="cpu", dtype="float32")
+    backbone = load_backbone(spec, device="cpu", dtype=str(dtype).removeprefix("torch."))
     lm, hf = backbone.model, backbone.model.config
     special = [t for t in (backbone.tokenizer.bos_token_id, backbone.tokenizer.eos_token_id) if t is not None]
     embeddings = lm.get_input_embeddings().weight.detach()
@@ -159,31 +175,49 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
                     n_layers=backbone.num_layers, n_heads=hf.num_attention_heads, learn_table=learn_table,
                     backbone=hf.to_dict(), bos_id=special[0] if special else 0)
     table = TokenTable.pca_init(embeddings, d_tok) if check_table_init(table_init) == "pca" else None
-    model = DSLModel(cfg, table_init=table, seed=seed)
+    model = DSLModel(cfg, table_init=table, seed=seed, dtype=dtype)
     model.init_from(lm)
     return model
 
 
-def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device) -> None:
+def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device,
+                    precision: str = "auto", plateau: bool = False) -> None:
     """`--init-from spec` refused in one line, before any weight loads, when its training will not
-    fit the device (geoprobe.memory.dsl_training_bytes) or its loading the host (two float32
-    copies of the weights: the loaded model and the DSL's)."""
+    fit the device (geoprobe.memory.dsl_training_bytes) or its loading the host (two copies of the
+    weights: the loaded model and the DSL's), naming --precision bfloat16 when that would fit."""
     from geoprobe.backbone import load_config, resolve_source
-    from geoprobe.memory import dsl_training_bytes, memory_available, parameter_count
+    from geoprobe.memory import DSL_BYTES_PER_PARAMETER, dsl_training_bytes, memory_available, parameter_count
     from geoprobe.files import human
 
     config = load_config(resolve_source(spec), False)
     count = parameter_count(config)  # once: counting builds an empty model
-    need, free = dsl_training_bytes(config, d_tok, batch_size, seq_len, count), memory_available(device)
-    if need > free:
-        raise BadInput(f"dsl train --init-from {spec} needs about {human(need)} on {device} (float32 weights, "
-                       f"gradients, AdamW moments and EMA: 20 bytes x {count / 1e9:.2f} B "
-                       f"parameters, and one batch's activations) but {human(free)} is free; use a smaller model or "
-                       "--batch-size (bfloat16 training and sharding over GPUs are not supported yet)")
-    host, ram = 8 * count, memory_available(torch.device("cpu"))
+
+    def need(kind: str) -> int:
+        return dsl_training_bytes(config, d_tok, batch_size, seq_len, count, precision=kind, plateau=plateau)
+
+    kind, free = weights_precision(precision), memory_available(device)
+    if need(kind) > free:
+        what = ("bfloat16 weights, gradients and EMA, float32 AdamW moments" if kind == "bfloat16"
+                else "float32 weights, gradients, AdamW moments and EMA")
+        hint = ("--precision bfloat16 (about {}), ".format(human(need("bfloat16")))
+                if kind == "float32" and need("bfloat16") <= free else "")
+        raise BadInput(f"dsl train --init-from {spec} needs about {human(need(kind))} on {device} ({what}: "
+                       f"{DSL_BYTES_PER_PARAMETER[kind]} bytes x {count / 1e9:.2f} B parameters, and one batch's "
+                       f"activations) but {human(free)} is free; use {hint}a smaller model or --batch-size")
+    host, ram = 2 * torch.finfo(weights_dtype(precision)).bits // 8 * count, memory_available(torch.device("cpu"))
     if host > ram:
-        raise BadInput(f"loading --init-from {spec} holds two float32 copies of its weights ({human(host)}) "
+        raise BadInput(f"loading --init-from {spec} holds two {kind} copies of its weights ({human(host)}) "
                        f"but {human(ram)} of RAM is available")
+
+
+def weights_precision(precision: str) -> str:
+    """What the trained weights are held in: bfloat16 under --precision bfloat16, else float32
+    (auto's bf16 autocast keeps float32 weights)."""
+    return "bfloat16" if precision == "bfloat16" else "float32"
+
+
+def weights_dtype(precision: str) -> torch.dtype:
+    return getattr(torch, weights_precision(precision))
 
 
 @dataclass
@@ -227,6 +261,7 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
     if not (Path(out) / CONFIG).is_file() and world.is_main:
         Path(out).mkdir(parents=True, exist_ok=True)
         save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), {})
+    model.network_to(weights_dtype(settings.train.precision))  # a caller's float32 model trains as asked
     model.to(device)
     data = data.to(device)
 
@@ -321,11 +356,12 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     settings.validate()
     target = resolve_device(world.device(device))
     if init_from is not None:
-        check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target)
+        check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target,
+                        settings.train.precision, plateau=settings.train.eval_every > 0)
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)
-    seed = settings.train.seed
+    seed, dtype = settings.train.seed, weights_dtype(settings.train.precision)
     identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None,
                 **({"init_from": init_from} if init_from else {})}
     with holding(out, "geoprobe dsl train", world.rank):
@@ -338,12 +374,12 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
                     raise BadInput(f"{out} holds another training run; use another --out or --force")
                 tok = load_saved_tokenizer(out)
-                model = DSLModel(build_network(DSLConfig, old, out), seed=seed)
+                model = DSLModel(build_network(DSLConfig, old, out), seed=seed, dtype=dtype)
             else:
                 if not is_empty(out):
                     raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
                 tok = dsl_tokenizer(tokenizer, train_docs)
-                model = _new_model(tok, tokenizer, shape, table_init, init, init_from, seed)
+                model = _new_model(tok, tokenizer, shape, table_init, init, init_from, seed, dtype)
                 world.barrier()  # every rank has looked at the directory before rank 0 fills it
                 if world.is_main:
                     out.mkdir(parents=True, exist_ok=True)
@@ -366,11 +402,12 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
 
 
 def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Path | None, init_from: str | None,
-               seed: int) -> DSLModel:
+               seed: int, dtype: torch.dtype) -> DSLModel:
     from bridges.tokens import load_saved_tokenizer
 
     if init_from is not None:
-        return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, table_init=table_init, seed=seed)
+        return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, table_init=table_init, seed=seed,
+                              dtype=dtype)
     cfg = replace(shape, vocab_size=len(tok))
     model = DSLModel(cfg, table_init=pca_table(tokenizer, len(tok), cfg.d_tok) if table_init == "pca" else None,
                      seed=seed)
@@ -381,6 +418,7 @@ def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Pat
         if start.cfg != cfg:
             raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
         model.load_state_dict(start.state_dict())
+    model.network_to(dtype)
     return model
 
 

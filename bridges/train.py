@@ -37,6 +37,8 @@ import torch
 from safetensors.torch import load_file, safe_open
 
 from bridges.nn import native_bf16
+from bridges.optim import StochasticAdamW, update_ema
+from bridges.optim import step_generator as round_generator
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
 from bridges.checkpoint import save_weights, write_tensors
@@ -54,17 +56,21 @@ class TrainConfig:
     clip: float = 1.0
     ema: float = 0.999
     seed: int = 0
-    save_every: int = 200
+    save_every: int = 200  # 0: no resumable checkpoint (an 8B DSL's is 14 bytes per parameter), final weights only
     eval_every: int = 0  # 0: train for exactly `steps`
     plateau_rel: float = 0.02
     plateau_window: float = 0.2
     plateau_evals: int = 5
     min_steps: int = 0
-    precision: str = "auto"  # auto: bf16 autocast where the device computes bf16 natively; float32: never
+    # auto: bf16 autocast where the device computes bf16 natively; float32: never; bfloat16: the
+    # model's bfloat16 parameters trained as such (bridges.optim), no autocast
+    precision: str = "auto"
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
-            raise BadInput(f"--precision must be auto or float32, got {self.precision!r}")
+            raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.save_every < 0:
+            raise BadInput(f"--save-every must be >= 0 (0: no resumable checkpoint), got {self.save_every}")
         if self.steps < 1:
             raise BadInput(f"--steps must be at least 1, got {self.steps}")
         if self.batch_size < 1:
@@ -196,7 +202,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tup
     return int(meta["step"]), json.loads(meta["curve"]), val_curve, meta.get("stop") or None
 
 
-PRECISIONS = ("auto", "float32")
+PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -225,7 +231,8 @@ def mixed_precision(device: torch.device, precision: str = "auto"):
     """bf16 autocast for the trained network's products where the device computes bf16 natively
     (CUDA; CPUs with AVX512-BF16 or AMX, ~1.9x float32's matrix rate): the same precision on a
     laptop as on the GPU. Inputs and targets a loss computes under `torch.autocast(enabled=False)`
-    stay float32. `precision` "float32" turns it off (e.g. to compare runs bit for bit)."""
+    stay float32. `precision` "float32" turns it off (e.g. to compare runs bit for bit), and so
+    does "bfloat16", whose model holds its large weights in bfloat16 itself."""
     if precision == "auto" and native_bf16(device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
@@ -243,9 +250,14 @@ def _step_loss(model: torch.nn.Module, loss_fn: Callable, world: World, device: 
 
 
 def _optimizer(params: dict, cfg: TrainConfig, device: torch.device):
-    """AdamW (no weight decay on vectors) and its warmup-then-cosine schedule."""
+    """AdamW (no weight decay on vectors) and its warmup-then-cosine schedule; with bfloat16
+    weights, AdamW with stochastic rounding (bridges.optim)."""
     decay = [p for n, p in params.items() if p.ndim >= 2]
     no_decay = [p for n, p in params.items() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.precision == "bfloat16":
+        optimizer = StochasticAdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), seed=cfg.seed)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
                                   fused=device.type in ("cpu", "cuda"))  # one kernel for all parameters: ~3x on a CPU
@@ -264,8 +276,7 @@ def _update(step_loss, step: int, shard, params: dict, ema: dict, optimizer, sch
     scheduler.step()
     # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
     decay_now = min(cfg.ema, (1 + step) / (10 + step))
-    with torch.no_grad():  # one kernel for every parameter, not one per parameter
-        torch._foreach_lerp_(list(ema.values()), [p.detach().float() for p in params.values()], 1 - decay_now)
+    update_ema(ema, params, 1 - decay_now, lambda device: round_generator(cfg.seed, step, device, "ema"))
     return loss.detach().float()
 
 
@@ -292,7 +303,8 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     out.mkdir(parents=True, exist_ok=True)
     params = trainable(model)
     optimizer, scheduler = _optimizer(params, cfg, device)
-    ema = {k: v.detach().clone().float() for k, v in params.items()}
+    ema = {k: v.detach().clone() if v.dtype == torch.bfloat16 else v.detach().clone().float()
+           for k, v in params.items()}
     start, curve, val_curve, stop, best = 0, [], [], None, Best()
     if (out / CHECKPOINT).is_file():
         start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)
@@ -320,9 +332,10 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
                 stop = "plateau" if plateaued(val_curve, cfg) else None
             if step + 1 == cfg.steps and stop is None:
                 stop = "cap" if plateau_rule else "budget"
-            if stop is not None or (step + 1) % cfg.save_every == 0:
+            saving = cfg.save_every > 0 and (stop is not None or (step + 1) % cfg.save_every == 0)
+            if stop is not None or saving:
                 flush()
-            if (stop is not None or (step + 1) % cfg.save_every == 0) and world.is_main:
+            if saving and world.is_main:
                 _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop, best)
             if stop is not None:
                 break

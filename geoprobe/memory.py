@@ -43,19 +43,30 @@ def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
     return tokens * d * width * 2 + batch_size * heads * seq_len ** 2 * width + tokens * 2 * intermediate * width
 
 
-def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None) -> int:
-    """Device memory of `dsl train --init-from` a causal LM of `config` (bridges/train.py's loop):
-    20 bytes per parameter (float32 weights, gradients, AdamW's two moments, the EMA copy) for
-    the LM (its input embedding becomes the DSL's own, as large) and the d_tok-wide token table,
-    plus the activations backward keeps (twice each block's working set, the prepended BOS
-    position included: measured on a pretend device, tests/test_device.py) and four
-    vocabulary-wide float32 tensors per token (the converter's posterior and its gradient, the
-    logits and theirs). `parameters`: the LM's count when the caller has it (counting builds an
-    empty model)."""
-    vocab = config.vocab_size
-    parameters = (parameters or parameter_count(config)) + vocab * d_tok
-    blocks = 2 * config.num_hidden_layers * working_bytes(config, 4, batch_size, seq_len + 1)
-    return 20 * parameters + blocks + 4 * 4 * batch_size * seq_len * vocab
+DSL_BYTES_PER_PARAMETER = {"float32": 20, "bfloat16": 14}  # weights, gradients, AdamW's moments (float32), EMA
+
+
+def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None,
+                       precision: str = "float32", plateau: bool = False) -> int:
+    """Device memory of `dsl train --init-from` a causal LM of `config` (bridges/train.py's loop).
+    Per parameter of the LM (its input embedding becomes the DSL's own, as large): 20 bytes in
+    float32 (weights, gradients, AdamW's two moments, the EMA copy), 14 with bfloat16 weights,
+    gradients and EMA beside float32 moments (bridges.optim); the d_tok-wide token table always
+    20. `plateau` (--eval-every): the best EMA weights kept and the live weights set aside while
+    the EMA ones are scored, two more copies. Then the activations backward keeps (twice each
+    block's working set at the weights' width, the prepended BOS position included) and the
+    vocabulary-wide tensors per token: four float32 ones (the converter's posterior and its
+    gradient, the logits and theirs), and with bfloat16 weights five bfloat16 ones (the posterior
+    cast for the embedding product and its gradient, the network's logits and their gradient,
+    and one temporary of the head's backward).
+    Measured on a pretend device (tests/test_device.py). `parameters`: the LM's count when the
+    caller has it (counting builds an empty model)."""
+    vocab, width = config.vocab_size, (2 if precision == "bfloat16" else 4)
+    lm = parameters or parameter_count(config)
+    weights = DSL_BYTES_PER_PARAMETER[precision] * lm + 20 * vocab * d_tok + (2 * width * lm if plateau else 0)
+    blocks = 2 * config.num_hidden_layers * working_bytes(config, width, batch_size, seq_len + 1)
+    wide = (4 * 4 + (5 * 2 if precision == "bfloat16" else 0)) * batch_size * seq_len * vocab
+    return weights + blocks + wide
 
 
 def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,

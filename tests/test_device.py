@@ -203,19 +203,24 @@ def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massiv
     assert 0.8 < measured / peak_bytes(n, d, settings) < 1.2, (measured, peak_bytes(n, d, settings))
 
 
-@pytest.mark.parametrize("batch, length", [(4, 16), (16, 64)])
-def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, length, tmp_path):
-    from bridges.dsl import pretrained_dsl
+@pytest.mark.parametrize("batch, length, precision", [(4, 16, "float32"), (16, 64, "float32"),
+                                                       (4, 16, "bfloat16"), (16, 64, "bfloat16")])
+def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, length, precision, tmp_path):
+    """The whole training footprint (the weights are moved to the device inside), with the
+    plateau rule's two extra copies at the larger shape; bfloat16 trains without a wait too."""
+    from bridges.dsl import pretrained_dsl, weights_dtype
     from geoprobe.memory import dsl_training_bytes
 
-    model = pretrained_dsl(llama.model.name_or_path, llama.tokenizer, d_tok=8)
+    plateau = batch == 16
+    model = pretrained_dsl(llama.model.name_or_path, llama.tokenizer, d_tok=8, dtype=weights_dtype(precision))
     data = torch.randint(0, llama.config.vocab_size, (64, length), generator=torch.Generator().manual_seed(0))
-    settings = DSLTrainSettings(seq_len=length, train=TrainConfig(steps=2, batch_size=batch, save_every=2))
+    settings = DSLTrainSettings(seq_len=length, train=TrainConfig(steps=2, batch_size=batch, save_every=2,
+                                                                  precision=precision, eval_every=plateau))
     with accelerator() as acc:
         before = acc.live_bytes
-        train_dsl(model, data, settings, tmp_path, DEVICE)
+        train_dsl(model, data, settings, tmp_path, DEVICE, stop_rows=data[:2] if plateau else None)
         measured = acc.peak_bytes - before
-    planned = dsl_training_bytes(llama.config, 8, batch, length)
+    planned = dsl_training_bytes(llama.config, 8, batch, length, precision=precision, plateau=plateau)
     assert 0.8 < measured / planned < 1.2, (measured, planned)
 
 

@@ -81,6 +81,68 @@ def test_training_resumes_to_the_result_of_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
 
+def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
+    """--precision bfloat16: the network's weights, their gradients and the EMA in bfloat16
+    (bridges.optim's stochastic rounding), the token table and converter in float32; the loss
+    follows a float32 run's, and a run cut short resumes to the uninterrupted one's bits."""
+    from safetensors import safe_open
+
+    data = markov_sequences(128, 16, seed=2)
+
+    def settings(precision):
+        return DSLTrainSettings(seq_len=16, train=TrainConfig(steps=30, batch_size=8, lr=1e-3, warmup=5,
+                                                              save_every=10, seed=3, precision=precision))
+
+    half = train_dsl(small_model(), data, settings("bfloat16"), tmp_path / "full", torch.device("cpu"))
+    single = train_dsl(small_model(), data, settings("float32"), tmp_path / "f32", torch.device("cpu"))
+    tail = [sum(l for _, l in run.curve[-10:]) / 10 for run in (half, single)]
+    assert tail[0] < 0.8 * math.log(V)  # it learned
+    assert abs(tail[0] - tail[1]) < 0.03 * tail[1], tail
+    with safe_open(tmp_path / "full" / CHECKPOINT, "pt") as f:
+        assert f.get_tensor("model.transformer.blocks.0.qkv.weight").dtype == torch.bfloat16
+        assert f.get_tensor("ema.head.weight").dtype == torch.bfloat16
+        assert f.get_tensor("model.table.raw").dtype == torch.float32
+        assert f.get_tensor("opt.head.weight.exp_avg_sq").dtype == torch.float32
+
+    calls, original = {"n": 0}, DSLModel.loss
+
+    def dying_loss(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 16:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    DSLModel.loss = dying_loss
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_dsl(small_model(), data, settings("bfloat16"), tmp_path / "cut", torch.device("cpu"))
+    finally:
+        DSLModel.loss = original
+    train_dsl(small_model(seed=99), data, settings("bfloat16"), tmp_path / "cut", torch.device("cpu"))
+    a, b = load_dsl(tmp_path / "full").state_dict(), load_dsl(tmp_path / "cut").state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_bfloat16_dsl_from_a_pretrained_lm_keeps_the_channel_and_rotary_table_in_float32(tiny_models,
+                                                                                          corpus_txt):
+    from bridges.dsl import pretrained_dsl
+    from geoprobe.backbone import load_tokenizer
+
+    spec = str(tiny_models("llama"))
+    tokenizer = load_tokenizer(spec)
+    full = pretrained_dsl(spec, tokenizer, d_tok=8).eval()
+    half = pretrained_dsl(spec, tokenizer, d_tok=8, dtype=torch.bfloat16).eval()
+    assert {p.dtype for p in half.lm.parameters()} == {torch.bfloat16} and half.embed.weight.dtype == torch.bfloat16
+    assert half.table.raw.dtype == half.converter.bias.dtype == torch.float32
+    assert all(b.dtype == torch.float32 for n, b in half.lm.named_buffers() if "inv_freq" in n)
+    ids = torch.randint(0, full.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    z = 3.0 * full.table()[ids]
+    with torch.no_grad():
+        reference, low = full(z), half(z).float()
+    assert (low - reference).abs().mean() < 0.05 * reference.abs().mean()
+
+
 def test_token_table_rows_stay_on_the_unit_sphere():
     model = small_model()
     with torch.no_grad():
