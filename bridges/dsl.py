@@ -19,6 +19,7 @@ tokenizer files.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from bridges.channel import S_MAX, TokenTable, channel, draw_snr
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig
 from bridges.checkpoint import CONFIG, build_network, load_weights, read_config, save_config
-from bridges.train import TrainConfig, Trained, train
+from bridges.train import CHECKPOINT, TrainConfig, Trained, train
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
@@ -54,7 +55,10 @@ class DSLConfig:
 
 class DSLModel(nn.Module):
     def __init__(self, cfg: DSLConfig, table_init: torch.Tensor | None = None, seed: int = 0,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, lm_weights_follow: bool = False):
+        """`lm_weights_follow`: a pretrained LM's weights are loaded next (pretrained_dsl,
+        load_dsl, a resumed run), so their random initialisation is skipped (about 20 s per
+        billion parameters on two cores)."""
         super().__init__()
         self.cfg = cfg
         with torch.random.fork_rng(devices=[]):  # the initial weights depend on `seed` alone
@@ -62,7 +66,7 @@ class DSLModel(nn.Module):
             self.table = TokenTable(cfg.vocab_size, cfg.d_tok, learn=cfg.learn_table, init=table_init)
             self.converter = Converter(cfg.vocab_size)
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.lm = None if cfg.backbone is None else causal_lm(cfg.backbone, dtype)
+            self.lm = None if cfg.backbone is None else causal_lm(cfg.backbone, dtype, not lm_weights_follow)
             d_model = cfg.d_model if self.lm is None else self.lm.config.hidden_size
             self.embed = nn.Embedding(cfg.vocab_size, d_model)
             self.mask_vector = nn.Parameter(torch.zeros(d_model))
@@ -89,8 +93,12 @@ class DSLModel(nn.Module):
         converter's output matrix from its input embedding."""
         weights = pretrained.state_dict()
         weights.pop(input_embedding_key(pretrained))  # this model's is empty: the converter feeds inputs_embeds
-        self.lm.load_state_dict(weights, strict=False)  # a tied head has no key of its own
-        self.lm.get_output_embeddings().weight.copy_(pretrained.get_output_embeddings().weight)
+        missing = self.lm.load_state_dict(weights, strict=False).missing_keys  # a tied head has no key of its own
+        head = self.lm.get_output_embeddings().weight
+        unset = set(missing) - {input_embedding_key(self.lm)} - {n for n, p in self.lm.named_parameters() if p is head}
+        if unset:  # built without initialisation (lm_weights_follow): they would hold whatever memory held
+            raise ValueError(f"the pretrained LM has no weights for {sorted(unset)}")
+        head.copy_(pretrained.get_output_embeddings().weight)
         # the embedding module's output, not its weight: Gemma3's scales by sqrt(d) inside it
         table = pretrained.get_input_embeddings()
         self.embed.weight.copy_(table(torch.arange(self.cfg.vocab_size, device=table.weight.device)))
@@ -134,7 +142,7 @@ class DSLModel(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
 
 
-def causal_lm(config: dict, dtype: torch.dtype = torch.float32) -> nn.Module:
+def causal_lm(config: dict, dtype: torch.dtype = torch.float32, initialise: bool = True) -> nn.Module:
     """A causal LM of this config (a `PretrainedConfig.to_dict()`) with random `dtype` weights (its
     rotary buffers float32, as transformers builds them) and an
     untied head (the head and the converter's matrix train apart). Its input embedding is
@@ -144,7 +152,10 @@ def causal_lm(config: dict, dtype: torch.dtype = torch.float32) -> nn.Module:
 
     fields = {k: v for k, v in config.items() if k != "model_type"}
     hf_config = AutoConfig.for_model(config["model_type"], **{**fields, "tie_word_embeddings": False})
-    lm = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    from transformers.initialization import no_init_weights
+
+    with nullcontext() if initialise else no_init_weights():  # skipped: weights to be loaded next
+        lm = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     lm.set_input_embeddings(nn.Embedding(0, hf_config.hidden_size, dtype=dtype).requires_grad_(False))
     return lm
 
@@ -175,7 +186,7 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
                     n_layers=backbone.num_layers, n_heads=hf.num_attention_heads, learn_table=learn_table,
                     backbone=hf.to_dict(), bos_id=special[0] if special else 0)
     table = TokenTable.pca_init(embeddings, d_tok) if check_table_init(table_init) == "pca" else None
-    model = DSLModel(cfg, table_init=table, seed=seed, dtype=dtype)
+    model = DSLModel(cfg, table_init=table, seed=seed, dtype=dtype, lm_weights_follow=True)
     model.init_from(lm)
     return model
 
@@ -294,7 +305,8 @@ def budget(settings: DSLTrainSettings) -> dict:
 
 def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
     """The EMA weights of a trained DSL checkpoint directory, ready to sample."""
-    model = DSLModel(build_network(DSLConfig, read_config(folder, "dsl"), folder))
+    cfg = build_network(DSLConfig, read_config(folder, "dsl"), folder)
+    model = DSLModel(cfg, lm_weights_follow=cfg.backbone is not None)  # every weight is in the file
     load_weights(model, folder)
     return model.to(device).eval()
 
@@ -374,7 +386,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
                     raise BadInput(f"{out} holds another training run; use another --out or --force")
                 tok = load_saved_tokenizer(out)
-                model = DSLModel(build_network(DSLConfig, old, out), seed=seed, dtype=dtype)
+                model = _resumed_model(old, out, tok, tokenizer, table_init, init, init_from, seed, dtype)
             else:
                 if not is_empty(out):
                     raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
@@ -420,6 +432,16 @@ def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Pat
         model.load_state_dict(start.state_dict())
     model.network_to(dtype)
     return model
+
+
+def _resumed_model(old: dict, out: Path, tok, tokenizer: str, table_init: str, init: Path | None,
+                   init_from: str | None, seed: int, dtype: torch.dtype) -> DSLModel:
+    """The model of a directory's run: its weights come from the checkpoint when there is one;
+    a run stopped before its first checkpoint starts as a new one (from its pretrained LM too)."""
+    shape = build_network(DSLConfig, old, out)
+    if (out / CHECKPOINT).is_file():
+        return DSLModel(shape, seed=seed, dtype=dtype, lm_weights_follow=shape.backbone is not None)
+    return _new_model(tok, tokenizer, shape, table_init, init, init_from, seed, dtype)
 
 
 def check_table_init(kind: str) -> str:

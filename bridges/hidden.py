@@ -67,8 +67,10 @@ class BridgeConfig:
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
 
 
-def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float) -> None:
+def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto") -> None:
     """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
+    if precision == "bfloat16":  # a bridge is small beside its frozen backbone: nothing to save
+        raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
     if vocab not in ("corpus", "all"):
         raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
     if not 0 <= sigma_b < float("inf"):  # also refuses NaN

@@ -164,7 +164,7 @@ class BridgeSettings:
         before anything loads."""
         from bridges.fit import bridge_training
 
-        check_bridge_flags(self.network.vocab, self.network.sigma_b, self.network.tau_zero)
+        check_bridge_flags(self.network.vocab, self.network.sigma_b, self.network.tau_zero, self.network.precision)
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
                                self.network.precision)
 

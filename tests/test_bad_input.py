@@ -54,6 +54,7 @@ LEGAL = {
     ("*", "--shard-rows", "0"): "0 = about 64 MiB of states per shard",
     ("*", "--skip-first", "0"): "keep the first position",
     ("*", "--warmup", "0"): "no warmup",
+    ("*", "--save-every", "0"): "0 = no resumable checkpoint, the final weights only",
 }
 
 FREE_WORDS = {"--text-field"}  # options whose value is any word
@@ -223,3 +224,10 @@ def test_help_lists_the_commands_in_the_order_a_user_runs_them():
     listed = [line.split()[1] for line in out.splitlines() if line.startswith("│ ") and len(line.split()) > 2
               and line.split()[1] in commands() | {"dsl": None}]
     assert listed == list(ORDER)
+
+
+@pytest.mark.parametrize("command", ["bridge", "sweep"])
+def test_bfloat16_weights_are_refused_where_only_a_small_bridge_trains(command, world, tmp_path, no_work):
+    code, _, err = invoke(*argv_for((command, "--precision", "bfloat16"), world, tmp_path / "new"))
+    assert code == 2 and err.strip() == "error: --precision bfloat16 is for dsl train; a bridge trains with auto or float32"
+    assert not (tmp_path / "new").exists()

@@ -43,6 +43,9 @@ def train_cmd(
                                                     "steps improved the bound by less than this share.")]
     = TRAIN.plateau_rel,
     min_steps: Annotated[int, typer.Option(min=0, help="Never stop on a plateau before this step.")] = TRAIN.min_steps,
+    save_every: Annotated[int, typer.Option(min=0, help="Write the resumable checkpoint every N steps and at the "
+                                                        "end; 0: never (only the final weights: an 8B model's "
+                                                        "checkpoint is 112 GB).")] = TRAIN.save_every,
     d_tok: Annotated[int, typer.Option(min=2, help="Token embedding dimension on the unit sphere.")] = SHAPE.d_tok,
     d_model: Annotated[int, typer.Option(min=8, help="Transformer width.")] = SHAPE.d_model,
     n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = SHAPE.n_layers,
@@ -64,6 +67,7 @@ def train_cmd(
 
     settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                                    eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
+                                   save_every=save_every,
                                    precision=precision, snr=snr, roar_frac=roar_frac, seq_len=seq_len, d_tok=d_tok,
                                    d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
                                    learn_table=not freeze_table)

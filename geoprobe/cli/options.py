@@ -45,4 +45,6 @@ WorldSize = Annotated[int | None, typer.Option("--world-size", help="Processes s
                                                                    "itself).")]
 Precision = Annotated[str, typer.Option("--precision", help="auto: bf16 autocast for the trained network where the "
                                       "device computes bf16 natively (GPUs, CPUs with AVX512-BF16/AMX); float32: "
-                                      "never (slower; runs comparable bit for bit).")]
+                                      "never (slower; runs comparable bit for bit); bfloat16 (dsl train only): "
+                                      "bfloat16 weights, gradients and EMA with stochastically rounded updates, "
+                                      "14 bytes per parameter instead of 20 (an 8B model on one H200).")]
