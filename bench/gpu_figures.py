@@ -39,6 +39,14 @@ def figures_of(out: Path, step: str, batch: int, seq: int) -> dict:
         return {"bridge_tokens_per_second": read()["steps_per_second"] * batch * seq}
     if step == "dsl":
         return {"dsl_steps_per_second": read()["steps_per_second"]}
+    if step == "dsl_init":
+        metrics = read()
+        peak = metrics.get("device_bytes_peak")
+        return {"dsl_init_steps_per_second": metrics["steps_per_second"],
+                "dsl_init_tokens_per_second": metrics["steps_per_second"] * batch * seq,
+                "dsl_init_planned_gib": metrics["device_bytes_planned"] / 2 ** 30,
+                "dsl_init_peak_gib": peak / 2 ** 30 if peak else None,
+                "dsl_init_peak_over_plan": peak / metrics["device_bytes_planned"] if peak else None}
     if step == "sample":
         return {"sample_tokens_per_second": read()["meta"]["tokens_per_second"]}
     return {}

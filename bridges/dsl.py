@@ -192,10 +192,11 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
 
 
 def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device,
-                    precision: str = "auto", plateau: bool = False) -> None:
-    """`--init-from spec` refused in one line, before any weight loads, when its training will not
-    fit the device (geoprobe.memory.dsl_training_bytes) or its loading the host (two copies of the
-    weights: the loaded model and the DSL's), naming --precision bfloat16 when that would fit."""
+                    precision: str = "auto", plateau: bool = False) -> int:
+    """The device memory `--init-from spec` will train in (geoprobe.memory.dsl_training_bytes), or
+    one line before any weight loads when it will not fit the device or its loading the host (two
+    copies of the weights: the loaded model and the DSL's), naming --precision bfloat16 when that
+    would fit."""
     from geoprobe.backbone import load_config, resolve_source
     from geoprobe.memory import DSL_BYTES_PER_PARAMETER, dsl_training_bytes, memory_available, parameter_count
     from geoprobe.files import human
@@ -219,6 +220,7 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     if host > ram:
         raise BadInput(f"loading --init-from {spec} holds two {kind} copies of its weights ({human(host)}) "
                        f"but {human(ram)} of RAM is available")
+    return need(kind)
 
 
 def weights_precision(precision: str) -> str:
@@ -367,8 +369,9 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     check_table_init(table_init)
     settings.validate()
     target = resolve_device(world.device(device))
+    planned = None
     if init_from is not None:
-        check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target,
+        planned = check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target,
                         settings.train.precision, plateau=settings.train.eval_every > 0)
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
@@ -407,6 +410,9 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             return None
         metrics = evaluate_dsl(out, val_docs, tok, settings.seq_len, device)
         metrics.update(training_summary(trained))
+        if planned is not None:  # the memory plan beside what the device measured (CUDA counts its peak)
+            metrics["device_bytes_planned"] = planned
+            metrics["device_bytes_peak"] = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else None
         if settings.train.eval_every > 0:
             metrics["stop_rows_disjoint"] = disjoint
         write_record(out, metrics, trained, "DSL model")

@@ -26,7 +26,7 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
     assert figures["tiny"] and figures["tokens_forwarded"] == 100 * 64  # the first block of 100 documents
     for key in ("forwarded_tokens_per_second", "stored_rows_per_second", "geometry_seconds_per_layer",
                 "dxd_geometry_seconds_per_layer", "bridge_tokens_per_second", "dsl_steps_per_second",
-                "sample_tokens_per_second"):
+                "sample_tokens_per_second", "dsl_init_steps_per_second", "dsl_init_planned_gib"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
     assert figures["dxd_rows"] >= 2 * 64  # the d x d path (the tiny fixture's d is 64)
     # the rate after the first batch counts the tokens after it only
@@ -35,6 +35,7 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
     assert "forwarded_tokens_per_second" in done.stdout
     # each step's figures were printed as it ended, before the next step began
     assert done.stdout.index("dsl_steps_per_second") < done.stdout.index("sample_tokens_per_second")
+    assert figures["dsl_init_peak_gib"] is None  # CUDA measures it; the CPU run has only the plan
     samples = (tmp_path / "samples" / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 4
 
