@@ -192,7 +192,7 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
 
 
 def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device,
-                    precision: str = "auto", plateau: bool = False) -> int:
+                    precision: str = "auto") -> int:
     """The device memory `--init-from spec` will train in (geoprobe.memory.dsl_training_bytes), or
     one line before any weight loads when it will not fit the device or its loading the host (two
     copies of the weights: the loaded model and the DSL's), naming --precision bfloat16 when that
@@ -205,7 +205,7 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     count = parameter_count(config)  # once: counting builds an empty model
 
     def need(kind: str) -> int:
-        return dsl_training_bytes(config, d_tok, batch_size, seq_len, count, precision=kind, plateau=plateau)
+        return dsl_training_bytes(config, d_tok, batch_size, seq_len, count, precision=kind)
 
     kind, free = weights_precision(precision), memory_available(device)
     if need(kind) > free:
@@ -372,7 +372,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     planned = None
     if init_from is not None:
         planned = check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target,
-                        settings.train.precision, plateau=settings.train.eval_every > 0)
+                        settings.train.precision)
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)

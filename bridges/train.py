@@ -186,7 +186,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tup
         ema[k].copy_(tensors[f"ema.{k}"])
     best.step = int(meta.get("best_step") or 0)
     if best.step:
-        best.weights = {k: tensors[f"best.{k}"].to(v.device) for k, v in ema.items()}
+        best.weights = {k: tensors[f"best.{k}"] for k in ema}  # kept on the host, as Best.offer keeps them
         best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
     params = trainable(model)
     fused = bool(optimizer.defaults.get("fused"))
@@ -224,7 +224,8 @@ class Best:
     def offer(self, step: int, score: float, ema: dict) -> None:
         if score < self.score:  # a tie keeps the earlier weights
             self.step, self.score = step, score
-            self.weights = {k: v.detach().clone() for k, v in ema.items()}
+            # on the host: the device holds only what each step needs (an 8B model's copy is 16 GB)
+            self.weights = {k: v.detach().to("cpu", copy=True) for k, v in ema.items()}
 
 
 def mixed_precision(device: torch.device, precision: str = "auto"):
@@ -361,8 +362,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
 
 @torch.no_grad()
 def _score_ema(model: torch.nn.Module, params: dict, ema: dict, evaluate: Callable) -> float:
-    """evaluate(model) with the EMA weights swapped in, then the live weights put back."""
-    live = {k: p.detach().clone() for k, p in params.items()}
+    """evaluate(model) with the EMA weights swapped in, then the live weights put back (set aside
+    on the host: no second copy of the weights on the device)."""
+    live = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
     for k, p in params.items():
         p.copy_(ema[k].to(p.dtype))
     model.eval()

@@ -47,13 +47,13 @@ DSL_BYTES_PER_PARAMETER = {"float32": 20, "bfloat16": 14}  # weights, gradients,
 
 
 def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None,
-                       precision: str = "float32", plateau: bool = False) -> int:
+                       precision: str = "float32") -> int:
     """Device memory of `dsl train --init-from` a causal LM of `config` (bridges/train.py's loop).
     Per parameter of the LM (its input embedding becomes the DSL's own, as large): 20 bytes in
     float32 (weights, gradients, AdamW's two moments, the EMA copy), 14 with bfloat16 weights,
     gradients and EMA beside float32 moments (bridges.optim); the d_tok-wide token table always
-    20. `plateau` (--eval-every): the best EMA weights kept and the live weights set aside while
-    the EMA ones are scored, two more copies. Then the activations backward keeps (twice each
+    20 (the plateau rule's best weights, and the live ones while the EMA's are scored, wait on the
+    host). Then the activations backward keeps (twice each
     block's working set at the weights' width, the prepended BOS position included) and the
     vocabulary-wide tensors per token: four float32 ones (the converter's posterior and its
     gradient, the logits and theirs), and with bfloat16 weights five bfloat16 ones (the posterior
@@ -63,7 +63,7 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     caller has it (counting builds an empty model)."""
     vocab, width = config.vocab_size, (2 if precision == "bfloat16" else 4)
     lm = parameters or parameter_count(config)
-    weights = DSL_BYTES_PER_PARAMETER[precision] * lm + 20 * vocab * d_tok + (2 * width * lm if plateau else 0)
+    weights = DSL_BYTES_PER_PARAMETER[precision] * lm + 20 * vocab * d_tok
     blocks = 2 * config.num_hidden_layers * working_bytes(config, width, batch_size, seq_len + 1)
     wide = (4 * 4 + (5 * 2 if precision == "bfloat16" else 0)) * batch_size * seq_len * vocab
     return weights + blocks + wide
