@@ -30,9 +30,10 @@ def round_stochastic(x: torch.Tensor, generator: torch.Generator | None = None) 
     probability proportional to its nearness (unbiased: E[result] = x). Adds random low bits to
     the float32 bit pattern and truncates them; in sign-magnitude this rounds the magnitude, so
     negative values are handled alike, and a carry moves into the exponent as it should."""
-    bits = x.float().contiguous().view(torch.int32)
+    bits = x.float().contiguous().view(torch.int32)  # a view of a contiguous float32 tensor, no copy
     noise = torch.randint(0, LOW_BITS + 1, x.shape, dtype=torch.int32, device=x.device, generator=generator)
-    return ((bits + noise) & ~LOW_BITS).view(torch.float32).to(torch.bfloat16)  # exact: low bits are zero
+    noise.add_(bits).bitwise_and_(~LOW_BITS)  # in place: one temporary as large as x, not three
+    return noise.view(torch.float32).to(torch.bfloat16)  # exact: the low bits are zero
 
 
 def step_generator(seed: int, step: int, device: torch.device, stream: str = "adamw") -> torch.Generator:
@@ -64,12 +65,16 @@ class StochasticAdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
                 state["step"] += 1
                 t = int(state["step"])
+                # float32 temporaries of at most three times the parameter's size at once (the
+                # 8B model's embedding: 2 GB each), released as soon as they are used
                 grad = p.grad.float()
                 state["exp_avg"].lerp_(grad, 1 - beta1)
                 state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+                del grad
+                denom = state["exp_avg_sq"].sqrt().div_(math.sqrt(1 - beta2 ** t)).add_(group["eps"])
                 updated = p.float().mul_(1 - group["lr"] * group["weight_decay"])
                 updated.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** t))
+                del denom
                 if p.dtype == torch.bfloat16:
                     if generator is None:
                         generator = step_generator(group["seed"], t, p.device)

@@ -58,7 +58,8 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     vocabulary-wide tensors per token: four float32 ones (the converter's posterior and its
     gradient, the logits and theirs), and with bfloat16 weights five bfloat16 ones (the posterior
     cast for the embedding product and its gradient, the network's logits and their gradient,
-    and one temporary of the head's backward).
+    and one temporary of the head's backward); and bfloat16's optimiser step holds float32
+    temporaries of three times its largest parameter (vocabulary x width), 12 bytes each.
     Measured on a pretend device (tests/test_device.py). `parameters`: the LM's count when the
     caller has it (counting builds an empty model)."""
     vocab, width = config.vocab_size, (2 if precision == "bfloat16" else 4)
@@ -66,7 +67,8 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     weights = DSL_BYTES_PER_PARAMETER[precision] * lm + 20 * vocab * d_tok
     blocks = 2 * config.num_hidden_layers * working_bytes(config, width, batch_size, seq_len + 1)
     wide = (4 * 4 + (5 * 2 if precision == "bfloat16" else 0)) * batch_size * seq_len * vocab
-    return weights + blocks + wide
+    step = 12 * vocab * config.hidden_size if precision == "bfloat16" else 0
+    return weights + blocks + wide + step
 
 
 def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,
