@@ -11,7 +11,7 @@
 #   bridge    `geoprobe bridge --layer 3`, 200 steps;
 #   dsl       `geoprobe dsl train` at V = 128,256, 200 steps, then its likelihoods;
 #   dsl_init  `geoprobe dsl train --init-from` the 8B fixture with --precision bfloat16 (bfloat16
-#             weights, gradients and EMA, float32 AdamW moments: ~120 GB), 20 steps of 8 x 128,
+#             weights, gradients and EMA, float32 AdamW moments: ~128 GB), 20 steps of 8 x 128,
 #             no resumable checkpoint (112 GB); the memory plan beside CUDA's measured peak;
 #   sample    `geoprobe sample --sampler roar` through the bridge (before dsl_init, which is last).
 # Each step's figures are printed and added to $OUT/gpu_check.json as the step ends, so a run
