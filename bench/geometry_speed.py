@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, knn, layer_geometry
-from tests.test_geometry import gaussian, slow_reference
+from bench.naive_geometry import gaussian, slow_reference
 
 N, D, K, M = 20000, 512, 32, 1000
 

@@ -211,7 +211,7 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     if need(kind) > free:
         what = ("bfloat16 weights, gradients and EMA, float32 AdamW moments" if kind == "bfloat16"
                 else "float32 weights, gradients, AdamW moments and EMA")
-        hint = ("--precision bfloat16 (about {}), ".format(human(need("bfloat16")))
+        hint = (f"--precision bfloat16 (about {human(need('bfloat16'))}), "
                 if kind == "float32" and need("bfloat16") <= free else "")
         raise BadInput(f"dsl train --init-from {spec} needs about {human(need(kind))} on {device} ({what}: "
                        f"{DSL_BYTES_PER_PARAMETER[kind]} bytes x {count / 1e9:.2f} B parameters, and one batch's "
@@ -371,8 +371,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     target = resolve_device(world.device(device))
     planned = None
     if init_from is not None:
-        planned = check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size, settings.seq_len, target,
-                        settings.train.precision)
+        planned = check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size,
+                                  settings.seq_len, target, settings.train.precision)
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)
@@ -403,6 +403,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
             watched, disjoint = stopping_rows(val_docs, tok, settings.seq_len)
             trained = train_dsl(model, data, settings, out, target, progress=progress, world=world, stop_rows=watched)
+            peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else None  # training's, not eval's
         finally:
             if progress is not None:
                 progress.stop()
@@ -412,7 +413,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
         metrics.update(training_summary(trained))
         if planned is not None:  # the memory plan beside what the device measured (CUDA counts its peak)
             metrics["device_bytes_planned"] = planned
-            metrics["device_bytes_peak"] = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else None
+            metrics["device_bytes_peak"] = peak
         if settings.train.eval_every > 0:
             metrics["stop_rows_disjoint"] = disjoint
         write_record(out, metrics, trained, "DSL model")

@@ -1,6 +1,7 @@
 """One training loop for every trainable model: a budget (fixed, or a step cap with a plateau
 rule), AdamW, linear warmup then cosine decay, gradient clipping, an EMA of the weights, bf16
-autocast where the device computes bf16 natively, and resumable single-file checkpoints.
+autocast where the device computes bf16 natively (or bfloat16 weights themselves, trained with
+stochastically rounded updates: bridges/optim.py), and resumable single-file checkpoints.
 
 Plateau rule (`eval_every` > 0 and an `evaluate` function): every `eval_every` steps the EMA
 weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
@@ -259,8 +260,7 @@ def _optimizer(params: dict, cfg: TrainConfig, device: torch.device):
     if cfg.precision == "bfloat16":
         optimizer = StochasticAdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), seed=cfg.seed)
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95),
                                   fused=device.type in ("cpu", "cuda"))  # one kernel for all parameters: ~3x on a CPU
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 

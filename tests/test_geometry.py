@@ -3,23 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from scipy.stats import ortho_group
 from sklearn.neighbors import NearestNeighbors
 
 from geoprobe.errors import BadInput
-from geoprobe.geometry import (EPS_REL, GeometrySettings, bootstrap_counts, distinct_rows, draw_samples, knn,
+from geoprobe.geometry import (GeometrySettings, bootstrap_counts, distinct_rows, knn,
                                layer_geometry,
                                weighted_median)
 from geoprobe.ranking import rank_layers, selection_score, zscore
-
-
-def gaussian(n, eigenvalues, seed=0, rotate=True):
-    rng = np.random.default_rng(seed)
-    d = len(eigenvalues)
-    x = rng.standard_normal((n, d)) * np.sqrt(eigenvalues)
-    if rotate:
-        x = x @ ortho_group.rvs(d, random_state=seed).T
-    return torch.from_numpy(x + 3.0)
+from bench.naive_geometry import gaussian, slow_reference
 
 
 def docs_of(n, per_doc=20):
@@ -60,29 +51,6 @@ def test_trace_normalisation_makes_a_scaled_copy_identical():
         assert b["trace"][proxy]["value"] == pytest.approx(a["trace"][proxy]["value"], rel=1e-9)
     assert b["none"]["curv"]["value"] == pytest.approx(a["none"]["curv"]["value"] / 37.0 ** 2, rel=1e-9)
     assert b["none"]["curv"]["value"] != pytest.approx(a["none"]["curv"]["value"], rel=0.5)
-
-
-def slow_reference(x: np.ndarray, settings: GeometrySettings, key: int):
-    """Independent implementation: sklearn brute-force kNN, a d x d covariance and numpy
-    eigvalsh per anchor, numpy's covariance and a matrix inverse for P."""
-    n, d = x.shape
-    anchors, ci, cj = draw_samples(n, settings, key)
-    distinct, inverse = np.unique(x, axis=0, return_inverse=True)
-    nn = NearestNeighbors(n_neighbors=settings.k + 1, algorithm="brute").fit(distinct)
-    _, idx = nn.kneighbors(x[anchors])
-    scale = np.trace(np.cov(x, rowvar=False)) / d
-    curv = []
-    for row, neighbours in zip(anchors, idx):
-        neighbours = [j for j in neighbours if j != inverse.ravel()[row]][: settings.k]
-        cov = np.cov(distinct[neighbours], rowvar=False)
-        curv.append(1.0 / max(np.linalg.eigvalsh(cov)[-1], EPS_REL * scale))
-    sigma = np.cov(x, rowvar=False)
-    p = np.linalg.inv(sigma + settings.alpha * np.trace(sigma) / d * np.eye(d))
-    diff = x[ci] - x[cj]
-    keep = np.flatnonzero(np.any(diff != 0, axis=1))[: settings.pairs]
-    q = np.einsum("pi,ij,pj->p", diff[keep], p, diff[keep]) / (diff[keep] ** 2).sum(1)
-    ev = np.linalg.eigvalsh(sigma)
-    return {"curv": np.median(curv), "mono": np.median(q), "erank": ev.sum() / ev[-1]}
 
 
 def test_fast_path_agrees_with_the_slow_oracle():
