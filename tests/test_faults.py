@@ -24,12 +24,26 @@ from geoprobe.store import RunReader, read_manifest
 from tests.helpers import (SCAN, all_rows, assert_one_line_error, copy_run, invoke, read_json, run_cli,
                            write_corpus)
 
+# one thread per process: a kill test's uninterrupted reference runs beside its victim on the other
+# core (started first, `reference`), and both compute with the same thread count, so their bits agree
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
 def start(args) -> subprocess.Popen:
-    return run_cli("--quiet", *args, background=True)
+    return run_cli("--quiet", *args, background=True, env=ONE_THREAD)
 
 
 def finish(args) -> subprocess.CompletedProcess:
-    return run_cli("--quiet", *args)
+    return run_cli("--quiet", *args, env=ONE_THREAD)
+
+
+def reference(args) -> subprocess.Popen:
+    """The uninterrupted run, started now in the background; `finished(reference)` waits for it."""
+    return start(args)
+
+
+def finished(process: subprocess.Popen) -> None:
+    assert process.wait(timeout=600) == 0, process.stderr.read()
 
 
 def kill_when(victim: subprocess.Popen, ready, timeout: float = 300) -> None:
@@ -79,13 +93,14 @@ BRIDGE = ["--steps", 300, "--until", "steps", "--batch-size", 4, "--seq-len", 32
 def test_kill_9_during_bridge_then_rerun_equals_an_uninterrupted_run(scanned, tmp_path):
     args = ["bridge", "--run", scanned, "--layer", 1, *BRIDGE]
     killed, clean = tmp_path / "killed", tmp_path / "clean"
+    uninterrupted = reference([*args, "--out", clean])
     victim = start([*args, "--out", killed])
     checkpoint = killed / "bridges" / "layer-01" / "seed-0" / "checkpoint.safetensors"
     kill_when(victim, checkpoint.is_file)  # after step 100 of 300: the rerun resumes mid-training
     assert not (killed / "bridges" / "layer-01" / "seed-0" / "metrics.json").exists()
-    for out in (killed, clean):
-        done = finish([*args, "--out", out])
-        assert done.returncode == 0, done.stderr
+    done = finish([*args, "--out", killed])
+    assert done.returncode == 0, done.stderr
+    finished(uninterrupted)
     a, b = killed / "bridges" / "layer-01" / "seed-0", clean / "bridges" / "layer-01" / "seed-0"
     assert same_weights(a / "model.safetensors", b / "model.safetensors")
     assert results(a) == results(b) and results(a)["steps_run"] == 300
@@ -96,6 +111,7 @@ def test_kill_9_between_and_inside_sweep_layers_resumes_and_keeps_finished_ones(
     killed, clean = shutil.copytree(scanned, tmp_path / "killed"), shutil.copytree(scanned, tmp_path / "clean")
     args = ["sweep", "--layers", "0-2", *BRIDGE]
     first = killed / "bridges" / "layer-00" / "seed-0" / "metrics.json"
+    uninterrupted = reference([*args, "--run", clean])
     # between layers: the moment layer 0's record is whole, before layer 1 has a checkpoint
     victim = start([*args, "--run", killed])
     kill_when(victim, first.is_file)
@@ -105,9 +121,9 @@ def test_kill_9_between_and_inside_sweep_layers_resumes_and_keeps_finished_ones(
     victim = start([*args, "--run", killed])
     kill_when(victim, (killed / "bridges" / "layer-01" / "seed-0" / "checkpoint.safetensors").is_file)
     assert not (killed / "sweep.csv").exists()
-    for run in (killed, clean):
-        done = finish([*args, "--run", run])
-        assert done.returncode == 0, done.stderr
+    done = finish([*args, "--run", killed])
+    assert done.returncode == 0, done.stderr
+    finished(uninterrupted)
     assert first.stat().st_mtime_ns == kept  # the finished layer was neither retrained nor revalidated
     for layer in range(3):
         a, b = (root / "bridges" / f"layer-{layer:02d}" / "seed-0" for root in (killed, clean))
@@ -120,11 +136,12 @@ def test_kill_9_during_dsl_train_then_rerun_equals_an_uninterrupted_run(tmp_path
     args = ["dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 600, "--batch-size", 8,
             "--seq-len", 32, "--warmup", 10, "--d-model", 32, "--n-layers", 1, "--d-tok", 16, "--device", "cpu"]
     killed, clean = tmp_path / "killed", tmp_path / "clean"
+    uninterrupted = reference([*args, "--out", clean])
     victim = start([*args, "--out", killed])
     kill_when(victim, (killed / "checkpoint.safetensors").is_file)  # after step 200 of 600
-    for out in (killed, clean):
-        done = finish([*args, "--out", out])
-        assert done.returncode == 0, done.stderr
+    done = finish([*args, "--out", killed])
+    assert done.returncode == 0, done.stderr
+    finished(uninterrupted)
     assert same_weights(killed / "model.safetensors", clean / "model.safetensors")
     assert results(killed) == results(clean) and results(killed)["steps_run"] == 600
 
