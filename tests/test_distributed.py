@@ -107,8 +107,17 @@ def scan_args(tiny_models, tmp_path_factory):
 
 
 def test_two_rank_scan_equals_one_rank_scan(tmp_path, scan_args):
-    single = run_cli("-q", *scan_args, "--out", tmp_path / "one")
-    assert single.returncode == 0, single.stderr
+    # the one-process reference on one core while the ranks started by hand (below) use the other
+    single = run_cli("-q", *scan_args, "--out", tmp_path / "one", background=True, env={"OMP_NUM_THREADS": "1"})
+    # ranks started by hand, one after the other: the first stops after its shards, the last computes the
+    # geometry alone (they share no process group), equal to one process's
+    first = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 0, "--world-size", 2,
+                    env={"OMP_NUM_THREADS": "1"})
+    assert first.returncode != 0 and "rerun the remaining ranks" in first.stderr
+    last = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 1, "--world-size", 2,
+                   env={"OMP_NUM_THREADS": "1"})
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert single.wait(timeout=600) == 0, single.stderr.read()
     double = torchrun(*scan_args, "--out", tmp_path / "two")
     assert double.returncode == 0, double.stderr[-3000:]
     one, two = read_json(tmp_path / "one" / "manifest.json"), read_json(tmp_path / "two" / "manifest.json")
@@ -121,12 +130,6 @@ def test_two_rank_scan_equals_one_rank_scan(tmp_path, scan_args):
     assert [r["rank"] for r in rankings[0]] == [r["rank"] for r in rankings[1]]
     for a, b in zip(*rankings):
         assert float(a["score"]) == pytest.approx(float(b["score"]), rel=1e-9, abs=1e-12)
-    # ranks started by hand, one after the other: the first stops after its shards, the last computes the
-    # geometry alone (they share no process group), equal to one process's
-    first = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 0, "--world-size", 2)
-    assert first.returncode != 0 and "rerun the remaining ranks" in first.stderr
-    last = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 1, "--world-size", 2)
-    assert last.returncode == 0, last.stderr[-3000:]
     assert_same_numbers(geometry[0]["layers"], read_json(tmp_path / "hand" / "geometry.json")["layers"], rel=1e-9)
 
 
