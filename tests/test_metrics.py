@@ -72,9 +72,10 @@ def test_mauve_of_references_against_themselves_and_against_shuffled_words(smoll
     texts = [" ".join(d.split()[:30]) for d in docs]
     rng = np.random.default_rng(0)
     shuffled = [" ".join(rng.permutation(t.split())) for t in texts]
-    ref = features(smollm2, texts[:100])
-    same = mauve_score(features(smollm2, texts[100:]), ref)
-    garbled = mauve_score(features(smollm2, shuffled[100:]), ref)
+    # 60 texts a side (MAUVE 0.91 vs 0.12 here; 100 a side gave 0.96 vs 0.10 at twice the time)
+    ref = features(smollm2, texts[:60])
+    same = mauve_score(features(smollm2, texts[100:160]), ref)
+    garbled = mauve_score(features(smollm2, shuffled[100:160]), ref)
     assert same["mauve"] > 0.8, same
     assert garbled["mauve"] < same["mauve"] - 0.3, (same, garbled)
 
