@@ -52,27 +52,32 @@ def test_a_trained_dsl_model_beats_the_unigram_entropy(tmp_path):
     assert mdlm_elbo(fresh, held_out).mean().item() > unigram
 
 
-def test_training_resumes_to_the_result_of_an_uninterrupted_run(tmp_path):
-    data = markov_sequences(128, 16, seed=2)
-    cfg = TrainConfig(steps=20, batch_size=8, lr=1e-3, warmup=5, save_every=10, seed=3)
-    settings = DSLTrainSettings(seq_len=16, train=cfg)
-    train_dsl(small_model(), data, settings, tmp_path / "full", torch.device("cpu"))
-
-    calls = {"n": 0}
-    original = DSLModel.loss
+def train_until_interrupted(data, settings, out, at_call: int = 16):
+    """train_dsl of a fresh small model into `out`, interrupted inside its `at_call`-th loss
+    (after the checkpoint at step 10 of the tests below): a cut-short run to resume."""
+    calls, original = {"n": 0}, DSLModel.loss
 
     def dying_loss(self, *args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 16:
+        if calls["n"] == at_call:
             raise KeyboardInterrupt
         return original(self, *args, **kwargs)
 
     DSLModel.loss = dying_loss
     try:
         with pytest.raises(KeyboardInterrupt):
-            train_dsl(small_model(), data, settings, tmp_path / "cut", torch.device("cpu"))
+            train_dsl(small_model(), data, settings, out, torch.device("cpu"))
     finally:
         DSLModel.loss = original
+
+
+def test_training_resumes_to_the_result_of_an_uninterrupted_run(tmp_path):
+    data = markov_sequences(128, 16, seed=2)
+    cfg = TrainConfig(steps=20, batch_size=8, lr=1e-3, warmup=5, save_every=10, seed=3)
+    settings = DSLTrainSettings(seq_len=16, train=cfg)
+    train_dsl(small_model(), data, settings, tmp_path / "full", torch.device("cpu"))
+
+    train_until_interrupted(data, settings, tmp_path / "cut")
     assert (tmp_path / "cut" / CHECKPOINT).is_file()
     resumed = small_model(seed=99)  # weights come from the checkpoint, not from this init
     train_dsl(resumed, data, settings, tmp_path / "cut", torch.device("cpu"))
@@ -104,20 +109,7 @@ def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
         assert f.get_tensor("model.table.raw").dtype == torch.float32
         assert f.get_tensor("opt.head.weight.exp_avg_sq").dtype == torch.float32
 
-    calls, original = {"n": 0}, DSLModel.loss
-
-    def dying_loss(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 16:
-            raise KeyboardInterrupt
-        return original(self, *args, **kwargs)
-
-    DSLModel.loss = dying_loss
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train_dsl(small_model(), data, settings("bfloat16"), tmp_path / "cut", torch.device("cpu"))
-    finally:
-        DSLModel.loss = original
+    train_until_interrupted(data, settings("bfloat16"), tmp_path / "cut")
     train_dsl(small_model(seed=99), data, settings("bfloat16"), tmp_path / "cut", torch.device("cpu"))
     a, b = load_dsl(tmp_path / "full").state_dict(), load_dsl(tmp_path / "cut").state_dict()
     for key in a:
