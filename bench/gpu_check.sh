@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU figures of geoprobe on one H200, in one run estimated at 8-10 minutes (not yet measured), on the paths a
-# user's run takes:
+# The GPU figures of geoprobe on one H200, in one run estimated at 8-10 minutes (not yet
+# measured), on the paths a user's run takes:
 #   fixture   a random-weight Llama-3.1-8B-Instruct built on the machine (no network there), with
 #             its real vocabulary size (128,256) and one massive channel (the second geometry
 #             pass runs, as on a real model);

@@ -429,15 +429,14 @@ def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Pat
                               dtype=dtype)
     cfg = replace(shape, vocab_size=len(tok))
     model = DSLModel(cfg, table_init=pca_table(tokenizer, len(tok), cfg.d_tok) if table_init == "pca" else None,
-                     seed=seed)
+                     seed=seed, dtype=dtype)
     if init is not None:
         start = load_dsl(init)
         if load_saved_tokenizer(init).get_vocab() != tok.get_vocab():
             raise BadInput(f"tokenizer mismatch: {init} was trained with another vocabulary than --tokenizer {tokenizer}")
         if start.cfg != cfg:
             raise BadInput(f"--init {init} has another model shape ({start.cfg}) than the flags ask for")
-        model.load_state_dict(start.state_dict())
-    model.network_to(dtype)
+        model.load_state_dict(start.state_dict())  # cast into the network's dtype as it is copied
     return model
 
 

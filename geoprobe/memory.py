@@ -53,8 +53,8 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     float32 (weights, gradients, AdamW's two moments, the EMA copy), 14 with bfloat16 weights,
     gradients and EMA beside float32 moments (bridges.optim); the d_tok-wide token table always
     20 (the plateau rule's best weights, and the live ones while the EMA's are scored, wait on the
-    host). Then the activations backward keeps (twice each
-    block's working set at the weights' width, the prepended BOS position included) and the
+    host). Then the activations backward keeps (twice each block's working set at the weights'
+    width, the prepended BOS position included) and the
     vocabulary-wide tensors per token: four float32 ones (the converter's posterior and its
     gradient, the logits and theirs), and with bfloat16 weights five bfloat16 ones (the posterior
     cast for the embedding product and its gradient, the network's logits and their gradient,

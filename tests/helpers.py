@@ -53,6 +53,10 @@ def flags(settings: dict) -> list[str]:
 
 # --- running the CLI ------------------------------------------------------------------------------
 
+# one thread per process: two processes (a killed run and its uninterrupted reference, two ranks)
+# share a 2-core machine side by side, and equal thread counts give equal bits
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
 
 def run_cli(*args, env=None, timeout=600, background=False):
     """Run `python -m geoprobe ARGS` in a fresh process, as a user would: the finished process

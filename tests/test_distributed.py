@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
 from geoprobe.store import read_journal
 from tests import distributed_worker
-from tests.helpers import all_rows, read_json, run_cli, write_corpus
+from tests.helpers import ONE_THREAD, all_rows, read_json, run_cli, write_corpus
 
 
 def free_port() -> int:
@@ -93,7 +93,7 @@ def test_two_rank_geometry_equals_one_rank(tmp_path, make):
 # --- whole commands under torchrun (2 CPU processes, gloo) ----------------------------------
 
 def torchrun(*args, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **ONE_THREAD}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                f"--master-port={free_port()}", "-m", "geoprobe", "-q", *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -108,14 +108,14 @@ def scan_args(tiny_models, tmp_path_factory):
 
 def test_two_rank_scan_equals_one_rank_scan(tmp_path, scan_args):
     # the one-process reference on one core while the ranks started by hand (below) use the other
-    single = run_cli("-q", *scan_args, "--out", tmp_path / "one", background=True, env={"OMP_NUM_THREADS": "1"})
+    single = run_cli("-q", *scan_args, "--out", tmp_path / "one", background=True, env=ONE_THREAD)
     # ranks started by hand, one after the other: the first stops after its shards, the last computes the
     # geometry alone (they share no process group), equal to one process's
     first = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 0, "--world-size", 2,
-                    env={"OMP_NUM_THREADS": "1"})
+                    env=ONE_THREAD)
     assert first.returncode != 0 and "rerun the remaining ranks" in first.stderr
     last = run_cli("-q", *scan_args, "--out", tmp_path / "hand", "--rank", 1, "--world-size", 2,
-                   env={"OMP_NUM_THREADS": "1"})
+                   env=ONE_THREAD)
     assert last.returncode == 0, last.stderr[-3000:]
     assert single.wait(timeout=600) == 0, single.stderr.read()
     double = torchrun(*scan_args, "--out", tmp_path / "two")

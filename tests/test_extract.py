@@ -16,8 +16,8 @@ from geoprobe.capture import capture
 from geoprobe.backbone import parse_layers
 from geoprobe.extract import ExtractConfig, extract
 from geoprobe.store import RunReader, read_manifest, state_array
-from tests.helpers import (all_rows, assert_one_line_error, build_model, interrupted_copy, invoke, read_json,
-                           run_cli, write_corpus)
+from tests.helpers import (ONE_THREAD, all_rows, assert_one_line_error, build_model, interrupted_copy, invoke,
+                           read_json, run_cli, write_corpus)
 
 
 def cfg_for(folder, corpus, **kw):
@@ -116,9 +116,9 @@ def test_kill_9_then_resume(tmp_path, tiny_models):
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
     args = ["--quiet", "extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 30000, "--seq-len", 64,
             "--shard-rows", 256, "--batch-size", 1, "--device", "cpu"]
-    one_thread = {"OMP_NUM_THREADS": "1"}  # the reference runs beside the victim on the other core, same bits
-    clean = run_cli(*args, "--out", tmp_path / "clean", background=True, env=one_thread)
-    victim = run_cli(*args, "--out", tmp_path / "killed", background=True, env=one_thread)
+    # the uninterrupted reference runs beside the victim on the other core
+    clean = run_cli(*args, "--out", tmp_path / "clean", background=True, env=ONE_THREAD)
+    victim = run_cli(*args, "--out", tmp_path / "killed", background=True, env=ONE_THREAD)
     manifest_path = tmp_path / "killed" / "manifest.json"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -130,7 +130,7 @@ def test_kill_9_then_resume(tmp_path, tiny_models):
     assert len(read_json(manifest_path)["shards"]) == 0  # the journal, not the manifest, grows per shard
     interrupted = read_manifest(manifest_path.parent)
     assert interrupted["status"] == "running" and 2 <= len(interrupted["shards"])
-    done = run_cli(*args, "--out", tmp_path / "killed", env=one_thread)
+    done = run_cli(*args, "--out", tmp_path / "killed", env=ONE_THREAD)
     assert done.returncode == 0, done.stderr
     assert clean.wait(timeout=600) == 0, clean.stderr.read()
     assert all_rows(tmp_path / "killed").equals(all_rows(tmp_path / "clean"))

@@ -21,12 +21,10 @@ from safetensors.torch import load_file
 
 from geoprobe.files import LOCK
 from geoprobe.store import RunReader, read_manifest
-from tests.helpers import (SCAN, all_rows, assert_one_line_error, copy_run, invoke, read_json, run_cli,
+from tests.helpers import (ONE_THREAD, SCAN, all_rows, assert_one_line_error, copy_run, invoke, read_json, run_cli,
                            write_corpus)
 
-# one thread per process: a kill test's uninterrupted reference runs beside its victim on the other
-# core (started first, `reference`), and both compute with the same thread count, so their bits agree
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# a kill test's uninterrupted reference (started first) runs beside its victim, both ONE_THREAD
 
 
 def start(args) -> subprocess.Popen:
