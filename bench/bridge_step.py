@@ -1,13 +1,15 @@
-"""Where a bridge training step spends its time: the teacher prefix (frozen blocks 1..l with
-early stop), the bridge (converter, source mixing, forward and backward), the optimizer (AdamW +
-EMA). Target (issue 4): the teacher costs <= 25% of a step at l <= N/4 on the tiny benchmark
-model (Llama d=256, 8 layers, so l = 2).
+"""A bridge's training step from the cached teacher states (bridges/states.py, what `bridge` and
+`sweep` do now) against the same step with the teacher prefix re-run on every batch (what they
+did before), side by side in one run, and the step's achieved FLOP/s against this machine's own
+GEMM rate measured in the same run. Target (issue 31): >= 5x the old sweep's 500 tokens/s on
+SmolLM2 layer 12 at the default bridge shape.
 
-    python bench/bridge_step.py                                          # the tiny benchmark model
-    python bench/bridge_step.py --model builtin:smollm2 --corpus kjv --layer 3 --steps 10   # issue 12's figure
+    python bench/bridge_step.py                                      # the tiny benchmark model, layer 2
+    python bench/bridge_step.py --model builtin:smollm2 --corpus kjv --layer 12 --batch 2 --seq 256   # the sweep's
 
-Each run measures the converter over the whole vocabulary (--vocab all, the old path) and over
-the corpus's tokens (--vocab corpus, the default) side by side.
+Both variants run the library's own loss (bridges.fit.objective) with the same draws, the same
+network and a fused AdamW step; only where h_l comes from differs. FLOPs are counted by
+torch.utils.flop_counter on one step (matrix products and attention: what a GEMM rate bounds).
 """
 
 from __future__ import annotations
@@ -22,14 +24,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import tiny_llama
 
-from bridges.channel import channel, draw_snr
-from bridges.fit import BlockBatches, corpus_support, fit_statistics, positions_weight
-from bridges.train import mixed_precision
+from bridges.fit import corpus_support, draw_conditions, fit_statistics, objective, training_loss
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
+from bridges.states import teacher_states
+from bridges.train import Shard, mixed_precision, step_generator
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.extract import pad_batch
 
-BATCH, SEQ = 8, 128
+
+def on_the_fly_loss(bridge, teacher, states, batch_size):
+    """The old step: the same draws as training_loss, h_l from the frozen prefix on the batch."""
+    split = states.train
+
+    def loss_fn(model, generator, shard):
+        chosen = torch.randint(0, len(split), (batch_size,), generator=generator).tolist()
+        ids, mask = pad_batch([split.blocks[i] for i in chosen], 0, teacher.backbone.input_device)
+        draws = draw_conditions(model.cfg, batch_size, ids.shape[1], generator)
+        target = teacher.states(ids, mask)[1]
+        return objective(model, teacher, ids, mask, target, draws)
+
+    return loss_fn
+
+
+def timed(bridge, loss_fn, steps: int, tokens_per_step: int) -> float:
+    """Tokens per second over `steps` optimiser steps, after two warm-up steps."""
+    params = [p for p in bridge.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    autocast = mixed_precision(torch.device("cpu"))
+    for step in range(steps + 2):
+        if step == 2:
+            began = time.perf_counter()
+        with autocast:
+            loss = loss_fn(bridge, step_generator(0, step), Shard())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return steps * tokens_per_step / (time.perf_counter() - began)
+
+
+def step_flops(bridge, loss_fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss_fn(bridge, step_generator(0, 0), Shard()).backward()
+    bridge.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def gemm_rate(n: int, repeats: int = 5) -> float:
+    """This machine's float32 GEMM FLOP/s (bf16 where training autocasts to it) at n x n x n."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    with mixed_precision(torch.device("cpu")):
+        a @ b
+        began = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+    return 2 * n ** 3 * repeats / (time.perf_counter() - began)
 
 
 def main():
@@ -39,79 +91,47 @@ def main():
     parser.add_argument("--model", help="a backbone (default: the tiny benchmark Llama)")
     parser.add_argument("--corpus", help="its corpus (default: the benchmark's)")
     parser.add_argument("--layer", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--vocab", default="all,corpus", help="the converter vocabularies to compare")
-    parser.add_argument("--precision", default="auto", choices=["auto", "float32"],
-                        help="auto: bf16 products where the CPU has them natively, as training does")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--pool", type=int, default=32, help="training blocks whose states are cached")
     args = parser.parse_args()
-    LAYER, STEPS = args.layer, args.steps
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
     model, corpus = tiny_llama(work, n_docs=200) if args.model is None else (args.model, args.corpus)
     backbone = load_backbone(str(model), device="cpu")
-    blocks = list(iter_blocks(read_documents(str(corpus)), backbone.tokenizer, SEQ, seed=0))
-    batches = BlockBatches(blocks, 0, backbone.input_device)
-    teacher = Teacher(backbone, LAYER)
+    blocks = [b for b in iter_blocks(read_documents(str(corpus)), backbone.tokenizer, args.seq, seed=0)
+              if len(b.tokens) == args.seq][:args.pool + 4]
+    began = time.perf_counter()
+    states = teacher_states(backbone, blocks[:args.pool], [], blocks[args.pool:], [args.layer])
+    cache_seconds = time.perf_counter() - began
     support = corpus_support(blocks, backbone.tokenizer)
-    print(f"{args.model or 'tiny Llama d=256, 8 layers'} (vocabulary {backbone.config.vocab_size:,}, "
-          f"{len(support):,} in the corpus), bridge at layer {LAYER}, bridge d_model 256 x 4 blocks, batch {BATCH} x "
-          f"{SEQ}, {STEPS} steps, torch threads {torch.get_num_threads()}")
-    print("  source = the converter's posterior and the embedding mixture (forward); network = the bridge's loss "
-          "forward and the whole backward")
-    results = {vocab: measure(vocab, teacher, batches, support, backbone, STEPS, args.precision)
-               for vocab in args.vocab.split(",")}
-    for vocab, (tokens_per_s, ms, times) in results.items():
-        total = sum(times.values())
-        print(f"--vocab {vocab}: {tokens_per_s:,.0f} tokens/s, {ms:.1f} ms/step, teacher share "
-              f"{times['teacher'] / total:.1%} (target <= 25%)")
-        for name, seconds in times.items():
-            print(f"  {name:9s}: {1000 * seconds / STEPS:7.1f} ms/step  {seconds / total:6.1%}")
-    if len(results) == 2:
-        print(f"corpus / all: {results['corpus'][0] / results['all'][0]:.2f}x tokens/s")
+    cfg = BridgeConfig(layer=args.layer, vocab_size=backbone.config.vocab_size, hidden_size=backbone.hidden_size,
+                       support_size=len(support))
+    bridge = HiddenBridge(cfg)
+    bridge.set_support(support)
+    fit_statistics(bridge, states)
+    teacher = Teacher(backbone, args.layer)
+    tokens = args.batch * args.seq
+    print(f"{args.model or 'tiny Llama d=256, 8 layers'}, bridge at layer {args.layer} of {backbone.num_layers}: "
+          f"{cfg.d_model} wide x {cfg.n_layers} blocks, batch {args.batch} x {args.seq}, {args.steps} steps, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"teacher pass: {args.pool + 4} blocks at layers 0 and {args.layer} in {cache_seconds:.1f} s "
+          f"({(args.pool + 4) * args.seq / cache_seconds:,.0f} tokens/s), {states.nbytes / 1e6:.0f} MB")
+    cached_loss = training_loss(bridge, teacher, states, args.batch)
+    fly_loss = on_the_fly_loss(bridge, teacher, states, args.batch)
+    flops = {name: step_flops(bridge, fn) for name, fn in (("cached", cached_loss), ("on the fly", fly_loss))}
+    rates = {}
+    for name, fn in (("on the fly", fly_loss), ("cached", cached_loss)):  # alternated twice: the better of each
+        rates[name] = max(timed(bridge, fn, args.steps, tokens) for _ in range(2))
+    gemm = gemm_rate(1024)
+    for name, rate in rates.items():
+        achieved = flops["cached"] * rate / tokens  # the bridge's own work per second
+        print(f"  {name:10s}: {rate:8,.0f} tokens/s  step {1000 * tokens / rate:7.1f} ms  "
+              f"{flops[name] / 1e9:6.2f} GFLOP/step  bridge work {achieved / 1e9:6.1f} GFLOP/s "
+              f"= {achieved / gemm:.0%} of the GEMM rate")
+    print(f"  GEMM 1024^3 in the training precision: {gemm / 1e9:.1f} GFLOP/s")
+    print(f"cached / on the fly: {rates['cached'] / rates['on the fly']:.2f}x tokens/s")
 
-
-def measure(vocab, teacher, batches, support, backbone, steps, precision="auto"):
-    """Tokens/s and the per-part seconds of `steps` training steps (after 3 warm-up steps), with
-    the converter over the corpus's tokens or the whole vocabulary; clean rows as in training."""
-    bridge = HiddenBridge(BridgeConfig(layer=teacher.layer, vocab_size=backbone.config.vocab_size,
-                                       hidden_size=backbone.hidden_size, d_model=256, n_layers=4, vocab=vocab,
-                                       support_size=len(support) if vocab == "corpus" else 0, precision=precision))
-    if vocab == "corpus":
-        bridge.set_support(support)
-    fit_statistics(bridge, teacher, batches, BATCH, 0)
-    params = [p for p in bridge.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)  # as the training loop does on a CPU
-    ema = [p.detach().clone() for p in params]
-    times = {"teacher": 0.0, "source": 0.0, "network": 0.0, "optimizer": 0.0}
-    tokens = 0
-    for step in range(steps + 3):
-        g = torch.Generator().manual_seed(step)
-        ids, mask = batches.draw(BATCH, g)
-        t0 = time.perf_counter()
-        h0, hl = teacher.states(ids, mask)
-        t1 = time.perf_counter()
-        snr = draw_snr("mixed", ids.shape, generator=g)
-        clean = torch.rand(BATCH, generator=g) < bridge.cfg.clean_frac
-        z = channel(bridge.table(), ids, snr, generator=g)
-        a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, clean)
-        t_source = time.perf_counter()
-        with mixed_precision(torch.device("cpu"), precision):  # as the training loop does
-            loss = bridge.loss(a, hl, positions_weight(mask), g)
-        optimizer.zero_grad()
-        loss.backward()
-        t2 = time.perf_counter()
-        optimizer.step()
-        with torch.no_grad():
-            for e, p in zip(ema, params):
-                e.lerp_(p, 0.01)
-        t3 = time.perf_counter()
-        if step >= 3:  # warm-up excluded
-            times["teacher"] += t1 - t0
-            times["source"] += t_source - t1
-            times["network"] += t2 - t_source
-            times["optimizer"] += t3 - t2
-            tokens += int(mask.sum())
-    total = sum(times.values())
-    return tokens / total, 1000 * total / steps, times
 
 if __name__ == "__main__":
     main()

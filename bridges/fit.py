@@ -1,13 +1,16 @@
 """Train one hidden-state bridge at a layer of a frozen backbone, then validate it.
 
-The teacher states h_l come from the frozen prefix on the fly (early stop after block l); the
-condition SNRs from the DSL mixed distribution, with a `clean_frac` share of sequences at
-clean condition and a `tau_zero` share at tau = 0. The plateau rule watches a held-out split of
-its own and keeps the best EMA weights by it. Validation runs on other held-out blocks with a
-fixed seed and writes `metrics.json`: nmse at clean condition (1 - R^2), per-channel nmse, the
+The teacher states h_l come from a run's `TeacherStates` (bridges/states.py: the frozen prefix
+run once per run for every layer its bridges need). The condition SNRs from the DSL mixed
+distribution: a `regression_frac` share of sequences is the plain regression validation scores
+(clean condition and tau = 0 together), the rest has a `clean_frac` share at clean condition and
+a `tau_zero` share at tau = 0. The plateau rule watches the stopping split (step 0 included)
+and keeps the best EMA weights by it. Validation runs on the validation split with a fixed seed
+and writes `metrics.json`: nmse at clean condition (1 - R^2) and per-channel nmse, both for the
+K-step sampler (the bridge as sampled) and its first step alone (the tau = 0 prediction), the
 upper stack's next-token cross-entropy on the reconstruction (`ce`) and on the true states
-(`ref_ce`), their difference, nmse averaged over a grid of condition SNRs, and the training
-objective itself.
+(`ref_ce`, once per run), their difference, nmse averaged over a grid of condition SNRs, and
+the training objective itself.
 """
 
 from __future__ import annotations
@@ -23,30 +26,33 @@ from bridges.channel import channel, draw_snr
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
 from bridges.nn import full_precision
 from bridges.checkpoint import CONFIG, METRICS, load_weights, read_config, save_config, write_record
+from bridges.states import Split, TeacherStates
 from bridges.train import TrainConfig, train, training_summary
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-from geoprobe.extract import pad_batch
 from geoprobe.geometry import GeometrySettings
 from geoprobe.store import differing_keys
 
 NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+STATISTICS_ROWS = 65_536  # training positions the standardisation and the carry are fitted on
 
 
 def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: str, eval_every: int,
                     precision: str = "auto") -> TrainConfig:
-    """A bridge run's training settings, checked: warmup a tenth of the steps, EMA 0.99 (a bridge
-    trains for hundreds of steps, not the DSL's thousands), checkpoints every <= 100 steps, and
-    with `until` "plateau" the plateau rule every `eval_every` steps (default steps/40) from 5
-    evaluations or twice the warmup on."""
+    """A bridge run's training settings, checked: warmup a tenth of the steps (at most 100), EMA
+    0.99 (a bridge trains for hundreds of steps, not the DSL's thousands), checkpoints every <=
+    100 steps, and with `until` "plateau" a constant rate after the warmup and the plateau rule
+    every `eval_every` steps (default steps/40) from 5 evaluations or twice the warmup on; with
+    "steps" a cosine to zero over exactly `steps`."""
     if until not in ("plateau", "steps"):
         raise BadInput(f"--until must be plateau or steps, got {until!r}")
-    warmup = max(1, steps // 10)
+    warmup = max(1, min(100, steps // 10))
     every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                       save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
-                      min_steps=max(2 * warmup, 5 * every), precision=precision)
+                      min_steps=max(2 * warmup, 5 * every), precision=precision,
+                      schedule="constant" if until == "plateau" else "cosine")
     cfg.validate()
     return cfg
 
@@ -58,24 +64,8 @@ def positions_weight(mask: torch.Tensor) -> torch.Tensor:
     return weight
 
 
-class BlockBatches:
-    """Padded batches of corpus blocks on the backbone's device."""
-
-    def __init__(self, blocks, pad_id: int, device):
-        if not blocks:
-            raise BadInput("no training blocks: the corpus is empty or too short")
-        self.blocks, self.pad_id, self.device = blocks, pad_id, device
-
-    def pick(self, size: int, generator: torch.Generator) -> list:
-        """`size` blocks drawn uniformly with replacement."""
-        return [self.blocks[i] for i in torch.randint(0, len(self.blocks), (size,), generator=generator).tolist()]
-
-    def draw(self, size: int, generator: torch.Generator):
-        return pad_batch(self.pick(size, generator), self.pad_id, self.device)
-
-    def fixed(self, size: int):
-        for start in range(0, len(self.blocks), size):
-            yield pad_batch(self.blocks[start:start + size], self.pad_id, self.device)
+def pad_id_of(backbone) -> int:
+    return backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
 
 
 def corpus_support(blocks, tokenizer) -> torch.Tensor:
@@ -85,29 +75,47 @@ def corpus_support(blocks, tokenizer) -> torch.Tensor:
     return torch.from_numpy(ids.astype(np.int64))
 
 
-def fit_statistics(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int, seed: int,
-                   passes: int = 8) -> None:
-    g = torch.Generator().manual_seed(seed)
-    sources, targets = [], []
-    for _ in range(passes):
-        ids, mask = batches.draw(batch_size, g)
-        h0, hl = teacher.states(ids, mask)
-        keep = positions_weight(mask).bool()
-        sources.append(h0[keep])
-        targets.append(hl[keep])
-    bridge.set_statistics(torch.cat(sources), torch.cat(targets))
+def generated_rows(split: Split) -> torch.Tensor:
+    """Flat indices of every block's positions >= 1 (position 0, the BOS, is the backbone's)."""
+    keep = torch.ones(len(split.ids), dtype=torch.bool)
+    keep[split.starts[:-1][split.starts[:-1] < len(split.ids)]] = False
+    return keep.nonzero(as_tuple=True)[0]
+
+
+def massive_threshold(states: torch.Tensor, massive_factor: float | None) -> float:
+    """The norm above which a row is massive by the scan's rule (inf without one)."""
+    if not massive_factor:
+        return float("inf")
+    return float(massive_factor * states.norm(dim=1).median())
+
+
+def fit_statistics(bridge: HiddenBridge, states: TeacherStates, massive_factor: float | None = None,
+                   rows: int = STATISTICS_ROWS) -> None:
+    """The bridge's standardisation, carry and massive-row norm from (at most `rows`, evenly
+    spaced) generated training positions, the massive ones left out as validation leaves them."""
+    layer = bridge.cfg.layer
+    index = generated_rows(states.train)
+    index = index[torch.linspace(0, len(index) - 1, min(rows, len(index))).long()]
+    source, target = states.train.states[0][index], states.train.states[layer][index]
+    limit = massive_threshold(target, massive_factor)
+    keep = target.norm(dim=1) <= limit
+    device = bridge.source_mean.device
+    bridge.set_statistics(source[keep].to(device), target[keep].to(device), limit)
 
 
 def draw_conditions(cfg: BridgeConfig, batch: int, length: int, generator: torch.Generator) -> dict:
     """The random numbers of one evaluation of the bridge's objective, for a whole (global) batch,
     always in this order: condition SNRs from the DSL mixed distribution, which sequences sit at
-    clean condition, the channel noise, tau (0 for a `tau_zero` share, else U[0, 1]) and the
-    bridge noise (drawn last, and only when sigma_b > 0: skipping it changes nothing else)."""
+    clean condition, the channel noise, tau (0 for a `tau_zero` share, else U[0, 1]), which
+    sequences are the plain regression (clean and tau = 0: `regression_frac`), and the bridge
+    noise (drawn last, and only when sigma_b > 0: skipping it changes nothing else)."""
     snr = draw_snr("mixed", (batch, length), generator=generator)
     clean = torch.rand(batch, generator=generator) < cfg.clean_frac
     noise = torch.randn((batch, length, cfg.d_tok), generator=generator)
     tau = torch.rand(batch, generator=generator)
     tau = torch.where(torch.rand(batch, generator=generator) < cfg.tau_zero, torch.zeros_like(tau), tau)
+    regression = torch.rand(batch, generator=generator) < cfg.regression_frac
+    clean, tau = clean | regression, torch.where(regression, torch.zeros_like(tau), tau)
     eps = torch.randn((batch, length, cfg.hidden_size), generator=generator) if cfg.sigma_b > 0 else None
     return {"snr": snr, "clean": clean, "noise": noise, "tau": tau, "eps": eps}
 
@@ -124,58 +132,82 @@ def objective(model: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: to
     return model.loss(a, target, positions_weight(mask), tau=draws["tau"], eps=draws["eps"], denominator=denominator)
 
 
-def training_loss(bridge: HiddenBridge, teacher: Teacher, batches: BlockBatches, batch_size: int):
-    """The loss of one step. Every random number is drawn for the global batch and a rank keeps
-    its rows (`shard`), padded to the global batch's length: any world size computes the same
-    loss, and the frozen backbone runs only on the rank's own rows."""
+def training_loss(bridge: HiddenBridge, teacher: Teacher, states: TeacherStates, batch_size: int):
+    """The loss of one step, from the cached teacher states. Every random number is drawn for the
+    global batch and a rank keeps its rows (`shard`), padded to the global batch's length: any
+    world size computes the same loss."""
+    train_split, layer = states.train, bridge.cfg.layer
+    pad_id, device = pad_id_of(teacher.backbone), teacher.backbone.input_device
+
     def loss_fn(model, generator, shard):
-        chosen = batches.pick(batch_size, generator)
-        length = max(len(b.tokens) for b in chosen)
-        positions = sum(len(b.tokens) - 1 for b in chosen)  # what positions_weight keeps, whole batch
-        ids, mask = pad_batch(shard.rows(chosen), batches.pad_id, batches.device, length=length)
+        chosen = torch.randint(0, len(train_split), (batch_size,), generator=generator).tolist()
+        length = max(len(train_split.blocks[i].tokens) for i in chosen)
+        positions = sum(len(train_split.blocks[i].tokens) - 1 for i in chosen)  # positions_weight's, whole batch
+        ids, mask, got = train_split.batch(shard.rows(chosen), (layer,), pad_id, device, length=length)
         draws = {k: None if v is None else shard.rows(v)
                  for k, v in draw_conditions(model.cfg, batch_size, length, generator).items()}
-        with full_precision(ids.device):  # the target in float32, as validation's
-            target = teacher.states(ids, mask)[1]
-        return objective(model, teacher, ids, mask, target, draws, denominator=max(positions, 1) / shard.count)
+        return objective(model, teacher, ids, mask, got[layer], draws, denominator=max(positions, 1) / shard.count)
 
     return loss_fn
 
 
 def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, target: torch.Tensor,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h^ at clean condition, position offsets); position 0 (BOS) is the backbone's, never generated."""
+                generator: torch.Generator, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h^ at clean condition after `steps` sampler steps, position offsets); position 0 (BOS) is
+    the backbone's, never generated."""
     offsets = teacher.offsets(ids.shape[1])
     clean = torch.ones(len(ids), dtype=torch.bool)  # on the host, as source() wants it
     z = torch.zeros(*ids.shape, bridge.cfg.d_tok, device=ids.device)
-    h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), generator=generator)
+    h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), steps=steps, generator=generator)
     h_hat[:, 0] = target[:, 0]
     return h_hat, offsets
+
+
+def state_losses(target: torch.Tensor, error: torch.Tensor) -> dict:
+    """nmse = sum |h^ - h|^2 / sum |h - mean|^2 and nmse_dim = the mean over varying channels of
+    that ratio per channel, for (n, d) targets and squared errors (float64)."""
+    var_dim = ((target - target.mean(0)) ** 2).sum(0)
+    total_var = float(var_dim.sum())
+    varying = var_dim > 1e-12 * total_var  # a constant channel has nothing to reconstruct
+    err_dim = error.sum(0)
+    return {"nmse": float(err_dim.sum()) / total_var,
+            "nmse_dim": float((err_dim[varying] / var_dim[varying]).mean())}
+
+
+def scored_rows(target: torch.Tensor, massive_factor: float | None) -> torch.Tensor:
+    """Validation's rows: those whose norm is within `massive_factor` times the median (all with None)."""
+    norms = target.norm(dim=1)
+    return norms <= massive_factor * norms.median() if massive_factor else torch.ones_like(norms, dtype=torch.bool)
 
 
 MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for massive rows
 
 
 @torch.no_grad()
-def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_size: int, seed: int = 0,
-             full: bool = True, massive_factor: float | None = MASSIVE_FACTOR) -> dict:
-    """Validation losses on fixed held-out blocks, with a fixed seed. `full=False` computes the
-    clean-condition nmse and nmse_dim only (what the stopping rule watches); `full` adds the rest.
+def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int = 0,
+             full: bool = True, massive_factor: float | None = MASSIVE_FACTOR, ref_ce: float | None = None) -> dict:
+    """Validation losses on a fixed held-out split of cached states, with a fixed seed.
+    `full=False` computes the clean-condition nmse and nmse_dim of the K-step sampler only (what
+    the stopping rule watches); `full` adds the rest, `ref_ce` (the frozen model's own loss,
+    computed once per run) given.
 
-    The state losses (nmse, nmse_dim, nmse_noisy) score the positions >= 1 whose true state is
-    not massive (norm above `massive_factor` times the median norm: the scan's rule, so the
-    bridge is scored on the states the geometry measured; None scores every position, as a scan
-    with massive rows kept). ce and the objective are over every position >= 1.
-    nmse = sum |h^ - h|^2 / sum |h - mean|^2 (scalar standardisation: a channel with most of the
-    variance dominates both sums); nmse_dim = the mean over channels of that ratio
-    taken per channel (each channel standardised by its own variance, so no single channel
-    dominates); objective = the training loss itself (over tau and condition SNR, seeded draws)."""
+    The state losses (nmse, nmse_dim, their `_1step` versions: the tau = 0 prediction alone, and
+    nmse_noisy) score the positions >= 1 whose true state is not massive (norm above
+    `massive_factor` times the median norm: the scan's rule, so the bridge is scored on the
+    states the geometry measured; None scores every position, as a scan with massive rows kept).
+    ce and the objective are over every position >= 1. nmse = sum |h^ - h|^2 / sum |h - mean|^2
+    (scalar standardisation: a channel with most of the variance dominates both sums); nmse_dim =
+    the mean over channels of that ratio taken per channel (each channel standardised by its own
+    variance, so no single channel dominates); objective = the training loss itself (over tau and
+    condition SNR, seeded draws)."""
     g = torch.Generator().manual_seed(seed)
     layer = bridge.cfg.layer
-    targets, errors, noisy, rounded = [], [], {s: [] for s in NOISY_SNRS}, []
-    sums = {"ce": 0.0, "ref_ce": 0.0, "ce_count": 0.0, "objective": 0.0, "objective_count": 0.0}
-    for ids, mask in val.fixed(batch_size):
-        hl = teacher.states(ids, mask)[1]
+    one_step = full and bridge.cfg.bridge_steps > 1
+    targets, errors, errors_1, noisy, rounded = [], [], [], {s: [] for s in NOISY_SNRS}, []
+    sums = {"ce": 0.0, "ce_count": 0.0, "objective": 0.0, "objective_count": 0.0}
+    device = teacher.backbone.input_device
+    for ids, mask, got in split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), device):
+        hl = got[layer]
         h_hat, offsets = reconstruct(bridge, teacher, ids, hl, g)
         weight = positions_weight(mask)
         keep = weight.bool()
@@ -183,6 +215,8 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
         errors.append(((h_hat - hl) ** 2)[keep].cpu())
         if not full:
             continue
+        if one_step:
+            errors_1.append(((reconstruct(bridge, teacher, ids, hl, g, steps=1)[0] - hl) ** 2)[keep].cpu())
         draws = draw_conditions(bridge.cfg, *ids.shape, g)
         sums["objective"] += float(objective(bridge, teacher, ids, mask, hl, draws) * weight.sum())
         sums["objective_count"] += float(weight.sum())
@@ -193,55 +227,54 @@ def validate(bridge: HiddenBridge, teacher: Teacher, val: BlockBatches, batch_si
             rounded.append((nearest == ids)[keep].cpu())
         # next-token cross-entropy of the frozen upper stack: position i predicts i + 1
         pair = mask[:, 1:].float()
-        for key, states in (("ce", h_hat), ("ref_ce", hl)):
-            final = teacher.backbone.final_from(layer, states, attention_mask=mask)[:, :-1]
-            ce = teacher.backbone.token_losses(final, ids[:, 1:])  # the head in chunks: no B x L x V tensor
-            sums[key] += float((ce * pair).sum())
+        final = teacher.backbone.final_from(layer, h_hat, attention_mask=mask)[:, :-1]
+        sums["ce"] += float((teacher.backbone.token_losses(final, ids[:, 1:]) * pair).sum())  # the head in chunks
         sums["ce_count"] += float(pair.sum())
         for s in NOISY_SNRS:
             z = channel(bridge.table(), ids, torch.full(ids.shape, s, device=ids.device), generator=g)
             noisy_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets), generator=g)
             noisy[s].append(((noisy_hat - hl) ** 2).sum(-1)[keep].cpu())
     target = torch.cat(targets).double()
-    norms = target.norm(dim=1)
-    scored = norms <= massive_factor * norms.median() if massive_factor else torch.ones_like(norms, dtype=torch.bool)
-    target, error = target[scored], torch.cat(errors).double()[scored]
-    var_dim = ((target - target.mean(0)) ** 2).sum(0)
-    total_var = float(var_dim.sum())
-    nmse = float(error.sum()) / total_var
-    varying = var_dim > 1e-12 * total_var  # a constant channel has nothing to reconstruct
-    err_dim = error.sum(0)
-    nmse_dim = float((err_dim[varying] / var_dim[varying]).mean())
+    scored = scored_rows(target, massive_factor)
+    target = target[scored]
+    losses = state_losses(target, torch.cat(errors).double()[scored])
     if not full:
-        return {"layer": layer, "nmse": nmse, "nmse_dim": nmse_dim}
-    ce, ref_ce = sums["ce"] / sums["ce_count"], sums["ref_ce"] / sums["ce_count"]
+        return {"layer": layer, **losses}
+    if one_step:
+        losses.update({f"{k}_1step": v for k, v in state_losses(target, torch.cat(errors_1).double()[scored]).items()})
+    else:
+        losses.update(nmse_1step=losses["nmse"], nmse_dim_1step=losses["nmse_dim"])
+    total_var = float(((target - target.mean(0)) ** 2).sum())
+    ce = sums["ce"] / sums["ce_count"]
     by_snr = {str(s): float(torch.cat(v).double()[scored].sum()) / total_var for s, v in noisy.items()}
-    return {"layer": layer, "nmse": nmse, "nmse_dim": nmse_dim,
-            "ce": ce, "ref_ce": ref_ce, "delta_ce": ce - ref_ce,
+    return {"layer": layer, **losses, "ce": ce, "ref_ce": ref_ce, "delta_ce": None if ref_ce is None else ce - ref_ce,
             "nmse_noisy": sum(by_snr.values()) / len(by_snr), "nmse_by_snr": by_snr,
             "objective": sums["objective"] / sums["objective_count"],
             "val_positions": int(scored.sum()), "val_massive_rows": int((~scored).sum()), "val_seed": seed,
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
 
 
-def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig, train_cfg: TrainConfig,
-               out: Path, identity: dict, progress=None, world: World = SINGLE, stop_blocks=None,
-               massive_factor: float | None = MASSIVE_FACTOR) -> dict:
-    """Train (or resume) the bridge at `layer` into `out`, validate, write metrics and the curve
-    (with several ranks: data parallel; rank 0 writes every file).
+def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, train_cfg: TrainConfig,
+               out: Path, identity: dict, progress=None, world: World = SINGLE,
+               massive_factor: float | None = MASSIVE_FACTOR, controls: dict | None = None) -> dict:
+    """Train (or resume) the bridge at `layer` into `out` from the run's cached teacher states,
+    validate, write metrics and the curve (with several ranks: data parallel; rank 0 writes every
+    file).
 
-    `stop_blocks` (held-out blocks never reported) drive the plateau rule on the per-channel nmse
-    (the primary loss; the scalar nmse is dominated by massive channels), whose best EMA weights
-    are the ones kept and validated on `val_blocks`; without them the rule watches `val_blocks`.
+    The plateau rule watches the per-channel nmse (the primary loss; the scalar nmse is dominated
+    by massive channels) on the stopping split (held-out blocks never reported; the validation
+    split when there is none), and its best EMA weights are the ones kept and validated.
+    `controls` (the layer's closed-form controls, `bridges.controls.layer_controls`) go into
+    metrics.json beside the bridge's losses, with whether the bridge beats the token lookup.
     A directory holding a bridge trained with other settings is refused, naming the keys that
     differ: its weights are never handed back under new settings."""
     out = Path(out)
+    if layer not in states.layers:
+        raise BadInput(f"layer {layer} is not among the cached teacher states (layers {list(states.layers)})")
     teacher = Teacher(backbone, layer)
     device = backbone.input_device
-    pad_id = backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
-    batches, val = BlockBatches(train_blocks, pad_id, device), BlockBatches(val_blocks, pad_id, device)
-    support = corpus_support([*train_blocks, *val_blocks, *(stop_blocks or [])], backbone.tokenizer) \
-        if cfg.vocab == "corpus" else None
+    blocks = [*states.train.blocks, *states.stop.blocks, *states.val.blocks]
+    support = corpus_support(blocks, backbone.tokenizer) if cfg.vocab == "corpus" else None
     if support is not None:
         cfg = replace(cfg, support_size=len(support))
     record = {"network": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
@@ -262,21 +295,26 @@ def fit_bridge(backbone, layer: int, train_blocks, val_blocks, cfg: BridgeConfig
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
     if support is not None:
         bridge.set_support(support.to(device))
-    fit_statistics(bridge, teacher, batches, train_cfg.batch_size, train_cfg.seed)
+    fit_statistics(bridge, states, massive_factor)
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
         budget = {"steps": train_cfg.steps, "batch_size": train_cfg.batch_size, "seq_len": identity.get("seq_len")}
         save_config(out, "bridge", cfg, record["training"], budget, identity)
-    watched = BlockBatches(stop_blocks, pad_id, device) if stop_blocks else val
-    trained = train(bridge, training_loss(bridge, teacher, batches, train_cfg.batch_size), train_cfg, out, device,
+    watched = states.stop if len(states.stop) else states.val
+    trained = train(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out, device,
                     progress=progress, world=world,
                     evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False,
                                                     massive_factor=massive_factor)["nmse_dim"])
     load_weights(bridge, out)  # the kept EMA weights (the best by the stopping split)
     bridge.eval()
-    metrics = validate(bridge, teacher, val, train_cfg.batch_size, massive_factor=massive_factor)
+    metrics = validate(bridge, teacher, states.val, train_cfg.batch_size, massive_factor=massive_factor,
+                       ref_ce=states.ref_ce)
     metrics.update(training_summary(trained), seed=train_cfg.seed)
-    metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in stop_blocks) if stop_blocks else 0
+    metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in states.stop.blocks)
+    if controls:
+        metrics.update(controls)
+        lookup = controls.get("control_lookup_nmse_dim")
+        metrics["beats_lookup"] = None if lookup is None else bool(metrics["nmse_dim"] < lookup)
     if world.is_main:
         write_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics

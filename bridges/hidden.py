@@ -27,6 +27,7 @@ shifted so that position i scores token x_i: any DSL sampler can generate with i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,31 +44,53 @@ from bridges.checkpoint import build_network, load_weights, read_config
 
 
 
+def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
+    """The default (width, depth, heads) of a bridge standing in for blocks 1..`layer` of a
+    d = `hidden_size` model: width d / 2 rounded up to a multiple of 64, within 128..1024 (no
+    64x input bottleneck at d = 4,096), depth 2 + layer // 4 blocks up to 6 (deeper states
+    need more update), heads of 64 channels (docs/bridge-design.md: the study behind it)."""
+    width = min(1024, max(128, 64 * math.ceil(hidden_size / 128)))
+    return width, min(6, 2 + layer // 4), width // 64
+
+
 @dataclass
 class BridgeConfig:
     layer: int
     vocab_size: int
     hidden_size: int
     d_tok: int = 64
-    # the shape: the smallest width x depth that reached its plateau on SmolLM2 at the CPU budget
-    # (docs/bridge-design.md, `python bench/bridge_design.py`: at layer 3, 64 x 1 ends at nmse_dim
-    # 0.93, 128 x 2 at 0.89 and 256 x 4 at 0.90); every command reads it from here
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
+    # the shape: 0 = bridge_shape(hidden_size, layer), a function of d and the layer
+    # (docs/bridge-design.md); every command reads it from here
+    d_model: int = 0
+    n_layers: int = 0
+    n_heads: int = 0
     sigma_b: float = 0.0
     bridge_steps: int = 8
     clean_frac: float = 0.25
     tau_zero: float = 0.5  # share of training sequences at tau = 0 (the source alone), see the module doc
+    # share of training sequences that are the plain regression validation scores: clean condition
+    # *and* tau = 0 (drawn independently, clean_frac x tau_zero was 1/8 of them); 1 = the ceiling control
+    regression_frac: float = 0.5
     residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
+    # standardisation of source and target: "channel" (each channel by its own mean and spread, so
+    # the loss weighs channels as nmse_dim does) or "scalar" (one scale per layer: older bridges)
+    scale: str = "channel"
     # the converter's vocabulary: "corpus" = the tokens of the training corpus and the specials
     # (support_size of them, ids in the `support` buffer), "all" = the backbone's whole vocabulary
     vocab: str = "corpus"
     support_size: int = 0  # 0: the whole vocabulary
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
 
+    def __post_init__(self):
+        if self.hidden_size and not (self.d_model and self.n_layers and self.n_heads):
+            width, depth, heads = bridge_shape(self.hidden_size, self.layer)
+            self.d_model = self.d_model or width
+            self.n_layers = self.n_layers or depth
+            self.n_heads = self.n_heads or max(1, self.d_model // 64)
 
-def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto") -> None:
+
+def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto",
+                       regression_frac: float = 0.5) -> None:
     """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
     if precision == "bfloat16":  # a bridge is small beside its frozen backbone: nothing to save
         raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
@@ -77,6 +100,8 @@ def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: s
         raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     if not 0 <= tau_zero <= 1:
         raise BadInput(f"--tau-zero must be in [0, 1], got {tau_zero}")
+    if not 0 <= regression_frac <= 1:
+        raise BadInput(f"--regression-frac must be in [0, 1], got {regression_frac}")
 
 
 class HiddenBridge(nn.Module):
@@ -98,19 +123,43 @@ class HiddenBridge(nn.Module):
                 nn.init.zeros_(self.out.bias)
         if cfg.support_size:
             self.register_buffer("support", torch.zeros(cfg.support_size, dtype=torch.long))
-        # standardisation of the source (layer-0 space) and the target (layer l): mean and a scalar scale
+        # standardisation of the source (layer-0 space) and the target (layer l): a mean and a
+        # scale per channel (or one scalar scale), the carry's gain per channel, and the norm above
+        # which a target row is massive (left out of the loss, as validation leaves it out)
+        shape = (d,) if cfg.scale == "channel" else ()
         for name in ("source_mean", "target_mean"):
             self.register_buffer(name, torch.zeros(d))
         for name in ("source_scale", "target_scale"):
-            self.register_buffer(name, torch.ones(()))
+            self.register_buffer(name, torch.ones(shape))
+        if cfg.scale == "channel":
+            self.register_buffer("carry_gain", torch.ones(d))
+            self.register_buffer("massive_norm", torch.tensor(float("inf")))
 
-    def set_statistics(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        """Mean and sqrt(tr(Sigma)/d) of (n, d) samples of layer 0 and layer l."""
+    def set_statistics(self, source: torch.Tensor, target: torch.Tensor, massive_norm: float = float("inf")) -> None:
+        """From (n, d) samples of layer 0 and layer l at the same positions: each channel's mean
+        and spread (or sqrt(tr(Sigma)/d) for a scalar scale) and, per channel, the least-squares
+        slope of the standardised target on the standardised source (their correlation): the
+        carry then predicts each channel as well as its source channel can, nmse_dim =
+        mean_c(1 - rho_c^2) <= 1 before any training (at layer 0, rho = 1: exact)."""
+        centred = {}
         for prefix, states in (("source", source), ("target", target)):
             mean = states.double().mean(0)
-            scale = ((states.double() - mean) ** 2).sum(1).mean().div(states.shape[1]).sqrt()
+            centred[prefix] = states.double() - mean
+            spread = centred[prefix].pow(2).mean(0)
+            scale = spread.sqrt() if self.cfg.scale == "channel" else spread.mean().sqrt()
             getattr(self, f"{prefix}_mean").copy_(mean.float())
-            getattr(self, f"{prefix}_scale").copy_(scale.float().clamp(min=1e-8))
+            getattr(self, f"{prefix}_scale").copy_(scale.float().clamp(min=1e-8 * float(scale.max()) + 1e-30))
+        if self.cfg.scale == "channel":
+            s, t = centred["source"], centred["target"]
+            gain = (s * t).mean(0) / (s.pow(2).mean(0) * t.pow(2).mean(0)).sqrt().clamp(min=1e-300)
+            self.carry_gain.copy_(gain.float())
+            self.massive_norm.fill_(massive_norm)
+
+    def scored(self, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`weight` without the massive target rows (none for a scalar-scale bridge)."""
+        if self.cfg.scale != "channel":
+            return weight
+        return weight * (target.norm(dim=-1) <= self.massive_norm)
 
     def set_support(self, ids: torch.Tensor) -> None:
         """The backbone ids the converter can put mass on (sorted, unique, `support_size` of them)."""
@@ -172,6 +221,8 @@ class HiddenBridge(nn.Module):
         update = self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
         if not self.cfg.residual:
             return update
+        if self.cfg.scale == "channel":
+            return self.carry_gain * a + update
         carried = (a * self.source_scale + self.source_mean - self.target_mean) / self.target_scale
         return carried + update
 
@@ -189,6 +240,7 @@ class HiddenBridge(nn.Module):
             eps = upload(torch.randn(a.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
             y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
         err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
+        weight = self.scored(h, weight)
         return (err * weight).sum() / (weight.sum().clamp(min=1) if denominator is None else denominator)
 
     @torch.no_grad()
@@ -302,6 +354,7 @@ class RoundingDenoiser(HybridDenoiser):
 def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = read_config(folder, "bridge")
     # older records have no skip connection and a whole-vocabulary converter
-    bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={"residual": False, "vocab": "all"}))
+    bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={
+        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0}))
     load_weights(bridge, folder)
     return bridge.to(device).eval(), record

@@ -3,8 +3,9 @@ rule), AdamW, linear warmup then cosine decay, gradient clipping, an EMA of the 
 autocast where the device computes bf16 natively (or bfloat16 weights themselves, trained with
 stochastically rounded updates: bridges/optim.py), and resumable single-file checkpoints.
 
-Plateau rule (`eval_every` > 0 and an `evaluate` function): every `eval_every` steps the EMA
-weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
+Plateau rule (`eval_every` > 0 and an `evaluate` function): the initial weights are scored
+(step 0: what the run starts from, and the weights kept if training never beats them), then
+every `eval_every` steps the EMA weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
 best score of the last `plateau_window` share of steps (after 0.8 t by default, and never fewer
 than `plateau_evals` evaluations, so that an early flat stretch of two or three points cannot
 stop a run) is less than `plateau_rel` (2%) better than the score at the window's start.
@@ -63,6 +64,10 @@ class TrainConfig:
     plateau_window: float = 0.2
     plateau_evals: int = 5
     min_steps: int = 0
+    # "cosine": warmup then cosine to zero at `steps` (a fixed budget); "constant": warmup then the
+    # full rate until the plateau rule stops the run (a cosine over the cap makes its own plateau:
+    # the rule would see the rate reach zero, not the model stop improving)
+    schedule: str = "cosine"
     # auto: bf16 autocast where the device computes bf16 natively; float32: never; bfloat16: the
     # model's bfloat16 parameters trained as such (bridges.optim), no autocast
     precision: str = "auto"
@@ -70,6 +75,8 @@ class TrainConfig:
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
             raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise BadInput(f"the schedule must be cosine or constant, got {self.schedule!r}")
         if self.save_every < 0:
             raise BadInput(f"--save-every must be >= 0 (0: no resumable checkpoint), got {self.save_every}")
         if self.steps < 1:
@@ -94,7 +101,7 @@ class Trained:
     stop: str  # "budget" (fixed steps), "cap" (the plateau rule never fired) or "plateau"
     seconds: float = 0.0  # this session's training loop (a resumed run counts only its own steps)
     session_steps: int = 0
-    best_step: int = 0  # the evaluation whose EMA weights were kept (0: the last weights, no evaluations)
+    best_step: int | None = None  # the evaluation whose EMA weights were kept (None: the last weights, no evaluations)
 
 
 def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
@@ -143,6 +150,8 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
         progress = (step - warmup) / max(1, cfg.steps - warmup)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
@@ -167,7 +176,7 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
                 tensors[f"opt.{names[id(p)]}.{key}"] = value.detach().contiguous().cpu()
     meta = {"step": str(step), "curve": json.dumps(curve), "scheduler": json.dumps(scheduler.state_dict()),
             "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or "",
-            "best_step": str(best.step)}
+            "best_step": "" if best.step is None else str(best.step)}
     write_tensors(path, tensors, meta)
 
 
@@ -185,8 +194,9 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tup
                        "delete it to train from the start, or use --force") from exc
     for k in ema:
         ema[k].copy_(tensors[f"ema.{k}"])
-    best.step = int(meta.get("best_step") or 0)
-    if best.step:
+    # older checkpoints wrote best_step 0 for "none" and no best weights
+    best.step = int(meta["best_step"]) if any(k.startswith("best.") for k in tensors) else None
+    if best.step is not None:
         best.weights = {k: tensors[f"best.{k}"] for k in ema}  # kept on the host, as Best.offer keeps them
         best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
     params = trainable(model)
@@ -218,7 +228,7 @@ def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: boo
 @dataclass
 class Best:
     """The best EMA weights the evaluations have seen (lower score is better), and when."""
-    step: int = 0
+    step: int | None = None
     score: float = float("inf")
     weights: dict | None = None
 
@@ -314,6 +324,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     model.train()
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
+    if plateau_rule and start == 0 and stop is None:  # step 0: the starting point, kept if never beaten
+        val_curve.append([0, _score_ema(model, params, ema, evaluate)])
+        best.offer(0, val_curve[-1][1], ema)
     began = time.perf_counter()
     pending = []  # (step, loss on the device): read back in one transfer at checkpoints, not every step
 

@@ -58,13 +58,15 @@ class Source:
 
 
 def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int | None, device: str,
-                dtype: str, max_blocks: int = 4000, val_blocks: int = 16, stop_blocks: int = 8,
+                dtype: str, train_tokens: int = 262_144, val_blocks: int = 16, stop_blocks: int = 8,
                 device_map: str | None = None, doc_blocks: int | None = None) -> Source:
     """The data of a bridge. Over a scanned run the held-out blocks are drawn as the scan drew its
     states: blocks of the scan's length (unless `seq_len` says otherwise), at most as many per
     document as the scan took (`--doc-blocks`), split by the scan's seed. The split never depends
     on the bridge's training seed, so seed replicates share their validation data. `doc_blocks`
-    overrides the blocks per document of the held-out data (default: the scan's; 0 = all)."""
+    overrides the blocks per document of the held-out data (default: the scan's; 0 = all). The
+    training pool holds the first blocks of the training split up to `train_tokens` positions: the
+    teacher states of all of them are cached (bridges/states.py)."""
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import iter_blocks, read_documents
 
@@ -83,11 +85,12 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
     seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
     documents = read_documents(corpus)
     backbone = load_backbone(model, device=device, dtype=dtype, device_map=device_map)
-    train, held_out = [], []
+    train, held_out, pooled = [], [], 0
     for block in iter_blocks(documents, backbone.tokenizer, seq_len, data_seed, split="train", val_fraction=0.1):
-        train.append(block)
-        if len(train) >= max_blocks:
+        if pooled + len(block.tokens) > train_tokens and train:
             break
+        train.append(block)
+        pooled += len(block.tokens)
     for block in iter_blocks(documents, backbone.tokenizer, seq_len, data_seed, split="validation", val_fraction=0.1):
         if not per_doc or block.seq_id < per_doc:
             held_out.append(block)
@@ -102,7 +105,8 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
             raise BadInput(f"corpus {corpus} is too small to hold out {stop_blocks} stopping and {val_blocks} "
                            f"validation blocks of {seq_len} tokens and still train")
     stop, val = _split_by_document(held_out, stop_blocks)
-    how = {"data_seed": data_seed, "doc_blocks": per_doc, "stop_blocks": len(stop), "val_blocks": len(val)}
+    how = {"data_seed": data_seed, "doc_blocks": per_doc, "stop_blocks": len(stop), "val_blocks": len(val),
+           "train_tokens": train_tokens}
     return Source(backbone, model, corpus, seq_len, train, val, scanned, stop, how, _massive_rule(run))
 
 
@@ -158,13 +162,17 @@ class BridgeSettings:
     seed: int = 0
     until: str = "plateau"
     eval_every: int = 0
+    train_tokens: int = 262_144  # the training pool whose teacher states are cached (bridges/states.py)
 
     def training(self):
         """The training settings (bridges.fit.bridge_training); every flag is checked here,
         before anything loads."""
         from bridges.fit import bridge_training
 
-        check_bridge_flags(self.network.vocab, self.network.sigma_b, self.network.tau_zero, self.network.precision)
+        check_bridge_flags(self.network.vocab, self.network.sigma_b, self.network.tau_zero, self.network.precision,
+                           self.network.regression_frac)
+        if self.train_tokens < 1:
+            raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
                                self.network.precision)
 
@@ -188,37 +196,78 @@ def bridge_settings(**flags) -> BridgeSettings:
 Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/stop), or None
 
 
-def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, force: bool = False,
-                 bars: Bars = None) -> tuple[dict, Path]:
-    """One bridge at `layer` in root/bridges/layer-NN/seed-S (resumed, or refused when it holds
-    another run; cleared first with `force`): its validation metrics and its folder. The caller
-    holds that folder (`bridge_run`, `sweep_run`)."""
+def cached_states(source: Source, layers: list[int], bars: Bars = None):
+    """The teacher states of the source's three splits at layer 0 and `layers`: the frozen prefix
+    run once (its room checked first), for every bridge of the run."""
+    from bridges.states import teacher_states
+
+    bar = bars("teacher states") if bars else None
+    try:
+        return teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks, layers,
+                              progress=bar)
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def layer_controls(source: Source, states, layer: int, root: Path, write: bool = True) -> dict:
+    """The closed-form controls of `layer` (bridges.controls), kept in root/bridges/layer-NN/
+    controls.json for the data they were fitted on: a resumed sweep does not refit them."""
+    from bridges.controls import layer_controls as fit_controls
+    from bridges.hidden import Teacher
+    from geoprobe.files import write_json_atomic
+
+    path = Path(root) / "bridges" / f"layer-{layer:02d}" / "controls.json"
+    wanted = identity(source, layer)
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("identity") == wanted:
+            return saved["controls"]
+    controls = fit_controls(states, layer, Teacher(source.backbone, layer).embeddings, source.massive_factor)
+    if write:  # rank 0 of a data-parallel run; the others computed the same numbers
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"identity": wanted, "controls": controls})
+    return controls
+
+
+def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, controls: dict | None = None,
+                 force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict, Path]:
+    """One bridge at `layer` in root/bridges/layer-NN/seed-S (or `out`) from the run's cached
+    teacher `states` (resumed, or refused when it holds another run; cleared first with `force`):
+    its validation metrics, with the layer's `controls`, and its folder. The caller holds that
+    folder (`bridge_run`, `sweep_run`)."""
     from bridges.fit import fit_bridge
     from geoprobe.distributed import world_from
     from geoprobe.files import clear
 
     check_layer(source, layer)
     cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
-    out = bridge_dir(root, layer, settings.seed)
+    out = out or bridge_dir(root, layer, settings.seed)
     world = world_from()
     if force and world.is_main:
         clear(out)
     world.barrier()
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
-        return fit_bridge(source.backbone, layer, source.train_blocks, source.val_blocks, cfg, train_cfg, out,
-                          identity(source, layer), progress=bar, world=world,
-                          stop_blocks=source.stop_blocks, massive_factor=source.massive_factor), out
+        return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer), progress=bar,
+                          world=world, massive_factor=source.massive_factor, controls=controls), out
     finally:
         if bar is not None:
             bar.stop()
+
+
+def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
+    """The ceiling control: the same network and budget trained as the plain clean regression
+    (every sequence at clean condition and tau = 0, one sampler step), seed 0."""
+    return replace(settings, seed=0, network=replace(settings.network, regression_frac=1.0, bridge_steps=1))
 
 
 def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
                corpus: str | None = None, out: Path | None = None, device: str = "auto", dtype: str = "auto",
                device_map: str | None = None, force: bool = False, bars: Bars = None) -> tuple[dict, Path]:
     """What `geoprobe bridge` does: the bridge at `layer` (default: the scan's choice) over a
-    scanned run, or over --model/--corpus into `out`. Flags are checked before the backbone loads."""
+    scanned run, or over --model/--corpus into `out`, with the layer's controls. Flags are
+    checked before the backbone loads."""
     from geoprobe.backbone import check_device_map
     from geoprobe.distributed import world_from
     from geoprobe.files import holding
@@ -234,10 +283,14 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
     settings.training()
     check_device_map(device_map)
     world = world_from()
-    with holding(bridge_dir(out or run, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
+    root = out or run
+    with holding(bridge_dir(root, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
         source = open_source(run, model, corpus, settings.seq_len, world.device(device, device_map), dtype,
-                             device_map=device_map)
-        return train_bridge(source, layer, out or run, settings, force, bars)
+                             train_tokens=settings.train_tokens, device_map=device_map)
+        check_layer(source, layer)
+        states = cached_states(source, [layer], bars)
+        controls = layer_controls(source, states, layer, root, write=world.is_main)
+        return train_bridge(source, layer, root, settings, states, controls, force, bars)
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -253,12 +306,14 @@ def parse_seeds(spec: str) -> list[int]:
 
 def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: str = "auto", dtype: str = "auto",
               force: bool = False, bars: Bars = None, seeds: list[int] | None = None,
-              include_source: bool = False) -> dict | None:
-    """What `geoprobe sweep` does: one bridge per layer and seed (each to its plateau under one
-    step cap), then the verdict (geoprobe.verdict): the pre-registered test of the geometry score
-    against the seed-mean losses, its controls and the seed noise, written to sweep.json/sweep.csv
-    with plots. Layer 0 is the source, outside the test unless `include_source`. Returns rows,
-    verdict and the plot (None on data-parallel ranks other than 0)."""
+              include_source: bool = False, ceiling: bool = False) -> dict | None:
+    """What `geoprobe sweep` does: the teacher states of every swept layer once, each layer's
+    closed-form controls, one bridge per layer and seed (each to its plateau under one step cap;
+    with `ceiling` also the ceiling control, one plain-regression network per layer), then the
+    verdict (geoprobe.verdict): the pre-registered test of the geometry score against the
+    seed-mean losses, its convergence criterion, controls and the seed noise, written to
+    sweep.json/sweep.csv with plots. Layer 0 is the source, outside the test unless
+    `include_source`. Returns rows, verdict and the plot (None on data-parallel ranks other than 0)."""
     from geoprobe.backbone import parse_layers
     from geoprobe.distributed import world_from
     from geoprobe.files import holding
@@ -268,18 +323,30 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     scores = {r["layer"]: r for r in ranking_rows(run)}
     world = world_from()
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
-        source = open_source(run, None, None, settings.seq_len, world.device(device), dtype)
+        source = open_source(run, None, None, settings.seq_len, world.device(device), dtype,
+                             train_tokens=settings.train_tokens)
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
         if layers.strip() == "all":  # every layer that was scanned and has blocks above it
             chosen = [l for l in chosen if l in scores]
         for layer in chosen:
             check_layer(source, layer)  # every layer before the first bridge trains
+        states = cached_states(source, chosen, bars)
+        controls = {layer: layer_controls(source, states, layer, run, write=world.is_main) for layer in chosen}
         rows = []
         for seed in seeds:  # seed-major: an interrupted sweep has whole replicates of every layer
             for layer in chosen:
                 with holding(bridge_dir(run, layer, seed), "geoprobe sweep", world.rank):  # each bridge's folder
-                    metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), force, bars)
+                    metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), states,
+                                              controls[layer], force, bars)
                 rows.append({**metrics, "seed": seed, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+        for layer in chosen if ceiling else []:
+            out = Path(run) / "bridges" / f"layer-{layer:02d}" / "ceiling"
+            with holding(out, "geoprobe sweep", world.rank):
+                metrics, _ = train_bridge(source, layer, run, ceiling_settings(settings), states, None, force, bars,
+                                          out=out)
+            for row in rows:
+                if row["layer"] == layer:
+                    row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"])
         rows.sort(key=lambda r: (r["layer"], r["seed"]))
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
             return None
@@ -296,10 +363,10 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
     stopping-split curve up to where its plateau rule stopped it)."""
     from geoprobe.report.plots import curves_plot, sweep_plot
     from geoprobe.report.compare import write_rows
-    from geoprobe.verdict import LOSSES  # scipy: imported when a sweep is written, not at the CLI's start-up
+    from geoprobe.verdict import LAYER_CONTROLS, LOSSES  # scipy: imported when a sweep is written, not at start-up
 
-    columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "ce", "ref_ce", "final_train_loss",
-               "steps_run", "best_step", "stop"]
+    columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "nmse_dim_1step", *LAYER_CONTROLS,
+               "beats_lookup", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step", "stop"]
     write_rows(Path(run) / "sweep.csv", rows, columns)
     (Path(run) / "sweep.json").write_text(json.dumps({"rows": rows, "verdict": verdict}, indent=2))
     curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
@@ -308,26 +375,32 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
 
 
 def summarise(run: Path, rows: list[dict], include_source: bool = False) -> dict:
-    """The verdict over a sweep's rows, with the score recomputed over the compared layers and
-    the control scores (every scanned layer, --normalize none, massive channels excluded)."""
+    """The verdict over a sweep's rows, with the registered score recomputed over the compared
+    layers and the control scores (every scanned layer, --normalize none, massive channels
+    excluded). Every score uses the registered weights and no logs, whatever `geoprobe rank` was
+    given: the test was registered for that score, and other weights chosen after seeing a ranking
+    would make it a different test; the ranking's weights are only reported."""
     from geoprobe.pipeline import load_geometry
     from geoprobe.ranking import has_massive_channels, layer_scores
     from geoprobe.files import read_json
-    from geoprobe.verdict import SOURCE_LAYERS, sweep_verdict
+    from geoprobe.verdict import REGISTERED_LOG, REGISTERED_WEIGHTS, SOURCE_LAYERS, sweep_verdict
 
     geometry = load_geometry(run)
     path = Path(run) / "ranking.json"
     recorded = read_json(path, "") if path.is_file() else {}  # older runs: the default weights
-    weights, log = tuple(recorded.get("weights", (1.0, 1.0, 1.0))), bool(recorded.get("log", False))
+    used = {"weights": list(recorded.get("weights", REGISTERED_WEIGHTS)), "log": bool(recorded.get("log", False))}
+    registered = (REGISTERED_WEIGHTS, REGISTERED_LOG)
     layers = sorted({r["layer"] for r in rows if include_source or r["layer"] not in SOURCE_LAYERS})
     ranked = {r["layer"]: r for r in ranking_rows(run)}
-    scores = {"score": layer_scores(geometry, layers, weights, log),
-              "score_all_layers": {l: ranked[l]["score"] for l in layers},
-              "score_normalize_none": layer_scores(geometry, layers, weights, log, normalize="none")}
+    # z-scored over every scanned layer as the ranking does, but with the registered weights
+    everywhere = layer_scores(geometry, [l["layer"] for l in geometry["layers"]], *registered)
+    scores = {"score": layer_scores(geometry, layers, *registered),
+              "score_all_layers": {l: everywhere[l] for l in layers},
+              "score_normalize_none": layer_scores(geometry, layers, *registered, normalize="none")}
     if has_massive_channels(geometry):
         drop = bool(geometry["settings"].get("drop_massive_channels", False))
-        scores["score_channels_excluded"] = layer_scores(geometry, layers, weights, log, other_channels=not drop)
+        scores["score_channels_excluded"] = layer_scores(geometry, layers, *registered, other_channels=not drop)
     share = {l: float(ranked[l].get("channel_share", 0.0)) for l in ranked}
-    verdict = sweep_verdict(rows, scores, share, include_source)
+    verdict = sweep_verdict(rows, scores, share, include_source, ranking_weights=used)
     verdict["scores"] = {name: {str(l): v for l, v in values.items()} for name, values in scores.items()}
     return verdict

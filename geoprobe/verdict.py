@@ -8,16 +8,24 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
   nmse_dim standardises each channel by its own variance, so the few massive channels that carry
   most of a layer's variance (and also drive the score) do not decide it; delta_ce is not the
   primary loss because a bidirectional bridge sees the token each position must predict;
+* the score is the registered one, weights (1, 1, 1) without logs, whatever weights `geoprobe
+  rank` was given: a score tuned after the fact is not the score the test was registered for;
 * secondary: the same test for nmse, delta_ce, nmse_noisy and the bridge's own objective,
-  Holm-corrected over those four;
-* reliability of every loss over the seed replicates; layers whose seed means lie within the
-  noise of the best (or worst) are named as tied, not ranked;
+  Holm-corrected over exactly those four (a row without one is an error, not a smaller family);
+* convergence: the test speaks about the layers only if their bridges were trained to the end:
+  at least CONVERGED_SHARE of the tested bridges stopped by their plateau, and every tested bridge
+  beats the closed-form token-identity lookup at its layer (a bridge that does not has learned
+  less than a table of per-token means, so its loss says how training went, not how hard the
+  layer is); otherwise the outcome is "inconclusive", whatever the test says;
+* reliability of every loss over the seed replicates (ICC(1,k): of the seed mean the test uses);
+  layers whose seed means lie within the noise of the best (or worst) are named as tied, not ranked;
 * controls: rho(depth, loss), rho(massive-channel share, loss), the partial rho of score and loss
   given depth (Freedman-Lane permutation p), and the score computed three other ways (z-scored
   over every scanned layer, --normalize none, massive channels excluded) against the same losses;
-* the outcome: "robustly supported" (primary passes, reliability >= 0.5, partial rho given depth
-  < 0 with p < 0.05), "supported, but ..." (primary passes, a robustness condition fails),
-  "not supported"; with one seed the outcome is provisional.
+* the outcome: "inconclusive: ..." (the bridges did not converge), "robustly supported" (primary
+  passes, reliability >= 0.5, partial rho given depth < 0 with p < 0.05), "supported, but ..."
+  (primary passes, a robustness condition fails), "not supported"; with one seed of a tested
+  layer the outcome is provisional.
 """
 
 from __future__ import annotations
@@ -37,15 +45,24 @@ ALPHA = 0.05
 # the fewest compared layers whose one-sided permutation test can reach ALPHA: its smallest
 # possible p is 1/n! (the one ordering of n distinct values that agrees perfectly)
 MIN_LAYERS = next(n for n in range(1, 10) if 1 / math.factorial(n) < ALPHA)
-RELIABLE = 0.5  # below this between-layer reliability the layers' order is mostly seed noise
+# per-layer controls a sweep's rows carry (bridges.controls.layer_controls, sweep --ceiling), shown beside the losses
+LAYER_CONTROLS = ("control_mean_nmse_dim", "control_lookup_nmse_dim", "control_ridge_nmse_dim", "ceiling_nmse_dim")
+RELIABLE = 0.5  # below this reliability of the seed means the layers' order is mostly seed noise
+# converged: this share of the tested bridges stopped by their plateau (not the step cap or budget)
+CONVERGED_SHARE = 0.8
+# the registered score: s = z(curv) + z(mono) - z(erank), no logs (docs/method.md)
+REGISTERED_WEIGHTS = (1.0, 1.0, 1.0)
+REGISTERED_LOG = False
 SOURCE_LAYERS = (0,)
 # the other ways of computing the score, each z-scored over the compared layers unless it says so
-SCORE_VARIANTS = {"score_all_layers": "z-scored over every scanned layer (the ranking's own score)",
+SCORE_VARIANTS = {"score_all_layers": "z-scored over every scanned layer (as the ranking does)",
                   "score_normalize_none": "--normalize none", "score_channels_excluded": "massive channels excluded"}
 
 
-def layer_table(rows: list[dict], losses=LOSSES) -> list[dict]:
-    """One row per layer: the seed count, and each loss's seed mean and standard deviation (ddof=1)."""
+def layer_table(rows: list[dict], losses=(*LOSSES, "nmse_dim_1step")) -> list[dict]:
+    """One row per layer: the seed count, each loss's seed mean and standard deviation (ddof=1),
+    the layer's controls (the same on every seed) and how many of its bridges stopped by their
+    plateau, with their mean steps."""
     table = []
     for layer in sorted({r["layer"] for r in rows}):
         mine = [r for r in rows if r["layer"] == layer]
@@ -54,6 +71,11 @@ def layer_table(rows: list[dict], losses=LOSSES) -> list[dict]:
             values = np.array([r[loss] for r in mine if r.get(loss) is not None], dtype=float)
             row[loss] = float(values.mean()) if len(values) else None
             row[f"{loss}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else None
+        for key in LAYER_CONTROLS:
+            row[key] = next((r[key] for r in mine if r.get(key) is not None), None)
+        row["plateau"] = sum(r.get("stop") == "plateau" for r in mine)
+        steps = [r["steps_run"] for r in mine if r.get("steps_run") is not None]
+        row["steps_mean"] = float(np.mean(steps)) if steps else None
         table.append(row)
     return table
 
@@ -73,27 +95,38 @@ def tied_with(table: list[dict], loss: str, best: int) -> list[int]:
 
 
 def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel_share: dict[int, float],
-                  include_source: bool = False, seed: int = 0) -> dict:
-    """The verdict of a sweep. `rows`: one per (layer, seed) with every loss; `scores`: "score"
-    (z-scored over the compared layers) and the SCORE_VARIANTS, each {layer: value};
-    `channel_share`: each layer's massive-channel variance share."""
+                  include_source: bool = False, seed: int = 0, ranking_weights: dict | None = None) -> dict:
+    """The verdict of a sweep. `rows`: one per (layer, seed) with every loss, `stop` and
+    `control_lookup_nmse_dim`; `scores`: "score" (the registered score, z-scored over the compared
+    layers) and the SCORE_VARIANTS, each {layer: value}; `channel_share`: each layer's
+    massive-channel variance share; `ranking_weights`: {"weights", "log"} that `geoprobe rank`
+    used, if known (reported when they are not the registered ones; the test ignores them)."""
     table = layer_table(rows)
     sources = [] if include_source else [r["layer"] for r in table if r["layer"] in SOURCE_LAYERS]
     compared = [r for r in table if r["layer"] not in sources]
     layers = [r["layer"] for r in compared]
+    _check_losses(rows, layers)
+    registered = {"weights": list(REGISTERED_WEIGHTS), "log": REGISTERED_LOG}
     result = {"primary_loss": PRIMARY, "alpha": ALPHA, "compared_layers": layers, "source_layers": sources,
-              "seeds": sorted({r.get("seed", 0) for r in rows}), "layers": table}
+              "seeds": sorted({r.get("seed", 0) for r in rows}), "layers": table,
+              # the seeds behind each tested seed mean (layer 0 may have more): "provisional" counts these
+              "tested_seeds": min((r["seeds"] for r in compared), default=0),
+              "registered_score": registered,
+              "convergence": convergence(rows, layers)}
+    if ranking_weights is not None and (list(ranking_weights["weights"]) != registered["weights"]
+                                        or bool(ranking_weights["log"]) != REGISTERED_LOG):
+        result["ranking_weights"] = {"weights": list(ranking_weights["weights"]), "log": bool(ranking_weights["log"])}
     if len(compared) < MIN_LAYERS:
         smallest = 1 / math.factorial(len(compared))
         result["statement"] = [f"only {len(compared)} layers compared: no test (over {len(compared)} layers the "
                                f"one-sided permutation p cannot go below 1/{len(compared)}! = {smallest:.2g}, so it "
-                               f"cannot reach {ALPHA}; at least {MIN_LAYERS} layers are needed)"]
+                               f"cannot reach {ALPHA}; at least {MIN_LAYERS} layers are needed)",
+                               convergence_line(result["convergence"])]
         return result
     score = np.array([scores["score"][l] for l in layers])
     tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")
-             for loss in LOSSES if all(r[loss] is not None for r in compared)}
-    adjusted = holm({loss: tests[loss]["p"] for loss in SECONDARY if loss in tests})
-    for loss, p in adjusted.items():
+             for loss in LOSSES}
+    for loss, p in holm({loss: tests[loss]["p"] for loss in SECONDARY}).items():  # always the four
         tests[loss]["p_holm"] = p
     for loss, test in tests.items():
         test["supports"] = bool(test["rho"] < 0 and test.get("p_holm", test["p"]) < ALPHA)
@@ -110,6 +143,55 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
                   worst_tied=tied_with(compared, PRIMARY, worst))
     result["statement"] = statement(result)
     return result
+
+
+def _check_losses(rows: list[dict], layers: list[int]) -> None:
+    """Every tested row has every registered loss: the primary, and the four secondaries that make
+    up the Holm family. Dropping one would shrink the family after the fact, so it is an error."""
+    for loss in LOSSES:
+        lacking = sorted({r["layer"] for r in rows if r["layer"] in layers and r.get(loss) is None})
+        if lacking:
+            raise ValueError(f"the sweep's rows of layer{'s' if len(lacking) > 1 else ''} "
+                             f"{', '.join(map(str, lacking))} have no {loss}: the test "
+                             f"needs the primary loss and all four secondaries ({', '.join(SECONDARY)})")
+
+
+def convergence(rows: list[dict], layers: list[int]) -> dict:
+    """Whether the tested bridges (the compared layers, every seed) converged: at least
+    CONVERGED_SHARE of them stopped by their plateau, and each one's nmse_dim is strictly below
+    the token-identity lookup control's at its layer. A bridge that cannot beat a table of per-token
+    mean states has not learned its layer, so its loss measures training, not the layer. A row
+    without the control (a sweep from before it was recorded) leaves convergence unestablished."""
+    tested = [r for r in rows if r["layer"] in layers]
+    plateau = sum(r.get("stop") == "plateau" for r in tested)
+    share = plateau / len(tested) if tested else 0.0
+    unknown = sorted({r["layer"] for r in tested if r.get("control_lookup_nmse_dim") is None})
+    worse = sorted([r["layer"], r.get("seed", 0)] for r in tested if r.get("control_lookup_nmse_dim") is not None
+                   and not r[PRIMARY] < r["control_lookup_nmse_dim"])
+    reasons = []
+    if share < CONVERGED_SHARE - 1e-12:  # the tolerance keeps e.g. 12 of 15 on the passing side
+        reasons.append(f"{plateau} of {len(tested)} tested bridges stopped by their plateau, "
+                       f"{CONVERGED_SHARE * 100:.0f} % needed")
+    if unknown:
+        reasons.append("no lookup control recorded" + (
+            "" if len(unknown) == len(layers) else f" for layer{'s' if len(unknown) > 1 else ''} "
+                                                   f"{', '.join(map(str, unknown))}"))
+    if worse:
+        seeds = {l: [s for m, s in worse if m == l] for l in sorted({l for l, _ in worse})}
+        named = ", ".join(f"{l} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})" for l, s in seeds.items())
+        reasons.append(f"layer{'s' if len(seeds) > 1 else ''} {named} do{'es' if len(seeds) == 1 else ''} not beat "
+                       "the token lookup")
+    return {"plateau": plateau, "tested": len(tested), "share": share, "needed": CONVERGED_SHARE,
+            "worse_than_lookup": worse, "converged": not reasons, "reasons": reasons}
+
+
+def convergence_line(c: dict) -> str:
+    """The convergence facts in one plain line."""
+    if c["converged"]:
+        return (f"Convergence: {c['plateau']} of {c['tested']} tested bridges stopped by their plateau "
+                f"({c['needed'] * 100:.0f} % needed) and every one beats the token lookup at its layer.")
+    return f"Inconclusive: the bridges did not converge — {'; '.join(c['reasons'])}; the test below says nothing " \
+           "about the claim."
 
 
 def _by_seed(rows: list[dict], layers: list[int], loss: str):
@@ -139,11 +221,14 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed) -> d
 
 
 def outcome(v: dict) -> str:
-    """docs/method.md's "What would count", as one phrase."""
-    t, loss = v["tests"].get(v["primary_loss"]), v["primary_loss"]
-    if t is None:
-        return "no verdict: the primary loss is missing"
-    provisional = " (provisional: one seed per layer, the protocol asks for at least two)" if len(v["seeds"]) < 2 else ""
+    """docs/method.md's "What would count", as one phrase. Unconverged bridges make it
+    inconclusive whatever the test says: their losses measure the training, not the layers."""
+    if not v["convergence"]["converged"]:
+        return f"inconclusive: the bridges did not converge ({'; '.join(v['convergence']['reasons'])})"
+    t, loss = v["tests"][v["primary_loss"]], v["primary_loss"]
+    # the seeds of the tested layers: the source may have more, and is not in the test
+    provisional = (" (provisional: one seed per tested layer, the protocol asks for at least two)"
+                   if v["tested_seeds"] < 2 else "")
     if not t["supports"]:
         return "not supported" + provisional
     rel = v["reliability"].get(loss)
@@ -157,30 +242,34 @@ def outcome(v: dict) -> str:
 
 
 def statement(v: dict) -> list[str]:
-    """The verdict in plain words, one line each: the primary test, the secondary ones, the seed
-    noise, the controls, and which layers can be told apart."""
+    """The verdict in plain words, one line each: the bridges' convergence (first when they did
+    not converge: then that is the verdict), the primary test, the secondary ones, the seed noise,
+    the controls, and which layers can be told apart."""
     t, loss = v["tests"], v["primary_loss"]
-    p = t.get(loss)
-    if p is None:
-        return [f"no verdict: {loss} is missing from the sweep's rows"]
+    p = t[loss]
     layers = v["compared_layers"]
     span = f"layers {layers[0]}–{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
         f"layers {', '.join(map(str, layers))}"
     result = ("supports the claim" if p["supports"] else
               "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
                                               else " (rho has the wrong sign)"))
+    counts = sorted({r["seeds"] for r in v["layers"] if r["layer"] in layers})
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     lines = [f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "
-             f"(n = {p['n']}, {len(v['seeds'])} seed{'s' if len(v['seeds']) > 1 else ''} each) = "
+             f"(n = {p['n']}, {seeds} seed{'s' if seeds != '1' else ''} each) = "
              f"{p['rho']:.2f}, permutation p = {p['p']:.3g}: this run {result}. Outcome: {v['outcome']}."]
-    secondary = [f"{k} {t[k]['rho']:.2f} (Holm p {t[k]['p_holm']:.2g})" for k in SECONDARY if k in t]
-    if secondary:
-        lines.append(f"Secondary losses, rho with Holm-corrected one-sided p: {'; '.join(secondary)}.")
+    # converged: its line follows the test; not converged: it is the verdict, so it comes first
+    convergence = convergence_line(v["convergence"])
+    lines = lines + [convergence] if v["convergence"]["converged"] else [convergence] + lines
+    secondary = [f"{k} {t[k]['rho']:.2f} (Holm p {t[k]['p_holm']:.2g})" for k in SECONDARY]
+    lines.append(f"Secondary losses, rho with Holm-corrected one-sided p: {'; '.join(secondary)}.")
     rel = v["reliability"].get(loss)
     if rel is None:
         lines.append("Seed noise: one seed per layer, so it is not measured and no layer is ranked against another.")
     else:
-        lines.append(f"Seed noise: the between-layer reliability of {loss} is {rel:.2f} (1: the seeds agree and the "
-                     f"layers differ; 0 or less: seed noise as large as the differences between layers)"
+        lines.append(f"Seed noise: the reliability of the seed-mean {loss} (ICC(1,k)) is {rel:.2f} (1: the seeds "
+                     "agree and the layers differ; 0 or less: the seed means' differences between layers are no "
+                     "larger than seed noise would make them)"
                      + ("." if rel >= 0.5 else "; below 0.5 the layers' order by this loss is mostly noise."))
     c = v["controls"].get(loss, {})
     partial = c["partial_given_depth"]
@@ -199,6 +288,12 @@ def statement(v: dict) -> list[str]:
             f", but it cannot be told apart from layer{'s' if len(tied) > 1 else ''} {', '.join(map(str, tied))} "
             "within the seed noise." if tied else ", clear of every other layer by more than the seed noise."))
     lines.append(f"The geometry chose layer {v['chosen_layer']} among these.")
+    if "ranking_weights" in v:
+        used = v["ranking_weights"]
+        lines.append(f"The ranking used other weights ({', '.join(f'{w:g}' for w in used['weights'])}"
+                     f"{', logs' if used['log'] else ''}); the test ignores them and uses the registered score "
+                     f"(weights {', '.join(f'{w:g}' for w in REGISTERED_WEIGHTS)}"
+                     f"{', logs' if REGISTERED_LOG else ', no logs'}).")
     if v["capped"]:
         lines.append(f"{len(v['capped'])} of the tested bridges reached the step cap before their plateau: their "
                      "losses are set by the budget as much as by the layer.")

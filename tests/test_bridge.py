@@ -3,6 +3,7 @@ correctly, the backbone stays frozen, the sweep reports its statistics, bad inpu
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -22,14 +23,22 @@ def blocks(llama, corpus_txt):
     return all_blocks[:-8], all_blocks[-8:]
 
 
+@pytest.fixture(scope="module")
+def states(llama, blocks):
+    """The teacher states of the blocks at layers 0-2, once: training pool and validation split."""
+    from bridges.states import teacher_states
+
+    return teacher_states(llama, blocks[0], [], blocks[1], [1, 2])
+
+
 def small(layer, llama, **kw):
     return BridgeConfig(layer=layer, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
                         d_model=64, n_layers=1, n_heads=4, **kw)
 
 
-def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, blocks, tmp_path):
+def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, states, tmp_path):
     before = {k: v.clone() for k, v in llama.model.state_dict().items()}
-    metrics = fit_bridge(llama, 0, *blocks, small(0, llama),
+    metrics = fit_bridge(llama, 0, states, small(0, llama),
                          TrainConfig(steps=300, batch_size=8, lr=3e-3, warmup=10, ema=0.9, save_every=300),
                          tmp_path / "b0", {"layer": 0})
     assert metrics["nmse"] < 0.05, metrics  # 0.012-0.013 over seeds 0-2 (150 steps: 0.033-0.051)
@@ -82,19 +91,17 @@ def test_hybrid_denoiser_shape_and_shift(llama):
     assert out.tokens.shape == (1, 5)
 
 
-def test_layer0_clean_nmse_is_zero_before_training(llama, blocks):
+def test_layer0_clean_nmse_is_zero_before_training(llama, states):
     """At layer 0 the clean source is the state itself and the update starts at zero: exact at
     step 0, which is why the sweep leaves layer 0 out of its test."""
-    from bridges.fit import BlockBatches, fit_statistics, validate
+    from bridges.fit import fit_statistics, validate
 
-    teacher = Teacher(llama, 0)
     bridge = HiddenBridge(small(0, llama)).eval()
-    pad = llama.tokenizer.pad_token_id or 0
-    fit_statistics(bridge, teacher, BlockBatches(blocks[0], pad, "cpu"), 4, seed=0)
-    metrics = validate(bridge, teacher, BlockBatches(blocks[1], pad, "cpu"), 4)
+    fit_statistics(bridge, states)
+    metrics = validate(bridge, Teacher(llama, 0), states.val, 4, ref_ce=states.ref_ce)
     assert metrics["nmse"] < 1e-10 and metrics["nmse_dim"] < 1e-10 and abs(metrics["delta_ce"]) < 1e-4, metrics
     assert metrics["round_accuracy"] == 1.0
-    deeper = validate(HiddenBridge(small(2, llama)).eval(), Teacher(llama, 2), BlockBatches(blocks[1], pad, "cpu"), 4)
+    deeper = validate(HiddenBridge(small(2, llama)).eval(), Teacher(llama, 2), states.val, 4)
     assert deeper["nmse"] > 0.1  # layer 2 is not its source
 
 
@@ -120,6 +127,12 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
     # seeds vary the initialisation, not the validation data
     a, b = (json.loads((scanned / "bridges" / "layer-01" / f"seed-{s}" / "metrics.json").read_text()) for s in (0, 1))
     assert a["val_positions"] == b["val_positions"] and a["ref_ce"] == b["ref_ce"] and a["nmse"] != b["nmse"]
+    # each layer's controls (one fit per layer, beside every seed's losses), the 1-step score, a step-0 point
+    assert a["control_lookup_nmse_dim"] == b["control_lookup_nmse_dim"] and 0 < a["control_ridge_nmse_dim"]
+    assert a["beats_lookup"] == (a["nmse_dim"] < a["control_lookup_nmse_dim"]) and "nmse_dim_1step" in a
+    assert a["val_curve"][0][0] == 0 and a["val_curve"][1][0] == 5
+    assert (scanned / "bridges" / "layer-02" / "controls.json").is_file()
+    assert all(float(r["control_lookup_nmse_dim"]) > 0 for r in rows)
     # with the source included there are three layers: still no test, since a one-sided permutation
     # p over three layers is at least 1/3! (the tiny demo's five layers are tested), but the plots
     code, out, err = invoke("--format", "json", "sweep", "--run", scanned, *flags, "--include-source")
@@ -129,7 +142,8 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
     assert "cannot go below 1/3! = 0.17" in v["statement"][0]
     assert (scanned / "plots" / "sweep.png").stat().st_size > 20000
     report = invoke("report", scanned)
-    assert report[0] == 0 and v["statement"][0] in (scanned / "report.md").read_text()
+    page = (scanned / "report.md").read_text()
+    assert report[0] == 0 and v["statement"][0] in page and re.search(r"\|\s*lookup\s*\|", page)
 
 
 def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_path):
@@ -245,11 +259,11 @@ def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_pri
     assert float((fast - exact).detach().norm() / (exact - offsets).detach().norm()) < 0.01
 
 
-def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, tmp_path):
+def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, states, tmp_path):
     from bridges.fit import corpus_support
     from bridges.hidden import load_bridge
 
-    fit_bridge(llama, 1, *blocks, small(1, llama), TrainConfig(steps=4, batch_size=4, save_every=4),
+    fit_bridge(llama, 1, states, small(1, llama), TrainConfig(steps=4, batch_size=4, save_every=4),
                tmp_path / "b", {"layer": 1})
     loaded, record = load_bridge(tmp_path / "b")
     expected = corpus_support([*blocks[0], *blocks[1]], llama.tokenizer)
@@ -257,21 +271,21 @@ def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, tmp_path):
     assert torch.equal(loaded.support, expected)
     assert set(llama.tokenizer.all_special_ids) <= set(expected.tolist())
     assert set(np.concatenate([b.tokens for b in blocks[0]]).tolist()) <= set(expected.tolist())
-    fit_bridge(llama, 1, *blocks, small(1, llama, vocab="all"), TrainConfig(steps=4, batch_size=4, save_every=4),
+    fit_bridge(llama, 1, states, small(1, llama, vocab="all"), TrainConfig(steps=4, batch_size=4, save_every=4),
                tmp_path / "all", {"layer": 1})
     assert load_bridge(tmp_path / "all")[1]["network"]["support_size"] == 0
 
 
-def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, blocks):
+def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, states):
     """The training loop runs the loss under bf16 autocast on CUDA; the teacher's states and the
     converter's source must not follow it (checked here with CPU autocast, which casts the same
     way): they equal, bit for bit, what the same step computes without autocast."""
-    from bridges.fit import BlockBatches, training_loss
+    from bridges.fit import training_loss
     from bridges.train import Shard, step_generator
 
     bridge = HiddenBridge(small(2, llama))
     teacher = Teacher(llama, 2)
-    batches = BlockBatches(blocks[0], 0, torch.device("cpu"))
+    batches = states
     seen = []
     original_loss = HiddenBridge.loss
 
@@ -304,3 +318,67 @@ def test_the_chosen_layer_passes_over_the_last_block_output(scanned, tmp_path):
         writer.writeheader()
         writer.writerows(rows)
     assert chosen_layer(run) == 1
+
+
+def test_cached_states_equal_the_on_the_fly_teacher_bit_for_bit(llama, blocks, states):
+    """The states a bridge trains on come from one pass over the training pool, in batches of 8;
+    the teacher run on any other batch of the same blocks (other neighbours, other padding) gives
+    the same bits, at layer 0 and at the bridge's layer."""
+    from geoprobe.extract import pad_batch
+
+    g = torch.Generator().manual_seed(0)
+    for layer in (1, 2):
+        teacher = Teacher(llama, layer)
+        for _ in range(3):
+            chosen = torch.randint(0, len(states.train), (5,), generator=g).tolist()
+            ids, mask = pad_batch([states.train.blocks[i] for i in chosen], 0, "cpu")
+            h0, hl = teacher.states(ids, mask)
+            _, _, cached = states.train.batch(chosen, (0, layer), 0, "cpu", ids.shape[1])
+            keep = mask.bool()
+            assert torch.equal(cached[0][keep], h0[keep]) and torch.equal(cached[layer][keep], hl[keep])
+    # ref_ce is the frozen model's own loss: the upper stack on the true states of any layer
+    from bridges.fit import validate
+
+    exact = validate(HiddenBridge(small(1, llama)).eval(), Teacher(llama, 1), states.val, 4)
+    assert exact["ref_ce"] is None and abs(states.ref_ce - _plain_ce(llama, states.val)) < 1e-5
+
+
+def _plain_ce(llama, split):
+    """Next-token cross-entropy of the whole model on the split's blocks (an independent path: logits)."""
+    from geoprobe.extract import pad_batch
+
+    ids, mask = pad_batch(split.blocks, 0, "cpu")
+    with torch.no_grad():
+        logits = llama.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                           reduction="none").view(ids.shape[0], -1)
+    pair = mask[:, 1:].float()
+    return float((ce * pair).sum() / pair.sum())
+
+
+def test_the_teacher_states_plan_refuses_what_does_not_fit():
+    from bridges.states import check_room, plan_bytes
+
+    assert plan_bytes(1000, [0, 3, 3], 576) == 1000 * 2 * 576 * 4
+    assert check_room(1000, [0, 3], 576, available=10 ** 9) == 1000 * 2 * 576 * 4
+    with pytest.raises(Exception, match="need 4.6 MB|teacher states of 1,000 positions x 2 layers"):
+        check_room(1000, [0, 3], 576, available=10 ** 6)
+
+
+def test_the_carry_starts_at_its_closed_form(llama, states):
+    """Before any training (zero update) the bridge predicts each standardised channel by its
+    least-squares slope on the source channel: on the positions it was fitted on, the per-channel
+    nmse is mean_c(1 - rho_c^2) (rho_c the correlation of source and target channel c), below the
+    mean state's 1; the K-step sampler returns exactly that prediction."""
+    from bridges.fit import fit_statistics, generated_rows, validate
+    from bridges.states import TeacherStates
+
+    same = TeacherStates(states.val, states.val, states.val, states.layers, states.hidden_size, states.ref_ce)
+    bridge = HiddenBridge(small(2, llama)).eval()
+    fit_statistics(bridge, same, massive_factor=None)
+    got = validate(bridge, Teacher(llama, 2), states.val, 4, massive_factor=None)
+    rows = generated_rows(states.val)
+    source, target = (states.val.states[l][rows].double().numpy() for l in (0, 2))
+    rho = np.array([np.corrcoef(source[:, c], target[:, c])[0, 1] for c in range(target.shape[1])])
+    assert got["nmse_dim"] == pytest.approx(float(np.mean(1 - rho ** 2)), rel=1e-4)
+    assert got["nmse_dim"] < 1

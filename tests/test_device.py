@@ -112,8 +112,10 @@ def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path):
 @pytest.fixture(scope="module")
 def blocks(llama, corpus_txt):
     assert llama.model.dtype == torch.float32  # the shared tiny Llama (conftest): float32 on the CPU
+    from bridges.states import teacher_states
+
     found = list(iter_blocks(read_documents(str(corpus_txt)), llama.tokenizer, 16, seed=0))
-    return found[:24], found[-4:]
+    return teacher_states(llama, found[:24], [], found[-4:], [1])  # on the host, as a run holds them
 
 
 def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks, tmp_path):
@@ -123,7 +125,7 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     def run(steps):
         llama.model.to(DEVICE)
         try:
-            return fit_bridge(llama, 1, *blocks, cfg, TrainConfig(steps=steps, batch_size=2, save_every=steps),
+            return fit_bridge(llama, 1, blocks, cfg, TrainConfig(steps=steps, batch_size=2, save_every=steps),
                               tmp_path / f"s{steps}", {"test": steps})
         finally:
             llama.model.to("cpu")
@@ -134,7 +136,7 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     # transformers' waits grow with the backbone forwards alone (one per step, and those of the
     # statistics and validation passes): at most 4 per added step
     assert sum((library - library_short).values()) <= 4 * 3, library - library_short
-    on_cpu = fit_bridge(llama, 1, *blocks, cfg, TrainConfig(steps=5, batch_size=2, save_every=5), tmp_path / "cpu",
+    on_cpu = fit_bridge(llama, 1, blocks, cfg, TrainConfig(steps=5, batch_size=2, save_every=5), tmp_path / "cpu",
                         {"test": 5})
     on_device = json.loads((tmp_path / "s5" / "metrics.json").read_text())
     for key in ("nmse", "nmse_dim", "delta_ce", "objective"):

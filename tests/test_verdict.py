@@ -1,20 +1,26 @@
-"""The sweep's verdict (geoprobe/verdict.py) on tables whose answer is known, and its layer table
-and ties. The statistics it is built from are tested in test_metrics.py."""
+"""The sweep's verdict (geoprobe/verdict.py) on tables whose answer is known: the test, the
+bridges' convergence, the fixed Holm family, the registered score, the seed-mean reliability,
+and its layer table and ties. The statistics it is built from are tested in test_metrics.py."""
+
+import json
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from geoprobe.verdict import PRIMARY, sweep_verdict, tied_with, layer_table
+from geoprobe.metrics.correlation import reliability
+from geoprobe.verdict import (PRIMARY, REGISTERED_LOG, REGISTERED_WEIGHTS, SECONDARY, layer_table, sweep_verdict,
+                              tied_with)
 
 
-def rows_for(losses_by_layer: dict, seeds=(0, 1, 2)):
-    """Sweep rows: losses_by_layer {layer: [primary value per seed]}; the other losses follow it."""
+def rows_for(losses_by_layer: dict, seeds=(0, 1, 2), stop="plateau", lookup=10.0):
+    """Sweep rows: losses_by_layer {layer: [primary value per seed]}; the other losses follow it.
+    Every bridge stopped by its plateau and beats a token lookup of nmse_dim `lookup` unless told."""
     rows = []
     for layer, values in losses_by_layer.items():
         for seed, v in zip(seeds, values):
-            rows.append({"layer": layer, "seed": seed, **{k: v for k in ("nmse_dim", "nmse", "delta_ce", "nmse_noisy",
-                                                                         "objective")}})
+            rows.append({"layer": layer, "seed": seed, "stop": stop, "control_lookup_nmse_dim": lookup,
+                         **{k: v for k in ("nmse_dim", "nmse", "delta_ce", "nmse_noisy", "objective")}})
     return rows
 
 
@@ -29,6 +35,7 @@ def test_the_verdict_supports_a_score_that_predicts_the_loss_and_leaves_the_sour
     assert v["reliability"][PRIMARY] > 0.99
     assert v["oracle_layer"] == 6 and v["oracle_tied"] == [] and v["chosen_layer"] == 6
     assert v["statement"][0].startswith("Primary test") and "supports the claim" in v["statement"][0]
+    assert v["statement"][1].startswith("Convergence: 18 of 18 tested bridges")  # layer 0's 3 are not tested
     # depth explains everything here: the score is depth, so nothing is left beyond it
     assert v["controls"][PRIMARY]["depth"]["rho"] == pytest.approx(-1.0)
     assert v["outcome"].startswith("supported, but") and "beyond depth" in v["outcome"]
@@ -37,8 +44,9 @@ def test_the_verdict_supports_a_score_that_predicts_the_loss_and_leaves_the_sour
 
 
 def test_the_verdict_does_not_rank_layers_within_the_seed_noise():
-    rng = np.random.default_rng(0)
-    table = {l: list(0.5 + 0.2 * rng.standard_normal(3)) for l in range(1, 7)}  # pure noise
+    # pure noise; ICC(1,k) < 0.5 is F(5, 12) < 2, true of 85 % of such draws (seed 0's F is 2.4: not this one)
+    rng = np.random.default_rng(1)
+    table = {l: list(0.5 + 0.2 * rng.standard_normal(3)) for l in range(1, 7)}
     scores = {"score": {l: float(l) for l in range(1, 7)}, "score_normalize_none": {l: float(-l) for l in range(1, 7)}}
     v = sweep_verdict(rows_for(table), scores, {l: 0.1 * l for l in range(1, 7)})
     assert v["reliability"][PRIMARY] < 0.5
@@ -63,6 +71,8 @@ def test_tied_layers_and_the_layer_table():
     assert tied_with(single, "nmse_dim", 1) == [2]  # one seed: nothing can be told apart
     few = sweep_verdict(rows_for({0: [0, 0, 0], 1: [1, 1, 1], 2: [2, 2, 2]}), {"score": {1: 0.0, 2: 1.0}}, {})
     assert "tests" not in few and "no test" in few["statement"][0]
+    assert few["convergence"]["tested"] == 6 and few["convergence"]["converged"]  # reported even without a test
+    assert few["statement"][1].startswith("Convergence: 6 of 6")
     # three layers: a permutation p of at least 1/3! = 0.17 can never be significant, so no test either
     three = sweep_verdict(rows_for({1: [0, 0, 0], 2: [1, 1, 1], 3: [2, 2, 2]}), {"score": {1: 0.0, 2: 1.0, 3: 2.0}}, {})
     assert "tests" not in three and "cannot go below 1/3! = 0.17" in three["statement"][0]
@@ -78,3 +88,226 @@ def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
     assert v["tests"][PRIMARY]["supports"] and v["outcome"] == "robustly supported", v["outcome"]
     one = sweep_verdict(rows_for({l: vals[:1] for l, vals in table.items()}, seeds=(0,)), {"score": score}, {})
     assert "provisional" in one["outcome"] and one["reliability"][PRIMARY] is None
+
+
+# --- convergence: the test speaks only about bridges trained to their plateau that beat a token lookup
+
+def converging_rows(stops=None, primary=None, lookup=5.0):
+    """Layers 1-5 x seeds 0, 1 (10 tested bridges) whose loss falls with the score, plus the source
+    layer 0 with 2 seeds that stopped at the cap and lose to its lookup (not tested: never counted).
+    `stops`/`primary`: {(layer, seed): value} overrides."""
+    rows = rows_for({0: [9.0, 9.0], **{l: [1 - 0.1 * l + e for e in (0.0, 0.01)] for l in range(1, 6)}},
+                    seeds=(0, 1), lookup=lookup)
+    for r in rows:
+        if r["layer"] == 0:
+            r.update(stop="cap", control_lookup_nmse_dim=1.0)
+        r["stop"] = (stops or {}).get((r["layer"], r["seed"]), r["stop"])
+        r[PRIMARY] = (primary or {}).get((r["layer"], r["seed"]), r[PRIMARY])
+    return rows
+
+
+SCORE = {"score": {l: float(l) for l in range(1, 6)}}
+
+
+def test_converged_bridges_leave_the_outcome_to_the_test():
+    v = sweep_verdict(converging_rows(), SCORE, {})
+    c = v["convergence"]
+    assert c == {"plateau": 10, "tested": 10, "share": 1.0, "needed": 0.8, "worse_than_lookup": [],
+                 "converged": True, "reasons": []}
+    assert not v["outcome"].startswith("inconclusive") and v["outcome"].startswith("supported")
+    assert v["statement"][0].startswith("Primary test")
+
+
+def test_capped_bridges_make_the_verdict_inconclusive_whatever_the_test_says():
+    capped = {(1, 0): "cap", (2, 1): "cap", (4, 0): "budget"}  # 7 of 10 stopped by their plateau
+    v = sweep_verdict(converging_rows(stops=capped), SCORE, {})
+    assert v["tests"][PRIMARY]["supports"]  # the test still runs and is reported, and would pass
+    assert v["convergence"]["plateau"] == 7 and v["convergence"]["share"] == pytest.approx(0.7)
+    assert not v["convergence"]["converged"]
+    assert v["outcome"] == ("inconclusive: the bridges did not converge (7 of 10 tested bridges stopped by their "
+                            "plateau, 80 % needed)")
+    assert v["statement"][0].startswith("Inconclusive: the bridges did not converge — 7 of 10 tested bridges")
+    assert v["statement"][0].endswith("the test below says nothing about the claim.")
+    assert v["statement"][1].startswith("Primary test") and "inconclusive" in v["statement"][1]
+
+
+def test_a_bridge_no_better_than_the_token_lookup_makes_it_inconclusive_and_is_named():
+    # every bridge at its plateau; layer 3 seed 1 exactly equals its lookup: not strictly below
+    v = sweep_verdict(converging_rows(primary={(3, 1): 5.0}), SCORE, {})
+    assert v["convergence"]["plateau"] == 10 and v["convergence"]["worse_than_lookup"] == [[3, 1]]
+    assert v["outcome"].startswith("inconclusive") and "layer 3 (seed 1) does not beat the token lookup" in v["outcome"]
+    assert "layer 3 (seed 1)" in v["statement"][0] and v["statement"][0].startswith("Inconclusive")
+    two = sweep_verdict(converging_rows(primary={(3, 1): 6.0, (3, 0): 7.0, (5, 0): 5.5}), SCORE, {})
+    assert two["convergence"]["worse_than_lookup"] == [[3, 0], [3, 1], [5, 0]]
+    assert "layers 3 (seeds 0, 1), 5 (seed 0) do not beat the token lookup" in two["outcome"]
+
+
+def test_exactly_the_needed_share_at_the_plateau_converges():
+    v = sweep_verdict(converging_rows(stops={(1, 0): "cap", (5, 1): "budget"}), SCORE, {})  # 8 of 10: 80 %
+    assert v["convergence"]["plateau"] == 8 and v["convergence"]["converged"]
+    assert not v["outcome"].startswith("inconclusive")
+    assert "Convergence: 8 of 10 tested bridges stopped by their plateau (80 % needed)" in v["statement"][1]
+
+
+def test_rows_without_a_lookup_control_cannot_establish_convergence():
+    rows = converging_rows()
+    for r in rows:
+        del r["control_lookup_nmse_dim"]  # a sweep from before the control was recorded
+    v = sweep_verdict(rows, SCORE, {})
+    assert not v["convergence"]["converged"] and v["convergence"]["reasons"] == ["no lookup control recorded"]
+    assert v["outcome"] == "inconclusive: the bridges did not converge (no lookup control recorded)"
+    rows = converging_rows()
+    rows[4]["control_lookup_nmse_dim"] = None  # one tested row lacks it (layer 2): named
+    assert sweep_verdict(rows, SCORE, {})["convergence"]["reasons"] == ["no lookup control recorded for layer 2"]
+
+
+def test_provisional_counts_the_seeds_of_the_tested_layers_only():
+    rows = converging_rows()
+    one = [r for r in rows if r["layer"] == 0 or r["seed"] == 0]  # the source keeps two seeds, the rest one
+    v = sweep_verdict(one, SCORE, {})
+    assert v["seeds"] == [0, 1] and v["tested_seeds"] == 1 and "provisional" in v["outcome"]
+    assert "1 seed each" in " ".join(v["statement"])
+    assert "provisional" not in sweep_verdict(rows, SCORE, {})["outcome"]
+
+
+# --- the Holm family is the four registered secondaries: a missing one is an error
+
+@pytest.mark.parametrize("loss", [PRIMARY, *SECONDARY])
+def test_a_missing_registered_loss_is_an_error_not_a_smaller_family(loss):
+    rows = converging_rows()
+    rows[3][loss] = None  # layer 1, seed 1
+    with pytest.raises(ValueError, match=f"rows of layer 1 have no {loss}"):
+        sweep_verdict(rows, SCORE, {})
+    del rows[3][loss]
+    with pytest.raises(ValueError, match=loss):
+        sweep_verdict(rows, SCORE, {})
+    rows = converging_rows()
+    rows[0][loss] = None  # the source (not tested) may lack it
+    assert set(sweep_verdict(rows, SCORE, {})["tests"]) == {PRIMARY, *SECONDARY}
+
+
+def test_the_holm_family_has_four_members():
+    v = sweep_verdict(converging_rows(), SCORE, {})
+    raw = {k: v["tests"][k]["p"] for k in SECONDARY}
+    smallest = min(raw, key=raw.get)
+    assert v["tests"][smallest]["p_holm"] == pytest.approx(min(1.0, 4 * raw[smallest]))
+
+
+# --- the reliability of the seed mean, ICC(1,k)
+
+def old_reliability(m):  # the formula it replaces: 1 - MSW / var(layer means), without the factor k
+    return 1 - m.var(axis=1, ddof=1).mean() / m.mean(axis=1).var(ddof=1)
+
+
+def test_seed_mean_reliability_is_near_zero_without_a_layer_effect():
+    rng = np.random.default_rng(0)
+    layers, k = 12, 3
+    draws = rng.standard_normal((2000, layers, k))
+    new = np.array([reliability(m) for m in draws])
+    old = np.array([old_reliability(m) for m in draws])
+    # MSB and MSW have equal expectations, but the mean of 1 - MSW/MSB = 1 - 1/F is 1 - E[F(L(k-1), L-1)]
+    # = 1 - (L-1)/(L-3) = -2/(L-3): -0.22 at 12 layers (the ratio's bias), not 1 - k as the old one
+    assert new.mean() == pytest.approx(-2 / (layers - 3), abs=0.05)
+    assert old.mean() == pytest.approx(1 - k * (layers - 1) / (layers - 3), abs=0.15)  # -2.67
+    assert abs(new.mean() - old.mean()) > 2
+    assert abs(np.median(new)) < 0.1  # the typical value without a layer effect is 0
+    many = np.array([reliability(m) for m in rng.standard_normal((500, 100, k))])
+    assert many.mean() == pytest.approx(0, abs=0.05)  # the bias vanishes with the layer count
+
+
+def test_seed_mean_reliability_is_near_one_with_a_strong_layer_effect():
+    rng = np.random.default_rng(1)
+    m = 10 * rng.standard_normal((12, 1)) + rng.standard_normal((12, 3))
+    assert reliability(m) > 0.95
+
+
+def test_seed_mean_reliability_is_one_minus_one_over_the_anova_f():
+    rng = np.random.default_rng(2)
+    for effect in (0.0, 0.5, 2.0):
+        m = effect * rng.standard_normal((8, 1)) + rng.standard_normal((8, 4))
+        f = stats.f_oneway(*m).statistic  # one group per layer, its seeds the observations
+        assert reliability(m) == pytest.approx(1 - 1 / f)
+    # hand-made: MSW = mean(0.02, 0.02, 0.08) = 0.04, MSB = 2 var(1.1, 2.1, 3.2) = 2.2067
+    assert reliability([[1.0, 1.2], [2.0, 2.2], [3.0, 3.4]]) == pytest.approx(1 - 0.04 / (2 * np.var([1.1, 2.1, 3.2],
+                                                                                                       ddof=1)))
+
+
+def test_the_verdict_measures_reliability_over_the_seeds_every_tested_layer_has():
+    rows = converging_rows()
+    extra = dict(rows[-1], seed=7, **{k: 50.0 for k in (PRIMARY, *SECONDARY)})  # a third seed of layer 5 only
+    v = sweep_verdict(rows + [extra], SCORE, {})
+    common = np.array([[r[PRIMARY] for r in rows if r["layer"] == l] for l in range(1, 6)])
+    assert v["reliability"][PRIMARY] == pytest.approx(reliability(common))
+
+
+# --- the registered score, whatever weights the ranking used
+
+def scanned_run(tmp_path, weights, log=False):
+    """A run folder with what `summarise` reads: geometry.json (7 layers of made-up proxies),
+    ranking.csv ranked with `weights` and ranking.json recording them."""
+    from geoprobe.pipeline import GEOMETRY
+    from geoprobe.ranking import rank_layers
+    from geoprobe.report.tables import write_csv
+
+    rng = np.random.default_rng(4)
+    layers = [{"layer": l, **{norm: {p: {"value": float(v), "ci": [float(v), float(v)]}
+                                     for p, v in zip(("curv", "mono", "erank"), rng.uniform(0.5, 5, 3))}
+                              for norm in ("trace", "none")},
+               "participation_ratio": 1.0, "entropy_rank": 1.0, "duplicate_fraction": 0.0, "massive": 0}
+              for l in range(7)]
+    geometry = {"settings": {"normalize": "trace"}, "layers": layers}
+    (tmp_path / GEOMETRY).write_text(json.dumps(geometry))
+    write_csv(rank_layers(geometry, weights, log), tmp_path / "ranking.csv")
+    (tmp_path / "ranking.json").write_text(json.dumps({"weights": list(weights), "log": log}))
+    return geometry
+
+
+def test_the_tested_score_is_the_registered_one_whatever_weights_the_ranking_used(tmp_path):
+    from geoprobe.ranking import layer_scores
+    from geoprobe.sweep import ranking_rows, summarise
+
+    other = (0.0, 0.0, 1.0)
+    geometry = scanned_run(tmp_path, other, log=True)
+    tested = list(range(1, 7))
+    registered = layer_scores(geometry, tested, REGISTERED_WEIGHTS, REGISTERED_LOG)
+    tuned = layer_scores(geometry, tested, other, True)
+    assert stats.spearmanr(list(registered.values()), list(tuned.values())).statistic < 0.9  # they differ
+    # losses that fall exactly with the registered score
+    order = sorted(tested, key=registered.get)
+    rows = rows_for({0: [0.0, 0.0], **{l: [1 - 0.1 * order.index(l) + e for e in (0.0, 0.01)] for l in tested}},
+                    seeds=(0, 1))
+    v = summarise(tmp_path, rows)
+    assert v["scores"]["score"] == {str(l): pytest.approx(s) for l, s in registered.items()}
+    assert v["tests"][PRIMARY]["rho"] == pytest.approx(-1.0)
+    assert v["chosen_layer"] == max(tested, key=registered.get)
+    # the every-layer control is z-scored over all 7 scanned layers with the registered weights, not ranking.csv's
+    everywhere = layer_scores(geometry, list(range(7)), REGISTERED_WEIGHTS, REGISTERED_LOG)
+    assert v["scores"]["score_all_layers"] == {str(l): pytest.approx(everywhere[l]) for l in tested}
+    assert [r["score"] for r in ranking_rows(tmp_path) if r["layer"] in tested] != \
+        pytest.approx([everywhere[l] for l in tested])
+    assert v["registered_score"] == {"weights": [1.0, 1.0, 1.0], "log": False}
+    assert v["ranking_weights"] == {"weights": [0.0, 0.0, 1.0], "log": True}
+    assert any(line.startswith("The ranking used other weights (0, 0, 1, logs); the test ignores them")
+               for line in v["statement"])
+    scanned_run(tmp_path, REGISTERED_WEIGHTS)  # ranked with the registered weights: nothing to say
+    same = summarise(tmp_path, rows)
+    assert "ranking_weights" not in same and not any("other weights" in line for line in same["statement"])
+    assert same["scores"] == v["scores"]
+
+
+def test_the_vectorised_bootstrap_rho_is_scipys_spearmanr_row_by_row():
+    # the verdict's bootstrap intervals rank every resample at once; ties and constant rows included
+    import warnings
+
+    from geoprobe.metrics.correlation import _rows_rho
+
+    rng = np.random.default_rng(5)
+    x, y = np.round(rng.standard_normal(7), 1), np.round(rng.standard_normal(7), 1)
+    draws = rng.integers(0, 7, size=(500, 7))
+    draws[0] = 3  # one pair repeated: constant ranks
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = np.array([stats.spearmanr(x[d], y[d]).statistic for d in draws])
+    got = _rows_rho(x[draws], y[draws])
+    assert np.isnan(got[0]) and np.array_equal(np.isnan(got), np.isnan(expected))
+    assert np.allclose(got[~np.isnan(got)], expected[~np.isnan(expected)], atol=1e-12)

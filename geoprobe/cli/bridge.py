@@ -16,9 +16,18 @@ Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
 CorpusOpt = Annotated[str | None, typer.Option("--corpus", help="Text source, when there is no --run.")]
 Lr = Annotated[float, typer.Option("--lr", help="Peak learning rate.")]
-DModel = Annotated[int, typer.Option("--d-model", min=8, help="Bridge transformer width.")]
-NLayers = Annotated[int, typer.Option("--n-layers", min=1, help="Bridge transformer blocks.")]
-NHeads = Annotated[int, typer.Option("--n-heads", min=1, help="Bridge attention heads.")]
+DModel = Annotated[int, typer.Option("--d-model", min=0, help="Bridge transformer width (0: d/2 rounded up to "
+                                     "64, within 128..1024).")]
+NLayers = Annotated[int, typer.Option("--n-layers", min=0, help="Bridge transformer blocks (0: 2 + layer // 4, "
+                                      "at most 6).")]
+NHeads = Annotated[int, typer.Option("--n-heads", min=0, help="Bridge attention heads (0: width / 64).")]
+RegressionFrac = Annotated[float, typer.Option("--regression-frac", min=0.0, max=1.0, help="Share of training "
+                                               "sequences that are the plain regression validation scores (clean "
+                                               "condition and tau = 0).")]
+TrainTokens = Annotated[int, typer.Option("--train-tokens", min=1, help="Training pool: its teacher states are "
+                                          "computed once and held in RAM for every layer and seed.")]
+Ceiling = Annotated[bool, typer.Option("--ceiling", help="Also train the ceiling control per layer: the same "
+                                       "network as a plain clean regression (what the diffusion part costs).")]
 SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise (0 = deterministic path).")]
 TauZero = Annotated[float, typer.Option("--tau-zero", min=0.0, max=1.0, help="Share of training sequences at "
                                         "tau = 0, the regression from the source alone that sampling starts from.")]
@@ -39,13 +48,10 @@ Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: cor
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
 
 
-def _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-              eval_every, vocab, precision, tau_zero):
+def _settings(**flags):
     from geoprobe.sweep import bridge_settings
 
-    return bridge_settings(d_model=d_model, n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b,
-                           bridge_steps=bridge_steps, vocab=vocab, precision=precision, tau_zero=tau_zero, steps=steps,
-                           batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, until=until, eval_every=eval_every)
+    return bridge_settings(**flags)
 
 
 def _bars(label: str):
@@ -64,7 +70,8 @@ def bridge(
     lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
+    tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
+    train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
     eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
@@ -76,8 +83,10 @@ def bridge(
     from geoprobe.report.terminal import print_table
     from geoprobe.sweep import bridge_run
 
-    settings = _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                         eval_every, vocab, precision, tau_zero)
+    settings = _settings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, d_model=d_model,
+                         n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
+                         until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
+                         regression_frac=regression_frac, train_tokens=train_tokens)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     show({**metrics, "dir": str(folder)}, lambda: print_table(
         f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
@@ -95,11 +104,12 @@ def sweep(
     lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    tau_zero: TauZero = DEFAULT.tau_zero, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
+    tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
+    train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
     eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
-    dtype: Dtype = "auto", force: Force = False,
+    dtype: Dtype = "auto", force: Force = False, ceiling: Ceiling = False,
 ):
     """One bridge per layer and seed, each trained to its plateau under one step cap; then the
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
@@ -107,22 +117,23 @@ def sweep(
     controls (depth, massive channels, other ways to compute the score)."""
     from geoprobe.sweep import parse_seeds, sweep_run
 
-    settings = _settings(steps, batch_size, seq_len, lr, d_model, n_layers, n_heads, sigma_b, bridge_steps, seed, until,
-                         eval_every, vocab, precision, tau_zero)
+    settings = _settings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, d_model=d_model,
+                         n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
+                         until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
+                         regression_frac=regression_frac, train_tokens=train_tokens)
     chosen_seeds = parse_seeds(seeds) if seeds else [seed]
-    result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source)
+    result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source, ceiling)
     if result is not None:  # data-parallel ranks: rank 0 reports
         show(result, lambda: print_verdict(f"sweep of {run}", result["verdict"], result["plot"]))
 
 
 def print_verdict(title: str, verdict: dict, plot: str | None = None) -> None:
     """The per-layer table (seed mean ± sd) and the verdict's plain lines."""
-    from geoprobe.report.sweep import layer_rows
+    from geoprobe.report.sweep import layer_columns, layer_rows
     from geoprobe.report.terminal import print_table
-    from geoprobe.verdict import PRIMARY
 
     rows = layer_rows(verdict)
-    keys = ["layer", "role", "score", "seeds", PRIMARY, "nmse", "delta_ce"]
+    keys = [k for k in layer_columns(rows) if k not in ("nmse_noisy", "objective")]
     print_table(title, keys, [["—" if r[k] is None else r[k] for k in keys] for r in rows])
     for line in verdict.get("statement", []):
         print(line)

@@ -4,7 +4,11 @@ sd of every loss), the tests and the controls."""
 from __future__ import annotations
 
 from geoprobe.report.compare import markdown_table
-from geoprobe.verdict import LOSSES, SCORE_VARIANTS
+from geoprobe.verdict import LAYER_CONTROLS, LOSSES, SCORE_VARIANTS
+
+# the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped
+CONTROL_HEADERS = {"control_mean_nmse_dim": "mean", "control_lookup_nmse_dim": "lookup",
+                   "control_ridge_nmse_dim": "ridge", "ceiling_nmse_dim": "ceiling"}
 
 
 def _pm(row: dict, loss: str) -> str:
@@ -22,8 +26,18 @@ def layer_rows(verdict: dict) -> list[dict]:
         source = r["layer"] in verdict["source_layers"]
         rows.append({"layer": r["layer"], "role": "source (not tested)" if source else "tested",
                      "score": "not tested" if source else f"{scores[str(r['layer'])]:.3g}", "seeds": r["seeds"],
-                     **{loss: _pm(r, loss) for loss in LOSSES}})
+                     **{loss: _pm(r, loss) for loss in LOSSES}, "nmse_dim 1 step": _pm(r, "nmse_dim_1step"),
+                     **{CONTROL_HEADERS[k]: "—" if r.get(k) is None else f"{r[k]:.4g}" for k in LAYER_CONTROLS},
+                     "plateau": f"{r.get('plateau', 0)}/{r['seeds']}",
+                     "steps": "—" if r.get("steps_mean") is None else f"{r['steps_mean']:.0f}"})
     return rows
+
+
+def layer_columns(rows: list[dict]) -> list[str]:
+    """The per-layer table's columns: every loss, then the controls a sweep recorded (nmse_dim)."""
+    controls = [h for h in CONTROL_HEADERS.values() if any(r[h] != "—" for r in rows)]
+    return ["layer", "role", "score", "seeds", "nmse_dim", "nmse_dim 1 step", *controls, "plateau", "steps",
+            *LOSSES[1:]]
 
 
 def test_rows(verdict: dict) -> list[dict]:
@@ -59,7 +73,11 @@ def sweep_section(sweep: dict) -> list[str]:
              "the true states (nats), `nmse_noisy` the nmse averaged over condition SNRs, `objective` the loss the "
              "bridge trains on. Values are seed mean ± sd; 1 = no better than predicting the mean state.", ""]
     parts += [f"- {line}" for line in v.get("statement", [])]
-    parts += ["", markdown_table(layer_rows(v), ["layer", "role", "score", "seeds", *LOSSES]), ""]
+    rows = layer_rows(v)
+    parts += ["", "Per layer: the bridges' losses (seed mean ± sd), beside the layer's closed-form controls' nmse_dim "
+              "(mean state, token-identity lookup, ridge on a window of input embeddings; the ceiling: the same "
+              "network as a plain regression), and how many bridges stopped by their plateau (mean steps run).", "",
+              markdown_table(rows, layer_columns(rows)), ""]
     if v.get("tests"):
         tests = test_rows(v)
         parts += ["Tests (one-sided: the claim is ρ < 0, higher score = lower loss; Holm over the secondary losses):",

@@ -1,0 +1,214 @@
+"""Closed-form controls for the hidden-state bridges: what "learned" means.
+
+A bridge reconstructs h_l at every position from the tokens. Its nmse means little on its own: a
+layer whose state is mostly a function of the current token is "reconstructed" by a lookup table.
+These controls are simple predictors of h_l, fitted on the training positions and scored on
+held-out ones; a reviewer wants them beside every bridge number, because a bridge is only worth
+its cost by the margin it has over the best of them.
+
+* `mean_control`: the train mean state everywhere. Its nmse is 1 by definition (up to the gap
+  between train and query means): the floor that says "predicts nothing".
+* `token_lookup`: the mean train state of each token id (unigram). It measures how much of h_l is
+  a per-token constant, i.e. how much the layer still looks like an embedding table.
+* `ridge_control`: ridge regression of h_l on the input-embedding rows of the current token and
+  the `window` tokens before it (left context only, as the causal model sees). It measures how
+  much is a linear function of a short context: what a bridge beats only if it uses longer-range
+  or non-linear structure. Closed form (one eigendecomposition serves every penalty); the penalty
+  is chosen on a separate `stop` split, never on the positions it is reported on.
+
+Splits are duck-typed: `split.ids` (N,) token ids of every block concatenated, `split.starts`
+(B+1,) block offsets (position 0 of each block is its BOS token), `split.states[layer]` (N, d)
+float32 teacher states row-aligned with ids. Position 0 (BOS) is excluded from ridge fitting and
+selection: the bridge never generates it (its state is the backbone's own), and its state is an
+outlier (attention sink) that would dominate a least-squares fit. Every control still returns a
+prediction for every query position, BOS included; score positions >= 1 as for a bridge.
+`nmse_dim` is the per-channel nmse of bridges.fit.validate: the mean over channels with nonzero
+variance of sum of squared error / sum of squared deviation from the channel's mean.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK = 8192  # rows per chunk: bounds the features (and float64 copies of states) held at once
+
+
+def _ids(query) -> torch.Tensor:
+    """A split's ids, or the ids themselves: lookup and mean need nothing else of the query."""
+    return query.ids if hasattr(query, "ids") else torch.as_tensor(query, dtype=torch.long)
+
+
+def nmse_dim(prediction: torch.Tensor, target: torch.Tensor) -> float:
+    """Mean over channels with nonzero variance of sum_i (P_ic - T_ic)^2 / sum_i (T_ic - mean_c T)^2,
+    in float64 by chunks of rows (no full float64 copy of a large split). NaN if no channel varies."""
+    if prediction.shape != target.shape:
+        raise ValueError(f"prediction {tuple(prediction.shape)} and target {tuple(target.shape)} differ")
+    d = target.shape[1]
+    total = torch.zeros(d, dtype=torch.float64, device=target.device)
+    for s in range(0, len(target), CHUNK):
+        total += target[s:s + CHUNK].double().sum(0)
+    mean = total / max(len(target), 1)
+    err = torch.zeros_like(total)
+    var = torch.zeros_like(total)
+    for s in range(0, len(target), CHUNK):
+        t = target[s:s + CHUNK].double()
+        err += (prediction[s:s + CHUNK].double() - t).square().sum(0)
+        var += (t - mean).square().sum(0)
+    varying = var > 0
+    return float((err[varying] / var[varying]).mean()) if bool(varying.any()) else float("nan")
+
+
+def mean_control(train, layer: int, query) -> torch.Tensor:
+    """The train mean state at every query position (Nq, d) float32."""
+    states = train.states[layer]
+    total = sum(states[s:s + CHUNK].double().sum(0) for s in range(0, len(states), CHUNK))
+    mean = (total / len(states)).float()
+    return mean.expand(len(_ids(query)), -1).clone()
+
+
+def token_lookup(train, layer: int, query) -> torch.Tensor:
+    """The mean train state of each query token id (Nq, d) float32; an id never seen in training
+    gets the overall train mean (the best guess that knows nothing of the token)."""
+    states = train.states[layer]
+    q_ids = _ids(query).to(train.ids.device)
+    # Rows only for the ids that occur (train or query): a dense V x d float64 table would be
+    # 4 GB at V = 128k, d = 4096, while a corpus touches a small share of the vocabulary.
+    unique, inverse = torch.unique(torch.cat([train.ids, q_ids]), return_inverse=True)
+    train_slot, query_slot = inverse[:len(train.ids)], inverse[len(train.ids):]
+    sums = torch.zeros(len(unique), states.shape[1], dtype=torch.float64, device=states.device)
+    for s in range(0, len(states), CHUNK):  # float64 sums: long token histories lose float32 digits
+        sums.index_add_(0, train_slot[s:s + CHUNK].to(states.device), states[s:s + CHUNK].double())
+    counts = torch.bincount(train_slot, minlength=len(unique)).to(sums)
+    overall = sums.sum(0) / max(len(states), 1)
+    seen = counts > 0
+    table = torch.where(seen[:, None], sums / counts.clamp(min=1)[:, None], overall)
+    return table[query_slot.to(states.device)].float()
+
+
+def window_features(split, embeddings: torch.Tensor, window: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """[E[x_i], E[x_{i-1}], ..., E[x_{i-window}]] for each position i (all, or the flat indices
+    `rows`): (n, (window+1) * d_e) float32, zeros where i-k falls before the block's start (the
+    true state is causal and sees only its own block's earlier tokens)."""
+    ids = split.ids.to(embeddings.device)
+    starts = split.starts.to(embeddings.device)
+    rows = torch.arange(len(ids), device=ids.device) if rows is None else rows.to(ids.device)
+    # right=True: the last block starting at or before the row (skips empty blocks' repeated starts)
+    block_start = starts[torch.searchsorted(starts, rows, right=True) - 1]
+    parts = []
+    for k in range(window + 1):
+        src = rows - k
+        inside = (src >= block_start).unsqueeze(1)
+        parts.append(embeddings[ids[src.clamp(min=0)]].float() * inside)
+    return torch.cat(parts, dim=1)
+
+
+def _non_bos_rows(split) -> torch.Tensor:
+    """Flat indices of the positions >= 1 of every block."""
+    n = len(split.ids)
+    keep = torch.ones(n, dtype=torch.bool)
+    firsts = split.starts[:-1].cpu()
+    keep[firsts[firsts < n]] = False  # an empty block's start is the next block's BOS (or n)
+    return keep.nonzero().squeeze(1)
+
+
+def _chunks(rows: torch.Tensor):
+    return (rows[s:s + CHUNK] for s in range(0, len(rows), CHUNK))
+
+
+def _normal_equations(split, rows, layer, embeddings, window):
+    """Means of X and Y over `rows` and the centred XᵀX, XᵀY in float64, a chunk of features at a
+    time. Two passes (means first) rather than XᵀX - n mu muᵀ: no cancellation when the means are
+    large against the spread (massive activation channels)."""
+    states = split.states[layer]
+    p = (window + 1) * embeddings.shape[1]
+    sx = torch.zeros(p, dtype=torch.float64, device=states.device)
+    sy = torch.zeros(states.shape[1], dtype=torch.float64, device=states.device)
+    for r in _chunks(rows):
+        sx += window_features(split, embeddings, window, r).to(states.device).double().sum(0)
+        sy += states[r.to(states.device)].double().sum(0)
+    mx, my = sx / len(rows), sy / len(rows)
+    xtx = torch.zeros(p, p, dtype=torch.float64, device=states.device)
+    xty = torch.zeros(p, states.shape[1], dtype=torch.float64, device=states.device)
+    for r in _chunks(rows):
+        x = window_features(split, embeddings, window, r).to(states.device).double() - mx
+        xtx += x.T @ x
+        xty += x.T @ (states[r.to(states.device)].double() - my)
+    return mx, my, xtx, xty
+
+
+def _predict(split, rows, embeddings, window, mx, my, weight) -> torch.Tensor:
+    """(X - mu_x) W + mu_y at `rows`, a chunk of features at a time; float32."""
+    out = []
+    for r in _chunks(rows):
+        x = window_features(split, embeddings, window, r).to(weight.device).double() - mx
+        out.append((x @ weight + my).float())
+    return torch.cat(out) if out else torch.zeros(0, len(my), device=weight.device)
+
+
+def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, window: int = 4,
+                  lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0), max_rows: int = 65536, seed: int = 0):
+    """Ridge regression of h_l on window_features (intercept unpenalised), penalty
+    lambda * tr(XcᵀXc) / p * I for each relative lambda (scale-free: the same grid suits any layer
+    and embedding scale), lambda chosen by nmse_dim on `stop`'s positions >= 1. Fitted on at most
+    `max_rows` train positions >= 1 (a seeded random subset beyond). Returns (predictions at every
+    query position (Nq, d) float32, info)."""
+    rows = _non_bos_rows(train)
+    available = len(rows)
+    if available == 0:
+        raise ValueError("ridge_control: the train split has no position >= 1")
+    if available > max_rows:  # bounded cost; seeded, so a rerun fits the same rows
+        pick = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:max_rows]
+        rows = rows[pick.sort().values]
+    mx, my, xtx, xty = _normal_equations(train, rows, layer, embeddings, window)
+    p = xtx.shape[0]
+    scale = float(torch.trace(xtx)) / p
+    # One eigendecomposition serves every lambda: W = Q diag(1 / (e + alpha)) Qᵀ XᵀY.
+    evals, evecs = torch.linalg.eigh(xtx)
+    rotated = evecs.T @ xty
+
+    def weight(lam: float) -> torch.Tensor:
+        denom = evals.clamp(min=0) + lam * scale
+        inv = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-300), torch.zeros_like(denom))
+        return evecs @ (rotated * inv[:, None])
+
+    by_lambda = {}
+    if stop is None and len(lambdas) > 1:
+        raise ValueError("ridge_control: choosing among several lambdas needs a stop split")
+    if stop is not None:
+        stop_rows = _non_bos_rows(stop)
+        target = stop.states[layer][stop_rows.to(stop.states[layer].device)]
+        for lam in lambdas:
+            pred = _predict(stop, stop_rows, embeddings, window, mx, my, weight(float(lam)))
+            by_lambda[float(lam)] = nmse_dim(pred, target.to(pred.device))
+    # never the query: the penalty is chosen on positions the reported score does not see
+    chosen = min(by_lambda, key=by_lambda.get) if by_lambda else float(lambdas[0])
+    query_rows = torch.arange(len(query.ids))
+    predictions = _predict(query, query_rows, embeddings, window, mx, my, weight(chosen))
+    info = {"window": window, "lambda": chosen, "train_rows": len(rows), "stop_nmse_dim_by_lambda": by_lambda,
+            "train_rows_available": available, "subsampled": available > max_rows, "seed": seed}
+    return predictions, info
+
+
+def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor: float | None,
+                   window: int = 4) -> dict:
+    """The controls of one layer from a run's cached teacher states (bridges.states): each
+    fitted on the training pool (the ridge's penalty chosen on the stopping split) and scored on
+    the validation split exactly as a bridge is (positions >= 1, massive rows left out):
+    control_{mean,lookup,ridge}_{nmse,nmse_dim}, and the ridge's settings."""
+    from bridges.fit import generated_rows, scored_rows, state_losses
+
+    rows = generated_rows(states.val)
+    target = states.val.states[layer][rows].double()
+    scored = scored_rows(target, massive_factor)
+    ridge, info = ridge_control(states.train, states.stop if len(states.stop) else None, states.val, layer,
+                                embeddings, window=window, lambdas=(1e-2,) if not len(states.stop) else
+                                (1e-3, 1e-2, 1e-1, 1.0, 10.0))
+    predictions = {"mean": mean_control(states.train, layer, states.val),
+                   "lookup": token_lookup(states.train, layer, states.val), "ridge": ridge}
+    out = {}
+    for name, prediction in predictions.items():
+        error = (prediction[rows].double() - target) ** 2
+        for key, value in state_losses(target[scored], error[scored]).items():
+            out[f"control_{name}_{key}"] = value
+    out["control_ridge"] = {"window": info["window"], "lambda": info["lambda"], "train_rows": info["train_rows"]}
+    return out

@@ -1,0 +1,155 @@
+"""Teacher states computed once per run, for every layer a run's bridges need.
+
+Before, each bridge step re-ran the frozen prefix on its batch (43-67 % of a SmolLM2 step's
+FLOPs), each evaluation re-forwarded the fixed stopping blocks, and every layer and seed
+recomputed `ref_ce`. Here one pass of the frozen prefix, stopped after the deepest layer,
+stores the states of layer 0 and of every requested layer for the training pool, the stopping
+split and the validation split; every layer and seed trains and validates from them.
+
+The states are kept in host RAM as float32 (the bits the on-the-fly teacher gives: tested), one
+(tokens, d) tensor per layer and split; `plan` says how much room that takes and a run that
+would not fit is refused in one line before the backbone runs. `ref_ce`, the frozen model's own
+next-token loss on the validation blocks, is computed once here: it is the same for every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from geoprobe.device import upload
+from geoprobe.errors import BadInput
+from geoprobe.extract import pad_batch
+from geoprobe.files import human
+
+HEADROOM = 0.6  # the share of the RAM available that the states may take (the backbone and training need the rest)
+
+
+@dataclass
+class Split:
+    """One split's blocks, flattened: block b's positions are ids[starts[b]:starts[b + 1]] and
+    states[layer][starts[b]:starts[b + 1]] are their (float32) states; position 0 is the BOS."""
+
+    blocks: list
+    ids: torch.Tensor
+    starts: torch.Tensor
+    states: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def batch(self, indices: list[int], layers: tuple[int, ...], pad_id: int, device, length: int | None = None):
+        """(ids, mask, {layer: (B, L, d) states}) for blocks `indices`, padded to `length` (default
+        the longest of them) with zero states, on `device`."""
+        chosen = [self.blocks[i] for i in indices]
+        ids, mask = pad_batch(chosen, pad_id, device, length)
+        states = {}
+        for layer in layers:
+            table = self.states[layer]
+            out = torch.zeros(len(indices), ids.shape[1], table.shape[1], dtype=table.dtype)
+            for row, i in enumerate(indices):
+                start, end = int(self.starts[i]), int(self.starts[i + 1])
+                out[row, :end - start] = table[start:end]
+            states[layer] = upload(out, device)
+        return ids, mask, states
+
+    def fixed(self, size: int, layers: tuple[int, ...], pad_id: int, device):
+        """The whole split in order, `size` blocks at a time."""
+        for start in range(0, len(self.blocks), size):
+            yield self.batch(list(range(start, min(start + size, len(self.blocks)))), layers, pad_id, device)
+
+
+@dataclass
+class TeacherStates:
+    """The states of a run's bridges: the training pool, the stopping and the validation split,
+    the layers held, and the frozen model's next-token loss on the validation blocks."""
+
+    train: Split
+    stop: Split
+    val: Split
+    layers: tuple[int, ...]
+    hidden_size: int
+    ref_ce: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for s in (self.train, self.stop, self.val) for t in s.states.values())
+
+
+def plan_bytes(tokens: int, layers, hidden_size: int) -> int:
+    """Host bytes of the states of `tokens` positions at `layers` (float32)."""
+    return tokens * len(set(layers)) * hidden_size * 4
+
+
+def check_room(tokens: int, layers, hidden_size: int, available: int | None = None) -> int:
+    """The planned bytes; refused in one line when they exceed HEADROOM of the RAM available."""
+    from geoprobe.memory import memory_available
+
+    need = plan_bytes(tokens, layers, hidden_size)
+    available = memory_available(torch.device("cpu")) if available is None else available
+    if need > HEADROOM * available:
+        raise BadInput(f"the teacher states of {tokens:,} positions x {len(set(layers))} layers x d={hidden_size} need "
+                       f"{human(need)} of RAM, over {HEADROOM:.0%} of the {human(available)} available: pass a smaller "
+                       "--train-tokens or fewer --layers")
+    return need
+
+
+def _flatten(blocks: list) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([len(b.tokens) for b in blocks], dtype=torch.long)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    ids = torch.cat([torch.as_tensor(b.tokens, dtype=torch.long) for b in blocks]) if blocks else \
+        torch.zeros(0, dtype=torch.long)
+    return ids, starts
+
+
+@torch.no_grad()
+def compute_split(backbone, blocks: list, layers, pad_id: int, batch_size: int, progress=None) -> Split:
+    """The states of `blocks` at `layers`: the frozen prefix on `batch_size` blocks at a time,
+    stopped after the deepest layer, each block's rows copied out without its padding."""
+    from geoprobe.capture import capture
+
+    layers = tuple(sorted(set(layers)))
+    ids, starts = _flatten(blocks)
+    split = Split(blocks, ids, starts, {l: torch.empty(len(ids), backbone.hidden_size) for l in layers})
+    for first in range(0, len(blocks), batch_size):
+        chosen = blocks[first:first + batch_size]
+        batch_ids, mask = pad_batch(chosen, pad_id, backbone.input_device)
+        got = capture(backbone, batch_ids, mask, layers=layers)
+        for layer in layers:
+            states = got[layer].float().cpu()
+            for row, block in enumerate(chosen):
+                start = int(starts[first + row])
+                split.states[layer][start:start + len(block.tokens)] = states[row, :len(block.tokens)]
+        if progress is not None:
+            progress.advance(len(chosen))
+    return split
+
+
+@torch.no_grad()
+def reference_ce(backbone, split: Split, pad_id: int, batch_size: int) -> float:
+    """The frozen model's next-token cross-entropy on `split` (position i predicts i + 1, from
+    the layer-0 states through every block and the head): the `ref_ce` of every bridge."""
+    total, count = 0.0, 0.0
+    for ids, mask, states in split.fixed(batch_size, (0,), pad_id, backbone.input_device):
+        final = backbone.final_from(0, states[0], attention_mask=mask)[:, :-1]
+        ce = backbone.token_losses(final, ids[:, 1:])
+        pair = mask[:, 1:].float()
+        total += float((ce * pair).sum())
+        count += float(pair.sum())
+    return total / max(count, 1.0)
+
+
+def teacher_states(backbone, train_blocks: list, stop_blocks: list, val_blocks: list, layers, batch_size: int = 8,
+                   progress=None) -> TeacherStates:
+    """One pass of the frozen prefix over the three splits at layer 0 and `layers` (checked
+    against the RAM first), and the reference loss on the validation split."""
+    layers = tuple(sorted({0, *layers}))
+    tokens = sum(len(b.tokens) for b in (*train_blocks, *stop_blocks, *val_blocks))
+    check_room(tokens, layers, backbone.hidden_size)
+    pad_id = backbone.tokenizer.pad_token_id if backbone.tokenizer.pad_token_id is not None else 0
+    if progress is not None:
+        progress.start(total=len(train_blocks) + len(stop_blocks) + len(val_blocks))
+    splits = [compute_split(backbone, blocks, layers, pad_id, batch_size, progress)
+              for blocks in (train_blocks, stop_blocks, val_blocks)]
+    return TeacherStates(*splits, layers, backbone.hidden_size, reference_ce(backbone, splits[2], pad_id, batch_size))
