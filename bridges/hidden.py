@@ -72,10 +72,6 @@ class BridgeConfig:
     # *and* tau = 0 (drawn independently, clean_frac x tau_zero was 1/8 of them); 1 = the ceiling control
     regression_frac: float = 0.5
     residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
-    # a learned d_model-wide vector per token, mixed by the converter's posterior as the source is
-    # (a clean row: its token's own), beside the source at the network's input: the update can
-    # then learn what each token contributes directly, rather than through an MLP of its embedding
-    token_input: bool = True
     # standardisation of source and target: "channel" (each channel by its own mean and spread, so
     # the loss weighs channels as nmse_dim does) or "scalar" (one scale per layer: older bridges)
     scale: str = "channel"
@@ -119,9 +115,7 @@ class HiddenBridge(nn.Module):
             self.converter = Converter(cfg.support_size or cfg.vocab_size)
             self.mask_vector = nn.Parameter(torch.zeros(d))
             self.time_mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.SiLU())
-            self.inp = nn.Linear(2 * d + self.token_width, cfg.d_model)
-            rows = cfg.support_size or cfg.vocab_size
-            self.token_features = nn.Parameter(0.02 * torch.randn(rows, self.token_width)) if cfg.token_input else None
+            self.inp = nn.Linear(2 * d, cfg.d_model)
             self.net = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cond_dim=cfg.d_model))
             self.out = nn.Linear(cfg.d_model, d)
             if cfg.residual:  # start from the carried source: the update is learned from zero
@@ -167,11 +161,6 @@ class HiddenBridge(nn.Module):
             return weight
         return weight * (target.norm(dim=-1) <= self.massive_norm)
 
-    @property
-    def token_width(self) -> int:
-        """The width of the learned per-token features the source carries after the backbone's d."""
-        return self.cfg.d_model if self.cfg.token_input else 0
-
     def set_support(self, ids: torch.Tensor) -> None:
         """The backbone ids the converter can put mass on (sorted, unique, `support_size` of them)."""
         self.support.copy_(ids)
@@ -189,10 +178,9 @@ class HiddenBridge(nn.Module):
 
     def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,
                clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
-        """a = pi E + pi_mask m + p, followed (with `token_input`) by the same mixture of the
-        bridge's learned per-token features (the mask slot's are zero): (B, L, d + token_width).
-        Rows flagged `clean` (a (B,) bool mask, best on the host: which rows are clean is then
-        decided without waiting for the device) use the one-hot mixture of their tokens.
+        """a = pi E + pi_mask m + p; rows flagged `clean` (a (B,) bool mask, best on the host:
+        which rows are clean is then decided without waiting for the device) use the one-hot
+        mixture of their tokens.
 
         With a corpus support the posterior covers only the tokens the corpus contains: exactly
         the full-vocabulary converter whose prior (bias) is -inf on every other token, at a
@@ -204,31 +192,20 @@ class HiddenBridge(nn.Module):
         if self.cfg.support_size:
             table = F.embedding(self.support, table)
         kept = self._kept_embeddings(embeddings)
-        mask_vector = self.mask_vector
-        if self.cfg.token_input:  # one product mixes both tables
-            kept = torch.cat([kept, self.token_features.to(kept.dtype)], dim=1)
-            mask_vector = torch.cat([mask_vector, mask_vector.new_zeros(self.token_width)])
-            offsets = F.pad(offsets, (0, self.token_width))
         clean = None if clean is None else clean.cpu()
         if clean is None or not clean.any():
-            a = Converter.mix(self.converter(z, table), kept, mask_vector)
+            a = Converter.mix(self.converter(z, table), kept, self.mask_vector)
         else:
             # a clean row's one-hot mixture is its token's row: index it, and spend the mixture
             # only on the noisy rows (a quarter of the batch is clean in training)
             a = embeddings[clean_tokens].to(table.dtype)
-            if self.cfg.token_input:
-                rows = torch.searchsorted(self.support, clean_tokens) if self.cfg.support_size else clean_tokens
-                a = torch.cat([a, self.token_features[rows.clamp(max=len(self.token_features) - 1)]], dim=-1)
             noisy = upload((~clean).nonzero(as_tuple=True)[0], z.device)
             if len(noisy):
-                a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, mask_vector))
+                a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, self.mask_vector))
         return a + offsets
 
     def standardise_source(self, a):
-        """The backbone part of a source standardised; the learned token features as they are."""
-        d = self.cfg.hidden_size
-        backbone = (a[..., :d] - self.source_mean) / self.source_scale
-        return torch.cat([backbone, a[..., d:]], dim=-1) if self.cfg.token_input else backbone
+        return (a - self.source_mean) / self.source_scale
 
     def standardise_target(self, h):
         return (h - self.target_mean) / self.target_scale
@@ -245,7 +222,7 @@ class HiddenBridge(nn.Module):
         if not self.cfg.residual:
             return update
         if self.cfg.scale == "channel":
-            return self.carry_gain * a[..., :self.cfg.hidden_size] + update
+            return self.carry_gain * a + update
         carried = (a * self.source_scale + self.source_mean - self.target_mean) / self.target_scale
         return carried + update
 
@@ -258,9 +235,9 @@ class HiddenBridge(nn.Module):
         a_std, h_std = self.standardise_source(a), self.standardise_target(h)
         tau = upload(torch.rand(len(a), generator=generator) if tau is None else tau, a.device)
         t = tau[:, None, None]
-        y = (1 - t) * a_std[..., :self.cfg.hidden_size] + t * h_std
+        y = (1 - t) * a_std + t * h_std
         if self.cfg.sigma_b > 0:  # a deterministic path (the default) draws no B x L x d noise
-            eps = upload(torch.randn(h.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
+            eps = upload(torch.randn(a.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
             y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
         err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
         weight = self.scored(h, weight)
@@ -271,7 +248,7 @@ class HiddenBridge(nn.Module):
         """h^_l for sources a (B, L, d), in the backbone's coordinates."""
         steps = steps or self.cfg.bridge_steps
         a_std = self.standardise_source(a)
-        y = a_std[..., :self.cfg.hidden_size]
+        y = a_std
         for k in range(steps):
             tau, tau_next = k / steps, (k + 1) / steps
             predicted = self.predict(y, torch.full((len(a),), tau, device=a.device), a_std)
@@ -378,6 +355,6 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = read_config(folder, "bridge")
     # older records have no skip connection and a whole-vocabulary converter
     bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={
-        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "token_input": False}))
+        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0}))
     load_weights(bridge, folder)
     return bridge.to(device).eval(), record
