@@ -58,23 +58,26 @@ def nmse_dim(prediction: torch.Tensor, target: torch.Tensor) -> float:
     return float((err[varying] / var[varying]).mean()) if bool(varying.any()) else float("nan")
 
 
-def mean_control(train, layer: int, query) -> torch.Tensor:
-    """The train mean state at every query position (Nq, d) float32."""
-    states = train.states[layer]
+def mean_control(train, layer: int, query, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The train mean state (over the flat indices `rows`, default all) at every query position
+    (Nq, d) float32."""
+    states = train.states[layer] if rows is None else train.states[layer][rows]
     total = sum(states[s:s + CHUNK].double().sum(0) for s in range(0, len(states), CHUNK))
     mean = (total / len(states)).float()
     return mean.expand(len(_ids(query)), -1).clone()
 
 
-def token_lookup(train, layer: int, query) -> torch.Tensor:
-    """The mean train state of each query token id (Nq, d) float32; an id never seen in training
-    gets the overall train mean (the best guess that knows nothing of the token)."""
-    states = train.states[layer]
-    q_ids = _ids(query).to(train.ids.device)
+def token_lookup(train, layer: int, query, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean train state (over the flat indices `rows`, default all) of each query token id
+    (Nq, d) float32; an id never seen in training gets the overall train mean (the best guess that
+    knows nothing of the token)."""
+    states = train.states[layer] if rows is None else train.states[layer][rows]
+    train_ids = train.ids if rows is None else train.ids[rows]
+    q_ids = _ids(query).to(train_ids.device)
     # Rows only for the ids that occur (train or query): a dense V x d float64 table would be
     # 4 GB at V = 128k, d = 4096, while a corpus touches a small share of the vocabulary.
-    unique, inverse = torch.unique(torch.cat([train.ids, q_ids]), return_inverse=True)
-    train_slot, query_slot = inverse[:len(train.ids)], inverse[len(train.ids):]
+    unique, inverse = torch.unique(torch.cat([train_ids, q_ids]), return_inverse=True)
+    train_slot, query_slot = inverse[:len(train_ids)], inverse[len(train_ids):]
     sums = torch.zeros(len(unique), states.shape[1], dtype=torch.float64, device=states.device)
     for s in range(0, len(states), CHUNK):  # float64 sums: long token histories lose float32 digits
         sums.index_add_(0, train_slot[s:s + CHUNK].to(states.device), states[s:s + CHUNK].double())
@@ -146,13 +149,15 @@ def _predict(split, rows, embeddings, window, mx, my, weight) -> torch.Tensor:
 
 
 def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, window: int = 4,
-                  lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0), max_rows: int = 65536, seed: int = 0):
+                  lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0), max_rows: int = 65536, seed: int = 0,
+                  rows: torch.Tensor | None = None, stop_rows: torch.Tensor | None = None):
     """Ridge regression of h_l on window_features (intercept unpenalised), penalty
     lambda * tr(XcᵀXc) / p * I for each relative lambda (scale-free: the same grid suits any layer
     and embedding scale), lambda chosen by nmse_dim on `stop`'s positions >= 1. Fitted on at most
-    `max_rows` train positions >= 1 (a seeded random subset beyond). Returns (predictions at every
-    query position (Nq, d) float32, info)."""
-    rows = _non_bos_rows(train)
+    `max_rows` train positions >= 1 (a seeded random subset beyond), or of the flat indices `rows`
+    (and `stop_rows` for the choice). Returns (predictions at every query position (Nq, d)
+    float32, info)."""
+    rows = _non_bos_rows(train) if rows is None else rows
     available = len(rows)
     if available == 0:
         raise ValueError("ridge_control: the train split has no position >= 1")
@@ -175,7 +180,7 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
     if stop is None and len(lambdas) > 1:
         raise ValueError("ridge_control: choosing among several lambdas needs a stop split")
     if stop is not None:
-        stop_rows = _non_bos_rows(stop)
+        stop_rows = _non_bos_rows(stop) if stop_rows is None else stop_rows
         target = stop.states[layer][stop_rows.to(stop.states[layer].device)]
         for lam in lambdas:
             pred = _predict(stop, stop_rows, embeddings, window, mx, my, weight(float(lam)))
@@ -200,11 +205,15 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
     rows = generated_rows(states.val)
     target = states.val.states[layer][rows].double()
     scored = scored_rows(target, massive_factor)
-    ridge, info = ridge_control(states.train, states.stop if len(states.stop) else None, states.val, layer,
-                                embeddings, window=window, lambdas=(1e-2,) if not len(states.stop) else
-                                (1e-3, 1e-2, 1e-1, 1.0, 10.0))
-    predictions = {"mean": mean_control(states.train, layer, states.val),
-                   "lookup": token_lookup(states.train, layer, states.val), "ridge": ridge}
+    # fitted on the rows the bridge trains on: positions >= 1 whose state is not massive
+    fit = {name: _unmassive(split, layer, massive_factor) for name, split in (("train", states.train),
+                                                                            ("stop", states.stop))}
+    stop = states.stop if len(fit["stop"]) else None
+    ridge, info = ridge_control(states.train, stop, states.val, layer, embeddings, window=window,
+                                lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0) if stop is not None else (1e-2,),
+                                rows=fit["train"], stop_rows=fit["stop"] if stop is not None else None)
+    predictions = {"mean": mean_control(states.train, layer, states.val, fit["train"]),
+                   "lookup": token_lookup(states.train, layer, states.val, fit["train"]), "ridge": ridge}
     out = {}
     for name, prediction in predictions.items():
         error = (prediction[rows].double() - target) ** 2
@@ -212,3 +221,14 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
             out[f"control_{name}_{key}"] = value
     out["control_ridge"] = {"window": info["window"], "lambda": info["lambda"], "train_rows": info["train_rows"]}
     return out
+
+
+def _unmassive(split, layer: int, massive_factor: float | None) -> torch.Tensor:
+    """A split's positions >= 1 whose state at `layer` is not massive by the scan's rule."""
+    from bridges.fit import generated_rows, massive_threshold
+
+    rows = generated_rows(split)
+    if not len(rows):
+        return rows
+    norms = split.states[layer][rows].norm(dim=1)
+    return rows[norms <= massive_threshold(split.states[layer][rows], massive_factor)]

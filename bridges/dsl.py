@@ -246,6 +246,14 @@ class DSLTrainSettings:
         self.train.validate()
 
 
+def with_loop_defaults(training: dict | None) -> dict | None:
+    """A recorded DSL training dict with the loop settings added since it was written at their
+    defaults (what the loop did before they existed), so that an older run still resumes."""
+    if not training or "train" not in training:
+        return training
+    return {**training, "train": {**json.loads(json.dumps(asdict(TrainConfig()))), **training["train"]}}
+
+
 def dsl_settings(**flags) -> tuple[DSLTrainSettings, DSLConfig]:
     """(training settings, network shape) of `dsl train` from its flags by name (TrainConfig's,
     DSLTrainSettings' and DSLConfig's fields); the rest keep their class defaults."""
@@ -386,7 +394,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             world.barrier()
             if (out / CONFIG).is_file():
                 old = read_config(out)
-                if old.get("training") != json.loads(json.dumps(asdict(settings))) or old.get("identity") != identity:
+                if with_loop_defaults(old.get("training")) != json.loads(json.dumps(asdict(settings))) \
+                        or old.get("identity") != identity:
                     raise BadInput(f"{out} holds another training run; use another --out or --force")
                 tok = load_saved_tokenizer(out)
                 model = _resumed_model(old, out, tok, tokenizer, table_init, init, init_from, seed, dtype)

@@ -52,7 +52,7 @@ def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: st
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                       save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
                       min_steps=max(2 * warmup, 5 * every), precision=precision,
-                      schedule="constant" if until == "plateau" else "cosine")
+                      schedule="constant" if until == "plateau" else "cosine", eval_at_start=True)
     cfg.validate()
     return cfg
 

@@ -86,7 +86,9 @@ class BridgeConfig:
             width, depth, heads = bridge_shape(self.hidden_size, self.layer)
             self.d_model = self.d_model or width
             self.n_layers = self.n_layers or depth
-            self.n_heads = self.n_heads or max(1, self.d_model // 64)
+            # about 64 channels a head, and a count that divides the width (a --d-model of 200: 2)
+            self.n_heads = self.n_heads or next(h for h in range(max(1, self.d_model // 64), 0, -1)
+                                                if self.d_model % h == 0)
 
 
 def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto",

@@ -14,6 +14,7 @@ next-token loss on the validation blocks, is computed once here: it is the same 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -88,10 +89,13 @@ def check_room(tokens: int, layers, hidden_size: int, available: int | None = No
 
     need = plan_bytes(tokens, layers, hidden_size)
     available = memory_available(torch.device("cpu")) if available is None else available
-    if need > HEADROOM * available:
+    # every data-parallel process on this host holds its own copy
+    copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if copies * need > HEADROOM * available:
+        each = f" in each of the {copies} processes on this host" if copies > 1 else ""
         raise BadInput(f"the teacher states of {tokens:,} positions x {len(set(layers))} layers x d={hidden_size} need "
-                       f"{human(need)} of RAM, over {HEADROOM:.0%} of the {human(available)} available: pass a smaller "
-                       "--train-tokens or fewer --layers")
+                       f"{human(need)} of RAM{each}, over {HEADROOM:.0%} of the {human(available)} available: pass a "
+                       "smaller --train-tokens or fewer --layers")
     return need
 
 

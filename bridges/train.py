@@ -3,9 +3,9 @@ rule), AdamW, linear warmup then cosine decay, gradient clipping, an EMA of the 
 autocast where the device computes bf16 natively (or bfloat16 weights themselves, trained with
 stochastically rounded updates: bridges/optim.py), and resumable single-file checkpoints.
 
-Plateau rule (`eval_every` > 0 and an `evaluate` function): the initial weights are scored
-(step 0: what the run starts from, and the weights kept if training never beats them), then
-every `eval_every` steps the EMA weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
+Plateau rule (`eval_every` > 0 and an `evaluate` function): with `eval_at_start` the initial
+weights are scored (step 0: what the run starts from, and the weights kept if training never
+beats them), then every `eval_every` steps the EMA weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
 best score of the last `plateau_window` share of steps (after 0.8 t by default, and never fewer
 than `plateau_evals` evaluations, so that an early flat stretch of two or three points cannot
 stop a run) is less than `plateau_rel` (2%) better than the score at the window's start.
@@ -68,6 +68,7 @@ class TrainConfig:
     # full rate until the plateau rule stops the run (a cosine over the cap makes its own plateau:
     # the rule would see the rate reach zero, not the model stop improving)
     schedule: str = "cosine"
+    eval_at_start: bool = False  # the plateau rule also scores the starting weights (step 0), kept if never beaten
     # auto: bf16 autocast where the device computes bf16 natively; float32: never; bfloat16: the
     # model's bfloat16 parameters trained as such (bridges.optim), no autocast
     precision: str = "auto"
@@ -324,7 +325,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     model.train()
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
-    if plateau_rule and start == 0 and stop is None:  # step 0: the starting point, kept if never beaten
+    if plateau_rule and cfg.eval_at_start and start == 0 and stop is None:  # step 0, kept if never beaten
         val_curve.append([0, _score_ema(model, params, ema, evaluate)])
         best.offer(0, val_curve[-1][1], ema)
     began = time.perf_counter()

@@ -210,6 +210,9 @@ def cached_states(source: Source, layers: list[int], bars: Bars = None):
             bar.stop()
 
 
+CONTROLS_VERSION = "1: mean, lookup, ridge window 4; fitted on positions >= 1 without massive rows"
+
+
 def layer_controls(source: Source, states, layer: int, root: Path, write: bool = True) -> dict:
     """The closed-form controls of `layer` (bridges.controls), kept in root/bridges/layer-NN/
     controls.json for the data they were fitted on: a resumed sweep does not refit them."""
@@ -218,7 +221,7 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
     from geoprobe.files import write_json_atomic
 
     path = Path(root) / "bridges" / f"layer-{layer:02d}" / "controls.json"
-    wanted = identity(source, layer)
+    wanted = {**identity(source, layer), "controls": CONTROLS_VERSION}
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("identity") == wanted:

@@ -165,8 +165,11 @@ def convergence(rows: list[dict], layers: list[int]) -> dict:
     tested = [r for r in rows if r["layer"] in layers]
     plateau = sum(r.get("stop") == "plateau" for r in tested)
     share = plateau / len(tested) if tested else 0.0
-    unknown = sorted({r["layer"] for r in tested if r.get("control_lookup_nmse_dim") is None})
-    worse = sorted([r["layer"], r.get("seed", 0)] for r in tested if r.get("control_lookup_nmse_dim") is not None
+    # the source layer (tested with --include-source) is its tokens' embedding: its lookup is exact
+    # by construction, as is its bridge, so the lookup condition says nothing there
+    learned = [r for r in tested if r["layer"] not in SOURCE_LAYERS]
+    unknown = sorted({r["layer"] for r in learned if r.get("control_lookup_nmse_dim") is None})
+    worse = sorted([r["layer"], r.get("seed", 0)] for r in learned if r.get("control_lookup_nmse_dim") is not None
                    and not r[PRIMARY] < r["control_lookup_nmse_dim"])
     reasons = []
     if share < CONVERGED_SHARE - 1e-12:  # the tolerance keeps e.g. 12 of 15 on the passing side
@@ -174,7 +177,7 @@ def convergence(rows: list[dict], layers: list[int]) -> dict:
                        f"{CONVERGED_SHARE * 100:.0f} % needed")
     if unknown:
         reasons.append("no lookup control recorded" + (
-            "" if len(unknown) == len(layers) else f" for layer{'s' if len(unknown) > 1 else ''} "
+            "" if len(unknown) == len({r["layer"] for r in learned}) else f" for layer{'s' if len(unknown) > 1 else ''} "
                                                    f"{', '.join(map(str, unknown))}"))
     if worse:
         seeds = {l: [s for m, s in worse if m == l] for l in sorted({l for l, _ in worse})}

@@ -311,3 +311,17 @@ def test_the_vectorised_bootstrap_rho_is_scipys_spearmanr_row_by_row():
     got = _rows_rho(x[draws], y[draws])
     assert np.isnan(got[0]) and np.array_equal(np.isnan(got), np.isnan(expected))
     assert np.allclose(got[~np.isnan(got)], expected[~np.isnan(expected)], atol=1e-12)
+
+
+def test_an_included_source_is_left_out_of_the_lookup_condition():
+    """With --include-source layer 0 is tested, but its lookup is exact (its state is its token's
+    embedding), so no bridge can be strictly below it: the condition is for the learned layers."""
+    rows = converging_rows()
+    for r in rows:
+        if r["layer"] == 0:
+            r.update(stop="plateau", control_lookup_nmse_dim=0.0, **{PRIMARY: 0.0})
+    scores = {"score": {l: float(l) for l in range(0, 6)}}
+    v = sweep_verdict(rows, scores, {}, include_source=True)
+    assert 0 in v["compared_layers"] and v["convergence"]["converged"], v["convergence"]
+    rows[-1][PRIMARY] = 99.0  # a learned layer's bridge worse than its lookup still counts
+    assert not sweep_verdict(rows, scores, {}, include_source=True)["convergence"]["converged"]

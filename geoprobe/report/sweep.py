@@ -28,7 +28,7 @@ def layer_rows(verdict: dict) -> list[dict]:
                      "score": "not tested" if source else f"{scores[str(r['layer'])]:.3g}", "seeds": r["seeds"],
                      **{loss: _pm(r, loss) for loss in LOSSES}, "nmse_dim 1 step": _pm(r, "nmse_dim_1step"),
                      **{CONTROL_HEADERS[k]: "—" if r.get(k) is None else f"{r[k]:.4g}" for k in LAYER_CONTROLS},
-                     "plateau": f"{r.get('plateau', 0)}/{r['seeds']}",
+                     "plateau": "—" if r.get("plateau") is None else f"{r['plateau']}/{r['seeds']}",
                      "steps": "—" if r.get("steps_mean") is None else f"{r['steps_mean']:.0f}"})
     return rows
 
