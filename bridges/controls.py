@@ -194,14 +194,24 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
     return predictions, info
 
 
+MAX_RIDGE_FEATURES = 8192  # (window + 1) x d: the normal equations' side (8,192^2 float64 = 0.5 GB, one eigh)
+
+
+def ridge_window(hidden_size: int) -> int:
+    """The ridge control's window: 4 tokens before the current one, fewer where (window + 1) x d
+    would pass MAX_RIDGE_FEATURES (d = 4,096: 1), so that its one eigendecomposition stays small."""
+    return min(4, max(0, MAX_RIDGE_FEATURES // hidden_size - 1))
+
+
 def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor: float | None,
-                   window: int = 4) -> dict:
+                   window: int | None = None) -> dict:
     """The controls of one layer from a run's cached teacher states (bridges.states): each
     fitted on the training pool (the ridge's penalty chosen on the stopping split) and scored on
     the validation split exactly as a bridge is (positions >= 1, massive rows left out):
     control_{mean,lookup,ridge}_{nmse,nmse_dim}, and the ridge's settings."""
     from bridges.fit import generated_rows, scored_rows, state_losses
 
+    window = ridge_window(embeddings.shape[1]) if window is None else window
     rows = generated_rows(states.val)
     target = states.val.states[layer][rows].double()
     scored = scored_rows(target, massive_factor)

@@ -210,7 +210,7 @@ def cached_states(source: Source, layers: list[int], bars: Bars = None):
             bar.stop()
 
 
-CONTROLS_VERSION = "1: mean, lookup, ridge window 4; fitted on positions >= 1 without massive rows"
+CONTROLS_VERSION = "1: mean, lookup, ridge (window 4, fewer at large d); fitted on positions >= 1, not massive"
 
 
 def layer_controls(source: Source, states, layer: int, root: Path, write: bool = True) -> dict:
