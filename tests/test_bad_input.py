@@ -55,6 +55,12 @@ LEGAL = {
     ("*", "--skip-first", "0"): "keep the first position",
     ("*", "--warmup", "0"): "no warmup",
     ("*", "--save-every", "0"): "0 = no resumable checkpoint, the final weights only",
+    ("bridge", "--d-model", "0"): "0 = the default width for d and the layer (bridge_shape)",
+    ("bridge", "--n-layers", "0"): "0 = the default depth for the layer (bridge_shape)",
+    ("bridge", "--n-heads", "0"): "0 = about 64 channels a head, dividing the width",
+    ("sweep", "--d-model", "0"): "0 = the default width for d and the layer (bridge_shape)",
+    ("sweep", "--n-layers", "0"): "0 = the default depth for the layer (bridge_shape)",
+    ("sweep", "--n-heads", "0"): "0 = about 64 channels a head, dividing the width",
 }
 
 FREE_WORDS = {"--text-field"}  # options whose value is any word
