@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from bridges.fit import generated_rows, massive_threshold, scored_rows, state_losses
+
 CHUNK = 8192  # rows per chunk: bounds the features (and float64 copies of states) held at once
 
 
@@ -105,15 +107,6 @@ def window_features(split, embeddings: torch.Tensor, window: int, rows: torch.Te
     return torch.cat(parts, dim=1)
 
 
-def _non_bos_rows(split) -> torch.Tensor:
-    """Flat indices of the positions >= 1 of every block."""
-    n = len(split.ids)
-    keep = torch.ones(n, dtype=torch.bool)
-    firsts = split.starts[:-1].cpu()
-    keep[firsts[firsts < n]] = False  # an empty block's start is the next block's BOS (or n)
-    return keep.nonzero().squeeze(1)
-
-
 def _chunks(rows: torch.Tensor):
     return (rows[s:s + CHUNK] for s in range(0, len(rows), CHUNK))
 
@@ -157,7 +150,7 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
     `max_rows` train positions >= 1 (a seeded random subset beyond), or of the flat indices `rows`
     (and `stop_rows` for the choice). Returns (predictions at every query position (Nq, d)
     float32, info)."""
-    rows = _non_bos_rows(train) if rows is None else rows
+    rows = generated_rows(train) if rows is None else rows
     available = len(rows)
     if available == 0:
         raise ValueError("ridge_control: the train split has no position >= 1")
@@ -180,7 +173,7 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
     if stop is None and len(lambdas) > 1:
         raise ValueError("ridge_control: choosing among several lambdas needs a stop split")
     if stop is not None:
-        stop_rows = _non_bos_rows(stop) if stop_rows is None else stop_rows
+        stop_rows = generated_rows(stop) if stop_rows is None else stop_rows
         target = stop.states[layer][stop_rows.to(stop.states[layer].device)]
         for lam in lambdas:
             pred = _predict(stop, stop_rows, embeddings, window, mx, my, weight(float(lam)))
@@ -209,8 +202,6 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
     fitted on the training pool (the ridge's penalty chosen on the stopping split) and scored on
     the validation split exactly as a bridge is (positions >= 1, massive rows left out):
     control_{mean,lookup,ridge}_{nmse,nmse_dim}, and the ridge's settings."""
-    from bridges.fit import generated_rows, scored_rows, state_losses
-
     window = ridge_window(embeddings.shape[1]) if window is None else window
     rows = generated_rows(states.val)
     target = states.val.states[layer][rows].double()
@@ -235,8 +226,6 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
 
 def _unmassive(split, layer: int, massive_factor: float | None) -> torch.Tensor:
     """A split's positions >= 1 whose state at `layer` is not massive by the scan's rule."""
-    from bridges.fit import generated_rows, massive_threshold
-
     rows = generated_rows(split)
     if not len(rows):
         return rows

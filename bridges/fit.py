@@ -176,8 +176,7 @@ def state_losses(target: torch.Tensor, error: torch.Tensor) -> dict:
 
 def scored_rows(target: torch.Tensor, massive_factor: float | None) -> torch.Tensor:
     """Validation's rows: those whose norm is within `massive_factor` times the median (all with None)."""
-    norms = target.norm(dim=1)
-    return norms <= massive_factor * norms.median() if massive_factor else torch.ones_like(norms, dtype=torch.bool)
+    return target.norm(dim=1) <= massive_threshold(target, massive_factor)
 
 
 MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for massive rows
