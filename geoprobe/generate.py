@@ -44,19 +44,32 @@ def load_denoiser(model: Path, device: str, decode: str = "stack"):
 
 @dataclass(frozen=True)
 class SampleSettings:
-    """The flags of `geoprobe sample` (their defaults live here)."""
+    """The flags of `geoprobe sample`. A sampler knob left None takes the preset's value, else the
+    sampler's own default (samplers.knob_default): the defaults live in the sampler classes."""
 
     num: int = 8
     length: int = 128
-    steps: int | None = None  # None: 64 denoiser calls (roar: one token per step)
-    top_p: float = 1.0
+    steps: int | None = None
+    top_p: float | None = None
+    top_p_rule: str | None = None
     per_step: int | None = None
-    eta: float = 0.02
-    eta_cap: float = 0.02
-    switch_snr: float = 5.0
+    eta: float | None = None
+    eta_cap: float | None = None
+    t_on: float | None = None
+    t_off: float | None = None
+    alpha_on: float | None = None
+    switch_snr: float | None = None
+    continuous_steps: int | None = None
+    confidence: float | None = None
+    final_argmax: bool | None = None
     finisher: str = "mdlm"
+    preset: str | None = None
     decode: str = "stack"
     seed: int = 0
+
+    def knobs(self) -> dict:
+        """The sampler knobs, None where not given."""
+        return {k: v for k, v in vars(self).items() if k not in ("num", "length", "finisher", "preset", "decode", "seed")}
 
 
 def generate(model: Path, sampler: str, settings: SampleSettings = SampleSettings(), out: Path | None = None,
@@ -65,39 +78,50 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     the causal LM itself, left to right), written to OUT/samples.jsonl with a row in
     samples.meta.jsonl; every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
     from geoprobe.store import check_writable
-    from samplers import AUTOREGRESSIVE, NAMES, check_options, sampler_from_flags
+    from samplers import AUTOREGRESSIVE, NAMES, check_options, preset_flags, sampler_from_flags
 
     p = settings
-    check_options(steps=p.steps, top_p=p.top_p, per_step=p.per_step, eta=p.eta, eta_cap=p.eta_cap,
-                  switch_snr=p.switch_snr, finisher=p.finisher, num=p.num, length=p.length)
+    check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
     if out is not None:
         check_writable(out)
     if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
-        return _sample_autoregressive(str(model), p.num, p.length, p.top_p, out, p.seed, device)
+        knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
+        return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or 1.0,
+                                      knobs.get("top_p_rule") or "hf", out, p.seed, device, p.preset)
     if sampler not in NAMES:
         raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
     if p.decode not in ("stack", "round"):
         raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
-    chosen = sampler_from_flags(sampler, p.finisher, top_p=p.top_p, per_step=p.per_step, eta=p.eta,
-                                eta_cap=p.eta_cap, switch_snr=p.switch_snr,
-                                steps=p.steps if p.steps is not None else (None if sampler == "roar" else 64))
+    chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
     denoiser, tokenizer = load_denoiser(model, device, p.decode)
     result = chosen.sample(denoiser, p.num, p.length, p.seed)
-    meta = {**result.settings, "nfe": result.nfe, "skipped_calls": result.skipped, "decode": p.decode}
+    meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
+            "skipped_calls": result.skipped, "decode": p.decode}
     # the model's absolute path: compare may run from elsewhere
     return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(Path(model).resolve()))
 
 
+def end_of_text(tokenizer) -> str | None:
+    """The string a decoded sample holds where the generator ended a document: its EOS token, or
+    None where it has none or where it is whitespace (the Text8 tokenizer's EOS is the space, a
+    character of the text, not an end)."""
+    eos = getattr(tokenizer, "eos_token", None)
+    return eos if eos and eos.strip() else None
+
+
 def write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: float, model: str) -> dict:
-    """samples.jsonl (text and token ids; replaced whole) and one appended samples.meta.jsonl row."""
+    """samples.jsonl (text and token ids; replaced whole) and one appended samples.meta.jsonl row.
+    The text deletes nothing, as the references' `batch_decode` (special tokens stay as their
+    strings, Text8's spaces stay spaces); the meta row names the EOS string (`end_of_text`), where
+    `geoprobe eval` splits a sample into documents."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = [{"text": tokenizer.decode(ids, skip_special_tokens=True), "token_ids": ids} for ids in token_ids]
+    rows = [{"text": tokenizer.decode(ids, skip_special_tokens=False), "token_ids": ids} for ids in token_ids]
     tmp = out / ".samples.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(out / "samples.jsonl")
     total = sum(len(ids) for ids in token_ids)
     meta = {**meta, "seconds": round(seconds, 4), "tokens_per_second": round(total / max(seconds, 1e-9), 2),
-            "model": model, "file": str(out / "samples.jsonl")}
+            "model": model, "file": str(out / "samples.jsonl"), "eos": end_of_text(tokenizer)}
     with open(out / "samples.meta.jsonl", "a") as handle:
         handle.write(json.dumps(meta) + "\n")
     return {"meta": meta, "samples": rows}
@@ -111,15 +135,19 @@ def sample_meta(samples: Path) -> dict | None:
     return rows[-1] if rows else None
 
 
-def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out: Path | None, seed: int,
-                           device: str) -> dict:
-    from geoprobe.backbone import load_backbone
+def _sample_autoregressive(model: str, num: int, length: int, top_p: float, top_p_rule: str, out: Path | None,
+                           seed: int, device: str, preset: str | None) -> dict:
+    from transformers import LogitsProcessor, LogitsProcessorList
 
+    from geoprobe.backbone import load_backbone
+    from samplers.base import nucleus
+
+    class Nucleus(LogitsProcessor):  # the samplers' own filter, so that --top-p-rule means the same here
+        def __call__(self, input_ids, scores):
+            return nucleus(scores, top_p, top_p_rule)
 
     if out is None:
         raise BadInput("--sampler ar needs --out (the model is not a checkpoint directory)")
-    if not 0 < top_p <= 1:
-        raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
     backbone = load_backbone(model, device=device)
     tok = backbone.tokenizer
     start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -130,12 +158,14 @@ def _sample_autoregressive(model: str, num: int, length: int, top_p: float, out:
     began = time.perf_counter()
     with torch.no_grad():
         generated = backbone.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
-                                            top_p=top_p, top_k=0, max_new_tokens=length, min_new_tokens=length,
+                                            top_p=1.0, top_k=0, logits_processor=LogitsProcessorList([Nucleus()]),
+                                            max_new_tokens=length, min_new_tokens=length,
                                             pad_token_id=start_id, eos_token_id=None, use_cache=True,
                                             suppress_tokens=suppressed or None)
     seconds = time.perf_counter() - began
-    meta = {"sampler": "ar", "steps": length, "top_p": top_p, "seed": seed, "num": num, "length": length,
-            "nfe": length, "skipped_calls": 0, "decode": "causal"}
+    meta = {"sampler": "ar", "steps": length, "top_p": top_p, "top_p_rule": top_p_rule, "preset": preset,
+            "seed": seed, "num": num, "length": length, "nfe": length, "nfe_per_sample": length, "skipped_calls": 0,
+            "decode": "causal"}
     return write_samples(out, tok, generated[:, 1:].tolist(), meta, seconds, model)
 
 

@@ -10,7 +10,7 @@ and the bridge's hybrid denoiser both implement it, so every sampler drives both
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
@@ -30,13 +30,21 @@ class TokenDenoiser(Protocol):
     def __call__(self, z: torch.Tensor) -> torch.Tensor: ...
 
 
-def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability reaches top_p (the top token always)."""
+TOP_P_RULES = ("hf", "remdm")
+
+
+def nucleus(logits: torch.Tensor, top_p: float, rule: str = "hf") -> torch.Tensor:
+    """Nucleus filtering, the top token always kept. `hf` (transformers' TopPLogitsWarper): the
+    smallest set whose probability reaches top_p, so the token that crosses top_p stays; `remdm`
+    (the MDLM/ReMDM sampling code): the tokens whose cumulative probability is at most top_p, so
+    that token goes. At the same top_p `hf` keeps one token more and samples hotter."""
     if top_p >= 1.0:
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(-1)
-    outside = probs.cumsum(-1) - probs > top_p  # mass strictly before this token already reaches top_p
+    cumulative = probs.cumsum(-1)
+    outside = cumulative - probs > top_p if rule == "hf" else cumulative > top_p
+    outside[..., 0] = False
     sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
@@ -98,6 +106,12 @@ class SampleResult:
     seconds: float
     settings: dict
 
+    @property
+    def nfe_per_sample(self) -> float:
+        """Network evaluations each sample received, on average: the papers' NFE (they sample one
+        sequence per batch); `nfe` counts batched calls."""
+        return self.rows / max(1, len(self.tokens))
+
 
 class RevealState:
     """Token ids with MASK for hidden positions, and the z the denoiser sees: revealed tokens
@@ -112,6 +126,8 @@ class RevealState:
         self.noise = torch.randn(num, length, table.shape[1], generator=generator, dtype=table.dtype,
                                  device=generator.device)
         self.noise = upload(self.noise, table.device)
+        # the (filtered) probability each revealed token was drawn with: remdm-conf's confidence
+        self.probability = torch.full((num, length), float("nan"), device=table.device)
 
     @property
     def masked(self) -> torch.Tensor:
@@ -125,33 +141,48 @@ class RevealState:
 
 
 def check_flags(steps=None, top_p=None, per_step=None, eta=None, eta_cap=None, switch_snr=None, num=None,
-                length=None) -> None:
+                length=None, top_p_rule=None, t_on=None, t_off=None, alpha_on=None, continuous_steps=None,
+                confidence=None, **_) -> None:
     """The range of every sampling flag, in one place (None: not given). Each sampler checks its
     own when it is built; `geoprobe sample` checks all of them, since a flag out of range is a
     mistake even where the chosen sampler ignores it. NaN fails every comparison and is refused."""
-    for flag, value in (("--steps", steps), ("--per-step", per_step)):
+    for flag, value in (("--steps", steps), ("--per-step", per_step), ("--continuous-steps", continuous_steps)):
         if value is not None and not value >= 1:
             raise BadInput(f"{flag} must be at least 1, got {value}")
     if top_p is not None and not 0 < top_p <= 1:
         raise BadInput(f"--top-p must be in (0, 1], got {top_p}")
+    if top_p_rule is not None and top_p_rule not in TOP_P_RULES:
+        raise BadInput(f"unknown --top-p-rule {top_p_rule!r} (use {', '.join(TOP_P_RULES)})")
     for flag, value in (("--eta", eta), ("--eta-cap", eta_cap)):
         if value is not None and not 0 <= value <= 1:
             raise BadInput(f"{flag} must be in [0, 1], got {value}")
+    for flag, value in (("--t-on", t_on), ("--t-off", t_off), ("--alpha-on", alpha_on)):
+        if value is not None and not 0 < value < 1:
+            raise BadInput(f"{flag} must be in (0, 1), got {value}")
+    if t_on is not None and t_off is not None and not t_off < t_on:
+        raise BadInput(f"remdm-loop needs --t-off < --t-on, got {t_off} and {t_on}")
+    if confidence is not None and not 0 < confidence <= 1:
+        raise BadInput(f"--confidence must be in (0, 1], got {confidence}")
     if switch_snr is not None and not 0 < switch_snr < float("inf"):
         raise BadInput(f"--switch-snr must be positive and finite, got {switch_snr}")
     if (num is not None or length is not None) and not (num >= 1 and length >= 1):
         raise BadInput(f"--num and --length must be positive, got {num} and {length}")
 
 
+@dataclass
 class Sampler:
-    """One generation path. Subclasses implement `run(model, num, length, generator, device)`
-    over a `CountingDenoiser` and return token ids."""
+    """One generation path, its knobs as dataclass fields (every one a flag of `geoprobe sample`).
+    Subclasses implement `run(model, num, length, generator)` over a `CountingDenoiser` and
+    return token ids."""
 
     name = "base"
+    steps: int = 64
+    top_p: float = 1.0
+    top_p_rule: str = "hf"
+    cache: bool = True
 
-    def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True):
-        check_flags(steps=steps, top_p=top_p)
-        self.steps, self.top_p, self.cache = steps, top_p, cache
+    def __post_init__(self):
+        check_flags(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     def settings(self) -> dict:
         return {"sampler": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
@@ -160,7 +191,14 @@ class Sampler:
         """Refuse a budget that makes no sense for this sampler at this length."""
 
     def draw(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return gumbel_sample(nucleus(logits, self.top_p), generator)
+        return gumbel_sample(nucleus(logits, self.top_p, self.top_p_rule), generator)
+
+    def reveal(self, state: "RevealState", where: torch.Tensor, logits: torch.Tensor, generator: torch.Generator):
+        """Draw the tokens at `where` from the filtered logits; record each one's probability."""
+        filtered = nucleus(logits[where], self.top_p, self.top_p_rule)
+        tokens = gumbel_sample(filtered, generator)
+        state.tokens[where] = tokens
+        state.probability[where] = filtered.softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
 
     @torch.no_grad()
     def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
@@ -174,6 +212,11 @@ class Sampler:
         tokens = self.run(model, num, length, generator)
         return SampleResult(tokens.cpu(), model.nfe, model.skipped, model.rows, time.perf_counter() - start,
                             {**self.settings(), "seed": seed, "num": num, "length": length})
+
+    @classmethod
+    def knobs(cls) -> dict:
+        """{flag name: default} of this sampler's knobs."""
+        return {f.name: f.default for f in fields(cls)}
 
     def run(self, model: CountingDenoiser, num: int, length: int, generator: torch.Generator) -> torch.Tensor:
         raise NotImplementedError

@@ -3,6 +3,8 @@ x_hat(z) = sum_v p(v | z) e_v from the denoiser, then the most probable token of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from samplers.base import Sampler
@@ -23,6 +25,7 @@ def localize(model, z: torch.Tensor, grid: torch.Tensor, generator: torch.Genera
     return z
 
 
+@dataclass
 class Continuous(Sampler):
     name = "continuous"
 

@@ -9,16 +9,33 @@ with probability (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t). sigma = 0 is M
 * `mdlm`: log-linear schedule alpha(t) = 1 - t, no remasking;
 * `remdm-cap`: sigma = min(eta_cap, sigma_max);
 * `remdm-rescale`: sigma = eta * sigma_max;
+* `remdm-conf`: per revealed position sigma = eta_i * sigma_max, eta = softmax over the revealed
+  positions of minus the probability each token was drawn with (the least likely are remasked
+  first); masked positions are revealed as in MDLM;
 * `remdm-loop`: MDLM up to alpha_on at t_on, then alpha held at alpha_on while remasking at
   rate eta until t_off, then MDLM to the end.
+
+The time grid is t_k = 1 - k (1 - t_min) / steps. By default t_min = 0: the last step reveals
+every position. `final_argmax` ends as the MDLM/ReMDM code does: t_min = 1e-5, then one more
+denoiser call gives every position still masked its argmax (steps + 1 evaluations).
+
+remdm-loop at small T: the reference code picks each step's phase from t at the step's start
+and, on the step that crosses t_on, moves alpha linearly past alpha_on (at T = 16 that step
+reveals every position, and the loop then runs to the end without its last MDLM phase, leaving
+about 8 % masked for the final argmax). Here alpha(t) is the continuous schedule, so alpha_s
+on that step is alpha_on. The two agree at T = 128 and 1,024 except on the crossing steps
+(tested); at T <= 16 they are different samplers.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from geoprobe.errors import BadInput
-from samplers.base import MASK, CountingDenoiser, RevealState, Sampler, check_flags
+from samplers.base import MASK, CountingDenoiser, RevealState, Sampler
+
+FINAL_T = 1e-5  # where the references' grid stops before their final argmax pass (their sampling eps)
 
 
 def sigma_max(alpha_s: float, alpha_t: float) -> float:
@@ -34,8 +51,10 @@ def remdm_transition(alpha_s: float, alpha_t: float, sigma: float) -> tuple[floa
     return sigma, (alpha_s - (1 - sigma) * alpha_t) / (1 - alpha_t)
 
 
+@dataclass
 class MDLM(Sampler):
     name = "mdlm"
+    final_argmax: bool = False
 
     def alpha(self, t: float) -> float:
         return 1.0 - t
@@ -43,27 +62,40 @@ class MDLM(Sampler):
     def sigma(self, alpha_s: float, alpha_t: float, t: float) -> float:
         return 0.0
 
-    def transitions(self, steps: int):
-        """(remask, reveal) probabilities of each step on the grid t = 1 - k / steps.
+    def schedule(self, steps: int):
+        """(alpha_t, alpha_s, t) of each step on the grid t_k = 1 - k (1 - t_min) / steps.
 
         A finisher that starts from a partially revealed state (the hybrid sampler) runs the
         same grid on the time rescaled to its start: with the log-linear schedule the reveal
         probability of step k is 1 / (steps - k) whatever that start."""
+        span = 1.0 - (FINAL_T if self.final_argmax else 0.0)
         for k in range(steps):
-            t, s = 1.0 - k / steps, 1.0 - (k + 1) / steps
-            a_t, a_s = self.alpha(t), self.alpha(s)
-            yield remdm_transition(a_s, a_t, self.sigma(a_s, a_t, t))
+            t, s = 1.0 - k * span / steps, 1.0 - (k + 1) * span / steps
+            yield self.alpha(t), self.alpha(s), t
+
+    def probabilities(self, state: RevealState, alpha_t: float, alpha_s: float, t: float):
+        """(remask, reveal) probabilities of one step: scalars, or per position (remdm-conf)."""
+        return remdm_transition(alpha_s, alpha_t, self.sigma(alpha_s, alpha_t, t))
+
+    def transitions(self, steps: int):
+        """(remask, reveal) probabilities of each step, for a sampler whose sigma is one number."""
+        for alpha_t, alpha_s, t in self.schedule(steps):
+            yield remdm_transition(alpha_s, alpha_t, self.sigma(alpha_s, alpha_t, t))
 
     def refine(self, model: CountingDenoiser, state: RevealState, steps: int, generator: torch.Generator):
-        for remask_p, reveal_p in self.transitions(steps):
+        for alpha_t, alpha_s, t in self.schedule(steps):
+            remask_p, reveal_p = self.probabilities(state, alpha_t, alpha_s, t)
             logits = model(state.z())
             masked = state.masked
             u = torch.rand(masked.shape, generator=generator, device=generator.device)
             reveal = masked & (u < reveal_p)
             remask = ~masked & (u < remask_p)
             if reveal.any():
-                state.tokens[reveal] = self.draw(logits[reveal], generator)
+                self.reveal(state, reveal, logits, generator)
             state.tokens[remask] = MASK
+        if self.final_argmax and state.masked.any():  # no call when nothing is left: NFE counts real work
+            masked = state.masked
+            state.tokens[masked] = model(state.z())[masked].argmax(-1)
         return state.tokens
 
     def run(self, model, num, length, generator):
@@ -71,40 +103,43 @@ class MDLM(Sampler):
         return self.refine(model, state, self.steps, generator)
 
 
+@dataclass
 class ReMDMCap(MDLM):
     name = "remdm-cap"
-
-    def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True, eta_cap: float = 0.02):
-        super().__init__(steps, top_p, cache)
-        check_flags(eta_cap=eta_cap)
-        self.eta_cap = eta_cap
+    eta_cap: float = 0.02
 
     def sigma(self, alpha_s, alpha_t, t):
         return min(self.eta_cap, sigma_max(alpha_s, alpha_t))
 
 
+@dataclass
 class ReMDMRescale(MDLM):
     name = "remdm-rescale"
-
-    def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True, eta: float = 0.02):
-        super().__init__(steps, top_p, cache)
-        check_flags(eta=eta)
-        self.eta = eta
+    eta: float = 0.02
 
     def sigma(self, alpha_s, alpha_t, t):
         return self.eta * sigma_max(alpha_s, alpha_t)
 
 
+@dataclass
+class ReMDMConf(MDLM):
+    name = "remdm-conf"
+
+    def probabilities(self, state, alpha_t, alpha_s, t):
+        revealed = ~state.masked
+        score = torch.where(revealed, -state.probability, float("-inf"))
+        # a row with nothing revealed is all -inf: its softmax is NaN, and it remasks nothing
+        eta = torch.where(revealed, score.softmax(-1), 0.0).nan_to_num(0.0)
+        return eta * sigma_max(alpha_s, alpha_t), remdm_transition(alpha_s, alpha_t, 0.0)[1]
+
+
+@dataclass
 class ReMDMLoop(MDLM):
     name = "remdm-loop"
-
-    def __init__(self, steps: int = 64, top_p: float = 1.0, cache: bool = True, t_on: float = 0.55,
-                 t_off: float = 0.05, alpha_on: float = 0.9, eta: float = 0.02):
-        super().__init__(steps, top_p, cache)
-        check_flags(eta=eta)
-        if not 0 < t_off < t_on < 1 or not 0 < alpha_on < 1:
-            raise BadInput("remdm-loop needs 0 < t_off < t_on < 1 and 0 < alpha_on < 1")
-        self.t_on, self.t_off, self.alpha_on, self.eta = t_on, t_off, alpha_on, eta
+    t_on: float = 0.55
+    t_off: float = 0.05
+    alpha_on: float = 0.9
+    eta: float = 0.02
 
     def alpha(self, t):
         if t >= self.t_on:

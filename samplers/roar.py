@@ -4,37 +4,40 @@ the next `per_step` positions of the order, drawn from the denoiser given all re
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from geoprobe.errors import BadInput
-from samplers.base import RevealState, Sampler, check_flags
+from samplers.base import RevealState, Sampler
 
 
+@dataclass
 class ROAR(Sampler):
-    name = "roar"
+    """`steps` None: one token per step (or `per_step`); the steps run are in the sample's settings."""
 
-    def __init__(self, steps: int | None = None, top_p: float = 1.0, cache: bool = True, per_step: int | None = None):
-        super().__init__(steps or 1, top_p, cache)
-        check_flags(per_step=per_step)
-        self.requested_steps, self.per_step = steps, per_step
+    name = "roar"
+    steps: int | None = None
+    per_step: int | None = None
 
     def check(self, length: int) -> None:
-        if self.requested_steps is not None and self.requested_steps > length:
-            raise BadInput(f"roar reveals at least one token per step: --steps {self.requested_steps} "
-                           f"exceeds --length {length}")
+        if self.steps is not None and self.steps > length:
+            raise BadInput(f"roar reveals at least one token per step: --steps {self.steps} exceeds --length {length}")
 
     def plan(self, length: int) -> int:
         """Tokens revealed per step: --per-step, else what --steps needs, else one."""
         if self.per_step is not None:
             return self.per_step
-        if self.requested_steps is not None:
-            return math.ceil(length / self.requested_steps)
+        if self.steps is not None:
+            return math.ceil(length / self.steps)
         return 1
+
+    def settings(self) -> dict:
+        return {**super().settings(), "steps": getattr(self, "_steps_run", self.steps)}
 
     def run(self, model, num, length, generator):
         k = self.plan(length)
-        self.steps = math.ceil(length / k)
+        self._steps_run = math.ceil(length / k)
         state = RevealState(model.denoiser.token_table(), model.denoiser.s_max, num, length, generator)
         order = torch.rand(num, length, generator=generator, device=generator.device).argsort(dim=1)
         rows = torch.arange(num, device=state.tokens.device)[:, None]

@@ -12,6 +12,7 @@ import torch
 from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
 from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
 from bridges.checkpoint import WEIGHTS
+from bridges.tokens import load_saved_tokenizer
 from bridges.train import CHECKPOINT, TrainConfig, plateaued, train
 from tests.helpers import assert_one_line_error, invoke
 
@@ -164,7 +165,16 @@ def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, tmp_path):
     assert data["meta"]["nfe"] == 10 and len(data["samples"]) == 3
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
     assert len(lines) == 3 and len(json.loads(lines[0])["token_ids"]) == 10
-    assert json.loads((tmp_path / "samples.meta.jsonl").read_text())["sampler"] == "roar"
+    meta = json.loads((tmp_path / "samples.meta.jsonl").read_text())
+    assert meta["sampler"] == "roar" and meta["eos"] == "<eos>" and meta["nfe_per_sample"] == 10
+    # nothing is deleted from the text: every sampled <eos> is there, and the tokens between them
+    tokenizer = load_saved_tokenizer(checkpoint)
+    eos = tokenizer.eos_token_id
+    for row in map(json.loads, lines):
+        assert row["text"].count("<eos>") == row["token_ids"].count(eos)
+        pieces = [tokenizer.decode([i]) for i in row["token_ids"] if i != eos]
+        assert row["text"].replace("<eos>", "") == tokenizer.decode([i for i in row["token_ids"] if i != eos])
+        assert all(p in row["text"] for p in pieces)
     code, out, err = invoke("--format", "json", "nll", "--model", checkpoint, "--corpus", corpus_txt,
                             "--seq-len", 16, "--max-seqs", 2, "--device", "cpu")
     assert code == 0, err
@@ -175,7 +185,12 @@ def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--sampler", "beam"], "unknown sampler 'beam' (valid: mdlm, remdm-cap, remdm-rescale, remdm-loop, roar"),
+    (["--sampler", "beam"], "unknown sampler 'beam' (valid: mdlm, remdm-cap, remdm-rescale, remdm-conf, remdm-loop"),
+    (["--sampler", "mdlm", "--top-p-rule", "topk"], "unknown --top-p-rule 'topk' (use hf, remdm)"),
+    (["--sampler", "mdlm", "--preset", "sedd"], "unknown --preset 'sedd' (use remdm-paper, dsl-paper)"),
+    (["--sampler", "remdm-loop", "--t-on", "0.1", "--t-off", "0.2"], "remdm-loop needs --t-off < --t-on"),
+    (["--sampler", "hybrid", "--steps", "10", "--continuous-steps", "9"], "1 <= --continuous-steps <= steps - 2"),
+    (["--sampler", "hybrid", "--confidence", "0"], "--confidence must be in (0, 1]"),
     (["--sampler", "mdlm", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["--sampler", "mdlm", "--steps", "0"], "--steps must be at least 1"),
     (["--sampler", "roar", "--steps", "50", "--length", "10"], "exceeds --length 10"),
@@ -227,6 +242,18 @@ def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt):
         assert 0 < result["mdlm_bits_per_char"] < 3 * math.log2(27)
     code, _, err = invoke("nll", "--model", checkpoint, "--corpus", text8, "--device", "cpu")
     assert_one_line_error(code, err, 2, "its protocol needs a model trained with --tokenizer char")
+    # a char model's samples keep their spaces (its EOS is the space: a character, not an end)
+    code, out, err = invoke("--format", "json", "sample", "--model", char, "--sampler", "mdlm", "--steps", 8,
+                            "--num", 4, "--length", 64, "--out", tmp_path / "chars", "--device", "cpu")
+    assert code == 0, err
+    data = json.loads(out)
+    tokenizer = load_saved_tokenizer(char)
+    space = tokenizer.convert_tokens_to_ids(" ")
+    assert data["meta"]["eos"] is None
+    for row in data["samples"]:
+        assert len(row["text"]) == 64 and row["text"].count(" ") == row["token_ids"].count(space)
+        assert tokenizer(row["text"], add_special_tokens=False)["input_ids"] == row["token_ids"]  # round trip
+    assert sum(row["token_ids"].count(space) for row in data["samples"]) > 0
 
 
 def _regression(seed=0):

@@ -135,3 +135,156 @@ def test_bad_sampler_options():
         make_sampler("mdlm", steps=0)
     with pytest.raises(BadInput, match="exceeds --length"):
         make_sampler("roar", steps=20).sample(Oracle(PRIOR), num=1, length=10)
+
+
+def _reference_nucleus(probs, p):
+    """The MDLM/ReMDM code's filter, transcribed: sort, keep cumsum <= p (and the top), renormalise."""
+    sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+    keep = sorted_probs.cumsum(-1) <= p
+    keep[..., 0] = True
+    kept = sorted_probs * keep
+    kept = kept / kept.sum(-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, order, kept)
+
+
+def test_both_nucleus_rules_on_a_hand_made_distribution_and_against_their_references():
+    from transformers import TopPLogitsWarper
+
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    # p = 0.85: hf keeps the token that crosses it (0.5 + 0.3 < 0.85 <= 0.95), remdm drops it
+    assert torch.isfinite(nucleus(logits, 0.85, "hf")[0]).tolist() == [True, True, True, False]
+    assert torch.isfinite(nucleus(logits, 0.85, "remdm")[0]).tolist() == [True, True, False, False]
+    # a top token above p is kept by both
+    assert torch.isfinite(nucleus(logits, 0.3, "remdm")[0]).tolist() == [True, False, False, False]
+    g = torch.Generator().manual_seed(0)
+    random = torch.randn(64, 50, generator=g) * 3
+    for p in (0.5, 0.9, 0.99):
+        hf = TopPLogitsWarper(p)(None, random.clone())
+        assert torch.equal(torch.isfinite(nucleus(random, p, "hf")), torch.isfinite(hf))
+        torch.testing.assert_close(nucleus(random, p, "remdm").softmax(-1), _reference_nucleus(random.softmax(-1), p))
+
+
+def test_remdm_conf_remasks_by_the_softmax_of_minus_the_drawn_probability():
+    from samplers.base import RevealState
+    from samplers.masked import ReMDMConf
+
+    oracle = Oracle(PRIOR)
+    state = RevealState(oracle.table, oracle.s_max, 2, 3, torch.Generator().manual_seed(0))
+    state.tokens[0] = torch.tensor([2, -1, 4])
+    state.probability[0] = torch.tensor([0.9, float("nan"), 0.5])
+    # row 1: nothing revealed; alpha_t = 0.5, alpha_s = 0.75: sigma_max = min(1, 0.25 / 0.5) = 0.5
+    remask, reveal = ReMDMConf().probabilities(state, 0.5, 0.75, 0.5)
+    e = np.exp([-0.9, -0.5])
+    expected = np.array([[e[0] / e.sum() * 0.5, 0.0, e[1] / e.sum() * 0.5], [0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(remask.numpy(), expected, rtol=1e-6)
+    assert reveal == pytest.approx((0.75 - 0.5) / 0.5)  # masked positions: MDLM's reveal
+
+
+def test_remdm_conf_remasks_the_least_likely_tokens_more_often():
+    """On the i.i.d. oracle each token is drawn with its prior probability, so remdm-conf remasks
+    rare tokens first: compared with MDLM at the same budget the rarest token is sampled less."""
+    oracle = Oracle(PRIOR)
+    conf = make_sampler("remdm-conf", steps=32).sample(oracle, num=300, length=16, seed=2)
+    plain = make_sampler("mdlm", steps=32).sample(oracle, num=300, length=16, seed=2)
+    rare = len(PRIOR) - 1
+    assert (conf.tokens == rare).float().mean() < (plain.tokens == rare).float().mean()
+
+
+def test_final_argmax_stops_the_grid_at_the_references_eps_and_fills_what_is_left():
+    from samplers.base import CountingDenoiser, RevealState
+    from samplers.masked import FINAL_T
+
+    sampler = make_sampler("mdlm", steps=4, final_argmax=True)
+    steps = list(sampler.transitions(4))
+    # t = 1 - 3 (1 - eps) / 4 -> eps: alpha_t = (1 - eps) 3 / 4, reveal (alpha_s - alpha_t) / (1 - alpha_t)
+    a_t, a_s = 0.75 * (1 - FINAL_T), 1 - FINAL_T
+    assert steps[-1][1] == pytest.approx((a_s - a_t) / (1 - a_t)) and steps[-1][1] < 1
+    assert make_sampler("mdlm", steps=4).transitions(4).__next__()[1] == pytest.approx(0.25)
+    # the final pass: every still-masked position takes the argmax at its z (masked: z = 0, the prior's mode)
+    oracle = Oracle(PRIOR)
+    state = RevealState(oracle.table, oracle.s_max, 2, 5, torch.Generator().manual_seed(0))
+    state.tokens[0, :2] = torch.tensor([3, 5])
+    counting = CountingDenoiser(oracle)
+    tokens = sampler.refine(counting, state, 0, torch.Generator().manual_seed(0))
+    assert tokens[0].tolist() == [3, 5, 0, 0, 0] and tokens[1].tolist() == [0] * 5 and counting.nfe == 1
+
+
+def _reference_loop(T, t_on=0.55, t_off=0.05, alpha_on=0.9, eta=0.02, eps=1e-5):
+    """ReMDM's remdm-loop step probabilities (remask, reveal), transcribed from its sampling code:
+    the phase from t at the step's start; MDLM reveals (m_t - m_s) / m_t of the masked."""
+    ts, dt = np.linspace(1, eps, T + 1), (1 - eps) / T
+    for t in ts[:-1]:
+        if t > t_on:
+            m_t, m_s = 1 - (1 - t) * alpha_on / (1 - t_on), 1 - (1 - t + dt) * alpha_on / (1 - t_on)
+        elif t <= t_off:
+            m_t, m_s = t * (1 - alpha_on) / t_off, (t - dt) * (1 - alpha_on) / t_off
+        else:
+            yield eta, eta * alpha_on / (1 - alpha_on)
+            continue
+        yield 0.0, max(0.0, min(1.0, (m_t - m_s) / m_t))
+
+
+def _masked_at_the_end(steps):
+    masked = 1.0
+    for remask, reveal in steps:
+        masked = masked * (1 - reveal) + (1 - masked) * remask
+    return masked
+
+
+@pytest.mark.parametrize("T", [16, 128, 1024])
+def test_remdm_loop_follows_the_reference_except_on_the_steps_that_cross_t_on_and_t_off(T):
+    ours = list(make_sampler("remdm-loop", steps=T, final_argmax=True).transitions(T))
+    reference = list(_reference_loop(T))
+    differ = [k for k, (a, b) in enumerate(zip(ours, reference)) if not np.allclose(a, b, atol=1e-9)]
+    if T >= 128:
+        assert len(differ) <= 2
+        assert abs(_masked_at_the_end(ours) - _masked_at_the_end(reference)) < 1e-3
+    else:  # documented in samplers/masked.py: at T = 16 the reference leaves ~8 % for its final argmax
+        assert _masked_at_the_end(reference) > 0.05 and _masked_at_the_end(ours) < 1e-3
+
+
+def test_presets_set_the_references_knobs_and_explicit_flags_win():
+    from samplers import sampler_from_flags
+
+    cap = sampler_from_flags("remdm-cap", preset="remdm-paper")
+    assert (cap.steps, cap.top_p, cap.top_p_rule, cap.final_argmax, cap.eta_cap) == (1024, 0.9, "remdm", True, 0.008)
+    assert sampler_from_flags("remdm-rescale", preset="remdm-paper").eta == 0.015
+    loop = sampler_from_flags("remdm-loop", preset="remdm-paper", eta=0.05, steps=128)
+    assert (loop.eta, loop.steps, loop.t_on, loop.alpha_on) == (0.05, 128, 0.55, 0.9)
+    hybrid = sampler_from_flags("hybrid", "remdm-loop", preset="dsl-paper")
+    assert hybrid.steps == 48 and hybrid.finisher.name == "remdm-loop"
+    assert sampler_from_flags("hybrid").steps == 48  # the hybrid's own default budget, not another sampler's 64
+    assert sampler_from_flags("mdlm", preset=None).final_argmax is False
+
+
+def test_nfe_per_sample_counts_each_samples_evaluations():
+    oracle = Oracle(PRIOR)
+    result = make_sampler("mdlm", steps=8, cache=False).sample(oracle, num=3, length=6, seed=0)
+    assert result.nfe == 8 and result.nfe_per_sample == 8
+    cached = make_sampler("mdlm", steps=64).sample(oracle, num=3, length=6, seed=0)
+    assert cached.nfe_per_sample == cached.rows / 3 and cached.nfe_per_sample <= cached.nfe
+
+
+@pytest.mark.parametrize("rule", ["hf", "remdm"])
+def test_the_ar_ceiling_filters_with_the_samplers_nucleus(rule, tiny_models, tmp_path):
+    """A nucleus too small for a second token leaves only the top one: sampling is then greedy
+    decoding, whichever rule; a rule the samples' meta does not record would be untraceable."""
+    import json
+
+    from geoprobe.backbone import load_backbone
+    from geoprobe.generate import SampleSettings, generate
+
+    llama = tiny_models("llama")
+    result = generate(llama, "ar", SampleSettings(num=2, length=8, top_p=1e-6, top_p_rule=rule, seed=3), tmp_path,
+                      device="cpu")
+    backbone = load_backbone(str(llama), device="cpu")
+    tok = backbone.tokenizer
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    prompt = torch.full((2, 1), start)
+    suppressed = sorted({t for t in (tok.eos_token_id, tok.unk_token_id) if t is not None})
+    greedy = backbone.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                     max_new_tokens=8, min_new_tokens=8, pad_token_id=start, eos_token_id=None,
+                                     suppress_tokens=suppressed or None)
+    assert [row["token_ids"] for row in result["samples"]] == greedy[:, 1:].tolist()
+    meta = json.loads((tmp_path / "samples.meta.jsonl").read_text())
+    assert meta["top_p_rule"] == rule and meta["top_p"] == 1e-6

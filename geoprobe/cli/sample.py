@@ -12,14 +12,20 @@ from geoprobe.cli.output import show
 from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
 from geoprobe.generate import SampleSettings
 from bridges.likelihood import ESTIMATORS
-from samplers import FINISHERS, NAMES
+from samplers import FINISHERS, NAMES, PRESETS, knob_default
 
-SAMPLE = SampleSettings()  # the defaults live in the settings class
+SAMPLE = SampleSettings()  # num, length, seed, finisher and decode; the sampler knobs default in their classes
+
+
+def _default(knob: str) -> str:
+    return f" (default: {knob_default(knob)})"
 
 
 @app.command(epilog="Examples:\n\n  geoprobe sample --model runs/dsl --sampler roar --num 8 --length 128\n\n"
                     "  geoprobe sample --model runs/dsl --sampler hybrid --steps 48 --top-p 0.9 --out runs/dsl/samples\n\n"
-                    "  geoprobe sample --model runs/dsl --sampler remdm-loop --steps 128 --eta 0.02")
+                    "  geoprobe sample --model runs/dsl --sampler remdm-loop --steps 128 --eta 0.02\n\n"
+                    "  geoprobe sample --model runs/dsl --sampler remdm-cap --preset remdm-paper   (T 1,024, top-p 0.9 "
+                    "by ReMDM's rule, eta_cap 0.008, final argmax)")
 def sample(
     model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory or a bridge directory "
                                                         "(RUN/bridges/layer-NN).")],
@@ -27,13 +33,33 @@ def sample(
                                               "right).")] = "roar",
     num: Annotated[int, typer.Option(help="Number of samples.")] = SAMPLE.num,
     length: Annotated[int, typer.Option(help="Tokens per sample.")] = SAMPLE.length,
-    steps: Annotated[int | None, typer.Option("--steps", help="Denoiser budget (roar: default one token "
-                                                              "per step).")] = SAMPLE.steps,
-    top_p: Annotated[float, typer.Option(help="Nucleus threshold in (0, 1].")] = SAMPLE.top_p,
-    per_step: Annotated[int | None, typer.Option(help="roar: tokens revealed per step.")] = SAMPLE.per_step,
-    eta: Annotated[float, typer.Option(help="ReMDM rescale/loop remasking rate.")] = SAMPLE.eta,
-    eta_cap: Annotated[float, typer.Option(help="ReMDM cap.")] = SAMPLE.eta_cap,
-    switch_snr: Annotated[float, typer.Option(help="hybrid: SNR where the continuous stage stops.")] = SAMPLE.switch_snr,
+    preset: Annotated[str | None, typer.Option(help="The references' headline knobs in one flag: "
+                                                    + ", ".join(PRESETS) + " (a flag given explicitly wins; "
+                                                    "docs/method.md lists each).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Denoiser budget (default: 64; hybrid 48; roar one "
+                                                              "token per step).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus threshold in (0, 1]." + _default("top_p"))] = None,
+    top_p_rule: Annotated[str | None, typer.Option(help="hf: keep the token that crosses top-p (transformers); "
+                                                        "remdm: drop it (the MDLM/ReMDM code)."
+                                                        + _default("top_p_rule"))] = None,
+    final_argmax: Annotated[bool | None, typer.Option("--final-argmax/--no-final-argmax", help="Masked samplers: "
+                                                      "stop the time grid at 1e-5 and give what is still masked "
+                                                      "its argmax in one more call, as the MDLM/ReMDM code."
+                                                      + _default("final_argmax"))] = None,
+    per_step: Annotated[int | None, typer.Option(help="roar: tokens revealed per step.")] = None,
+    eta: Annotated[float | None, typer.Option(help="remdm-rescale and remdm-loop remasking rate."
+                                                   + _default("eta"))] = None,
+    eta_cap: Annotated[float | None, typer.Option(help="remdm-cap's cap." + _default("eta_cap"))] = None,
+    t_on: Annotated[float | None, typer.Option(help="remdm-loop: time the loop starts." + _default("t_on"))] = None,
+    t_off: Annotated[float | None, typer.Option(help="remdm-loop: time the loop ends." + _default("t_off"))] = None,
+    alpha_on: Annotated[float | None, typer.Option(help="remdm-loop: share revealed during the loop."
+                                                        + _default("alpha_on"))] = None,
+    switch_snr: Annotated[float | None, typer.Option(help="hybrid: SNR where the continuous stage stops."
+                                                          + _default("switch_snr"))] = None,
+    continuous_steps: Annotated[int | None, typer.Option(help="hybrid: steps of the continuous stage "
+                                                              "[default: half of --steps].")] = None,
+    confidence: Annotated[float | None, typer.Option(help="hybrid: posterior probability a token needs to be "
+                                                          "committed." + _default("confidence"))] = None,
     finisher: Annotated[str, typer.Option(help="hybrid: the masked sampler that finishes (" + ", ".join(FINISHERS)
                                                + ").")] = SAMPLE.finisher,
     decode: Annotated[str, typer.Option(help="Bridges: stack (the frozen upper blocks and head) or round (nearest "
@@ -44,8 +70,10 @@ def sample(
     """Generate text with any sampler from a DSL checkpoint or a bridge → samples.jsonl."""
     from geoprobe.generate import generate
 
-    settings = SampleSettings(num=num, length=length, steps=steps, top_p=top_p, per_step=per_step, eta=eta,
-                              eta_cap=eta_cap, switch_snr=switch_snr, finisher=finisher, decode=decode, seed=seed)
+    settings = SampleSettings(num=num, length=length, steps=steps, top_p=top_p, top_p_rule=top_p_rule,
+                              per_step=per_step, eta=eta, eta_cap=eta_cap, t_on=t_on, t_off=t_off, alpha_on=alpha_on,
+                              switch_snr=switch_snr, continuous_steps=continuous_steps, confidence=confidence,
+                              final_argmax=final_argmax, finisher=finisher, preset=preset, decode=decode, seed=seed)
     result = generate(model, sampler, settings, out, device)
     show(result, lambda: _print_samples(result))
 
@@ -57,7 +85,8 @@ def _print_samples(result: dict) -> None:
     for row in rows[:4]:
         print(row["text"][:200].replace("\n", " "))
     print_table(f"{len(rows)} samples → {meta['file']}", ["key", "value"],
-                [[k, meta.get(k)] for k in ("sampler", "steps", "nfe", "skipped_calls", "seconds", "tokens_per_second")])
+                [[k, meta.get(k)] for k in ("sampler", "preset", "steps", "nfe", "nfe_per_sample", "skipped_calls", "seconds",
+                                                 "tokens_per_second")])
 
 
 @app.command(epilog="Examples:\n\n  geoprobe nll --model runs/dsl --corpus held-out.txt\n\n"
