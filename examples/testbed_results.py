@@ -121,7 +121,7 @@ def held_out_bound(folder: Path) -> dict:
 def score_samples(folder: Path, model: Path, sampler: str, steps: int, switch_snr: float = 5.0,
                   decode: str = "stack", length: int = LENGTH, start: str = "document") -> dict:
     from geoprobe.generate import SampleSettings, generate
-    from geoprobe.metrics.text import text_metrics
+    from geoprobe.metrics.text import text_metrics, token_metrics, word_text
     from geoprobe.synthetic import hmm_from_spec, oracle_scores
 
     cached = folder / "scores.json"
@@ -133,10 +133,12 @@ def score_samples(folder: Path, model: Path, sampler: str, steps: int, switch_sn
         shutil.rmtree(folder)
     settings = SampleSettings(num=NUM, length=length, steps=steps, switch_snr=switch_snr, decode=decode)
     result = generate(model, sampler, settings, folder, "cpu")
-    texts = [r["text"] for r in result["samples"]]
-    scores = {**oracle_scores(hmm_from_spec(CORPUS), texts, start, DOCUMENT), **text_metrics(texts),
-              "nfe": result["meta"]["nfe"], "seconds_per_sample": result["meta"]["seconds"] / NUM,
-              "words_per_sample": float(np.mean([len(t.split()) for t in texts]))}
+    texts, eos = [r["text"] for r in result["samples"]], result["meta"]["eos"]  # documents end at eos
+    scores = {**oracle_scores(hmm_from_spec(CORPUS), texts, start, DOCUMENT, eos), **text_metrics(texts, eos),
+              **token_metrics([r["token_ids"] for r in result["samples"]]),
+              "nfe": result["meta"]["nfe"], "nfe_per_sample": result["meta"]["nfe_per_sample"],
+              "seconds_per_sample": result["meta"]["seconds"] / NUM,
+              "words_per_sample": float(np.mean([len(word_text(t, eos).split()) for t in texts]))}
     cached.write_text(json.dumps(scores))
     return scores
 

@@ -198,7 +198,7 @@ def draw_rows(cumulative: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((rng.random(len(cumulative))[:, None] > cumulative).sum(1), cumulative.shape[1] - 1)
 
 
-def oracle_scores(hmm: HMM, texts: list[str], start: str, document_length: int) -> dict:
+def oracle_scores(hmm: HMM, texts: list[str], start: str, document_length: int, eos: str | None = None) -> dict:
     """Exact NLL per word of generated texts under the true HMM, from the state distribution
     the generator's training blocks start from (`HMM.start`), and the total-variation distance
     between the samples' pooled bigram frequencies and the HMM's expected bigram distribution
@@ -206,24 +206,47 @@ def oracle_scores(hmm: HMM, texts: list[str], start: str, document_length: int) 
     from the HMM itself (its finite-sample floor). The NLL rewards repeating a likely word; the
     bigram distance does not.
 
-    A text holding a word the HMM cannot emit (an unknown or special token) has probability 0;
-    such texts are counted (`oracle_invalid`) and the NLL is over the others, so that one stray
-    token does not turn a generator's whole row into infinity, nor hide."""
+    A text holding `eos` (the samples file's EOS string) is several documents: the first is
+    scored from the generator's start, each later one from a document start
+    (`HMM.start("document")`), their log-probabilities and words summed (the EOS is not a
+    word); bigrams are counted within documents, never across a break, and compared with the
+    mixture of the two starts' expected distributions, weighted by their bigrams.
+
+    A text holding a word the HMM cannot emit (an unknown or special token such as "<unk>") has
+    probability 0; such texts are counted (`oracle_invalid`) and the NLL is over the others, so
+    that one stray token does not turn a generator's whole row into infinity, nor hide."""
     origin = hmm.start(start, document_length)
-    encoded = [hmm.encode(t) for t in texts]
-    per_sample = [-hmm.log_prob(ids, origin) / len(ids) if ids else math.inf for ids in encoded]
-    valid = [(v, len(ids)) for v, ids in zip(per_sample, encoded) if ids and math.isfinite(v)]
+    fresh = hmm.start("document", document_length)
+    per_sample, words_per_sample, firsts, laters = [], [], [], []
+    for text in texts:
+        docs = [hmm.encode(d) for d in (text.split(eos) if eos else [text])]
+        words = sum(len(ids) for ids in docs if ids is not None)
+        if any(ids is None for ids in docs) or not words:
+            per_sample.append(math.inf)
+            words_per_sample.append(0 if any(ids is None for ids in docs) else words)
+            continue
+        log_p = sum(hmm.log_prob(ids, origin if k == 0 else fresh) for k, ids in enumerate(docs))
+        per_sample.append(-log_p / words)
+        words_per_sample.append(words)
+        if math.isfinite(log_p):
+            firsts += [docs[0]] if len(docs[0]) >= 2 else []
+            laters += [ids for ids in docs[1:] if len(ids) >= 2]
+    valid = [(v, n) for v, n in zip(per_sample, words_per_sample) if n and math.isfinite(v)]
     words = sum(n for _, n in valid)
     result = {"oracle_nll_per_word": sum(v * n for v, n in valid) / words if words else math.inf,
-              "oracle_nll_per_sample": per_sample, "oracle_words_per_sample": [len(ids or []) for ids in encoded],
+              "oracle_nll_per_sample": per_sample, "oracle_words_per_sample": words_per_sample,
               "oracle_invalid": len(texts) - len(valid), "oracle_start": start}
-    kept = [ids for ids in encoded if ids and len(ids) >= 2]
-    if kept:
-        length = int(np.median([len(ids) for ids in kept]))
-        expected = hmm.bigram_distribution(origin, length)
-        rng = np.random.default_rng([len(kept), length])
-        own = [hmm.sample_from(origin, length, rng) for _ in kept]
-        result.update(bigram_tv=bigram_tv(kept, expected), bigram_tv_hmm=bigram_tv(own, expected))
+    groups = [(docs, where) for docs, where in ((firsts, origin), (laters, fresh)) if docs]
+    if groups:
+        expected, own = 0.0, []
+        bigrams = sum(len(ids) - 1 for docs, _ in groups for ids in docs)
+        for docs, where in groups:  # each start's documents at their median length
+            length = int(np.median([len(ids) for ids in docs]))
+            share = sum(len(ids) - 1 for ids in docs) / bigrams
+            expected = expected + share * hmm.bigram_distribution(where, length)
+            rng = np.random.default_rng([len(docs), length])
+            own += [hmm.sample_from(where, length, rng) for _ in docs]
+        result.update(bigram_tv=bigram_tv(firsts + laters, expected), bigram_tv_hmm=bigram_tv(own, expected))
     return result
 
 

@@ -13,7 +13,8 @@ import torch
 from scipy import stats
 
 from geoprobe.metrics.evaluator import gen_ppl
-from geoprobe.metrics.text import diversity_pooled, diversity_within, repetition, text_metrics, unigram_entropy
+from geoprobe.metrics.text import (diversity_pooled, diversity_within, repetition, text_metrics, token_metrics,
+                                   unigram_entropy, word_text)
 from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
 from geoprobe.synthetic import documents
 from tests.helpers import assert_one_line_error, invoke
@@ -61,6 +62,132 @@ def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(llama):
     assert a["scored_tokens"] > 10
     # chunking to a short context scores every token too
     assert gen_ppl(backbone, texts[0], context=8)["scored_tokens"] == a["scored_tokens"]
+
+
+def _reference_gen_nll(backbone, ids: list[int], eos_id: int) -> tuple[float, int]:
+    """The MDLM/ReMDM Gen.PPL of one id sequence, computed directly: the model's logits over the
+    whole sequence, log_softmax, the NLL of each next token summed over their mask
+    (token != eos) | (cumsum(token == eos) == 1), taken over the text's tokens (after BOS)."""
+    with torch.no_grad():
+        logits = backbone.model(input_ids=torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    text = torch.tensor(ids[1:])  # the targets: everything after BOS
+    mask = (text != eos_id) | (torch.cumsum((text == eos_id).long(), 0) == 1)
+    nll = -logp[torch.arange(len(text)), text]
+    return float(nll[mask].sum()), int(mask.sum())
+
+
+def test_gen_ppl_scores_every_token_but_eos_and_the_first_eos(llama):
+    tok = llama.tokenizer
+    enc = lambda piece: tok(piece, add_special_tokens=False)["input_ids"]  # noqa: E731
+    end = tok.eos_token_id
+    assert tok.eos_token == "<eos>" and tok.bos_token_id is not None
+    ids = [tok.bos_token_id] + enc("a b") + [end] + enc("c d") + [end] + enc("e")
+    nll, count = _reference_gen_nll(llama, ids, end)
+    assert count == len(ids) - 2  # BOS and the second EOS are not scored
+    # the file's EOS is the evaluator's own string, or another generator's: the same ids either way
+    for text, eos in (("a b<eos>c d<eos>e", "<eos>"), ("a b<|endoftext|>c d<|endoftext|>e", "<|endoftext|>")):
+        got = gen_ppl(llama, [text], eos=eos)
+        assert got["tokens_per_sample"] == [count] and got["scored_tokens"] == count, text
+        assert got["nll_per_sample"][0] == pytest.approx(nll, rel=1e-4), text
+        assert got["gen_ppl"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+        # chunked to a short context, the same tokens are scored (the first EOS once)
+        assert gen_ppl(llama, [text], context=4, eos=eos)["scored_tokens"] == count
+    # a trailing run of EOS (an MDLM sample's padding) adds one scored token, the first EOS
+    assert gen_ppl(llama, ["a b<eos><eos><eos>"], eos="<eos>")["scored_tokens"] == len(enc("a b")) + 1
+    # without an EOS string the text is one document: the foreign string is tokenised as text
+    plain = gen_ppl(llama, ["a b<|endoftext|>c d<|endoftext|>e"])
+    assert plain["scored_tokens"] == len(enc("a b<|endoftext|>c d<|endoftext|>e"))
+
+
+def test_word_metrics_read_eos_as_a_word_break_and_keep_other_specials():
+    assert word_text("a b<eos>c d", "<eos>") == "a b\nc d" and word_text("a b<eos>c", None) == "a b<eos>c"
+    m = text_metrics(["a b<eos>c d"], eos="<eos>")
+    assert m["unigram_entropy"] == pytest.approx(math.log(4))  # a b c d; glued ("bc") it would be log 3
+    assert m["distinct_2"] == 1.0 and m["diversity_within_per_sample"] == [1.0]
+    assert text_metrics(["a b<eos>c d"])["unigram_entropy"] == pytest.approx(math.log(3))  # no eos: "b<eos>c"
+    # "<unk>" is what was generated: a word
+    assert text_metrics(["x <unk> x <unk>"], eos="<eos>")["unigram_entropy"] == pytest.approx(math.log(2))
+    # a break between repeats still repeats the words: rep-2 sees (a b) twice across the break
+    assert text_metrics(["a b<eos>a b"], eos="<eos>")["rep_2"] == pytest.approx(1 - 2 / 3)
+
+
+def test_token_entropy_is_the_entropy_of_each_rows_id_counts():
+    rows = [[5, 5, 7, 1, 1, 1, 9], [3, 3, 3, 3], [0, 2, 4, 6, 8, 2]]
+    expected = [stats.entropy(np.unique(r, return_counts=True)[1]) for r in rows]  # natural log
+    got = token_metrics(rows)
+    assert got["token_entropy_per_sample"] == pytest.approx(expected)
+    assert got["token_entropy"] == pytest.approx(np.mean(expected))
+    assert token_metrics([None, None]) == {"token_entropy": None, "token_entropy_per_sample": None}
+    partial = token_metrics([rows[0], None])  # a mean over some rows only would not compare
+    assert partial["token_entropy"] is None and partial["token_entropy_per_sample"][1] is None
+
+
+def test_oracle_scores_each_document_from_its_start_and_counts_special_words_as_invalid():
+    from geoprobe.synthetic import bigram_tv, hmm_from_spec, oracle_scores
+
+    hmm = hmm_from_spec("synthetic:hmm?states=4&vocab=40&docs=10&length=20&seed=1")
+    first, second = (row.tolist() for row in hmm.sample_many(2, 20, np.random.default_rng(3)))
+    text = hmm.text(first) + "<eos>" + hmm.text(second)
+    origin = hmm.start("anywhere", 20)
+    expected = -(hmm.log_prob(first, origin) + hmm.log_prob(second, hmm.initial))
+    assert not np.allclose(origin, hmm.initial)  # otherwise the second document's start would not show
+    got = oracle_scores(hmm, [text], "anywhere", 20, eos="<eos>")
+    assert got["oracle_words_per_sample"] == [40] and got["oracle_invalid"] == 0  # the EOS is no word
+    assert got["oracle_nll_per_sample"][0] * 40 == pytest.approx(expected)
+    assert got["oracle_nll_per_word"] == pytest.approx(expected / 40)
+    assert got["oracle_nll_per_word"] != pytest.approx(-hmm.log_prob(first + second, origin) / 40)  # one chain
+    # bigrams within each document, against the two starts' expected distributions (19 bigrams each)
+    mixture = 0.5 * hmm.bigram_distribution(origin, 20) + 0.5 * hmm.bigram_distribution(hmm.initial, 20)
+    assert got["bigram_tv"] == pytest.approx(bigram_tv([first, second], mixture))
+    assert got["bigram_tv"] != pytest.approx(bigram_tv([first + second], mixture))
+    # a trailing EOS ends the last document and adds nothing
+    trailing = oracle_scores(hmm, [text + "<eos>"], "anywhere", 20, eos="<eos>")
+    assert trailing["oracle_nll_per_sample"] == pytest.approx(got["oracle_nll_per_sample"])
+    # a special token the decode keeps is not an HMM word: that sample has probability 0
+    unk = hmm.text(first[:10]) + " <unk> " + hmm.text(first[10:])
+    mixed = oracle_scores(hmm, [text, unk], "anywhere", 20, eos="<eos>")
+    assert mixed["oracle_invalid"] == 1 and mixed["oracle_words_per_sample"] == [40, 0]
+    assert mixed["oracle_nll_per_word"] == pytest.approx(expected / 40)
+    # without the file's EOS string, "<eos>" glues two words into one the HMM does not know
+    assert oracle_scores(hmm, [text], "anywhere", 20)["oracle_invalid"] == 1
+
+
+def test_eval_reads_eos_and_token_ids_from_the_samples_file_and_compare_shows_them(tmp_path, tiny_models, llama):
+    from geoprobe.metrics.evaluator import evaluate_samples, read_samples
+    from geoprobe.report.compare import COLUMNS, comparison_row
+
+    out = tmp_path / "gen"
+    out.mkdir()
+    texts = ["a b<eos>c d<eos>e", "light water<eos><eos>"]
+    ids = [[5, 5, 6, 1, 2], [7, 8, 1, 1]]
+    (out / "samples.jsonl").write_text("".join(json.dumps({"text": t, "token_ids": i}) + "\n"
+                                               for t, i in zip(texts, ids)))
+    meta = {"sampler": "x", "steps": 4, "nfe": 4, "nfe_per_sample": 3.5, "seconds": 1.0, "num": 2,
+            "model": str(tmp_path / "none"), "file": str(out / "samples.jsonl"), "eos": "<eos>"}
+    (out / "samples.meta.jsonl").write_text(json.dumps(meta) + "\n")
+    results, _ = evaluate_samples([out / "samples.jsonl"], str(tiny_models("llama")), None, None, device="cpu")
+    row = results[str(out / "samples.jsonl")]
+    assert row["eos"] == "<eos>"
+    assert row["scored_tokens"] == gen_ppl(llama, texts, eos="<eos>")["scored_tokens"]
+    assert row["gen_ppl"] == pytest.approx(gen_ppl(llama, texts, eos="<eos>")["gen_ppl"], rel=1e-5)
+    assert row["unigram_entropy"] == pytest.approx(text_metrics(texts, "<eos>")["unigram_entropy"])
+    assert row["unigram_entropy_per_sample"][1] == pytest.approx(math.log(2))  # "light", "water"
+    assert row["token_entropy_per_sample"] == pytest.approx([stats.entropy([2, 1, 1, 1]), stats.entropy([1, 1, 2])])
+    assert read_samples(out / "samples.jsonl") == texts
+    compared = comparison_row(out / "samples.jsonl")
+    assert compared["nfe_per_sample"] == 3.5 and compared["token_entropy"] == row["token_entropy"]
+    assert COLUMNS.index("nfe_per_sample") == COLUMNS.index("nfe") + 1
+    assert COLUMNS.index("token_entropy") == COLUMNS.index("unigram_entropy") + 1
+    # an older meta row (no "eos") and an external file (no token ids): one document, null entropy
+    meta.pop("eos")
+    (out / "samples.meta.jsonl").write_text(json.dumps(meta) + "\n")
+    (out / "samples.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    results, _ = evaluate_samples([out / "samples.jsonl"], str(tiny_models("llama")), None, None, device="cpu")
+    row = results[str(out / "samples.jsonl")]
+    assert row["eos"] is None and row["token_entropy"] is None and row["token_entropy_per_sample"] is None
+    assert row["unigram_entropy"] == pytest.approx(text_metrics(texts)["unigram_entropy"])
+    assert comparison_row(out / "samples.jsonl")["token_entropy"] is None
 
 
 @pytest.mark.real
@@ -123,6 +250,9 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
     code, _, err = invoke("eval", tmp_path / "bad.jsonl", "--evaluator", tiny_models("llama"))
     assert_one_line_error(code, err, 2, "bad.jsonl:2: not valid JSON")
+    (tmp_path / "ids.jsonl").write_text('{"text": "ok", "token_ids": [1, 2]}\n{"text": "ok", "token_ids": "1 2"}\n')
+    code, _, err = invoke("eval", tmp_path / "ids.jsonl", "--evaluator", tiny_models("llama"))
+    assert_one_line_error(code, err, 2, "ids.jsonl:2: 'token_ids' must be a list of integers")
     (tmp_path / "few.txt").write_text("light water earth king stone bread wine tree field road\n")
     code, _, err = invoke("eval", samples, "--evaluator", tiny_models("llama"), "--references",
                           tmp_path / "few.txt", "--device", "cpu")

@@ -16,7 +16,8 @@ from geoprobe.cli.options import Device, Seed, state
              "  geoprobe eval runs/dsl/samples.jsonl --evaluator builtin:smollm2 --references kjv\n\n"
              "  geoprobe eval a.jsonl b.jsonl --evaluator ./gpt2-large --references held-out.txt --out metrics.json")
 def evaluate(
-    samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files (rows with a 'text' field).")],
+    samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files (rows with a 'text' field; "
+                                                              "'token_ids' give the token entropy).")],
     evaluator: Annotated[str, typer.Option(help="Causal LM for Gen.PPL and MAUVE features (any model geoprobe "
                                                 "loads), or several separated by commas: each scores Gen.PPL, "
                                                 "the first gives MAUVE's features.")] = "builtin:smollm2",
@@ -30,7 +31,7 @@ def evaluate(
                                                    "document) or blocks:K (words 0, K, 2K, ...).")] = "auto",
     seed: Seed = 0, device: Device = "auto",
 ):
-    """Gen.PPL, diversity, entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
+    """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
     from geoprobe.metrics.evaluator import evaluate_samples
     from geoprobe.report.terminal import console, print_table
 
@@ -38,10 +39,14 @@ def evaluate(
                                        warn=lambda line: None if state.quiet else console.print(line),
                                        oracle_start=oracle_start)
     names = next(iter(results.values()))["gen_ppl_by_evaluator"]
-    keys = ["samples", "diversity_within", "diversity_pooled", "unigram_entropy", "rep_4", "mauve", "mauve_std",
-            "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"]
-    present = [k for k in keys if any(k in r for r in results.values())]
-    head = ["file", *[f"Gen.PPL ({n})" for n in names], *present]
+    keys = ["samples", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "rep_4", "mauve",
+            "mauve_std", "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"]
+    # the two entropies are different quantities: word entropy (unigram, whitespace words) and
+    # token entropy (the generator's token ids, as ReMDM/DSL report it)
+    labels = {"unigram_entropy": "word entropy", "token_entropy": "token entropy"}
+    present = [k for k in keys if any(r.get(k) is not None for r in results.values())]
+    head = ["file", *[f"Gen.PPL ({n})" for n in names], *[labels.get(k, k) for k in present]]
     show(results, lambda: print_table(f"metrics → {target}", head,
                                       [[Path(n).name, *[r["gen_ppl_by_evaluator"][e] for e in names],
-                                        *[r.get(k, "") for k in present]] for n, r in results.items()]))
+                                        *[r.get(k) if r.get(k) is not None else "" for k in present]]
+                                       for n, r in results.items()]))

@@ -1,8 +1,12 @@
 """What an evaluator LM says about texts: Gen.PPL and MAUVE features.
 
 Gen.PPL: each text is re-tokenised with the evaluator's tokenizer (BOS first where it has
-one), cut into chunks of the evaluator's context, and every token after the first is scored;
-the corpus value is exp(total NLL / total tokens), the per-sample values exp(mean NLL).
+one), cut into chunks of the evaluator's context, and every token after the first is scored,
+except as the MDLM/ReMDM code (`compute_generative_perplexity`) does at an end of document: a
+sample's text keeps its generator's special tokens, it is split at the samples file's EOS
+string into documents, the documents are joined by the evaluator's own EOS id, and of those EOS
+tokens only the first is scored (their mask: token != eos OR cumsum(token == eos) == 1);
+the corpus value is exp(total NLL / total scored tokens), the per-sample values exp(mean NLL).
 MAUVE features: the evaluator's last-layer hidden state (after the final norm, as
 `hidden_states[-1]`) at the last token of each text (truncated to the context), the pooling
 MAUVE's authors use with GPT-2.
@@ -25,12 +29,39 @@ import torch
 from geoprobe.errors import BadInput
 
 
-def _ids(backbone, text: str) -> list[int]:
+def evaluator_eos(tok) -> int | None:
+    """The evaluator's EOS id, or None where it has none or where its EOS string is whitespace
+    (a character tokenizer's space ends a word, not a document)."""
+    if tok.eos_token_id is None or not isinstance(tok.eos_token, str) or not tok.eos_token.strip():
+        return None
+    return int(tok.eos_token_id)
+
+
+def _ids(backbone, text: str, eos: str | None = None) -> tuple[list[int], list[int]]:
+    """(the evaluator's ids of a text, a 0/1 weight per position: whether that token is scored
+    as a target). Ids: [BOS where the evaluator has one] + ids(doc0) + [EOS] + ids(doc1) + ...,
+    the documents being the text split at `eos` (the samples file's EOS string; None: one
+    document). Weights, as the MDLM/ReMDM Gen.PPL mask (token != eos) | (cumsum(token == eos)
+    == 1) over the text's tokens: every token but the evaluator's EOS, and the first EOS."""
     tok = backbone.tokenizer
     if tok is None:
         raise BadInput("the evaluator has no tokenizer")
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    return ([tok.bos_token_id] if tok.bos_token_id is not None else []) + ids
+
+    def encode(piece: str) -> list[int]:
+        return tok(piece, add_special_tokens=False)["input_ids"]
+
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    end = evaluator_eos(tok)
+    documents = text.split(eos) if eos else [text]
+    if end is None:  # an evaluator without an EOS token: documents are joined by a paragraph break
+        body = encode("\n\n".join(documents))
+    else:
+        body = encode(documents[0])
+        for doc in documents[1:]:
+            body += [end] + encode(doc)
+    ends = np.cumsum([t == end for t in body]) if body else np.zeros(0, dtype=np.int64)
+    scored = [int(t != end or e == 1) for t, e in zip(body, ends)]
+    return bos + body, [0] * len(bos) + scored  # position 0 is never a target
 
 
 def context_length(backbone) -> int:
@@ -61,17 +92,21 @@ def _batches(sequences: list[list[int]]):
 
 
 @torch.no_grad()
-def score(backbone, texts: list[str], context: int | None = None) -> tuple[dict, np.ndarray]:
-    """Gen.PPL figures and MAUVE features of `texts` from the same batched forward passes.
-    Features: the final-normed last-layer state (`hidden_states[-1]`) at the last token of each
-    text's first context-length chunk."""
+def score(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> tuple[dict, np.ndarray]:
+    """Gen.PPL figures and MAUVE features of `texts` from the same batched forward passes, each
+    text split into documents at `eos` (the samples file's EOS string; None: plain texts), see
+    `_ids`. Features: the final-normed last-layer state (`hidden_states[-1]`) at the last token
+    of each text's first context-length chunk."""
     context = min(context or context_length(backbone), context_length(backbone))
-    chunks, owner = [], []  # each text cut into chunks of the evaluator's context
+    chunks, targets, owner = [], [], []  # each text cut into chunks of the evaluator's context
     for index, text in enumerate(texts):
-        ids = _ids(backbone, text)
+        ids, weights = _ids(backbone, text, eos)
         for start in range(0, max(1, len(ids) - 1), context - 1):
-            if start == 0 or len(ids[start:start + context]) >= 2:
+            scored = weights[start + 1:start + context]
+            # a later chunk with nothing to score (a tail of unscored EOS tokens) is not run
+            if start == 0 or (len(ids[start:start + context]) >= 2 and any(scored)):
                 chunks.append(ids[start:start + context])
+                targets.append(scored)
                 owner.append((index, start == 0))
     nll, count = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
     feats = np.zeros((len(texts), backbone.hidden_size), dtype=np.float32)
@@ -81,12 +116,16 @@ def score(backbone, texts: list[str], context: int | None = None) -> tuple[dict,
         # the base model's final-normed states, then the head in chunks of positions: a B x L x V
         # float32 logits tensor would be 10 GB at 8,192 positions of a 128k vocabulary
         final = backbone.base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        losses = backbone.token_losses(final[:, :-1], ids[:, 1:]) * mask[:, 1:]
+        weights = torch.zeros((len(rows), ids.shape[1] - 1), dtype=torch.float32)
+        for row, chunk in enumerate(rows):  # 0 on padding, as on an unscored EOS
+            weights[row, :len(targets[chunk])] = torch.tensor(targets[chunk], dtype=torch.float32)
+        weights = weights.to(device)
+        losses = backbone.token_losses(final[:, :-1], ids[:, 1:]) * weights
         last = final[torch.arange(len(rows), device=device), mask.sum(1) - 1].float().cpu().numpy()
         for row, chunk in enumerate(rows):
             text, first = owner[chunk]
             nll[text] += float(losses[row].sum())
-            count[text] += int(mask[row, 1:].sum())
+            count[text] += int(weights[row].sum())
             if first:
                 feats[text] = last[row]
     if not count.sum():
@@ -98,12 +137,12 @@ def score(backbone, texts: list[str], context: int | None = None) -> tuple[dict,
     return ppl, feats
 
 
-def gen_ppl(backbone, texts: list[str], context: int | None = None) -> dict:
-    return score(backbone, texts, context)[0]
+def gen_ppl(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> dict:
+    return score(backbone, texts, context, eos)[0]
 
 
-def features(backbone, texts: list[str], context: int | None = None) -> np.ndarray:
-    return score(backbone, texts, context)[1]
+def features(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> np.ndarray:
+    return score(backbone, texts, context, eos)[1]
 
 
 @contextlib.contextmanager
@@ -146,18 +185,38 @@ MAUVE_MIN_SAMPLES = 1000
 
 def read_samples(path: Path) -> list[str]:
     """The texts of a samples.jsonl file (one line naming the row that has none)."""
+    return read_sample_rows(path)[0]
+
+
+def read_sample_rows(path: Path) -> tuple[list[str], list[list[int] | None]]:
+    """(the texts, the generator's token ids of each row or None where a row has none, as an
+    external file's) of a samples.jsonl file; one line naming a malformed row."""
     if not path.is_file():
         raise BadInput(f"samples file not found: {path}")
     from geoprobe.corpus import iter_jsonl
 
-    texts = []
+    texts, token_ids = [], []
     for number, row in iter_jsonl(path):
         if not isinstance(row.get("text"), str):
             raise BadInput(f"{path}:{number}: a sample row needs a string field 'text'")
+        ids = row.get("token_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                  for i in ids)):
+            raise BadInput(f"{path}:{number}: 'token_ids' must be a list of integers")
         texts.append(row["text"])
+        token_ids.append(ids)
     if not texts:
         raise BadInput(f"samples file {path} is empty")
-    return texts
+    return texts, token_ids
+
+
+def sample_eos(path: Path) -> str | None:
+    """The EOS string a samples file's text holds (its meta row's `eos`), or None: no meta row,
+    an older row without the key, a generator without EOS or with a whitespace one."""
+    from geoprobe.generate import sample_meta
+
+    eos = (sample_meta(path) or {}).get("eos")
+    return eos if isinstance(eos, str) and eos.strip() else None
 
 
 def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
@@ -239,9 +298,13 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
 
 def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
                      seed: int = 0, device: str = "auto", warn=None, oracle_start: str = "auto") -> tuple[dict, Path]:
-    """Gen.PPL, diversity, entropy, repetition and (with `references`) MAUVE of each samples file,
-    plus the exact NLL under the HMM for a synthetic corpus (from `oracle_start`, see
-    geoprobe.synthetic.HMM.start; `auto`: each file's own, `oracle_start_for`). Every file is checked before the evaluator loads. With several
+    """Gen.PPL, diversity, word and token entropy, repetition and (with `references`) MAUVE of
+    each samples file, plus the exact NLL under the HMM for a synthetic corpus (from
+    `oracle_start`, see geoprobe.synthetic.HMM.start; `auto`: each file's own,
+    `oracle_start_for`). Each file's text is split into documents at its meta row's EOS string
+    (`sample_eos`, recorded as `eos`): Gen.PPL scores the first EOS only (`_ids`), the word
+    metrics read EOS as a line break, the HMM scores each later document from a document
+    start. Every file is checked before the evaluator loads. With several
     evaluators each scores Gen.PPL (`gen_ppl_by_evaluator`); the first also gives `gen_ppl` and
     MAUVE's features. An evaluator that is the generator's own backbone is named in
     `evaluator_is_generator` (and warned about). Writes `out`, or SAMPLES.metrics.json beside
@@ -249,13 +312,15 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     from geoprobe.backbone import load_backbone
     from geoprobe.corpus import check_source
     from geoprobe.store import check_writable
-    from geoprobe.metrics.text import text_metrics
+    from geoprobe.metrics.text import text_metrics, token_metrics, word_text
 
     from geoprobe.synthetic import check_oracle_start
 
     evaluators = evaluator_list(evaluator)
     check_oracle_start(oracle_start)  # whatever the references: a wrong flag is a mistake either way
-    sets = {str(p): read_samples(p) for p in samples}  # every file is checked before any model loads
+    rows = {str(p): read_sample_rows(p) for p in samples}  # every file is checked before any model loads
+    sets = {name: texts for name, (texts, _) in rows.items()}
+    eos = {name: sample_eos(Path(name)) for name in sets}  # each file's own EOS string (its documents)
     if references is not None:
         check_source(references)
     oracle = None
@@ -270,7 +335,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             oracle.start(start, length)  # a bad --oracle-start, before any model loads
     if out is not None:
         check_writable(out.parent)
-    results = {name: {"samples": len(texts), "evaluator": evaluators[0], **text_metrics(texts),
+    results = {name: {"samples": len(texts), "evaluator": evaluators[0], "eos": eos[name],
+                      **text_metrics(texts, eos[name]), **token_metrics(rows[name][1]),
                       "gen_ppl_by_evaluator": {}, "evaluator_is_generator": []} for name, texts in sets.items()}
     owners = {name: generator_backbone(Path(name)) for name in sets}
     for index, name in enumerate(evaluators):
@@ -278,7 +344,7 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
         reference_features = {}
         for path, texts in sets.items():
             row = results[path]
-            ppl, feats = score(backbone, texts)
+            ppl, feats = score(backbone, texts, eos=eos[path])
             row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
             if same_model(owners[path], name):
                 row["evaluator_is_generator"].append(name)
@@ -289,7 +355,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
                 continue
             row.update(ppl)
             if references is not None:
-                row.update(_mauve_row(backbone, texts, feats, references, seed, reference_features, warn))
+                words = [word_text(t, eos[path]) for t in texts]  # the references' length, in words
+                row.update(_mauve_row(backbone, words, feats, references, seed, reference_features, warn))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -299,7 +366,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
 
         entropy_rate = oracle.entropy_rate()
         for path, texts in sets.items():
-            results[path].update(oracle_scores(oracle, texts, starts[path], length), oracle_entropy_rate=entropy_rate)
+            results[path].update(oracle_scores(oracle, texts, starts[path], length, eos[path]),
+                                 oracle_entropy_rate=entropy_rate)
     header = {"evaluator": evaluators[0], "evaluators": evaluators, "references": references, "seed": seed}
     if out is not None:
         out.write_text(json.dumps({**header, "results": results}, indent=2))
@@ -311,8 +379,9 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
 
 
 def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, seed: int, cache: dict, warn) -> dict:
-    """MAUVE of one file's features against held-out references of its length (`cache`: files of
-    the same length share their references' features: one pass)."""
+    """MAUVE of one file's features against held-out references of its length in words (`texts`
+    as the word metrics see them, `word_text`; `cache`: files of the same length share their
+    references' features: one pass)."""
     refs = references_like(references, texts, seed)
     if len(refs) < len(texts):
         raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "

@@ -1,4 +1,11 @@
-"""Surface statistics of generated text, on whitespace-separated words.
+"""Surface statistics of generated text, on whitespace-separated words, and the entropy of
+the generator's token ids.
+
+A sample's text keeps the special tokens its generator decoded (`decode(ids,
+skip_special_tokens=False)`); before any word statistic its EOS string (the samples file's
+meta `eos`) is replaced by a line break (`word_text`): a document break is a word break, so the
+words on either side are not glued into one. Other specials ("<unk>") stay words: they are
+what was generated.
 
 * diversity_within (the definition of SimCTG, Su et al. 2022, "A Contrastive Framework for
   Neural Text Generation", used by contrastive decoding and the diffusion-LM papers that report
@@ -8,8 +15,13 @@
   not reproduced here.) Its per-sample values (the product within one sample) give intervals.
 * diversity_pooled: the same product over the whole sample set pooled, so that samples that
   repeat each other lower it too (what this project reported as "diversity" before).
-* unigram entropy: the entropy (nats) of each sample's word distribution, averaged;
-* repetition rate rep-n: per sample 1 - distinct n-grams / total n-grams, averaged.
+* unigram entropy ("word entropy": unigram, whitespace words): the entropy (nats) of each
+  sample's word distribution, averaged;
+* repetition rate rep-n: per sample 1 - distinct n-grams / total n-grams, averaged;
+* token entropy ("token entropy": the generator's token ids, as ReMDM/DSL report it): per
+  sample the entropy (nats) of the distribution of the ids in its row (every id, specials
+  included: ReMDM's `torch.special.entr(counts / counts.sum()).sum()`), averaged. On a 1024-token
+  GPT-2 row it is near 5.6; it is not comparable with the word entropy.
 """
 
 from __future__ import annotations
@@ -59,7 +71,30 @@ def repetition(texts: list[str], n: int) -> float:
     return sum(rates) / len(rates) if rates else 0.0
 
 
-def text_metrics(texts: list[str]) -> dict:
+def word_text(text: str, eos: str | None) -> str:
+    """The text the word statistics see: each `eos` string replaced by a line break."""
+    return text.replace(eos, "\n") if eos else text
+
+
+def token_entropy(ids: list[int]) -> float:
+    """The entropy (nats) of the distribution of the ids in one row (ReMDM's per-sample entropy)."""
+    counts = Counter(ids)
+    total = sum(counts.values())
+    return -sum(c / total * math.log(c / total) for c in counts.values()) if total else 0.0
+
+
+def token_metrics(token_ids: list[list[int] | None]) -> dict:
+    """`token_entropy` (the mean) and `token_entropy_per_sample`: null where a row has no token
+    ids (an external file's), and the mean null unless every row has them."""
+    per_sample = [None if ids is None else token_entropy(ids) for ids in token_ids]
+    known = [v for v in per_sample if v is not None]
+    return {"token_entropy": sum(known) / len(known) if known and len(known) == len(per_sample) else None,
+            "token_entropy_per_sample": per_sample if known else None}
+
+
+def text_metrics(texts: list[str], eos: str | None = None) -> dict:
+    """The word statistics of `texts`, each `eos` string read as a line break (`word_text`)."""
+    texts = [word_text(t, eos) for t in texts]
     entropies = [unigram_entropy(t) for t in texts]
     return {**diversity_within(texts), **diversity_pooled(texts), "unigram_entropy": sum(entropies) / len(texts),
             "unigram_entropy_per_sample": entropies,

@@ -19,10 +19,15 @@ import pandas as pd
 from geoprobe.errors import BadInput
 from bridges.checkpoint import training_tokens
 
-COLUMNS = ["generator", "sampler", "steps", "nfe", "seconds_per_sample", "train_tokens", "used_tokens", "samples",
-           "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators", "own_evaluator", "diversity_within",
-           "diversity_pooled", "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "oracle_nll_lo",
-           "oracle_nll_hi", "bigram_tv", "bigram_tv_hmm", "oracle_invalid", "budget"]
+COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
+           "used_tokens", "samples", "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators",
+           "own_evaluator", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "mauve",
+           "mauve_std", "oracle_nll_per_word", "oracle_nll_lo", "oracle_nll_hi", "bigram_tv", "bigram_tv_hmm",
+           "oracle_invalid", "budget"]
+# the two entropies, named where a table is shown (compare.md): not the same quantity
+ENTROPY_LEGEND = ("unigram_entropy: word entropy (unigram, whitespace words), nats per sample; token_entropy: "
+                  "token entropy (generator's token ids, as ReMDM/DSL report it), nats per sample. The two are not "
+                  "comparable.")
 BOOTSTRAP = 1000  # resamples of a row's samples for its 95% intervals
 
 
@@ -88,13 +93,14 @@ def comparison_row(samples: Path) -> dict:
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
     return {"generator": name + suffix,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
+            "nfe_per_sample": meta.get("nfe_per_sample"),
             "seconds_per_sample": meta["seconds"] / max(1, meta.get("num") or values.get("samples") or 1),
             "train_tokens": budget, "used_tokens": used, "evaluator": evaluator,
             "other_evaluators": "; ".join(f"{k}: {v:.4g}" for k, v in others.items()) or None,
             "own_evaluator": ", ".join(values.get("evaluator_is_generator") or []) or None,
             **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity_within", "diversity_pooled",
-                                          "unigram_entropy", "mauve", "mauve_std", "oracle_nll_per_word", "bigram_tv",
-                                          "bigram_tv_hmm", "oracle_invalid")},
+                                          "unigram_entropy", "token_entropy", "mauve", "mauve_std",
+                                          "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm", "oracle_invalid")},
             **intervals(values)}
 
 
@@ -159,7 +165,8 @@ def write_comparison(rows: list[dict], out: Path) -> tuple[Path, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / "compare.csv", rows, COLUMNS)
-    (out / "compare.md").write_text("# Matched-budget comparison\n\n" + markdown_table(rows) + "\n")
+    (out / "compare.md").write_text("# Matched-budget comparison\n\n" + markdown_table(rows) + "\n\n"
+                                    + ENTROPY_LEGEND + "\n")
     return out / "compare.csv", compare_plot(rows, out / "plots" / "compare.png")
 
 
