@@ -253,6 +253,29 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
 
 
+def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, identity: dict) -> bool:
+    """Whether `out` already holds this bridge (False: nothing there); a bridge for another
+    backbone, layer, shape or training is refused in one line naming the keys that differ. The
+    support size comes from the teacher states, so a check before they exist (`settings_known`
+    of the sweep: cfg.support_size 0) leaves it out."""
+    if not (out / CONFIG).is_file():
+        return False
+    old = read_config(out, "bridge")
+    network, old_network = asdict(cfg), dict(old["network"])
+    if cfg.vocab == "corpus" and not cfg.support_size:
+        old_network["support_size"] = network["support_size"]
+    if old.get("identity") != identity or old_network != network:
+        keys = differing_keys(old.get("identity", {}), identity) or [
+            f"bridge.{k}" for k in differing_keys(old_network, network)]
+        raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
+                       f"(differs in: {', '.join(keys)}); use another --out or --force")
+    if old.get("training") != asdict(train_cfg):
+        keys = differing_keys(old.get("training") or {}, asdict(train_cfg))
+        raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "
+                       "use another --out, or --force to train it anew")
+    return True
+
+
 def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, train_cfg: TrainConfig,
                out: Path, identity: dict, progress=None, world: World = SINGLE,
                massive_factor: float | None = MASSIVE_FACTOR, controls: dict | None = None) -> dict:
@@ -277,19 +300,8 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     if support is not None:
         cfg = replace(cfg, support_size=len(support))
     record = {"network": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
-    if (out / CONFIG).is_file():
-        old = read_config(out, "bridge")
-        if old.get("identity") != identity or old["network"] != record["network"]:
-            keys = differing_keys(old.get("identity", {}), identity) or [
-                f"bridge.{k}" for k in differing_keys(old["network"], record["network"])]
-            raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
-                           f"(differs in: {', '.join(keys)}); use another --out or --force")
-        if old.get("training") != record["training"]:
-            keys = differing_keys(old.get("training") or {}, record["training"])
-            raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "
-                           "use another --out, or --force to train it anew")
-        if (out / METRICS).is_file():
-            return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
+    if check_bridge_dir(out, cfg, train_cfg, identity) and (out / METRICS).is_file():
+        return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
     world.barrier()  # every rank has checked the directory before rank 0 writes into it
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
     if support is not None:

@@ -259,6 +259,20 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
             bar.stop()
 
 
+def refuse_other_bridges(source: Source, plans: list[tuple[int, BridgeSettings, Path]], force: bool) -> None:
+    """Before the teacher pass: every (layer, settings, folder) to train whose folder holds a
+    bridge of another run is refused in one line (fit_bridge would refuse it only after the
+    minutes the states take). With `force` the folders are cleared instead, when each trains."""
+    from bridges.fit import check_bridge_dir
+
+    for layer, chosen, out in [] if force else plans:
+        check_bridge_dir(out, chosen.network_at(layer, source.backbone), chosen.training(), identity(source, layer))
+
+
+def ceiling_dir(run: Path, layer: int) -> Path:
+    return Path(run) / "bridges" / f"layer-{layer:02d}" / "ceiling"
+
+
 def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
     """The ceiling control: the same network and budget trained as the plain clean regression
     (every sequence at clean condition and tau = 0, one sampler step), seed 0."""
@@ -291,6 +305,7 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
         source = open_source(run, model, corpus, settings.seq_len, world.device(device, device_map), dtype,
                              train_tokens=settings.train_tokens, device_map=device_map)
         check_layer(source, layer)
+        refuse_other_bridges(source, [(layer, settings, bridge_dir(root, layer, settings.seed))], force)
         states = cached_states(source, [layer], bars)
         controls = layer_controls(source, states, layer, root, write=world.is_main)
         return train_bridge(source, layer, root, settings, states, controls, force, bars)
@@ -333,6 +348,9 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
             chosen = [l for l in chosen if l in scores]
         for layer in chosen:
             check_layer(source, layer)  # every layer before the first bridge trains
+        plans = [(layer, replace(settings, seed=seed), bridge_dir(run, layer, seed)) for seed in seeds for layer in chosen]
+        plans += [(layer, ceiling_settings(settings), ceiling_dir(run, layer)) for layer in (chosen if ceiling else [])]
+        refuse_other_bridges(source, plans, force)
         states = cached_states(source, chosen, bars)
         controls = {layer: layer_controls(source, states, layer, run, write=world.is_main) for layer in chosen}
         rows = []
@@ -343,7 +361,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
                                               controls[layer], force, bars)
                 rows.append({**metrics, "seed": seed, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
         for layer in chosen if ceiling else []:
-            out = Path(run) / "bridges" / f"layer-{layer:02d}" / "ceiling"
+            out = ceiling_dir(run, layer)
             with holding(out, "geoprobe sweep", world.rank):
                 metrics, _ = train_bridge(source, layer, run, ceiling_settings(settings), states, None, force, bars,
                                           out=out)

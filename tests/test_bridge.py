@@ -148,13 +148,20 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
     assert report[0] == 0 and v["statement"][0] in page and re.search(r"\|\s*lookup\s*\|", page)
 
 
-def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_path):
+def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_path, monkeypatch):
     flags = ["--run", scanned, "--layer", "1", "--out", tmp_path, "--steps", 6, "--until", "steps", "--batch-size", 4,
              "--d-model", 32, "--n-layers", 1, "--device", "cpu"]
     code, out, err = invoke("--format", "json", "bridge", *flags)
     assert code == 0, err
     first = json.loads(out)
-    # another step count or learning rate on a finished bridge: refused, naming what differs
+    # another step count or learning rate on a finished bridge: refused, naming what differs, before
+    # the teacher pass (minutes on a real model)
+    import geoprobe.sweep
+
+    with monkeypatch.context() as patch:
+        patch.setattr(geoprobe.sweep, "cached_states", lambda *a, **k: pytest.fail("teacher states before the check"))
+        code, _, err = invoke("bridge", *flags, "--steps", 8)
+        assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: ")
     for extra, key in ((["--steps", 8], "steps"), (["--lr", "0.01"], "lr")):
         code, _, err = invoke("bridge", *flags, *extra)
         assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: ")
