@@ -384,7 +384,9 @@ def sampler_section(samples: list[dict], refs: dict, figures: Path) -> list[str]
     for metric, title, digits in (("oracle_nll_per_word", "oracle NLL, nats/word", 2),
                                   ("bigram_tv", "bigram TV distance to the HMM", 3),
                                   ("diversity_within", "diversity (SimCTG, within sample)", 3),
-                                  ("unigram_entropy", "unigram entropy per sample, nats", 2)):
+                                  ("unigram_entropy", "word entropy (unigram, whitespace words) per sample, nats", 2),
+                                  ("token_entropy", "token entropy (the generator's token ids, as ReMDM reports it) "
+                                                    "per sample, nats", 2)):
         parts += [f"**{title}**", "", "| model | sampler | " + " | ".join(f"{n} steps" for n in STEPS) + " |",
                   "|---|---|" + "---|" * len(STEPS)]
         for model in VARIANTS:
