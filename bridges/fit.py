@@ -291,7 +291,9 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     A directory holding a bridge trained with other settings is refused, naming the keys that
     differ: its weights are never handed back under new settings."""
     out = Path(out)
-    if layer not in states.layers:
+    if check_bridge_dir(out, cfg, train_cfg, identity) and (out / METRICS).is_file():
+        return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
+    if layer not in states.layers:  # the states are read from here on (a finished bridge never needs them)
         raise BadInput(f"layer {layer} is not among the cached teacher states (layers {list(states.layers)})")
     teacher = Teacher(backbone, layer)
     device = backbone.input_device
@@ -299,9 +301,8 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     support = corpus_support(blocks, backbone.tokenizer) if cfg.vocab == "corpus" else None
     if support is not None:
         cfg = replace(cfg, support_size=len(support))
+        check_bridge_dir(out, cfg, train_cfg, identity)  # a resumed folder: the support size too
     record = {"network": asdict(cfg), "training": asdict(train_cfg), "identity": identity}
-    if check_bridge_dir(out, cfg, train_cfg, identity) and (out / METRICS).is_file():
-        return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
     world.barrier()  # every rank has checked the directory before rank 0 writes into it
     bridge = HiddenBridge(cfg, seed=train_cfg.seed).to(device)
     if support is not None:

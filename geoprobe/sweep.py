@@ -196,18 +196,34 @@ def bridge_settings(**flags) -> BridgeSettings:
 Bars = Callable[[str], object] | None  # label -> a progress bar (start/advance/stop), or None
 
 
-def cached_states(source: Source, layers: list[int], bars: Bars = None):
+class OnFirstUse:
+    """A value made the first time one of its attributes is read: the teacher states of a run
+    whose bridges and controls are all done (a rerun of a finished sweep) are never computed."""
+
+    def __init__(self, make):
+        self._make, self._value = make, None
+
+    def __getattr__(self, name):
+        if self._value is None:
+            self._value = self._make()
+        return getattr(self._value, name)
+
+
+def cached_states(source: Source, layers: list[int], bars: Bars = None) -> OnFirstUse:
     """The teacher states of the source's three splits at layer 0 and `layers`: the frozen prefix
-    run once (its room checked first), for every bridge of the run."""
+    run once (its room checked first, when first needed), for every bridge of the run."""
     from bridges.states import teacher_states
 
-    bar = bars("teacher states") if bars else None
-    try:
-        return teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks, layers,
-                              progress=bar)
-    finally:
-        if bar is not None:
-            bar.stop()
+    def make():
+        bar = bars("teacher states") if bars else None
+        try:
+            return teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks, layers,
+                                  progress=bar)
+        finally:
+            if bar is not None:
+                bar.stop()
+
+    return OnFirstUse(make)
 
 
 CONTROLS_VERSION = "1: mean, lookup, ridge (window 4, fewer at large d); fitted on positions >= 1, not massive"
