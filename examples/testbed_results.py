@@ -408,6 +408,11 @@ def sampler_section(samples: list[dict], refs: dict, figures: Path) -> list[str]
               f"roar, which makes {', '.join(map(str, roar))} (it reveals ⌈{LENGTH} / steps⌉ tokens per call). "
               + (f"The bigram distance's finite-sample floor (as many HMM samples of the same length): "
                  f"{np.mean(floor):.3f}." if floor else ""), ""]
+    parts += ["remdm-loop runs geoprobe's schedule (the continuous alpha(t)); at 16 steps or fewer it is not the "
+              "ReMDM code's discretisation, which reveals everything on the step that crosses t_on and leaves about "
+              "8 % masked for a final argmax ([method.md](method.md), samplers). Both entropies are per sample: "
+              "the word entropy over whitespace words, the token entropy over the generator's token ids (here one "
+              "word per token, so they differ only where a sample holds a special token).", ""]
     parts += verdict_lines(by)
     switch = [r for r in samples if r["sampler"].startswith("hybrid (switch")]
     if switch:
