@@ -175,6 +175,14 @@ def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, tmp_path):
         pieces = [tokenizer.decode([i]) for i in row["token_ids"] if i != eos]
         assert row["text"].replace("<eos>", "") == tokenizer.decode([i for i in row["token_ids"] if i != eos])
         assert all(p in row["text"] for p in pieces)
+    # a preset in one flag, an explicit flag over it, every knob in the samples' meta row
+    code, out, err = invoke("--format", "json", "sample", "--model", checkpoint, "--sampler", "remdm-cap",
+                            "--preset", "remdm-paper", "--steps", 4, "--num", 2, "--length", 10, "--out",
+                            tmp_path / "preset", "--device", "cpu")
+    assert code == 0, err
+    meta = json.loads(out)["meta"]
+    assert (meta["preset"], meta["steps"], meta["top_p"], meta["top_p_rule"], meta["final_argmax"], meta["eta_cap"]) \
+        == ("remdm-paper", 4, 0.9, "remdm", True, 0.008)
     code, out, err = invoke("--format", "json", "nll", "--model", checkpoint, "--corpus", corpus_txt,
                             "--seq-len", 16, "--max-seqs", 2, "--device", "cpu")
     assert code == 0, err
