@@ -40,26 +40,6 @@ def _ids(query) -> torch.Tensor:
     return query.ids if hasattr(query, "ids") else torch.as_tensor(query, dtype=torch.long)
 
 
-def nmse_dim(prediction: torch.Tensor, target: torch.Tensor) -> float:
-    """Mean over channels with nonzero variance of sum_i (P_ic - T_ic)^2 / sum_i (T_ic - mean_c T)^2,
-    in float64 by chunks of rows (no full float64 copy of a large split). NaN if no channel varies."""
-    if prediction.shape != target.shape:
-        raise ValueError(f"prediction {tuple(prediction.shape)} and target {tuple(target.shape)} differ")
-    d = target.shape[1]
-    total = torch.zeros(d, dtype=torch.float64, device=target.device)
-    for s in range(0, len(target), CHUNK):
-        total += target[s:s + CHUNK].double().sum(0)
-    mean = total / max(len(target), 1)
-    err = torch.zeros_like(total)
-    var = torch.zeros_like(total)
-    for s in range(0, len(target), CHUNK):
-        t = target[s:s + CHUNK].double()
-        err += (prediction[s:s + CHUNK].double() - t).square().sum(0)
-        var += (t - mean).square().sum(0)
-    varying = var > 0
-    return float((err[varying] / var[varying]).mean()) if bool(varying.any()) else float("nan")
-
-
 def mean_control(train, layer: int, query, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The train mean state (over the flat indices `rows`, default all) at every query position
     (Nq, d) float32."""
@@ -177,7 +157,8 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
         target = stop.states[layer][stop_rows.to(stop.states[layer].device)]
         for lam in lambdas:
             pred = _predict(stop, stop_rows, embeddings, window, mx, my, weight(float(lam)))
-            by_lambda[float(lam)] = nmse_dim(pred, target.to(pred.device))
+            error = (pred.double() - target.to(pred.device).double()).square()
+            by_lambda[float(lam)] = state_losses(target.to(pred.device).double(), error)["nmse_dim"]
     # never the query: the penalty is chosen on positions the reported score does not see
     chosen = min(by_lambda, key=by_lambda.get) if by_lambda else float(lambdas[0])
     query_rows = torch.arange(len(query.ids))

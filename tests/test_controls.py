@@ -10,7 +10,8 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from bridges.controls import mean_control, nmse_dim, ridge_control, token_lookup, window_features
+from bridges.controls import mean_control, ridge_control, token_lookup, window_features
+from bridges.fit import state_losses
 
 V, D_E, D, LAYER = 50, 8, 16, 3
 
@@ -58,6 +59,11 @@ def rng():
 @pytest.fixture
 def emb():
     return torch.randn(V, D_E, generator=torch.Generator().manual_seed(1))
+
+
+def nmse_dim(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """The one nmse_dim (bridges.fit.state_losses) the bridges and the controls are scored with."""
+    return state_losses(target.double(), (pred.double() - target.double()).square())["nmse_dim"]
 
 
 def test_nmse_dim_matches_numpy_and_skips_constant_channels(rng):
