@@ -1,29 +1,50 @@
 """The figures of one bench/gpu_check.sh step, printed and added to OUT/gpu_check.json as the
-step ends (a run cut short keeps what it measured).
+step ends (a run cut short keeps what it measured), and the summary at the end.
 
-    python bench/gpu_figures.py OUT STEP SECONDS BATCH SEQ      # STEP "summary": the goals
+    python bench/gpu_figures.py OUT STEP --status ok --seconds S --timeout T --memory-from LINE \
+        --logs WORK/logs --batch B --seq L
+    python bench/gpu_figures.py OUT summary      # every step's status, the goals, the MFU
+
+Reads only small files (the step's JSON output under --logs, OUT/preflight.json,
+OUT/gpu_memory.log) and imports neither torch nor geoprobe: it runs in a fraction of a second.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import os
 from pathlib import Path
 
+# docs/scaling.md estimates 25,000 tokens/s at 40% of the bf16 peak; the goal leaves room below it
 GOALS = {"forwarded_tokens_per_second": (">=", 20000), "geometry_seconds_per_layer": ("<=", 5.0),
          "dxd_geometry_seconds_per_layer": ("<=", 5.0)}
+# Llama-3.1-8B's forward per token with no LM head: 2 x 6.98 G block parameters, plus attention's
+# 2 x 2 x 32 layers x 4,096 x 1,024 (a causal 2,048-token block: on average half the positions)
+SCAN_FLOP_PER_TOKEN = 2 * 6.98e9 + 4 * 32 * 4096 * 1024
+NONDETERMINISM = ("does not have a deterministic implementation",  # PyTorch's warn-only kernels
+                  "defaults to a non-deterministic algorithm")  # SDPA's own backward warning
+PREFLIGHT = ("gpu", "torch", "transformers", "modules_imported", "host_memory_total_gib",
+             "host_memory_available_gib", "work_disk_free_gib", "gemm_tflops", "copy_gb_per_second",
+             "eigh_fp64_seconds", "eigvalsh_seconds")
 
 
-def peak_memory_mib(out: Path) -> int | None:
-    """The most GPU memory in use so far (nvidia-smi sampled every 250 ms by the script)."""
+def peak_memory_mib(out: Path, first_line: int) -> int | None:
+    """The most GPU memory in use (every process, reserved and context included) in the log lines
+    from `first_line` on: this step's window of the nvidia-smi samples."""
     log = out / "gpu_memory.log"
     if not log.is_file():
         return None
-    return max((int(line) for line in log.read_text().split() if line.strip().isdigit()), default=None)
+    lines = log.read_text().splitlines()[first_line:]
+    return max((int(line) for line in lines if line.strip().isdigit()), default=None)
 
 
-def figures_of(out: Path, step: str, batch: int, seq: int) -> dict:
-    read = lambda: json.loads((out / f"{step}.json").read_text() or "{}")
+def figures_of(out: Path, logs: Path, step: str, batch: int, seq: int) -> dict:
+    read = lambda: json.loads((logs / f"{step}.out").read_text() or "{}")
+    if step == "preflight":
+        found = json.loads((out / "preflight.json").read_text())
+        return {key: found[key] for key in PREFLIGHT if key in found} | {
+            "modules_failed": len(found.get("modules_failed", {}))}
     if step == "scan":
         timing = read()["timing"]
         warm = timing.get("warm_seconds") and timing["warm_tokens"] / timing["warm_seconds"]
@@ -41,11 +62,11 @@ def figures_of(out: Path, step: str, batch: int, seq: int) -> dict:
         return {"dsl_steps_per_second": read()["steps_per_second"]}
     if step == "dsl_init":
         metrics = read()
-        peak = metrics.get("device_bytes_peak")
+        peak = metrics.get("device_bytes_peak")  # CUDA's allocated peak of training (torch, this process)
         return {"dsl_init_steps_per_second": metrics["steps_per_second"],
                 "dsl_init_tokens_per_second": metrics["steps_per_second"] * batch * seq,
                 "dsl_init_planned_gib": metrics["device_bytes_planned"] / 2 ** 30,
-                "dsl_init_peak_gib": peak / 2 ** 30 if peak else None,
+                "dsl_init_peak_allocated_gib": peak / 2 ** 30 if peak else None,
                 "dsl_init_peak_over_plan": peak / metrics["device_bytes_planned"] if peak else None}
     if step == "sample":
         return {"sample_tokens_per_second": read()["meta"]["tokens_per_second"]}
@@ -57,31 +78,72 @@ def verdict(key: str, value, tiny: bool) -> str:
     if tiny or goal is None or not isinstance(value, (int, float)):
         return ""
     met = value >= goal[1] if goal[0] == ">=" else value <= goal[1]
-    return "  goal met" if met else f"  GOAL MISSED ({goal[0]} {goal[1]})"
+    return "  goal met" if met else f"  GOAL MISSED ({goal[0]} {goal[1]:,})"
+
+
+def shown(value) -> str:
+    return f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+
+def summary(record: dict) -> dict:
+    """The figures computed from several steps', printed with every step's status."""
+    found = {}
+    rate, ceiling = record.get("forwarded_tokens_per_second"), record.get("gemm_tflops")
+    if rate and ceiling and not record["tiny"]:  # the tiny model's FLOP count is not the 8B's
+        found["scan_mfu_vs_measured_gemm"] = rate * SCAN_FLOP_PER_TOKEN / (ceiling * 1e12)
+    print("== summary")
+    for step, state in record["steps"].items():
+        print(f"{step:12s} {state['status']:36s} {state['seconds']:>5} s")
+    for key in ("gpu", "host_memory_available_gib", "host_memory_total_gib", "host_memory_override_gib",
+                "gemm_tflops", *GOALS, *found):
+        value = found.get(key, record.get(key))
+        if value is not None:
+            print(f"{key:40s} {shown(value)}{verdict(key, value, record['tiny'])}")
+    return found
 
 
 def main() -> None:
-    out, step, seconds, batch, seq = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    path = out / "gpu_check.json"
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("step")
+    parser.add_argument("--status", default="ok")
+    parser.add_argument("--seconds", type=int, default=0)
+    parser.add_argument("--timeout", type=int, default=0)
+    parser.add_argument("--memory-from", type=int, default=0)
+    parser.add_argument("--logs", type=Path)
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--seq", type=int, default=0)
+    args = parser.parse_args()
+    path = args.out / "gpu_check.json"
     record = json.loads(path.read_text())
-    if step == "summary":
-        for key, value in record.items():
-            if key in GOALS:
-                print(f"{key:40s} {value:,.2f}{verdict(key, value, record['tiny'])}")
+    if args.step == "summary":
+        record.update(summary(record))
+        path.write_text(json.dumps(record, indent=2))
         return
-    found = figures_of(out, step, batch, seq)
-    found[f"{step}_seconds"] = seconds
+    state = {"status": args.status, "seconds": args.seconds, "timeout": args.timeout}
+    found = {}
+    try:  # a step that did not succeed may still have left its figures (the preflight's file)
+        found = figures_of(args.out, args.logs, args.step, args.batch, args.seq)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        if args.status == "ok":
+            state["figures_error"] = f"{type(exc).__name__}: {exc}"[:300]
     # ops without a deterministic CUDA kernel warn (geoprobe.device.deterministic_cuda): reruns of
     # this step may then differ in the last bits
-    log = out / f"{step}.err"
-    found[f"{step}_nondeterministic_op_warnings"] = log.read_text(errors="replace").count(
-        "does not have a deterministic implementation") if log.is_file() else None
-    found["peak_gpu_memory_mib"] = peak_memory_mib(out)
+    log = args.logs / f"{args.step}.err" if args.logs else None
+    if log is not None and log.is_file():
+        text = log.read_text(errors="replace")
+        state["nondeterministic_op_warnings"] = sum(text.count(phrase) for phrase in NONDETERMINISM)
+    state["peak_gpu_memory_mib"] = peak_memory_mib(args.out, args.memory_from)
+    record["steps"][args.step] = state
     record.update(found)
+    if args.step == "preflight":
+        override = os.environ.get("GEOPROBE_HOST_MEMORY_GIB")
+        record["host_memory_override_gib"] = float(override) if override else None
     path.write_text(json.dumps(record, indent=2))
-    for key, value in found.items():
-        shown = f"{value:,.2f}" if isinstance(value, float) else value
-        print(f"{key:40s} {shown}{verdict(key, value, record['tiny'])}", flush=True)
+    print(f"{args.step + '_status':40s} {args.status}")
+    for key, value in {**found, f"{args.step}_seconds": args.seconds,
+                       f"{args.step}_peak_gpu_memory_mib": state["peak_gpu_memory_mib"]}.items():
+        print(f"{key:40s} {shown(value)}{verdict(key, value, record['tiny'])}", flush=True)
 
 
 if __name__ == "__main__":

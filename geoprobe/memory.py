@@ -6,6 +6,8 @@ The backbone loader and the scan planner both use it; it imports neither.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from geoprobe.errors import BadInput
@@ -26,13 +28,28 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in empty_model(config).parameters())
 
 
+# psutil's available RAM starts small and grows on some VMs: this many GiB is taken instead
+HOST_MEMORY_OVERRIDE = "GEOPROBE_HOST_MEMORY_GIB"
+
+
 def memory_available(device: torch.device) -> int:
-    """Free GPU memory, or the RAM available on a CPU."""
+    """Free GPU memory, or the RAM available on a CPU (GEOPROBE_HOST_MEMORY_GIB when set)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    override = os.environ.get(HOST_MEMORY_OVERRIDE)
+    if override:
+        try:
+            return int(float(override) * 2**30)
+        except ValueError:
+            raise BadInput(f"{HOST_MEMORY_OVERRIDE}={override!r} is not a number of GiB") from None
     import psutil
 
     return psutil.virtual_memory().available
+
+
+def host_override_hint() -> str:
+    """The end of a refusal over host RAM: how to say the RAM is there when psutil undercounts it."""
+    return f" ({HOST_MEMORY_OVERRIDE}=<GiB> overrides this figure)"
 
 
 def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
@@ -95,4 +112,5 @@ def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device,
     smaller = " --dtype bfloat16," if dtype == torch.float32 and need(torch.bfloat16) <= available else ""
     raise BadInput(f"the model ({count:,} parameters) and one batch need {human(need(dtype))} of {memory} in "
                    f"{str(dtype).removeprefix('torch.')} but only {human(available)} is available; use{smaller} "
-                   f"{spread}, or a smaller --batch-size")
+                   f"{spread}, or a smaller --batch-size"
+                   + (host_override_hint() if device.type == "cpu" else ""))

@@ -17,38 +17,125 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--tiny"], capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path), "PY": sys.executable}, timeout=600,
+SMALL_FILES = {"gpu_check.json", "preflight.json", "gpu_memory.log", "errors.txt"}  # all $OUT may hold
+ORDER = ["preflight", "fixture", "scan", "dsl_init", "scan_dxd", "bridge", "dsl", "sample"]  # by value
+
+
+def gpu_check(out: Path, timeout: int, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--tiny"], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(out), "PY": sys.executable, **env}, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+def assert_only_small_files(out: Path) -> None:
+    files = [p for p in out.rglob("*")]
+    assert {p.name for p in files} <= SMALL_FILES and all(p.is_file() for p in files), files
+    assert all(p.stat().st_size < 2**20 for p in files)  # the device returns 8 files of 16 MiB at most
+
+
+def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = gpu_check(out, 900, GPU_CHECK_WORK=str(work))
     assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads((tmp_path / "gpu_check.json").read_text())
+    figures = json.loads((out / "gpu_check.json").read_text())
+    assert list(figures["steps"]) == ORDER and all(s["status"] == "ok" for s in figures["steps"].values())
+    assert_only_small_files(out)
+    assert not (out / "errors.txt").exists()
+    # the import check first: every module of geoprobe, bridges and samplers imports
+    preflight = json.loads((out / "preflight.json").read_text())
+    assert preflight["modules_failed"] == {} and preflight["modules_imported"] > 30
+    assert preflight["gpu"] == "none" and preflight["host_memory_available_gib"] > 0
+    assert preflight["gemm_tflops"] > 0 and preflight["eigh_fp64_seconds"] > 0  # the ceilings' code path
     assert figures["tiny"] and figures["tokens_forwarded"] == 100 * 64  # the first block of 100 documents
     for key in ("forwarded_tokens_per_second", "stored_rows_per_second", "geometry_seconds_per_layer",
                 "dxd_geometry_seconds_per_layer", "bridge_tokens_per_second", "dsl_steps_per_second",
-                "sample_tokens_per_second", "dsl_init_steps_per_second", "dsl_init_planned_gib"):
+                "sample_tokens_per_second", "dsl_init_steps_per_second", "dsl_init_planned_gib",
+                "host_memory_available_gib", "gemm_tflops"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
     assert figures["dxd_rows"] >= 2 * 64  # the d x d path (the tiny fixture's d is 64)
     # the rate after the first batch counts the tokens after it only
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    manifest = json.loads((work / "run" / "manifest.json").read_text())
     assert 0 < manifest["warm_tokens"] < manifest["tokens_forwarded"] and manifest["warm_seconds"] > 0
-    assert "forwarded_tokens_per_second" in done.stdout
-    # each step's figures were printed as it ended, before the next step began
+    # each step's figures were printed as it ended, before the next step began; the summary last
+    assert done.stdout.index("preflight_status") < done.stdout.index("fixture_status")
     assert done.stdout.index("dsl_steps_per_second") < done.stdout.index("sample_tokens_per_second")
-    assert figures["dsl_init_peak_gib"] is None  # CUDA measures it; the CPU run has only the plan
-    samples = (tmp_path / "samples" / "samples.jsonl").read_text().splitlines()
-    assert len(samples) == 4
+    assert done.stdout.index("sample_status") < done.stdout.index("== summary")
+    assert figures["dsl_init_peak_allocated_gib"] is None  # CUDA measures it; the CPU run has only the plan
+    assert len((work / "samples" / "samples.jsonl").read_text().splitlines()) == 4
 
 
-def test_a_failing_step_stops_the_check_with_its_own_exit_status(tmp_path):
-    failing = tmp_path / "python"
-    failing.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
-    failing.chmod(0o755)
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--tiny"], capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path / "out"), "PY": str(failing)}, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 3
-    assert "FAILED: fixture (exit 3)" in done.stderr and "broken" in done.stderr
+FAKE_PYTHON = """#!/bin/sh
+# a stand-in for python in the steps: canned output, or a sleep, or a failure, by step
+[ -z "$GPU_CHECK_STEP" ] && exec {python} "$@"   # the figures themselves
+echo "$GPU_CHECK_STEP" >> {fake}/order
+[ "$GPU_CHECK_STEP" = preflight ] && echo '{{"gpu": "none", "modules_failed": {{}}}}' > "$2/preflight.json"
+[ -f {fake}/$GPU_CHECK_STEP.fail ] && {{ echo broken >&2; exit 3; }}
+[ -f {fake}/$GPU_CHECK_STEP.json ] && exec cat {fake}/$GPU_CHECK_STEP.json
+[ -f {fake}/$GPU_CHECK_STEP.sleep ] && exec sleep 60
+exit 0
+"""
+
+
+def test_a_killed_a_timed_out_and_a_failed_step_and_the_deadline_leave_the_other_figures(tmp_path):
+    """The steps' commands are stand-ins (the run above is the real one): scan's figures are canned,
+    dsl_init outlives its 1 s timeout, scan_dxd is SIGKILLed, bridge fails, dsl runs into the 12 s
+    deadline, and sample is skipped. Each is recorded, the rest go on, the summary comes."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    python = fake / "python"
+    python.write_text(FAKE_PYTHON.format(python=sys.executable, fake=fake))
+    python.chmod(0o755)
+    (fake / "scan.json").write_text(json.dumps({"timing": {
+        "warm_seconds": 2.0, "warm_tokens": 4000, "tokens_forwarded": 5000, "forward_seconds": 3.0, "rows": 100,
+        "geometry_seconds_per_layer": 0.5}}))
+    for name in ("dsl_init", "scan_dxd", "dsl"):
+        (fake / f"{name}.sleep").touch()
+    (fake / "bridge.fail").touch()
+    out = tmp_path / "out"
+    began = time.monotonic()
+    done = gpu_check(out, 120, PY=str(python), GPU_CHECK_DEADLINE="12", GPU_CHECK_TIMEOUT_dsl_init="1",
+                     GPU_CHECK_KILL="scan_dxd")
+    assert time.monotonic() - began < 12 + 20  # the deadline held (dsl's sleep is 60 s)
+    assert done.returncode != 0  # not every step succeeded
+    figures = json.loads((out / "gpu_check.json").read_text())
+    status = {name: state["status"] for name, state in figures["steps"].items()}
+    assert list(status) == ORDER, status
+    assert status["preflight"] == status["fixture"] == status["scan"] == "ok"
+    assert status["dsl_init"] == "timed out after 1 s"
+    assert status["scan_dxd"] == "killed (signal 9)"
+    assert status["bridge"] == "failed (exit 3)"
+    assert status["dsl"].startswith("timed out") and status["dsl"].endswith("(deadline)")
+    assert status["sample"] == "skipped (deadline)"
+    # the import check ran first, the skipped step not at all
+    assert (fake / "order").read_text().split() == ORDER[:-1]
+    # the figures of the steps that finished are all there
+    assert figures["forwarded_tokens_per_second"] == 2000 and figures["geometry_seconds_per_layer"] == 0.5
+    assert figures["gpu"] == "none"
+    assert_only_small_files(out)
+    errors = (out / "errors.txt").read_text()
+    for line in ("== dsl_init: timed out", "== scan_dxd: killed (signal 9)", "== bridge: failed (exit 3)", "broken"):
+        assert line in errors
+    summary = done.stdout[done.stdout.index("== summary"):]
+    assert all(name in summary for name in ORDER) and "skipped (deadline)" in summary
+
+
+def test_the_host_memory_guard_takes_the_override_it_names(monkeypatch):
+    import torch
+
+    from geoprobe.errors import BadInput
+    from geoprobe.memory import HOST_MEMORY_OVERRIDE, load_dtype, memory_available
+    from geoprobe.fixtures import config_for
+
+    monkeypatch.setenv(HOST_MEMORY_OVERRIDE, "0.001")
+    assert memory_available(torch.device("cpu")) == int(0.001 * 2**30)
+    with pytest.raises(BadInput, match=HOST_MEMORY_OVERRIDE):  # the refusal names the way round it
+        load_dtype(config_for("meta-llama/Llama-3.1-8B-Instruct"), torch.bfloat16, "bfloat16", torch.device("cpu"))
+    monkeypatch.setenv(HOST_MEMORY_OVERRIDE, "4096")
+    assert load_dtype(config_for("meta-llama/Llama-3.1-8B-Instruct"), torch.bfloat16, "bfloat16",
+                      torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setenv(HOST_MEMORY_OVERRIDE, "lots")
+    with pytest.raises(BadInput, match="not a number"):
+        memory_available(torch.device("cpu"))
 
 
 def test_the_fixture_resolves_offline_as_the_hub_id_with_the_real_architecture(tmp_path):
