@@ -156,8 +156,14 @@ def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(t
     deadline = time.time() + 120
     while not lock.is_file() and time.time() < deadline:
         time.sleep(0.02)
-    began = time.perf_counter()
-    second = finish(args)
+    # the first run is paused while the second starts: a tiny extract can finish within the seconds
+    # a second interpreter takes to start, and the test would then race it (it did, twice)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        began = time.perf_counter()
+        second = finish(args)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
     assert f"pid {first.pid}" in second.stderr and "'geoprobe extract'" in second.stderr
     assert time.perf_counter() - began < 30  # refused before loading anything
