@@ -78,7 +78,7 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     the causal LM itself, left to right), written to OUT/samples.jsonl with a row in
     samples.meta.jsonl; every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
     from geoprobe.store import check_writable
-    from samplers import AUTOREGRESSIVE, NAMES, check_options, preset_flags, sampler_from_flags
+    from samplers import AUTOREGRESSIVE, NAMES, check_options, knob_default, preset_flags, sampler_from_flags
 
     p = settings
     check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
@@ -86,8 +86,9 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
         check_writable(out)
     if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
         knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
-        return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or 1.0,
-                                      knobs.get("top_p_rule") or "hf", out, p.seed, device, p.preset)
+        return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or knob_default("top_p"),
+                                      knobs.get("top_p_rule") or knob_default("top_p_rule"), out, p.seed, device,
+                                      p.preset)
     if sampler not in NAMES:
         raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
     if p.decode not in ("stack", "round"):

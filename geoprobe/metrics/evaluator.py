@@ -30,9 +30,11 @@ from geoprobe.errors import BadInput
 
 
 def evaluator_eos(tok) -> int | None:
-    """The evaluator's EOS id, or None where it has none or where its EOS string is whitespace
-    (a character tokenizer's space ends a word, not a document)."""
-    if tok.eos_token_id is None or not isinstance(tok.eos_token, str) or not tok.eos_token.strip():
+    """The evaluator's EOS id, or None where it has no end of document (`end_of_text`: none, or
+    a whitespace one such as a character tokenizer's space)."""
+    from geoprobe.generate import end_of_text
+
+    if tok.eos_token_id is None or end_of_text(tok) is None:
         return None
     return int(tok.eos_token_id)
 
