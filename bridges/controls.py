@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from bridges.fit import generated_rows, massive_threshold, scored_rows, state_losses
+from bridges.scoring import fitted_rows, generated_rows, scored_rows, state_losses
 
 CHUNK = 8192  # rows per chunk: bounds the features (and float64 copies of states) held at once
 
@@ -188,7 +188,7 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
     target = states.val.states[layer][rows].double()
     scored = scored_rows(target, massive_factor)
     # fitted on the rows the bridge trains on: positions >= 1 whose state is not massive
-    fit = {name: _unmassive(split, layer, massive_factor) for name, split in (("train", states.train),
+    fit = {name: fitted_rows(split, layer, massive_factor) for name, split in (("train", states.train),
                                                                             ("stop", states.stop))}
     stop = states.stop if len(fit["stop"]) else None
     ridge, info = ridge_control(states.train, stop, states.val, layer, embeddings, window=window,
@@ -203,12 +203,3 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
             out[f"control_{name}_{key}"] = value
     out["control_ridge"] = {"window": info["window"], "lambda": info["lambda"], "train_rows": info["train_rows"]}
     return out
-
-
-def _unmassive(split, layer: int, massive_factor: float | None) -> torch.Tensor:
-    """A split's positions >= 1 whose state at `layer` is not massive by the scan's rule."""
-    rows = generated_rows(split)
-    if not len(rows):
-        return rows
-    norms = split.states[layer][rows].norm(dim=1)
-    return rows[norms <= massive_threshold(split.states[layer][rows], massive_factor)]

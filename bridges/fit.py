@@ -23,9 +23,11 @@ import numpy as np
 import torch
 
 from bridges.channel import channel, draw_snr
+from bridges.controls import token_lookup
 from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
 from bridges.nn import full_precision
 from bridges.checkpoint import CONFIG, METRICS, load_weights, read_config, save_config, write_record
+from bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
 from bridges.states import Split, TeacherStates
 from bridges.train import TrainConfig, train, training_summary
 from geoprobe.device import upload
@@ -75,24 +77,11 @@ def corpus_support(blocks, tokenizer) -> torch.Tensor:
     return torch.from_numpy(ids.astype(np.int64))
 
 
-def generated_rows(split: Split) -> torch.Tensor:
-    """Flat indices of every block's positions >= 1 (position 0, the BOS, is the backbone's)."""
-    keep = torch.ones(len(split.ids), dtype=torch.bool)
-    keep[split.starts[:-1][split.starts[:-1] < len(split.ids)]] = False
-    return keep.nonzero(as_tuple=True)[0]
-
-
-def massive_threshold(states: torch.Tensor, massive_factor: float | None) -> float:
-    """The norm above which a row is massive by the scan's rule (inf without one)."""
-    if not massive_factor:
-        return float("inf")
-    return float(massive_factor * states.norm(dim=1).median())
-
-
 def fit_statistics(bridge: HiddenBridge, states: TeacherStates, massive_factor: float | None = None,
                    rows: int = STATISTICS_ROWS) -> None:
     """The bridge's standardisation, carry and massive-row norm from (at most `rows`, evenly
-    spaced) generated training positions, the massive ones left out as validation leaves them."""
+    spaced) generated training positions, the massive ones left out as validation leaves them;
+    a lookup carry's table from every training row the lookup control is fitted on."""
     layer = bridge.cfg.layer
     index = generated_rows(states.train)
     index = index[torch.linspace(0, len(index) - 1, min(rows, len(index))).long()]
@@ -101,6 +90,10 @@ def fit_statistics(bridge: HiddenBridge, states: TeacherStates, massive_factor: 
     keep = target.norm(dim=1) <= limit
     device = bridge.source_mean.device
     bridge.set_statistics(source[keep].to(device), target[keep].to(device), limit)
+    if bridge.cfg.carry == "lookup":  # the lookup control's own table, on the rows it is fitted on
+        named = bridge.support if bridge.cfg.support_size else torch.arange(bridge.cfg.vocab_size)
+        fitted = fitted_rows(states.train, layer, massive_factor)
+        bridge.set_lookup(token_lookup(states.train, layer, named.cpu(), fitted).to(device))
 
 
 def draw_conditions(cfg: BridgeConfig, batch: int, length: int, generator: torch.Generator) -> dict:
@@ -161,22 +154,6 @@ def reconstruct(bridge: HiddenBridge, teacher: Teacher, ids: torch.Tensor, targe
     h_hat = bridge.sample(bridge.source(z, teacher.embeddings, offsets, ids, clean), steps=steps, generator=generator)
     h_hat[:, 0] = target[:, 0]
     return h_hat, offsets
-
-
-def state_losses(target: torch.Tensor, error: torch.Tensor) -> dict:
-    """nmse = sum |h^ - h|^2 / sum |h - mean|^2 and nmse_dim = the mean over varying channels of
-    that ratio per channel, for (n, d) targets and squared errors (float64)."""
-    var_dim = ((target - target.mean(0)) ** 2).sum(0)
-    total_var = float(var_dim.sum())
-    varying = var_dim > 1e-12 * total_var  # a constant channel has nothing to reconstruct
-    err_dim = error.sum(0)
-    return {"nmse": float(err_dim.sum()) / total_var,
-            "nmse_dim": float((err_dim[varying] / var_dim[varying]).mean())}
-
-
-def scored_rows(target: torch.Tensor, massive_factor: float | None) -> torch.Tensor:
-    """Validation's rows: those whose norm is within `massive_factor` times the median (all with None)."""
-    return target.norm(dim=1) <= massive_threshold(target, massive_factor)
 
 
 MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for massive rows

@@ -11,9 +11,14 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   The mixture covers the tokens the corpus contains (and the specials), not the whole vocabulary:
   the exact posterior under a prior that gives the others probability 0, and ~5x cheaper on
   SmolLM2's 49,152 tokens with the KJV's 9,578.
-* bridge, in standardised coordinates (per-layer mean and scalar scale): the interpolant
-  y_tau = (1 - tau) a~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
-  D(y_tau, tau, a~) with adaLN on tau predicts h~; loss = MSE over positions >= 1. tau is 0 for a
+* carry: each token's mean training state at layer l (the token-lookup control's table T),
+  mixed by the same posterior: c_i = sum_v pi_iv T[v] + pi_i,mask mu_l. At clean SNR it is the
+  lookup's prediction, so an untrained bridge scores exactly the lookup control and what the
+  network adds is what context adds (docs/bridge-design.md: with the least-squares carry from
+  layer 0 a 2-block bridge was still above the lookup after 1,100 steps).
+* bridge, in standardised coordinates (each channel by its own mean and spread): the interpolant
+  y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
+  D(y_tau, tau, a~) with adaLN on tau predicts the update h~ - c~; loss = MSE over positions >= 1. tau is 0 for a
   `tau_zero` share of the sequences and U[0, 1] otherwise: with sigma_b = 0, y_tau at tau > 0 can
   be solved for h~ (a rearrangement, not a regression), so the regression from the source alone,
   which is where sampling starts and what validation scores, gets its own mass.
@@ -72,6 +77,10 @@ class BridgeConfig:
     # *and* tau = 0 (drawn independently, clean_frac x tau_zero was 1/8 of them); 1 = the ceiling control
     regression_frac: float = 0.5
     residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
+    # where the path starts and what the update is added to: "lookup" = each token's mean training
+    # state at layer l (the token-lookup control), mixed by the converter's posterior like the
+    # source; "channel" = the source's channels carried by their least-squares slopes (older bridges)
+    carry: str = "lookup"
     # standardisation of source and target: "channel" (each channel by its own mean and spread, so
     # the loss weighs channels as nmse_dim does) or "scalar" (one scale per layer: older bridges)
     scale: str = "channel"
@@ -92,10 +101,12 @@ class BridgeConfig:
 
 
 def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto",
-                       regression_frac: float = 0.5) -> None:
+                       regression_frac: float = 0.5, carry: str = "lookup") -> None:
     """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
     if precision == "bfloat16":  # a bridge is small beside its frozen backbone: nothing to save
         raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
+    if carry not in ("lookup", "channel"):
+        raise BadInput(f"--carry must be lookup or channel, got {carry!r}")
     if vocab not in ("corpus", "all"):
         raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
     if not 0 <= sigma_b < float("inf"):  # also refuses NaN
@@ -136,6 +147,8 @@ class HiddenBridge(nn.Module):
         if cfg.scale == "channel":
             self.register_buffer("carry_gain", torch.ones(d))
             self.register_buffer("massive_norm", torch.tensor(float("inf")))
+        if cfg.carry == "lookup":  # one row per token the converter can name, in backbone units
+            self.register_buffer("lookup", torch.zeros(cfg.support_size or cfg.vocab_size, d))
 
     def set_statistics(self, source: torch.Tensor, target: torch.Tensor, massive_norm: float = float("inf")) -> None:
         """From (n, d) samples of layer 0 and layer l at the same positions: each channel's mean
@@ -157,6 +170,12 @@ class HiddenBridge(nn.Module):
             self.carry_gain.copy_(gain.float())
             self.massive_norm.fill_(massive_norm)
 
+    def set_lookup(self, table: torch.Tensor) -> None:
+        """Each support token's (or each vocabulary token's) mean training state at layer l,
+        (support_size or vocab_size, d) in the backbone's units: bridges.controls.token_lookup."""
+        self.lookup.copy_(table)
+        self._kept = None
+
     def scored(self, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """`weight` without the massive target rows (none for a scalar-scale bridge)."""
         if self.cfg.scale != "channel":
@@ -169,18 +188,23 @@ class HiddenBridge(nn.Module):
         self._kept = None
 
     def _kept_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """The rows of the backbone's embedding table the mixture uses (the support's, or all), in
-        the mixture's dtype: gathered and cast once per table."""
+        """The rows the mixture uses (the support's, or all) of the backbone's embedding table,
+        beside the lookup's rows with a lookup carry, in the mixture's dtype: gathered and cast
+        once per table."""
         kept = getattr(self, "_kept", None)
         if kept is None or kept[0] is not embeddings:
             rows = embeddings[self.support] if self.cfg.support_size else embeddings
+            if self.cfg.carry == "lookup":
+                rows = torch.cat([rows, self.lookup], dim=1)
             fast = self.cfg.precision == "auto" and native_bf16(embeddings.device)
             self._kept = kept = (embeddings, rows.to(torch.bfloat16 if fast else rows.dtype))
         return kept[1]
 
     def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,
                clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
-        """a = pi E + pi_mask m + p; rows flagged `clean` (a (B,) bool mask, best on the host:
+        """a = pi E + pi_mask m + p, and with a lookup carry beside it (a (B, L, 2d) source) the
+        same mixture of the lookup's rows, c = pi T + pi_mask mu_l (the mask slot, a token not
+        known, gets the mean state): the state layer l would hold if context changed nothing. Rows flagged `clean` (a (B,) bool mask, best on the host:
         which rows are clean is then decided without waiting for the device) use the one-hot
         mixture of their tokens.
 
@@ -194,20 +218,42 @@ class HiddenBridge(nn.Module):
         if self.cfg.support_size:
             table = F.embedding(self.support, table)
         kept = self._kept_embeddings(embeddings)
+        lookup = self.cfg.carry == "lookup"
+        mask_row = torch.cat([self.mask_vector, self.target_mean]) if lookup else self.mask_vector
         clean = None if clean is None else clean.cpu()
         if clean is None or not clean.any():
-            a = Converter.mix(self.converter(z, table), kept, self.mask_vector)
+            a = Converter.mix(self.converter(z, table), kept, mask_row)
         else:
             # a clean row's one-hot mixture is its token's row: index it, and spend the mixture
             # only on the noisy rows (a quarter of the batch is clean in training)
             a = embeddings[clean_tokens].to(table.dtype)
+            if lookup:
+                slots = torch.searchsorted(self.support, clean_tokens) if self.cfg.support_size else clean_tokens
+                a = torch.cat([a, self.lookup[slots]], dim=-1)
             noisy = upload((~clean).nonzero(as_tuple=True)[0], z.device)
             if len(noisy):
-                a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, self.mask_vector))
-        return a + offsets
+                a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, mask_row))
+        return a + (F.pad(offsets, (0, self.cfg.hidden_size)) if lookup else offsets)
 
     def standardise_source(self, a):
+        if self.cfg.carry == "lookup":
+            d = self.cfg.hidden_size
+            return torch.cat([(a[..., :d] - self.source_mean) / self.source_scale,
+                              self.standardise_target(a[..., d:])], dim=-1)
         return (a - self.source_mean) / self.source_scale
+
+    def carried(self, a_std: torch.Tensor) -> torch.Tensor:
+        """The residual's base in the target's standardised coordinates: the lookup mixture, or
+        the source carried channel by channel (or by one scalar scale, the oldest bridges)."""
+        if self.cfg.carry == "lookup":
+            return a_std[..., self.cfg.hidden_size:]
+        if self.cfg.scale == "channel":
+            return self.carry_gain * a_std
+        return (a_std * self.source_scale + self.source_mean - self.target_mean) / self.target_scale
+
+    def start(self, a_std: torch.Tensor) -> torch.Tensor:
+        """Where the bridge's path starts (tau = 0): the lookup mixture, or the source itself."""
+        return self.carried(a_std) if self.cfg.carry == "lookup" else a_std
 
     def standardise_target(self, h):
         return (h - self.target_mean) / self.target_scale
@@ -215,18 +261,14 @@ class HiddenBridge(nn.Module):
     def predict(self, y: torch.Tensor, tau: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """D(y_tau, tau, a~) -> h~ prediction, all standardised, tau per sequence (B,).
 
-        Residual (the default): the prediction is the source carried into the target's
-        standardised coordinates plus the network's output, as the residual stream adds the
-        blocks' updates to layer 0. At layer 0 with a clean condition the answer is the source
-        itself, so a zero update is exact there instead of an identity to be learned."""
+        Residual (the default): the prediction is the carry (`carried`) plus the network's
+        output, as the residual stream adds the blocks' updates to what came before: a zero
+        update (the output layer starts at zero) predicts the lookup, so training starts at the
+        control and the update is what context adds."""
         cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
-        update = self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
-        if not self.cfg.residual:
-            return update
-        if self.cfg.scale == "channel":
-            return self.carry_gain * a + update
-        carried = (a * self.source_scale + self.source_mean - self.target_mean) / self.target_scale
-        return carried + update
+        layer0 = a[..., :self.cfg.hidden_size]  # the network sees the path and layer 0's source
+        update = self.out(self.net(self.inp(torch.cat([y, layer0], dim=-1)), cond=cond))
+        return self.carried(a) + update if self.cfg.residual else update
 
     def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator | None = None,
              tau: torch.Tensor | None = None, eps: torch.Tensor | None = None,
@@ -237,7 +279,7 @@ class HiddenBridge(nn.Module):
         a_std, h_std = self.standardise_source(a), self.standardise_target(h)
         tau = upload(torch.rand(len(a), generator=generator) if tau is None else tau, a.device)
         t = tau[:, None, None]
-        y = (1 - t) * a_std + t * h_std
+        y = (1 - t) * self.start(a_std) + t * h_std
         if self.cfg.sigma_b > 0:  # a deterministic path (the default) draws no B x L x d noise
             eps = upload(torch.randn(a.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
             y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
@@ -250,7 +292,7 @@ class HiddenBridge(nn.Module):
         """h^_l for sources a (B, L, d), in the backbone's coordinates."""
         steps = steps or self.cfg.bridge_steps
         a_std = self.standardise_source(a)
-        y = a_std
+        y = self.start(a_std)
         for k in range(steps):
             tau, tau_next = k / steps, (k + 1) / steps
             predicted = self.predict(y, torch.full((len(a),), tau, device=a.device), a_std)
@@ -357,6 +399,6 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = read_config(folder, "bridge")
     # older records have no skip connection and a whole-vocabulary converter
     bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={
-        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0}))
+        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "carry": "channel"}))
     load_weights(bridge, folder)
     return bridge.to(device).eval(), record

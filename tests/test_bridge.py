@@ -126,7 +126,9 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
             assert (scanned / "bridges" / f"layer-{layer:02d}" / f"seed-{seed}" / "metrics.json").is_file()
     # seeds vary the initialisation, not the validation data
     a, b = (json.loads((scanned / "bridges" / "layer-01" / f"seed-{s}" / "metrics.json").read_text()) for s in (0, 1))
-    assert a["val_positions"] == b["val_positions"] and a["ref_ce"] == b["ref_ce"] and a["nmse"] != b["nmse"]
+    # (their kept weights may both be step 0's, the lookup carry itself: compare the training)
+    assert a["val_positions"] == b["val_positions"] and a["ref_ce"] == b["ref_ce"]
+    assert a["final_train_loss"] != b["final_train_loss"]
     # each layer's controls (one fit per layer, beside every seed's losses), the 1-step score, a step-0 point
     assert a["control_lookup_nmse_dim"] == b["control_lookup_nmse_dim"] and 0 < a["control_ridge_nmse_dim"]
     assert a["beats_lookup"] == (a["nmse_dim"] < a["control_lookup_nmse_dim"]) and "nmse_dim_1step" in a
@@ -229,13 +231,18 @@ def test_the_clean_condition_source_is_exactly_layer_0(llama, support):
     bridge = HiddenBridge(small(2, llama, support_size=len(kept) if support else 0)).eval()
     if support:
         bridge.set_support(kept)
-    ids = torch.randint(5, 300, (3, 9))
+    table = torch.randn(bridge.lookup.shape)  # the lookup carry's rows, whatever they are
+    bridge.set_lookup(table)
+    ids = kept[torch.randint(3, len(kept), (3, 9))]
     h0, _ = teacher.states(ids)
     z = torch.randn(3, 9, bridge.cfg.d_tok)  # whatever the noisy state, a clean row ignores it
     clean = torch.tensor([True, False, True])
     a = bridge.source(z, teacher.embeddings, teacher.offsets(9), ids, clean)
-    assert torch.equal(a[clean], h0[clean])
-    assert not torch.allclose(a[~clean], h0[~clean])
+    d = llama.hidden_size
+    assert torch.equal(a[clean][..., :d], h0[clean])
+    slots = torch.searchsorted(kept, ids) if support else ids
+    assert torch.equal(a[clean][..., d:], table[slots[clean]])  # and the carry is the token's lookup row
+    assert not torch.allclose(a[~clean][..., :d], h0[~clean])
     noisy_only = bridge.source(z[~clean], teacher.embeddings, teacher.offsets(9))
     assert torch.allclose(a[~clean], noisy_only, rtol=1e-5, atol=1e-6)  # skipping clean rows changes no noisy row
 
@@ -255,7 +262,10 @@ def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_pri
         restricted.converter.bias.normal_(generator=torch.Generator().manual_seed(1))
         restricted.converter.beta.fill_(1.7)
         restricted.mask_vector.normal_(generator=torch.Generator().manual_seed(2))
-        shared = {k: t for k, t in restricted.state_dict().items() if not k.startswith("converter.") and k != "support"}
+        restricted.set_lookup(torch.randn(restricted.lookup.shape, generator=torch.Generator().manual_seed(4)))
+        whole.lookup[support] = restricted.lookup  # the other rows have probability 0
+        shared = {k: t for k, t in restricted.state_dict().items()
+                  if not k.startswith("converter.") and k not in ("support", "lookup")}
         whole.load_state_dict(shared, strict=False)
         whole.converter.beta.copy_(restricted.converter.beta)
         whole.converter.mask_bias.copy_(restricted.converter.mask_bias)
@@ -269,7 +279,10 @@ def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_pri
     monkeypatch.setattr(bridges.hidden, "native_bf16", lambda device: True)
     restricted._kept = None  # the cached table was cast for the float32 path
     fast = restricted.source(z, teacher.embeddings, offsets)
-    assert float((fast - exact).detach().norm() / (exact - offsets).detach().norm()) < 0.01
+    d = llama.hidden_size
+    plain = (exact - torch.cat([offsets, torch.zeros_like(offsets)], dim=-1)).detach()  # no position part
+    for part in (slice(0, d), slice(d, 2 * d)):  # layer 0's mixture, then the lookup's
+        assert float((fast - exact)[..., part].detach().norm() / plain[..., part].norm()) < 0.01
 
 
 def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, states, tmp_path):
@@ -383,11 +396,12 @@ def test_the_carry_starts_at_its_closed_form(llama, states):
     least-squares slope on the source channel: on the positions it was fitted on, the per-channel
     nmse is mean_c(1 - rho_c^2) (rho_c the correlation of source and target channel c), below the
     mean state's 1; the K-step sampler returns exactly that prediction."""
-    from bridges.fit import fit_statistics, generated_rows, validate
+    from bridges.fit import fit_statistics, validate
+    from bridges.scoring import generated_rows
     from bridges.states import TeacherStates
 
     same = TeacherStates(states.val, states.val, states.val, states.layers, states.hidden_size, states.ref_ce)
-    bridge = HiddenBridge(small(2, llama)).eval()
+    bridge = HiddenBridge(small(2, llama, carry="channel")).eval()
     fit_statistics(bridge, same, massive_factor=None)
     got = validate(bridge, Teacher(llama, 2), states.val, 4, massive_factor=None)
     rows = generated_rows(states.val)
@@ -395,3 +409,28 @@ def test_the_carry_starts_at_its_closed_form(llama, states):
     rho = np.array([np.corrcoef(source[:, c], target[:, c])[0, 1] for c in range(target.shape[1])])
     assert got["nmse_dim"] == pytest.approx(float(np.mean(1 - rho ** 2)), rel=1e-4)
     assert got["nmse_dim"] < 1
+
+
+def test_the_lookup_carry_starts_at_the_token_lookup(llama, states):
+    """The default carry: before any training the bridge predicts each token's mean training
+    state, so on held-out positions its per-channel nmse (K steps and 1 step) equals the lookup
+    control's, here computed by an independent numpy table (ids unseen in training: the overall
+    training mean). Massive rows are left out of the table and of the score alike."""
+    from bridges.fit import fit_statistics, validate
+    from bridges.scoring import fitted_rows, generated_rows, scored_rows
+
+    layer, factor = 2, 3.0
+    bridge = HiddenBridge(small(layer, llama)).eval()
+    fit_statistics(bridge, states, massive_factor=factor)
+    got = validate(bridge, Teacher(llama, layer), states.val, 4, massive_factor=factor)
+    fit = fitted_rows(states.train, layer, factor).numpy()
+    train_ids, train_h = states.train.ids.numpy()[fit], states.train.states[layer].double().numpy()[fit]
+    means = {int(t): train_h[train_ids == t].mean(0) for t in np.unique(train_ids)}
+    rows = generated_rows(states.val).numpy()
+    target = states.val.states[layer].double().numpy()[rows]
+    predicted = np.stack([means.get(int(t), train_h.mean(0)) for t in states.val.ids.numpy()[rows]])
+    keep = scored_rows(torch.from_numpy(target), factor).numpy()
+    target, predicted = target[keep], predicted[keep]
+    want = np.mean(((predicted - target) ** 2).sum(0) / ((target - target.mean(0)) ** 2).sum(0))
+    assert got["nmse_dim"] == pytest.approx(want, rel=1e-4) and got["nmse_dim_1step"] == pytest.approx(want, rel=1e-4)
+    assert 0 < got["nmse_dim"] < 1

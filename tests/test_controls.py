@@ -11,7 +11,7 @@ import torch
 from sklearn.linear_model import Ridge
 
 from bridges.controls import mean_control, ridge_control, token_lookup, window_features
-from bridges.fit import state_losses
+from bridges.scoring import state_losses
 
 V, D_E, D, LAYER = 50, 8, 16, 3
 
