@@ -35,6 +35,7 @@ from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.geometry import GeometrySettings
 from geoprobe.store import differing_keys
+from geoprobe.verdict import beats_lookup
 
 NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 STATISTICS_ROWS = 65_536  # training positions the standardisation and the carry are fitted on
@@ -302,8 +303,7 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in states.stop.blocks)
     if controls:
         metrics.update(controls)
-        lookup = controls.get("control_lookup_nmse_dim")
-        metrics["beats_lookup"] = None if lookup is None else bool(metrics["nmse_dim"] < lookup)
+        metrics["beats_lookup"] = beats_lookup(metrics["nmse_dim"], controls.get("control_lookup_nmse_dim"))
     if world.is_main:
         write_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics

@@ -131,7 +131,7 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
     assert a["final_train_loss"] != b["final_train_loss"]
     # each layer's controls (one fit per layer, beside every seed's losses), the 1-step score, a step-0 point
     assert a["control_lookup_nmse_dim"] == b["control_lookup_nmse_dim"] and 0 < a["control_ridge_nmse_dim"]
-    assert a["beats_lookup"] == (a["nmse_dim"] < a["control_lookup_nmse_dim"]) and "nmse_dim_1step" in a
+    assert a["beats_lookup"] == (a["nmse_dim"] < 0.95 * a["control_lookup_nmse_dim"]) and "nmse_dim_1step" in a
     assert a["val_curve"][0][0] == 0 and a["val_curve"][1][0] == 5
     assert (scanned / "bridges" / "layer-02" / "controls.json").is_file()
     # layer 0's state is its token's embedding (rotary: no position part), so the lookup is exact there
