@@ -1,8 +1,8 @@
 """The bridge's design, measured on SmolLM2 (docs/bridge-design.md): the old design at the old
-sweep's budget against the new one (per-channel standardisation, a least-squares carry, half of
-the training the plain regression validation scores, a constant rate stopped by the plateau
-rule), and the new one at several widths and depths, at two layers, beside the layer's
-closed-form controls.
+sweep's budget against the new ones (per-channel standardisation, half of the training the
+plain regression validation scores, a constant rate stopped by the plateau rule; the update added
+to layer 0 carried channel by channel, or to the token lookup), and the lookup carry at several
+widths and depths, at two layers, beside the layer's closed-form controls.
 
     python bench/bridge_design.py --run runs/results/run           # layers 3 and 9 of a SmolLM2 scan
     python bench/bridge_design.py --run RUN --layers 3 --variants 1 --out /tmp/design   # one variant
@@ -26,12 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
-BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_frac=0.0)
+BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_frac=0.0, carry="channel")
+# "channel carry" is the default of 2026-12-01 (layer 0 carried channel by channel), "lookup" the
+# default since 2026-12-02 (the update added to each token's mean state at the layer)
 VARIANTS = {
     "before 128x2": (BEFORE, dict(steps=200, batch_size=2, until="steps")),
-    "after default": ({}, {}),
-    "after 128x2": (dict(d_model=128, n_layers=2, n_heads=2), {}),
-    "after default x2 depth": ("deeper", {}),
+    "channel carry default": (dict(carry="channel"), {}),
+    "lookup default": ({}, {}),
+    "lookup 128x2": (dict(d_model=128, n_layers=2, n_heads=2), {}),
+    "lookup default x2 depth": ("deeper", {}),
+    # the ceiling control: the same network as a plain clean regression (sweep --ceiling)
+    "lookup ceiling": (dict(regression_frac=1.0, bridge_steps=1), {}),
 }
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
@@ -102,7 +107,7 @@ def _trained(folder: Path):
     train, nor the buffers)."""
     from safetensors import safe_open
 
-    buffers = ("support", "source_mean", "target_mean", "source_scale", "target_scale", "carry_gain", "massive_norm")
+    buffers = ("support", "source_mean", "target_mean", "source_scale", "target_scale", "carry_gain", "massive_norm", "lookup")
     with safe_open(folder / "model.safetensors", "pt") as handle:
         for name in handle.keys():
             if name not in buffers and not name.startswith("table."):
@@ -159,8 +164,9 @@ def write_page(results: list[dict], args) -> None:
         "with 256-token blocks, the first block of each chapter); every variant is one bridge (seed 0) trained by "
         "the sweep's own code from the run's cached teacher states: the plateau rule on a stopping split of 8 "
         "held-out blocks, the best EMA weights kept, validated on 16 other held-out blocks. `before` is the design "
-        "of 878dabf at the old sweep's budget (200 steps of 2 × 256 tokens, cosine to zero); `after` is the "
-        "current design at the default budget (a cap of 2,000 steps of 8 × 256 tokens, a constant rate after "
+        "of 878dabf at the old sweep's budget (200 steps of 2 × 256 tokens, cosine to zero); the others are the "
+        "current design (`channel carry`: the default of 2026-12-01, the update added to layer 0 carried channel "
+        "by channel; `lookup`: the default since, added to the token lookup) at the default budget (a cap of 2,000 steps of 8 × 256 tokens, a constant rate after "
         "100 warmup steps, stopped by the plateau rule).", "",
         "## The layers' closed-form controls (nmse_dim on the same validation positions)", "", control_table, "",
         "## The bridges", "", table, "", "![curves](bridge-design/curves.png)", "",
