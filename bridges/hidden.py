@@ -18,7 +18,7 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   layer 0 a 2-block bridge was still above the lookup after 1,100 steps).
 * bridge, in standardised coordinates (each channel by its own mean and spread): the interpolant
   y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
-  D(y_tau, tau, a~) with adaLN on tau predicts the update h~ - c~; loss = MSE over positions >= 1. tau is 0 for a
+  D(y_tau, tau, a~, c~) with adaLN on tau predicts the update h~ - c~; loss = MSE over positions >= 1. tau is 0 for a
   `tau_zero` share of the sequences and U[0, 1] otherwise: with sigma_b = 0, y_tau at tau > 0 can
   be solved for h~ (a rearrangement, not a regression), so the regression from the source alone,
   which is where sampling starts and what validation scores, gets its own mass.
@@ -128,7 +128,10 @@ class HiddenBridge(nn.Module):
             self.converter = Converter(cfg.support_size or cfg.vocab_size)
             self.mask_vector = nn.Parameter(torch.zeros(d))
             self.time_mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.SiLU())
-            self.inp = nn.Linear(2 * d, cfg.d_model)
+            # the network reads the path and the whole source: with a lookup carry that is layer 0's
+            # mixture and the carry itself, so at tau > 0 it can tell y_tau's share of the carry from
+            # the target's (without c~ it would have to learn the lookup table to do so)
+            self.inp = nn.Linear(d + self.source_width, cfg.d_model)
             self.net = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cond_dim=cfg.d_model))
             self.out = nn.Linear(cfg.d_model, d)
             if cfg.residual:  # start from the carried source: the update is learned from zero
@@ -169,6 +172,11 @@ class HiddenBridge(nn.Module):
             gain = (s * t).mean(0) / (s.pow(2).mean(0) * t.pow(2).mean(0)).sqrt().clamp(min=1e-300)
             self.carry_gain.copy_(gain.float())
             self.massive_norm.fill_(massive_norm)
+
+    @property
+    def source_width(self) -> int:
+        """Channels of `source`'s output: layer 0's mixture, and the carry beside it (lookup)."""
+        return self.cfg.hidden_size * (2 if self.cfg.carry == "lookup" else 1)
 
     def set_lookup(self, table: torch.Tensor) -> None:
         """Each support token's (or each vocabulary token's) mean training state at layer l,
@@ -266,8 +274,7 @@ class HiddenBridge(nn.Module):
         update (the output layer starts at zero) predicts the lookup, so training starts at the
         control and the update is what context adds."""
         cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
-        layer0 = a[..., :self.cfg.hidden_size]  # the network sees the path and layer 0's source
-        update = self.out(self.net(self.inp(torch.cat([y, layer0], dim=-1)), cond=cond))
+        update = self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
         return self.carried(a) + update if self.cfg.residual else update
 
     def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator | None = None,

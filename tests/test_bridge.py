@@ -188,6 +188,7 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
     (["--layer", "3"], "--layer 3 out of range: use 0..2"),
     (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
     (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
+    (["--layer", "1", "--carry", "table"], "--carry must be lookup or channel, got 'table'"),
 ])
 def test_bridge_bad_input(args, fragment, scanned):
     code, _, err = invoke("bridge", "--run", scanned, "--device", "cpu", *args)
