@@ -175,8 +175,9 @@ class HiddenBridge(nn.Module):
 
     @property
     def source_width(self) -> int:
-        """Channels of `source`'s output: layer 0's mixture, and the carry beside it (lookup)."""
-        return self.cfg.hidden_size * (2 if self.cfg.carry == "lookup" else 1)
+        """Channels of `source`'s output: layer 0's mixture, and with a lookup carry the carry
+        and the converter's two doubt channels."""
+        return 2 * self.cfg.hidden_size + 2 if self.cfg.carry == "lookup" else self.cfg.hidden_size
 
     def set_lookup(self, table: torch.Tensor) -> None:
         """Each support token's (or each vocabulary token's) mean training state at layer l,
@@ -210,9 +211,13 @@ class HiddenBridge(nn.Module):
 
     def source(self, z: torch.Tensor, embeddings: torch.Tensor, offsets: torch.Tensor,
                clean_tokens: torch.Tensor | None = None, clean: torch.Tensor | None = None) -> torch.Tensor:
-        """a = pi E + pi_mask m + p, and with a lookup carry beside it (a (B, L, 2d) source) the
-        same mixture of the lookup's rows, c = pi T + pi_mask mu_l (the mask slot, a token not
-        known, gets the mean state): the state layer l would hold if context changed nothing. Rows flagged `clean` (a (B,) bool mask, best on the host:
+        """a = pi E + pi_mask m + p, and with a lookup carry beside it (a (B, L, 2d + 2) source)
+        the same mixture of the lookup's rows, c = pi T + pi_mask mu_l (the mask slot, a token not
+        known, gets the mean state: c is the state layer l would hold if context changed nothing),
+        and the converter's doubt, (1 - max_v pi_v, pi_mask): 0 for a clean token. Without the
+        doubt a network cannot tell a clean row, whose carry is already right up to context, from
+        a noisy one that needs a large correction, and the noisy rows' corrections spill over
+        onto the clean ones. Rows flagged `clean` (a (B,) bool mask, best on the host:
         which rows are clean is then decided without waiting for the device) use the one-hot
         mixture of their tokens.
 
@@ -228,33 +233,41 @@ class HiddenBridge(nn.Module):
         kept = self._kept_embeddings(embeddings)
         lookup = self.cfg.carry == "lookup"
         mask_row = torch.cat([self.mask_vector, self.target_mean]) if lookup else self.mask_vector
+
+        def mixed(noisy_z):
+            probs = self.converter(noisy_z, table)
+            a = Converter.mix(probs, kept, mask_row)
+            if not lookup:
+                return a
+            return torch.cat([a, 1 - probs[..., :-1].amax(-1, keepdim=True), probs[..., -1:]], dim=-1)
+
         clean = None if clean is None else clean.cpu()
         if clean is None or not clean.any():
-            a = Converter.mix(self.converter(z, table), kept, mask_row)
+            a = mixed(z)
         else:
             # a clean row's one-hot mixture is its token's row: index it, and spend the mixture
             # only on the noisy rows (a quarter of the batch is clean in training)
             a = embeddings[clean_tokens].to(table.dtype)
             if lookup:
                 slots = torch.searchsorted(self.support, clean_tokens) if self.cfg.support_size else clean_tokens
-                a = torch.cat([a, self.lookup[slots]], dim=-1)
+                a = torch.cat([a, self.lookup[slots], a.new_zeros(*a.shape[:-1], 2)], dim=-1)
             noisy = upload((~clean).nonzero(as_tuple=True)[0], z.device)
             if len(noisy):
-                a = a.index_put((noisy,), Converter.mix(self.converter(z[noisy], table), kept, mask_row))
-        return a + (F.pad(offsets, (0, self.cfg.hidden_size)) if lookup else offsets)
+                a = a.index_put((noisy,), mixed(z[noisy]))
+        return a + F.pad(offsets, (0, self.source_width - self.cfg.hidden_size))
 
     def standardise_source(self, a):
         if self.cfg.carry == "lookup":
             d = self.cfg.hidden_size
             return torch.cat([(a[..., :d] - self.source_mean) / self.source_scale,
-                              self.standardise_target(a[..., d:])], dim=-1)
+                              self.standardise_target(a[..., d:2 * d]), a[..., 2 * d:]], dim=-1)
         return (a - self.source_mean) / self.source_scale
 
     def carried(self, a_std: torch.Tensor) -> torch.Tensor:
         """The residual's base in the target's standardised coordinates: the lookup mixture, or
         the source carried channel by channel (or by one scalar scale, the oldest bridges)."""
         if self.cfg.carry == "lookup":
-            return a_std[..., self.cfg.hidden_size:]
+            return a_std[..., self.cfg.hidden_size:2 * self.cfg.hidden_size]
         if self.cfg.scale == "channel":
             return self.carry_gain * a_std
         return (a_std * self.source_scale + self.source_mean - self.target_mean) / self.target_scale

@@ -242,7 +242,10 @@ def test_the_clean_condition_source_is_exactly_layer_0(llama, support):
     d = llama.hidden_size
     assert torch.equal(a[clean][..., :d], h0[clean])
     slots = torch.searchsorted(kept, ids) if support else ids
-    assert torch.equal(a[clean][..., d:], table[slots[clean]])  # and the carry is the token's lookup row
+    assert torch.equal(a[clean][..., d:2 * d], table[slots[clean]])  # and the carry is the token's lookup row
+    assert torch.equal(a[clean][..., 2 * d:], torch.zeros(2, 9, 2))  # a clean token: no doubt
+    doubt = a[~clean][..., 2 * d:]  # 1 - the top token's probability, the mask's: in [0, 1], not 0
+    assert bool(((doubt >= 0) & (doubt <= 1)).all()) and float(doubt.sum()) > 0
     assert not torch.allclose(a[~clean][..., :d], h0[~clean])
     noisy_only = bridge.source(z[~clean], teacher.embeddings, teacher.offsets(9))
     assert torch.allclose(a[~clean], noisy_only, rtol=1e-5, atol=1e-6)  # skipping clean rows changes no noisy row
@@ -281,8 +284,8 @@ def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_pri
     restricted._kept = None  # the cached table was cast for the float32 path
     fast = restricted.source(z, teacher.embeddings, offsets)
     d = llama.hidden_size
-    plain = (exact - torch.cat([offsets, torch.zeros_like(offsets)], dim=-1)).detach()  # no position part
-    for part in (slice(0, d), slice(d, 2 * d)):  # layer 0's mixture, then the lookup's
+    plain = (exact - torch.nn.functional.pad(offsets, (0, d + 2))).detach()  # no position part
+    for part in (slice(0, d), slice(d, 2 * d), slice(2 * d, None)):  # layer 0's mixture, the lookup's, the doubt
         assert float((fast - exact)[..., part].detach().norm() / plain[..., part].norm()) < 0.01
 
 
