@@ -37,6 +37,10 @@ VARIANTS = {
     "lookup default x2 depth": ("deeper", {}),
     # the ceiling control: the same network as a plain clean regression (sweep --ceiling)
     "lookup ceiling": (dict(regression_frac=1.0, bridge_steps=1), {}),
+    # which part of the objective costs the clean score: the noisy conditions (every row at
+    # tau = 0), or the tau > 0 rows (every row at clean condition)
+    "lookup all tau 0": (dict(tau_zero=1.0), {}),
+    "lookup all clean": (dict(clean_frac=1.0), {}),
 }
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
