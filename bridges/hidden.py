@@ -76,7 +76,7 @@ class BridgeConfig:
     # share of training sequences that are the plain regression validation scores: clean condition
     # *and* tau = 0 (drawn independently, clean_frac x tau_zero was 1/8 of them); 1 = the ceiling control
     regression_frac: float = 0.5
-    residual: bool = True  # predict h~ as the source (in target coordinates) plus a learned update
+    residual: bool = True  # predict h~ as the carry (below) plus a learned update
     # where the path starts and what the update is added to: "lookup" = each token's mean training
     # state at layer l (the token-lookup control), mixed by the converter's posterior like the
     # source; "channel" = the source's channels carried by their least-squares slopes (older bridges)
@@ -172,6 +172,7 @@ class HiddenBridge(nn.Module):
             gain = (s * t).mean(0) / (s.pow(2).mean(0) * t.pow(2).mean(0)).sqrt().clamp(min=1e-300)
             self.carry_gain.copy_(gain.float())
             self.massive_norm.fill_(massive_norm)
+        self._kept = None  # the mixture's table is centred on the target mean
 
     @property
     def source_width(self) -> int:
@@ -204,7 +205,10 @@ class HiddenBridge(nn.Module):
         if kept is None or kept[0] is not embeddings:
             rows = embeddings[self.support] if self.cfg.support_size else embeddings
             if self.cfg.carry == "lookup":
-                rows = torch.cat([rows, self.lookup], dim=1)
+                # centred, so that a bf16 table rounds each channel at the scale of its spread,
+                # not of its mean (massive channels); `source` adds the mean back, exactly, as
+                # the mixture's weights sum to 1
+                rows = torch.cat([rows, self.lookup - self.target_mean], dim=1)
             fast = self.cfg.precision == "auto" and native_bf16(embeddings.device)
             self._kept = kept = (embeddings, rows.to(torch.bfloat16 if fast else rows.dtype))
         return kept[1]
@@ -232,14 +236,16 @@ class HiddenBridge(nn.Module):
             table = F.embedding(self.support, table)
         kept = self._kept_embeddings(embeddings)
         lookup = self.cfg.carry == "lookup"
-        mask_row = torch.cat([self.mask_vector, self.target_mean]) if lookup else self.mask_vector
+        mask_row = torch.cat([self.mask_vector, torch.zeros_like(self.target_mean)]) if lookup else self.mask_vector
 
         def mixed(noisy_z):
             probs = self.converter(noisy_z, table)
             a = Converter.mix(probs, kept, mask_row)
             if not lookup:
                 return a
-            return torch.cat([a, 1 - probs[..., :-1].amax(-1, keepdim=True), probs[..., -1:]], dim=-1)
+            d = self.cfg.hidden_size
+            return torch.cat([a[..., :d], a[..., d:] + self.target_mean, 1 - probs[..., :-1].amax(-1, keepdim=True),
+                              probs[..., -1:]], dim=-1)
 
         clean = None if clean is None else clean.cpu()
         if clean is None or not clean.any():
@@ -301,7 +307,7 @@ class HiddenBridge(nn.Module):
         t = tau[:, None, None]
         y = (1 - t) * self.start(a_std) + t * h_std
         if self.cfg.sigma_b > 0:  # a deterministic path (the default) draws no B x L x d noise
-            eps = upload(torch.randn(a.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
+            eps = upload(torch.randn(h.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
             y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
         err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
         weight = self.scored(h, weight)
@@ -309,7 +315,7 @@ class HiddenBridge(nn.Module):
 
     @torch.no_grad()
     def sample(self, a: torch.Tensor, steps: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """h^_l for sources a (B, L, d), in the backbone's coordinates."""
+        """h^_l for sources a (B, L, source_width), in the backbone's coordinates."""
         steps = steps or self.cfg.bridge_steps
         a_std = self.standardise_source(a)
         y = self.start(a_std)
