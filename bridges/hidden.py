@@ -218,10 +218,10 @@ class HiddenBridge(nn.Module):
         """a = pi E + pi_mask m + p, and with a lookup carry beside it (a (B, L, 2d + 2) source)
         the same mixture of the lookup's rows, c = pi T + pi_mask mu_l (the mask slot, a token not
         known, gets the mean state: c is the state layer l would hold if context changed nothing),
-        and the converter's doubt, (1 - max_v pi_v, pi_mask): 0 for a clean token. Without the
-        doubt a network cannot tell a clean row, whose carry is already right up to context, from
-        a noisy one that needs a large correction, and the noisy rows' corrections spill over
-        onto the clean ones. Rows flagged `clean` (a (B,) bool mask, best on the host:
+        and the converter's doubt, (1 - max_v pi_v, pi_mask): 0 for a clean token, so the network
+        can tell a clean row, whose carry is right up to context, from a noisy one that needs a
+        large correction. (Added to stop the noisy rows' corrections spilling onto the clean ones;
+        at SmolLM2's layer 3 it did not: docs/bridge-design.md.) Rows flagged `clean` (a (B,) bool mask, best on the host:
         which rows are clean is then decided without waiting for the device) use the one-hot
         mixture of their tokens.
 
