@@ -26,21 +26,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
-BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_frac=0.0, carry="channel")
+BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_frac=0.0, carry="channel", conv_window=0)
 # "channel carry" is the default of 2026-12-01 (layer 0 carried channel by channel), "lookup" the
-# default since 2026-12-02 (the update added to each token's mean state at the layer)
+# default of 2026-12-02 (the update added to each token's mean state at the layer), "conv" the
+# default since its afternoon (a causal convolution over the network's input: 4 previous positions)
+NO_CONV = dict(conv_window=0)
 VARIANTS = {
     "before 128x2": (BEFORE, dict(steps=200, batch_size=2, until="steps")),
-    "channel carry default": (dict(carry="channel"), {}),
-    "lookup default": ({}, {}),
-    "lookup 128x2": (dict(d_model=128, n_layers=2, n_heads=2), {}),
+    "channel carry default": (dict(carry="channel", **NO_CONV), {}),
+    "lookup default": (NO_CONV, {}),
+    "lookup 128x2": (dict(d_model=128, n_layers=2, n_heads=2, **NO_CONV), {}),
     "lookup default x2 depth": ("deeper", {}),
     # the ceiling control: the same network as a plain clean regression (sweep --ceiling)
-    "lookup ceiling": (dict(regression_frac=1.0, bridge_steps=1), {}),
+    "lookup ceiling": (dict(regression_frac=1.0, bridge_steps=1, **NO_CONV), {}),
     # which part of the objective costs the clean score: the noisy conditions (every row at
     # tau = 0), or the tau > 0 rows (every row at clean condition)
-    "lookup all tau 0": (dict(tau_zero=1.0), {}),
-    "lookup all clean": (dict(clean_frac=1.0), {}),
+    "lookup all tau 0": (dict(tau_zero=1.0, **NO_CONV), {}),
+    "lookup all clean": (dict(clean_frac=1.0, **NO_CONV), {}),
+    "conv ceiling": (dict(regression_frac=1.0, bridge_steps=1), {}),
+    "conv default": ({}, {}),
 }
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
@@ -50,7 +54,7 @@ def network_of(fields, layer: int, hidden_size: int) -> dict:
 
     if fields == "deeper":
         width, depth, heads = bridge_shape(hidden_size, layer)
-        return dict(d_model=width, n_layers=2 * depth, n_heads=heads)
+        return dict(d_model=width, n_layers=2 * depth, n_heads=heads, **NO_CONV)
     return fields
 
 
@@ -86,7 +90,8 @@ def main() -> None:
             with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
                 metrics, _ = train_bridge(source, layer, root, settings, states, controls)
             print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} (1 step {metrics['nmse_dim_1step']:.3f}, "
-                  f"lookup {controls['control_lookup_nmse_dim']:.3f}, ridge {controls['control_ridge_nmse_dim']:.3f}) "
+                  f"lookup {controls['control_lookup_nmse_dim']:.3f}, ridge {controls['control_ridge_nmse_dim']:.3f}, "
+                  f"lookup+ridge {controls['control_lookup_ridge_nmse_dim']:.3f}) "
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)
     write_page(finished(args.out), args)
@@ -123,7 +128,7 @@ def controls_rows(out: Path) -> list[dict]:
     for path in sorted(out.glob("bridges/layer-*/controls.json")):
         c = json.loads(path.read_text())["controls"]
         rows.append({"layer": int(path.parent.name.split("-")[1]),
-                     **{f"{k} nmse_dim": c[f"control_{k}_nmse_dim"] for k in ("mean", "lookup", "ridge")}})
+                     **{f"{k} nmse_dim": c[f"control_{k}_nmse_dim"] for k in ("mean", "lookup", "ridge", "lookup_ridge")}})
     return rows
 
 
@@ -143,7 +148,7 @@ def write_page(results: list[dict], args) -> None:
             if r["layer"] == layer and r["val_curve"]:
                 steps, values = zip(*r["val_curve"])
                 ax.plot(steps, values, label=f"{r['variant']} ({r['shape']})")
-        for name, style in (("lookup", ":"), ("ridge", "--")):
+        for name, style in (("lookup", ":"), ("ridge", "--"), ("lookup_ridge", "-.")):
             if layer in controls:
                 ax.axhline(controls[layer][f"{name} nmse_dim"], color="k", linestyle=style, label=f"{name} control")
         ax.set_title(f"layer {layer}: the stopping split's nmse_dim")

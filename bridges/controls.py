@@ -15,6 +15,12 @@ its cost by the margin it has over the best of them.
   much is a linear function of a short context: what a bridge beats only if it uses longer-range
   or non-linear structure. Closed form (one eigendecomposition serves every penalty); the penalty
   is chosen on a separate `stop` split, never on the positions it is reported on.
+* `lookup_ridge`: the token lookup plus the same ridge fitted to what the lookup leaves (h_l minus
+  the token's mean state): the simplest predictor that has both the table the default bridge
+  starts from and a short left context. A bridge whose update beats the lookup but not this has
+  learned no more context than a linear map of the previous `window` embeddings gives. (The
+  residual is in-sample for the table: a token seen once has residual 0 there, which shrinks the
+  context the ridge can find, so the control errs towards being easy to beat.)
 
 Splits are duck-typed: `split.ids` (N,) token ids of every block concatenated, `split.starts`
 (B+1,) block offsets (position 0 of each block is its BOS token), `split.states[layer]` (N, d)
@@ -49,25 +55,36 @@ def mean_control(train, layer: int, query, rows: torch.Tensor | None = None) -> 
     return mean.expand(len(_ids(query)), -1).clone()
 
 
-def token_lookup(train, layer: int, query, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The mean train state (over the flat indices `rows`, default all) of each query token id
-    (Nq, d) float32; an id never seen in training gets the overall train mean (the best guess that
-    knows nothing of the token)."""
+def lookup_table(train, layer: int, rows: torch.Tensor | None = None):
+    """The token lookup fitted on `train` (the flat indices `rows`, default all): a function from
+    token ids (n,) to each id's mean train state (n, d) float32, the overall train mean for an id
+    never seen in training (the best guess that knows nothing of the token)."""
     states = train.states[layer] if rows is None else train.states[layer][rows]
     train_ids = train.ids if rows is None else train.ids[rows]
-    q_ids = _ids(query).to(train_ids.device)
-    # Rows only for the ids that occur (train or query): a dense V x d float64 table would be
-    # 4 GB at V = 128k, d = 4096, while a corpus touches a small share of the vocabulary.
-    unique, inverse = torch.unique(torch.cat([train_ids, q_ids]), return_inverse=True)
-    train_slot, query_slot = inverse[:len(train_ids)], inverse[len(train_ids):]
+    # Rows only for the ids that occur: a dense V x d float64 table would be 4 GB at V = 128k,
+    # d = 4096, while a corpus touches a small share of the vocabulary.
+    unique, slot = torch.unique(train_ids, return_inverse=True)
     sums = torch.zeros(len(unique), states.shape[1], dtype=torch.float64, device=states.device)
     for s in range(0, len(states), CHUNK):  # float64 sums: long token histories lose float32 digits
-        sums.index_add_(0, train_slot[s:s + CHUNK].to(states.device), states[s:s + CHUNK].double())
-    counts = torch.bincount(train_slot, minlength=len(unique)).to(sums)
-    overall = sums.sum(0) / max(len(states), 1)
-    seen = counts > 0
-    table = torch.where(seen[:, None], sums / counts.clamp(min=1)[:, None], overall)
-    return table[query_slot.to(states.device)].float()
+        sums.index_add_(0, slot[s:s + CHUNK].to(states.device), states[s:s + CHUNK].double())
+    counts = torch.bincount(slot, minlength=len(unique)).to(sums)
+    overall = (sums.sum(0) / max(len(states), 1)).float()
+    table = (sums / counts.clamp(min=1)[:, None]).float()
+
+    def lookup(ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(unique.device)
+        at = torch.searchsorted(unique, ids).clamp(max=max(len(unique) - 1, 0))
+        seen = (unique[at] == ids) if len(unique) else torch.zeros_like(ids, dtype=torch.bool)
+        found = table[at.to(table.device)] if len(unique) else overall.expand(len(ids), -1)
+        return torch.where(seen.to(table.device)[:, None], found, overall)
+
+    return lookup
+
+
+def token_lookup(train, layer: int, query, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean train state (over the flat indices `rows`, default all) of each query token id
+    (Nq, d) float32 (`lookup_table`)."""
+    return lookup_table(train, layer, rows)(_ids(query))
 
 
 def window_features(split, embeddings: torch.Tensor, window: int, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,7 +108,13 @@ def _chunks(rows: torch.Tensor):
     return (rows[s:s + CHUNK] for s in range(0, len(rows), CHUNK))
 
 
-def _normal_equations(split, rows, layer, embeddings, window):
+def _target(split, rows, layer, base) -> torch.Tensor:
+    """What the ridge fits at `rows`: the state, less the base prediction of the row's token."""
+    states = split.states[layer][rows.to(split.states[layer].device)]
+    return states if base is None else states - base(split.ids[rows]).to(states.device)
+
+
+def _normal_equations(split, rows, layer, embeddings, window, base=None):
     """Means of X and Y over `rows` and the centred XᵀX, XᵀY in float64, a chunk of features at a
     time. Two passes (means first) rather than XᵀX - n mu muᵀ: no cancellation when the means are
     large against the spread (massive activation channels)."""
@@ -101,30 +124,32 @@ def _normal_equations(split, rows, layer, embeddings, window):
     sy = torch.zeros(states.shape[1], dtype=torch.float64, device=states.device)
     for r in _chunks(rows):
         sx += window_features(split, embeddings, window, r).to(states.device).double().sum(0)
-        sy += states[r.to(states.device)].double().sum(0)
+        sy += _target(split, r, layer, base).double().sum(0)
     mx, my = sx / len(rows), sy / len(rows)
     xtx = torch.zeros(p, p, dtype=torch.float64, device=states.device)
     xty = torch.zeros(p, states.shape[1], dtype=torch.float64, device=states.device)
     for r in _chunks(rows):
         x = window_features(split, embeddings, window, r).to(states.device).double() - mx
         xtx += x.T @ x
-        xty += x.T @ (states[r.to(states.device)].double() - my)
+        xty += x.T @ (_target(split, r, layer, base).double() - my)
     return mx, my, xtx, xty
 
 
-def _predict(split, rows, embeddings, window, mx, my, weight) -> torch.Tensor:
-    """(X - mu_x) W + mu_y at `rows`, a chunk of features at a time; float32."""
+def _predict(split, rows, embeddings, window, mx, my, weight, base=None) -> torch.Tensor:
+    """(X - mu_x) W + mu_y (+ the base prediction) at `rows`, a chunk of features at a time; float32."""
     out = []
     for r in _chunks(rows):
         x = window_features(split, embeddings, window, r).to(weight.device).double() - mx
-        out.append((x @ weight + my).float())
+        fitted = x @ weight + my
+        out.append((fitted if base is None else fitted + base(split.ids[r]).to(fitted.device).double()).float())
     return torch.cat(out) if out else torch.zeros(0, len(my), device=weight.device)
 
 
 def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, window: int = 4,
                   lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0), max_rows: int = 65536, seed: int = 0,
-                  rows: torch.Tensor | None = None, stop_rows: torch.Tensor | None = None):
-    """Ridge regression of h_l on window_features (intercept unpenalised), penalty
+                  rows: torch.Tensor | None = None, stop_rows: torch.Tensor | None = None, base=None):
+    """Ridge regression of h_l (less `base(ids)` where given: a ridge on what a per-token
+    prediction leaves) on window_features (intercept unpenalised), penalty
     lambda * tr(XcᵀXc) / p * I for each relative lambda (scale-free: the same grid suits any layer
     and embedding scale), lambda chosen by nmse_dim on `stop`'s positions >= 1. Fitted on at most
     `max_rows` train positions >= 1 (a seeded random subset beyond), or of the flat indices `rows`
@@ -137,7 +162,7 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
     if available > max_rows:  # bounded cost; seeded, so a rerun fits the same rows
         pick = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:max_rows]
         rows = rows[pick.sort().values]
-    mx, my, xtx, xty = _normal_equations(train, rows, layer, embeddings, window)
+    mx, my, xtx, xty = _normal_equations(train, rows, layer, embeddings, window, base)
     p = xtx.shape[0]
     scale = float(torch.trace(xtx)) / p
     # One eigendecomposition serves every lambda: W = Q diag(1 / (e + alpha)) Qᵀ XᵀY.
@@ -156,13 +181,13 @@ def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, wind
         stop_rows = generated_rows(stop) if stop_rows is None else stop_rows
         target = stop.states[layer][stop_rows.to(stop.states[layer].device)]
         for lam in lambdas:
-            pred = _predict(stop, stop_rows, embeddings, window, mx, my, weight(float(lam)))
+            pred = _predict(stop, stop_rows, embeddings, window, mx, my, weight(float(lam)), base)
             error = (pred.double() - target.to(pred.device).double()).square()
             by_lambda[float(lam)] = state_losses(target.to(pred.device).double(), error)["nmse_dim"]
     # never the query: the penalty is chosen on positions the reported score does not see
     chosen = min(by_lambda, key=by_lambda.get) if by_lambda else float(lambdas[0])
     query_rows = torch.arange(len(query.ids))
-    predictions = _predict(query, query_rows, embeddings, window, mx, my, weight(chosen))
+    predictions = _predict(query, query_rows, embeddings, window, mx, my, weight(chosen), base)
     info = {"window": window, "lambda": chosen, "train_rows": len(rows), "stop_nmse_dim_by_lambda": by_lambda,
             "train_rows_available": available, "subsampled": available > max_rows, "seed": seed}
     return predictions, info
@@ -182,7 +207,7 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
     """The controls of one layer from a run's cached teacher states (bridges.states): each
     fitted on the training pool (the ridge's penalty chosen on the stopping split) and scored on
     the validation split exactly as a bridge is (positions >= 1, massive rows left out):
-    control_{mean,lookup,ridge}_{nmse,nmse_dim}, and the ridge's settings."""
+    control_{mean,lookup,ridge,lookup_ridge}_{nmse,nmse_dim}, and the ridges' settings."""
     window = ridge_window(embeddings.shape[1]) if window is None else window
     rows = generated_rows(states.val)
     target = states.val.states[layer][rows].double()
@@ -191,15 +216,18 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
     fit = {name: fitted_rows(split, layer, massive_factor) for name, split in (("train", states.train),
                                                                             ("stop", states.stop))}
     stop = states.stop if len(fit["stop"]) else None
-    ridge, info = ridge_control(states.train, stop, states.val, layer, embeddings, window=window,
-                                lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0) if stop is not None else (1e-2,),
-                                rows=fit["train"], stop_rows=fit["stop"] if stop is not None else None)
+    lookup = lookup_table(states.train, layer, fit["train"])
+    ridges = {name: ridge_control(states.train, stop, states.val, layer, embeddings, window=window,
+                                  lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0) if stop is not None else (1e-2,),
+                                  rows=fit["train"], stop_rows=fit["stop"] if stop is not None else None, base=base)
+              for name, base in (("ridge", None), ("lookup_ridge", lookup))}
     predictions = {"mean": mean_control(states.train, layer, states.val, fit["train"]),
-                   "lookup": token_lookup(states.train, layer, states.val, fit["train"]), "ridge": ridge}
+                   "lookup": lookup(states.val.ids), **{name: pred for name, (pred, _) in ridges.items()}}
     out = {}
     for name, prediction in predictions.items():
         error = (prediction[rows].double() - target) ** 2
         for key, value in state_losses(target[scored], error[scored]).items():
             out[f"control_{name}_{key}"] = value
-    out["control_ridge"] = {"window": info["window"], "lambda": info["lambda"], "train_rows": info["train_rows"]}
+    for name, (_, info) in ridges.items():
+        out[f"control_{name}"] = {"window": info["window"], "lambda": info["lambda"], "train_rows": info["train_rows"]}
     return out

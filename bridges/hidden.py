@@ -89,6 +89,10 @@ class BridgeConfig:
     vocab: str = "corpus"
     support_size: int = 0  # 0: the whole vocabulary
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
+    # previous positions a causal convolution over the network's input reads directly (0: none,
+    # older bridges): the lookup + ridge control finds linear context in a short window, which
+    # attention alone must first learn to reach (docs/bridge-design.md)
+    conv_window: int = 4
 
     def __post_init__(self):
         if self.hidden_size and not (self.d_model and self.n_layers and self.n_heads):
@@ -137,6 +141,11 @@ class HiddenBridge(nn.Module):
             if cfg.residual:  # start from the carried source: the update is learned from zero
                 nn.init.zeros_(self.out.weight)
                 nn.init.zeros_(self.out.bias)
+            if cfg.conv_window:  # made last: the modules above draw the same initial weights as without it
+                self.conv = nn.Conv1d(cfg.d_model, cfg.d_model, cfg.conv_window + 1, bias=False)
+                with torch.no_grad():  # starts as the identity (its last tap is the position itself)
+                    self.conv.weight.zero_()
+                    self.conv.weight[:, :, -1] = torch.eye(cfg.d_model)
         if cfg.support_size:
             self.register_buffer("support", torch.zeros(cfg.support_size, dtype=torch.long))
         # standardisation of the source (layer-0 space) and the target (layer l): a mean and a
@@ -293,8 +302,15 @@ class HiddenBridge(nn.Module):
         update (the output layer starts at zero) predicts the lookup, so training starts at the
         control and the update is what context adds."""
         cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
-        update = self.out(self.net(self.inp(torch.cat([y, a], dim=-1)), cond=cond))
+        update = self.out(self.net(self.with_left_context(self.inp(torch.cat([y, a], dim=-1))), cond=cond))
         return self.carried(a) + update if self.cfg.residual else update
+
+    def with_left_context(self, x: torch.Tensor) -> torch.Tensor:
+        """The network's input (B, L, d_model) through the causal convolution (left-padded:
+        position i reads i - conv_window .. i, never a later one); unchanged without one."""
+        if not self.cfg.conv_window:
+            return x
+        return self.conv(F.pad(x.transpose(1, 2), (self.cfg.conv_window, 0))).transpose(1, 2)
 
     def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator | None = None,
              tau: torch.Tensor | None = None, eps: torch.Tensor | None = None,
@@ -425,6 +441,7 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = read_config(folder, "bridge")
     # older records have no skip connection and a whole-vocabulary converter
     bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={
-        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "carry": "channel"}))
+        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "carry": "channel",
+        "conv_window": 0}))
     load_weights(bridge, folder)
     return bridge.to(device).eval(), record

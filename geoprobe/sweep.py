@@ -226,7 +226,7 @@ def cached_states(source: Source, layers: list[int], bars: Bars = None) -> OnFir
     return OnFirstUse(make)
 
 
-CONTROLS_VERSION = "1: mean, lookup, ridge (window 4, fewer at large d); fitted on positions >= 1, not massive"
+CONTROLS_VERSION = "2: mean, lookup, ridge, lookup + ridge (window 4, fewer at large d); fitted on positions >= 1, not massive"
 
 
 def layer_controls(source: Source, states, layer: int, root: Path, write: bool = True) -> dict:

@@ -442,3 +442,26 @@ def test_the_lookup_carry_starts_at_the_token_lookup(llama, states):
     want = np.mean(((predicted - target) ** 2).sum(0) / ((target - target.mean(0)) ** 2).sum(0))
     assert got["nmse_dim"] == pytest.approx(want, rel=1e-4) and got["nmse_dim_1step"] == pytest.approx(want, rel=1e-4)
     assert 0 < got["nmse_dim"] < 1
+
+
+def test_the_input_convolution_starts_as_the_identity_and_reads_only_the_left(llama):
+    """conv_window > 0 adds a causal convolution over the network's input, made after every other
+    module and started as the identity: with the same seed (and the same nonzero output layer) the
+    bridge predicts what a bridge without it predicts. Trained, a position's convolved input moves
+    with the tokens at or before it, never with a later one."""
+    torch.manual_seed(0)
+    with_conv, without = (HiddenBridge(small(2, llama, conv_window=w), seed=3) for w in (4, 0))
+    shared = {k: v for k, v in with_conv.state_dict().items() if not k.startswith("conv.")}
+    assert all(torch.equal(v, without.state_dict()[k]) for k, v in shared.items())
+    for bridge in (with_conv, without):
+        torch.nn.init.normal_(bridge.out.weight, generator=torch.Generator().manual_seed(4))
+    a = torch.randn(2, 10, with_conv.source_width)
+    y, tau = torch.randn(2, 10, llama.hidden_size), torch.tensor([0.0, 0.4])
+    assert torch.allclose(with_conv.predict(y, tau, a), without.predict(y, tau, a), atol=1e-6)
+    torch.nn.init.normal_(with_conv.conv.weight)
+    x = torch.randn(1, 10, with_conv.cfg.d_model)
+    convolved = with_conv.with_left_context
+    changed = x.clone()
+    changed[0, 6] += 1.0
+    moved = (convolved(changed) - convolved(x)).abs().amax(-1)[0]
+    assert (moved[:6] == 0).all() and (moved[6:] > 0).all()

@@ -199,3 +199,50 @@ def test_ridge_subsample_is_seeded(rng, emb):
     assert info_a["train_rows_available"] == available
     assert torch.equal(a, b) and info_a == info_b
     assert not torch.allclose(c, a, atol=1e-4)  # another seed fits other rows
+
+
+def test_lookup_ridge_is_the_lookup_plus_sklearns_ridge_on_its_residual(rng, emb):
+    """An independent computation: numpy's per-token means, sklearn's Ridge fitted to what they
+    leave (same features, same penalty), the two added at the query."""
+    from bridges.controls import lookup_table
+
+    train, _, query = noisy_problem(rng, emb)
+    window, lam = 2, 0.1
+    pred, info = ridge_control(train, None, query, LAYER, emb, window=window, lambdas=(lam,),
+                               base=lookup_table(train, LAYER))
+    ids, y = train.ids.numpy(), train.states[LAYER].double().numpy()
+    table = {i: y[ids == i].mean(0) for i in np.unique(ids)}
+    overall = y.mean(0)
+    lookup = lambda split: np.stack([table.get(i, overall) for i in split.ids.numpy()])
+    rows = non_bos(train)
+    x = window_features(train, emb, window, torch.from_numpy(rows)).double().numpy()
+    residual = y[rows] - lookup(train)[rows]
+    xc = x - x.mean(0)
+    model = Ridge(alpha=lam * np.trace(xc.T @ xc) / x.shape[1]).fit(x, residual)
+    want = lookup(query) + model.predict(window_features(query, emb, window).double().numpy())
+    assert np.abs(pred.numpy() - want).max() <= 1e-5 * np.abs(want).max()
+    assert info["lambda"] == lam
+
+
+def test_lookup_ridge_recovers_a_table_plus_context_that_neither_part_does(rng, emb):
+    """States = an arbitrary per-token table (not linear in the embedding) + a linear map of the
+    previous token's embedding: only the lookup plus the ridge on its residual recovers them."""
+    from bridges.controls import lookup_table
+
+    table = torch.randn(V, D, generator=torch.Generator().manual_seed(12))
+    weight = torch.randn(D_E, D, generator=torch.Generator().manual_seed(13)) / np.sqrt(D_E)
+
+    def make(n_blocks):
+        split = make_split(rng, n_blocks)
+        previous = window_features(split, emb, 1)[:, D_E:]
+        split.states[LAYER] = table[split.ids] + previous @ weight
+        return split
+
+    train, stop, query = make(200), make(20), make(20)
+    rows = torch.from_numpy(non_bos(query))
+    target = query.states[LAYER][rows]
+    both, _ = ridge_control(train, stop, query, LAYER, emb, window=1, base=lookup_table(train, LAYER))
+    ridge, _ = ridge_control(train, stop, query, LAYER, emb, window=1)
+    assert nmse_dim(both[rows], target) < 0.02
+    assert nmse_dim(token_lookup(train, LAYER, query)[rows], target) > 0.1
+    assert nmse_dim(ridge[rows], target) > 0.3

@@ -8,7 +8,8 @@ from geoprobe.verdict import LAYER_CONTROLS, LOSSES, SCORE_VARIANTS
 
 # the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped
 CONTROL_HEADERS = {"control_mean_nmse_dim": "mean", "control_lookup_nmse_dim": "lookup",
-                   "control_ridge_nmse_dim": "ridge", "ceiling_nmse_dim": "ceiling"}
+                   "control_ridge_nmse_dim": "ridge",
+                   "control_lookup_ridge_nmse_dim": "lookup+ridge", "ceiling_nmse_dim": "ceiling"}
 
 
 def _pm(row: dict, loss: str) -> str:
@@ -75,7 +76,7 @@ def sweep_section(sweep: dict) -> list[str]:
     parts += [f"- {line}" for line in v.get("statement", [])]
     rows = layer_rows(v)
     parts += ["", "Per layer: the bridges' losses (seed mean ± sd), beside the layer's closed-form controls' nmse_dim "
-              "(mean state, token-identity lookup, ridge on a window of input embeddings; the ceiling: the same "
+              "(mean state, token-identity lookup, ridge on a window of input embeddings, the lookup plus that ridge on what the lookup leaves; the ceiling: the same "
               "network as a plain regression), and how many bridges stopped by their plateau (mean steps run).", "",
               markdown_table(rows, layer_columns(rows)), ""]
     if v.get("tests"):
