@@ -303,7 +303,8 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in states.stop.blocks)
     if controls:
         metrics.update(controls)
-        metrics["beats_lookup"] = beats_lookup(metrics["nmse_dim"], controls.get("control_lookup_nmse_dim"))
+        metrics["beats_lookup"] = beats_lookup(metrics["nmse_dim"], controls.get("control_lookup_nmse_dim"),
+                                               controls.get("control_lookup_ridge_nmse_dim"))
     if world.is_main:
         write_record(out, metrics, trained, f"bridge at layer {layer}")
     return metrics

@@ -161,9 +161,20 @@ def _check_losses(rows: list[dict], layers: list[int]) -> None:
                              f"needs the primary loss and all four secondaries ({', '.join(SECONDARY)})")
 
 
-def beats_lookup(nmse_dim: float, lookup: float | None) -> bool | None:
-    """Whether a bridge learned more than its layer's token lookup (None: no control recorded)."""
-    return None if lookup is None else bool(nmse_dim < LOOKUP_MARGIN * lookup)
+def learned_below(lookup: float, lookup_ridge: float | None = None) -> float:
+    """The nmse_dim a bridge must get below to count as learned: LOOKUP_MARGIN times its layer's
+    token lookup, or, where a linear map of the short context cannot itself remove that 5 % (the
+    lookup + ridge control is above the margin: layer 1 of SmolLM2, 0.0359 against a lookup of
+    0.0368), that control's (method.md, amendment 9). Either way an untrained bridge, which is the
+    lookup, does not pass: it must learn some context."""
+    margin = LOOKUP_MARGIN * lookup
+    return margin if lookup_ridge is None else max(margin, lookup_ridge)
+
+
+def beats_lookup(nmse_dim: float, lookup: float | None, lookup_ridge: float | None = None) -> bool | None:
+    """Whether a bridge learned more than its layer's token lookup (`learned_below`; None: no
+    control recorded)."""
+    return None if lookup is None else bool(nmse_dim < learned_below(lookup, lookup_ridge))
 
 
 def convergence(rows: list[dict], layers: list[int]) -> dict:
@@ -180,7 +191,7 @@ def convergence(rows: list[dict], layers: list[int]) -> dict:
     learned = [r for r in tested if r["layer"] not in SOURCE_LAYERS]
     unknown = sorted({r["layer"] for r in learned if r.get("control_lookup_nmse_dim") is None})
     worse = sorted([r["layer"], r.get("seed", 0)] for r in learned if r.get("control_lookup_nmse_dim") is not None
-                   and not beats_lookup(r[PRIMARY], r["control_lookup_nmse_dim"]))
+                   and not beats_lookup(r[PRIMARY], r["control_lookup_nmse_dim"], r.get("control_lookup_ridge_nmse_dim")))
     reasons = []
     if share < CONVERGED_SHARE - 1e-12:  # the tolerance keeps e.g. 12 of 15 on the passing side
         reasons.append(f"{plateau} of {len(tested)} tested bridges stopped by their plateau, "
@@ -193,7 +204,8 @@ def convergence(rows: list[dict], layers: list[int]) -> dict:
         seeds = {l: [s for m, s in worse if m == l] for l in sorted({l for l, _ in worse})}
         named = ", ".join(f"{l} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})" for l, s in seeds.items())
         reasons.append(f"layer{'s' if len(seeds) > 1 else ''} {named} do{'es' if len(seeds) == 1 else ''} not beat "
-                       f"the token lookup by {(1 - LOOKUP_MARGIN) * 100:.0f} %")
+                       f"the token lookup by {(1 - LOOKUP_MARGIN) * 100:.0f} % (or the lookup + ridge control, "
+                       "where that is closer to the lookup)")
     return {"plateau": plateau, "tested": len(tested), "share": share, "needed": CONVERGED_SHARE,
             "worse_than_lookup": worse, "converged": not reasons, "reasons": reasons}
 
@@ -203,7 +215,7 @@ def convergence_line(c: dict) -> str:
     if c["converged"]:
         return (f"Convergence: {c['plateau']} of {c['tested']} tested bridges stopped by their plateau "
                 f"({c['needed'] * 100:.0f} % needed) and every one beats the token lookup at its layer by "
-                f"{(1 - LOOKUP_MARGIN) * 100:.0f} %.")
+                f"{(1 - LOOKUP_MARGIN) * 100:.0f} % (or the lookup + ridge control, where that is closer to the lookup).")
     return f"Inconclusive: the bridges did not converge — {'; '.join(c['reasons'])}; the test below says nothing " \
            "about the claim."
 
