@@ -26,11 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
-BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_frac=0.0, carry="channel", conv_window=0)
+# the objective before 2026-12-02's afternoon: half the sequences at tau > 0, sampled in 8 steps
+HALF_TAU = dict(tau_zero=0.5, bridge_steps=8)
+BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_frac=0.0, carry="channel", conv_window=0,
+              **HALF_TAU)
 # "channel carry" is the default of 2026-12-01 (layer 0 carried channel by channel), "lookup" the
 # default of 2026-12-02 (the update added to each token's mean state at the layer), "conv" the
 # default since its afternoon (a causal convolution over the network's input: 4 previous positions)
-NO_CONV = dict(conv_window=0)
+NO_CONV = dict(conv_window=0, **HALF_TAU)
 VARIANTS = {
     "before 128x2": (BEFORE, dict(steps=200, batch_size=2, until="steps")),
     "channel carry default": (dict(carry="channel", **NO_CONV), {}),
@@ -38,12 +41,15 @@ VARIANTS = {
     "lookup 128x2": (dict(d_model=128, n_layers=2, n_heads=2, **NO_CONV), {}),
     "lookup default x2 depth": ("deeper", {}),
     # the ceiling control: the same network as a plain clean regression (sweep --ceiling)
-    "lookup ceiling": (dict(regression_frac=1.0, bridge_steps=1, **NO_CONV), {}),
+    "lookup ceiling": (dict(NO_CONV, regression_frac=1.0, bridge_steps=1), {}),
     # which part of the objective costs the clean score: the noisy conditions (every row at
     # tau = 0), or the tau > 0 rows (every row at clean condition)
-    "lookup all tau 0": (dict(tau_zero=1.0, **NO_CONV), {}),
+    "lookup all tau 0": (dict(NO_CONV, tau_zero=1.0), {}),
     "lookup all clean": (dict(clean_frac=1.0, **NO_CONV), {}),
     "conv ceiling": (dict(regression_frac=1.0, bridge_steps=1), {}),
+    "conv half tau": (HALF_TAU, {}),
+    # with sigma_b = 0 a tau > 0 row teaches nothing the sampler uses (tests/test_bridge.py): the
+    # deterministic bridge as the regression it is, noisy conditions kept (the default since)
     "conv default": ({}, {}),
 }
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")

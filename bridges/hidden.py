@@ -19,9 +19,14 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
 * bridge, in standardised coordinates (each channel by its own mean and spread): the interpolant
   y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
   D(y_tau, tau, a~, c~) with adaLN on tau predicts the update h~ - c~; loss = MSE over positions >= 1. tau is 0 for a
-  `tau_zero` share of the sequences and U[0, 1] otherwise: with sigma_b = 0, y_tau at tau > 0 can
-  be solved for h~ (a rearrangement, not a regression), so the regression from the source alone,
-  which is where sampling starts and what validation scores, gets its own mass.
+  `tau_zero` share of the sequences and U[0, 1] otherwise. With sigma_b = 0 (the default) the
+  bridge is deterministic: a tau > 0 row is solved exactly by rearranging y_tau for h~, and a
+  network that does so makes the K-step sample its tau = 0 prediction (tested), so the later steps
+  add nothing and the tau > 0 rows only compete with the regression validation scores (at
+  SmolLM2's layer 3 they undid it: docs/bridge-design.md). The default therefore trains every
+  sequence at tau = 0 and samples in one step: the deterministic bridge is the regression of h_l
+  on the (noisy) condition, E[h_l | z]; the diffusion is the DSL channel's. sigma_b > 0 makes the
+  bridge stochastic, and then it needs tau > 0 rows and several steps.
 * sampling: K steps from tau = 0 with the Brownian-bridge posterior towards the predicted
   endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y) + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps.
   Position 0 (BOS) is not generated: its state is the backbone's.
@@ -70,9 +75,13 @@ class BridgeConfig:
     n_layers: int = 0
     n_heads: int = 0
     sigma_b: float = 0.0
-    bridge_steps: int = 8
+    # sampler steps K: 1 for the default deterministic bridge (sigma_b = 0), whose later steps add
+    # nothing (the module doc); a stochastic one (sigma_b > 0) needs several
+    bridge_steps: int = 1
     clean_frac: float = 0.25
-    tau_zero: float = 0.5  # share of training sequences at tau = 0 (the source alone), see the module doc
+    # share of training sequences at tau = 0 (the source alone): all of them for the deterministic
+    # default, whose tau > 0 rows teach nothing the sampler uses (module doc; 0.5 before 2026-12-02)
+    tau_zero: float = 1.0
     # share of training sequences that are the plain regression validation scores: clean condition
     # *and* tau = 0 (drawn independently, clean_frac x tau_zero was 1/8 of them); 1 = the ceiling control
     regression_frac: float = 0.5
@@ -117,6 +126,9 @@ def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: s
         raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     if not 0 <= tau_zero <= 1:
         raise BadInput(f"--tau-zero must be in [0, 1], got {tau_zero}")
+    if sigma_b > 0 and tau_zero == 1:
+        raise BadInput("--sigma-b > 0 samples the bridge at tau > 0, which --tau-zero 1 never trains: "
+                       "give --tau-zero below 1 (e.g. 0.5)")
     if not 0 <= regression_frac <= 1:
         raise BadInput(f"--regression-frac must be in [0, 1], got {regression_frac}")
 

@@ -190,6 +190,7 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
     (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
     (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
     (["--layer", "1", "--carry", "table"], "--carry must be lookup or channel, got 'table'"),
+    (["--layer", "1", "--sigma-b", "0.5"], "--sigma-b > 0 samples the bridge at tau > 0, which --tau-zero 1 never trains"),
 ])
 def test_bridge_bad_input(args, fragment, scanned):
     code, _, err = invoke("bridge", "--run", scanned, "--device", "cpu", *args)
