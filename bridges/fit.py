@@ -24,7 +24,7 @@ import torch
 
 from bridges.channel import channel, draw_snr
 from bridges.controls import token_lookup
-from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
+from bridges.hidden import OLDER_BRIDGES, BridgeConfig, HiddenBridge, Teacher
 from bridges.nn import full_precision
 from bridges.checkpoint import CONFIG, METRICS, load_weights, read_config, save_config, write_record
 from bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
@@ -239,7 +239,8 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
     if not (out / CONFIG).is_file():
         return False
     old = read_config(out, "bridge")
-    network, old_network = asdict(cfg), dict(old["network"])
+    # a record from before a field existed holds that field's old value (as load_bridge reads it)
+    network, old_network = asdict(cfg), {**OLDER_BRIDGES, **old["network"]}
     if cfg.vocab == "corpus" and not cfg.support_size:
         old_network["support_size"] = network["support_size"]
     if old.get("identity") != identity or old_network != network:

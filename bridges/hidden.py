@@ -114,7 +114,8 @@ class BridgeConfig:
 
 
 def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto",
-                       regression_frac: float = 0.5, carry: str = "lookup") -> None:
+                       regression_frac: float = 0.5, carry: str = "lookup", bridge_steps: int = 1,
+                       conv_window: int = 0) -> None:
     """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
     if precision == "bfloat16":  # a bridge is small beside its frozen backbone: nothing to save
         raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
@@ -126,6 +127,11 @@ def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: s
         raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     if not 0 <= tau_zero <= 1:
         raise BadInput(f"--tau-zero must be in [0, 1], got {tau_zero}")
+    if not 0 <= conv_window <= 64:
+        raise BadInput(f"--conv-window must be in [0, 64], got {conv_window}")
+    if sigma_b > 0 and bridge_steps < 2:  # one step adds no noise: the bridge would stay deterministic
+        raise BadInput("--sigma-b > 0 makes the bridge stochastic, which one sampler step cannot show: "
+                       "give --bridge-steps 2 or more (e.g. 8)")
     if sigma_b > 0 and tau_zero == 1:
         raise BadInput("--sigma-b > 0 samples the bridge at tau > 0, which --tau-zero 1 never trains: "
                        "give --tau-zero below 1 (e.g. 0.5)")
@@ -413,9 +419,14 @@ class HybridDenoiser(nn.Module):
     def hidden(self, z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """(B, L + 1, d): BOS state, then the bridge's reconstruction of h_l for each position."""
         b, length, _ = z.shape
-        offsets = self.teacher.offsets(length + 1)[1:]
-        a = self.bridge.source(z, self.teacher.embeddings, offsets)
-        h = self.bridge.sample(a, self.steps, generator)
+        offsets = self.teacher.offsets(length + 1)
+        # the bridge reads the BOS position as it did in training and validation (a clean token at
+        # position 0: its attention and its input convolution see it), and its output there is replaced
+        bos = torch.full((b, 1), self.bos_id, dtype=torch.long, device=z.device)
+        a_bos = self.bridge.source(torch.zeros_like(z[:, :1]), self.teacher.embeddings, offsets[:1], bos,
+                                   torch.ones(b, dtype=torch.bool))
+        a = torch.cat([a_bos, self.bridge.source(z, self.teacher.embeddings, offsets[1:])], dim=1)
+        h = self.bridge.sample(a, self.steps, generator)[:, 1:]
         return torch.cat([self.bos_state.expand(b, 1, -1).to(h.dtype), h], dim=1)
 
     @torch.no_grad()
@@ -449,11 +460,14 @@ class RoundingDenoiser(HybridDenoiser):
         return -distance / self.temperature
 
 
+# the values of fields a bridge record written before the field existed had: no skip connection,
+# a whole-vocabulary converter, one scalar scale, no regression share, the channel carry, no convolution
+OLDER_BRIDGES = {"residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "carry": "channel",
+                 "conv_window": 0}
+
+
 def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     record = read_config(folder, "bridge")
-    # older records have no skip connection and a whole-vocabulary converter
-    bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older={
-        "residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "carry": "channel",
-        "conv_window": 0}))
+    bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older=OLDER_BRIDGES))
     load_weights(bridge, folder)
     return bridge.to(device).eval(), record

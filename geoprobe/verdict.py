@@ -14,7 +14,8 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
   Holm-corrected over exactly those four (a row without one is an error, not a smaller family);
 * convergence: the test speaks about the layers only if their bridges were trained to the end:
   at least CONVERGED_SHARE of the tested bridges stopped by their plateau, and every tested bridge
-  beats the closed-form token-identity lookup at its layer by LOOKUP_MARGIN (a bridge that does
+  beats the closed-form token-identity lookup at its layer by LOOKUP_MARGIN, or by less where the
+  lookup + ridge control is closer to the lookup (`learned_below`, amendment 9) (a bridge that does
   not has learned little more than a table of per-token means, so its loss says how training
   went, not how hard the layer is; the default bridge starts *at* the lookup, so "below" alone
   would be met by any gain); otherwise the outcome is "inconclusive", whatever the test says;
@@ -55,6 +56,9 @@ CONVERGED_SHARE = 0.8
 # learned: nmse_dim below this fraction of the token lookup's (docs/method.md, amendment 8): the
 # bridge's context removes at least 5 % of what a table of per-token means leaves
 LOOKUP_MARGIN = 0.95
+# ... or, where the lookup + ridge control is closer to the lookup than that, the control, but never
+# less than 1 % below the lookup (amendment 9)
+LOOKUP_FLOOR = 0.99
 # the registered score: s = z(curv) + z(mono) - z(erank), no logs (docs/method.md)
 REGISTERED_WEIGHTS = (1.0, 1.0, 1.0)
 REGISTERED_LOG = False
@@ -165,10 +169,12 @@ def learned_below(lookup: float, lookup_ridge: float | None = None) -> float:
     """The nmse_dim a bridge must get below to count as learned: LOOKUP_MARGIN times its layer's
     token lookup, or, where a linear map of the short context cannot itself remove that 5 % (the
     lookup + ridge control is above the margin: layer 1 of SmolLM2, 0.0359 against a lookup of
-    0.0368), that control's (method.md, amendment 9). Either way an untrained bridge, which is the
-    lookup, does not pass: it must learn some context."""
+    0.0368), that control's, capped at LOOKUP_FLOOR x lookup (method.md, amendment 9). Either way
+    an untrained bridge, which is the lookup, does not pass: it must learn some context."""
     margin = LOOKUP_MARGIN * lookup
-    return margin if lookup_ridge is None else max(margin, lookup_ridge)
+    # never above LOOKUP_FLOOR x lookup: a linear control no better than the lookup itself (it can
+    # be, on held-out rows) would otherwise let an untrained bridge, which is the lookup, pass
+    return margin if lookup_ridge is None else max(margin, min(lookup_ridge, LOOKUP_FLOOR * lookup))
 
 
 def beats_lookup(nmse_dim: float, lookup: float | None, lookup_ridge: float | None = None) -> bool | None:
@@ -179,8 +185,9 @@ def beats_lookup(nmse_dim: float, lookup: float | None, lookup_ridge: float | No
 
 def convergence(rows: list[dict], layers: list[int]) -> dict:
     """Whether the tested bridges (the compared layers, every seed) converged: at least
-    CONVERGED_SHARE of them stopped by their plateau, and each one's nmse_dim is below
-    LOOKUP_MARGIN times the token-identity lookup control's at its layer (`beats_lookup`). A bridge that cannot beat a table of per-token
+    CONVERGED_SHARE of them stopped by their plateau, and each one's nmse_dim is below its layer's
+    `learned_below` (LOOKUP_MARGIN times the token-identity lookup control's, or the lookup + ridge
+    control's where that is closer to the lookup: `beats_lookup`). A bridge that cannot beat a table of per-token
     mean states has not learned its layer, so its loss measures training, not the layer. A row
     without the control (a sweep from before it was recorded) leaves convergence unestablished."""
     tested = [r for r in rows if r["layer"] in layers]

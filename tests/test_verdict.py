@@ -161,6 +161,10 @@ def test_where_linear_context_cannot_remove_5_percent_the_lookup_ridge_control_i
     assert above["worse_than_lookup"] == [[3, 1]] and "or the lookup + ridge control" in above["reasons"][0]
     assert sweep_verdict(rows(4.8, 4.0), SCORE, {})["convergence"]["worse_than_lookup"] == [[3, 1]]
     assert sweep_verdict(rows(4.7, 4.0), SCORE, {})["convergence"]["converged"]
+    # a control no better than the lookup (5.2) caps the bar at 0.99 x lookup = 4.95: the untrained
+    # bridge (the lookup, 5.0) and 4.96 do not pass, 4.94 does
+    for value, learned in ((5.0, False), (4.96, False), (4.94, True)):
+        assert sweep_verdict(rows(value, 5.2), SCORE, {})["convergence"]["converged"] == learned, value
 
 
 def test_exactly_the_needed_share_at_the_plateau_converges():
