@@ -61,6 +61,7 @@ LEGAL = {
     ("sweep", "--d-model", "0"): "0 = the default width for d and the layer (bridge_shape)",
     ("sweep", "--n-layers", "0"): "0 = the default depth for the layer (bridge_shape)",
     ("sweep", "--n-heads", "0"): "0 = about 64 channels a head, dividing the width",
+    ("*", "--conv-window", "0"): "0 = no input convolution (the bridges before 2026-12-02's afternoon)",
 }
 
 FREE_WORDS = {"--text-field"}  # options whose value is any word
