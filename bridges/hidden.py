@@ -113,10 +113,10 @@ class BridgeConfig:
                                                 if self.d_model % h == 0)
 
 
-def check_bridge_flags(vocab: str, sigma_b: float, tau_zero: float, precision: str = "auto",
-                       regression_frac: float = 0.5, carry: str = "lookup", bridge_steps: int = 1,
-                       conv_window: int = 0) -> None:
-    """The bridge-shape flags a BridgeConfig takes, checked before the backbone is known."""
+def check_bridge_flags(cfg: BridgeConfig) -> None:
+    """The flags a BridgeConfig was made from, checked before the backbone is known."""
+    vocab, sigma_b, tau_zero, precision = cfg.vocab, cfg.sigma_b, cfg.tau_zero, cfg.precision
+    regression_frac, carry, bridge_steps, conv_window = cfg.regression_frac, cfg.carry, cfg.bridge_steps, cfg.conv_window
     if precision == "bfloat16":  # a bridge is small beside its frozen backbone: nothing to save
         raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
     if carry not in ("lookup", "channel"):

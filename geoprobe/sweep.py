@@ -169,9 +169,7 @@ class BridgeSettings:
         before anything loads."""
         from bridges.fit import bridge_training
 
-        check_bridge_flags(self.network.vocab, self.network.sigma_b, self.network.tau_zero, self.network.precision,
-                           self.network.regression_frac, self.network.carry, self.network.bridge_steps,
-                           self.network.conv_window)
+        check_bridge_flags(self.network)
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,

@@ -76,8 +76,9 @@ def sweep_section(sweep: dict) -> list[str]:
     parts += [f"- {line}" for line in v.get("statement", [])]
     rows = layer_rows(v)
     parts += ["", "Per layer: the bridges' losses (seed mean ± sd), beside the layer's closed-form controls' nmse_dim "
-              "(mean state, token-identity lookup, ridge on a window of input embeddings, the lookup plus that ridge on what the lookup leaves; the ceiling: the same "
-              "network as a plain regression), and how many bridges stopped by their plateau (mean steps run).", "",
+              "(mean state, token-identity lookup, ridge on a window of input embeddings, the lookup plus that "
+              "ridge on what the lookup leaves; the ceiling: the same network as a plain regression), and how many "
+              "bridges stopped by their plateau (mean steps run).", "",
               markdown_table(rows, layer_columns(rows)), ""]
     if v.get("tests"):
         tests = test_rows(v)
