@@ -110,6 +110,7 @@ def test_tiny_demo_runs_the_sweep_protocol_on_layers_1_to_5_with_two_seeds(tiny_
     report = (tiny_demo / "run" / "report.md").read_text()
     for line in v["statement"]:  # the verdict's plain lines are the report's
         assert line in report
+    assert v["statement"][0] in report.split("## ")[0]  # and its first one opens the page, above the geometry
     # the convergence criterion (docs/method.md) from the rows themselves, and the first line says what it found
     tested = [r for r in rows if r["layer"] in v["compared_layers"]]
     plateau = sum(r["stop"] == "plateau" for r in tested)

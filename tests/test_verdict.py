@@ -350,3 +350,14 @@ def test_an_included_source_is_left_out_of_the_lookup_condition():
     assert 0 in v["compared_layers"] and v["convergence"]["converged"], v["convergence"]
     rows[-1][PRIMARY] = 99.0  # a learned layer's bridge worse than its lookup still counts
     assert not sweep_verdict(rows, scores, {}, include_source=True)["convergence"]["converged"]
+
+
+def test_the_terminal_table_folds_a_long_number_instead_of_cutting_it():
+    import io
+
+    from geoprobe.report.terminal import print_table
+
+    out = io.StringIO()  # 14 columns in 140 characters: too narrow for every number on one line
+    print_table("sweep", [f"loss {i}" for i in range(14)], [[1.4772534972812105e-15] * 14], out=out)
+    text = out.getvalue()
+    assert "…" not in text and "1.477e-" in text  # "1.477e-…" reads as another number

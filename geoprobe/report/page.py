@@ -28,6 +28,9 @@ def write_report(run: Path) -> Path:
                      f"{model['entropy_rate']:.3f} (+{model['model_nll'] / model['entropy_rate'] - 1:.1%}); the "
                      f"best unigram model reaches {model['unigram_nll']:.3f} and the best bigram model "
                      f"{model['bigram_nll']:.3f}")
+    if (run / "sweep.json").is_file():  # the verdict opens the page; the sweep section gives its reasons
+        statement = json.loads((run / "sweep.json").read_text())["verdict"].get("statement", [])
+        parts += [f"- sweep verdict: {statement[0]}"] if statement else []
     parts.append("")
     if (run / "ranking.md").is_file():
         geometry = json.loads((run / "geometry.json").read_text())

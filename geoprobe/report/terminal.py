@@ -58,7 +58,8 @@ def stdout_console(out=None) -> Console:
 def print_table(title: str, columns: list[str], rows: list[list], out=None):
     table = Table(title=title)
     for name in columns:
-        table.add_column(name, justify="right" if name not in ("key", "file") else "left")
+        # fold, never "…": a cut number reads as another number (1.477e-15 shown as "1.477e-…")
+        table.add_column(name, justify="right" if name not in ("key", "file") else "left", overflow="fold")
     for row in rows:
         table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
     stdout_console(out).print(table)
