@@ -134,7 +134,8 @@ def controls_rows(out: Path) -> list[dict]:
     for path in sorted(out.glob("bridges/layer-*/controls.json")):
         c = json.loads(path.read_text())["controls"]
         rows.append({"layer": int(path.parent.name.split("-")[1]),
-                     **{f"{k} nmse_dim": c[f"control_{k}_nmse_dim"] for k in ("mean", "lookup", "ridge", "lookup_ridge")}})
+                     # lookup_ridge is missing from controls written before it (CONTROLS_VERSION 1)
+                     **{f"{k} nmse_dim": c.get(f"control_{k}_nmse_dim") for k in ("mean", "lookup", "ridge", "lookup_ridge")}})
     return rows
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,6 +32,7 @@ from bridges.train import Shard, mixed_precision, step_generator
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.extract import pad_batch
+from geoprobe.sweep import BridgeSettings
 
 
 def on_the_fly_loss(bridge, teacher, states, batch_size):
@@ -95,16 +97,20 @@ def main():
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--pool", type=int, default=32, help="training blocks whose states are cached")
+    parser.add_argument("--support-tokens", type=int, default=BridgeSettings.train_tokens,
+                        help="tokens whose ids make the converter's support, as a sweep's training pool does (the "
+                             "mixture's cost grows with it: 1,592 ids in 32 KJV blocks, 6,812 in a sweep's)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
     model, corpus = tiny_llama(work, n_docs=200) if args.model is None else (args.model, args.corpus)
     backbone = load_backbone(str(model), device="cpu")
-    blocks = [b for b in iter_blocks(read_documents(str(corpus)), backbone.tokenizer, args.seq, seed=0)
-              if len(b.tokens) == args.seq][:args.pool + 4]
+    pool = list(islice((b for b in iter_blocks(read_documents(str(corpus)), backbone.tokenizer, args.seq, seed=0)
+                        if len(b.tokens) == args.seq), max(args.pool + 4, args.support_tokens // args.seq)))
+    blocks = pool[:args.pool + 4]
     began = time.perf_counter()
     states = teacher_states(backbone, blocks[:args.pool], [], blocks[args.pool:], [args.layer])
     cache_seconds = time.perf_counter() - began
-    support = corpus_support(blocks, backbone.tokenizer)
+    support = corpus_support(pool, backbone.tokenizer)
     cfg = BridgeConfig(layer=args.layer, vocab_size=backbone.config.vocab_size, hidden_size=backbone.hidden_size,
                        support_size=len(support))
     bridge = HiddenBridge(cfg)
@@ -114,6 +120,7 @@ def main():
     tokens = args.batch * args.seq
     print(f"{args.model or 'tiny Llama d=256, 8 layers'}, bridge at layer {args.layer} of {backbone.num_layers}: "
           f"{cfg.d_model} wide x {cfg.n_layers} blocks, batch {args.batch} x {args.seq}, {args.steps} steps, "
+          f"support {len(support):,} ids from {len(pool) * args.seq:,} tokens, "
           f"torch threads {torch.get_num_threads()}")
     print(f"teacher pass: {args.pool + 4} blocks at layers 0 and {args.layer} in {cache_seconds:.1f} s "
           f"({(args.pool + 4) * args.seq / cache_seconds:,.0f} tokens/s), {states.nbytes / 1e6:.0f} MB")
