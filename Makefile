@@ -27,7 +27,7 @@ test: .venv/.installed .kjv
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
 
-# the SmolLM2 results page (docs/results.md): the sweep verdict, about a day on 2 CPU cores, resumable; not
+# the SmolLM2 results page (docs/results.md): the sweep verdict, about two days on 2 CPU cores, resumable; not
 # part of `make test` (add --generation to the script for the generation comparison, about 60 min more)
 results: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) examples/smollm2_results.py --out runs/results --page docs/results.md

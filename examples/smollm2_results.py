@@ -1,6 +1,6 @@
 """The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores about a day: 36 bridges of up to 2,000 steps at about 1.2 s a step; not yet run with
-the current bridges), written to docs/results.md with its plots; with --generation, the
+(on 2 CPU cores about two days: 36 bridges of up to 2,000 steps at 2-3 s a step, deeper layers'
+bridges having more blocks; the one at layer 3 took 65 minutes; not yet run with the current bridges), written to docs/results.md with its plots; with --generation, the
 generation comparison too (about 60 minutes more).
 
     make results                                   # = python examples/smollm2_results.py
@@ -48,7 +48,7 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
 # the bridges at every default (docs/method.md, amendment 10: a sweep with other settings is another
 # experiment): 256-token blocks as the scan's, 8 per step, the plateau rule every 50 steps under a cap
-# of 2,000 steps (4.1 M tokens); about 40 minutes a bridge on 2 CPU cores (docs/bridge-design.md)
+# of 2,000 steps (4.1 M tokens); 65 minutes for the bridge at layer 3 on 2 CPU cores (docs/bridge-design.md)
 SWEEP = ["--layers", "1-12"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
