@@ -1,4 +1,5 @@
-"""The bridge's design, measured on SmolLM2 (docs/bridge-design.md): the old design at the old
+"""The bridge's design, measured on SmolLM2 (docs/bridge-design.md, written from the page this
+writes into --out): the old design at the old
 sweep's budget against the new ones (per-channel standardisation, half of the training the
 plain regression validation scores, a constant rate stopped by the plateau rule; the update added
 to layer 0 carried channel by channel, or to the token lookup), and the lookup carry at several
@@ -72,8 +73,10 @@ def main() -> None:
     parser.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS (default: all)")
     parser.add_argument("--page-only", action="store_true", help="write the page from the finished variants")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bridge-design")
-    parser.add_argument("--page", type=Path, default=ROOT / "docs" / "bridge-design.md")
+    # its own page beside the runs: docs/bridge-design.md is written by hand from these pages
+    parser.add_argument("--page", type=Path, help="the page it writes (default: OUT/bridge-design.md)")
     args = parser.parse_args()
+    args.page = args.page or args.out / "bridge-design.md"
 
     from geoprobe.files import holding
     from geoprobe.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
@@ -156,7 +159,7 @@ def write_page(results: list[dict], args) -> None:
                 steps, values = zip(*r["val_curve"])
                 ax.plot(steps, values, label=f"{r['variant']} ({r['shape']})")
         for name, style in (("lookup", ":"), ("ridge", "--"), ("lookup_ridge", "-.")):
-            if layer in controls:
+            if layer in controls and controls[layer][f"{name} nmse_dim"] is not None:  # None: older controls
                 ax.axhline(controls[layer][f"{name} nmse_dim"], color="k", linestyle=style, label=f"{name} control")
         ax.set_title(f"layer {layer}: the stopping split's nmse_dim")
         ax.set_xlabel("step")

@@ -1,7 +1,9 @@
 """The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores about two days: 36 bridges of up to 2,000 steps at 2-3 s a step, deeper layers'
-bridges having more blocks; the one at layer 3 took 65 minutes; not yet run with the current bridges), written to docs/results.md with its plots; with --generation, the
-generation comparison too (about 60 minutes more).
+(on 2 CPU cores up to about two days: 36 bridges of up to 2,000 steps at 1.6-2.6 s a step, deeper
+layers' bridges having more blocks; the one at layer 3 took about 55 minutes alone; not yet run with
+the current bridges), written to docs/results.md with its plots; with --generation, the
+generation comparison too (at the bridges' 4.1 M-token budget: not timed; at the earlier 102,400
+tokens it took about 60 minutes more).
 
     make results                                   # = python examples/smollm2_results.py
     python examples/smollm2_results.py --out runs/results --page docs/results.md --generation
@@ -24,7 +26,7 @@ With --generation (the previous page's generation section came from such a run):
    ceiling); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
 5. eval with SmolLM2 as the evaluator (Gen.PPL, diversity, unigram entropy, MAUVE against KJV
    chapters), compare, and the page.
-Not in `make test` (it needs the real model for an hour); `make test` runs examples 01-05.
+Not in `make test` (it needs the real model for days on 2 cores); `make test` runs examples 01-05.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
 # one training budget for the three DSL-family models: steps x batch x seq_len tokens
-BUDGET = {"steps": 200, "batch": 8, "seq": 64}
+# (the bridges' cap: their budget is the sweep's, so the comparison stays matched; compare refuses it otherwise)
+BUDGET = {"steps": 2000, "batch": 8, "seq": 256}
 SAMPLES = {"num": 256, "length": 32, "steps": 16}  # per generator row; the DSL-scratch curve adds 4 and 8 steps
 SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-blocks", 1, "--k", 32,
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
 # the bridges at every default (docs/method.md, amendment 10: a sweep with other settings is another
 # experiment): 256-token blocks as the scan's, 8 per step, the plateau rule every 50 steps under a cap
-# of 2,000 steps (4.1 M tokens); 65 minutes for the bridge at layer 3 on 2 CPU cores (docs/bridge-design.md)
+# of 2,000 steps (4.1 M tokens); about 55 minutes for the bridge at layer 3 on 2 CPU cores (docs/bridge-design.md)
 SWEEP = ["--layers", "1-12"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
