@@ -28,18 +28,18 @@ def write_report(run: Path) -> Path:
                      f"{model['entropy_rate']:.3f} (+{model['model_nll'] / model['entropy_rate'] - 1:.1%}); the "
                      f"best unigram model reaches {model['unigram_nll']:.3f} and the best bigram model "
                      f"{model['bigram_nll']:.3f}")
-    if (run / "sweep.json").is_file():  # the verdict opens the page; the sweep section gives its reasons
-        statement = json.loads((run / "sweep.json").read_text())["verdict"].get("statement", [])
-        parts += [f"- sweep verdict: {statement[0]}"] if statement else []
+    sweep = json.loads((run / "sweep.json").read_text()) if (run / "sweep.json").is_file() else None
+    statement = sweep["verdict"].get("statement", []) if sweep else []
+    parts += [f"- sweep verdict: {statement[0]}"] if statement else []  # it opens the page; the section says why
     parts.append("")
     if (run / "ranking.md").is_file():
         geometry = json.loads((run / "geometry.json").read_text())
         parts += ["## Geometry and ranking", "", f"Settings: `{json.dumps(geometry['settings'])}`", "",
                   (run / "ranking.md").read_text().split("\n", 2)[2], "", "![geometry](plots/geometry.png)", ""]
-    if (run / "sweep.json").is_file():
+    if sweep:
         from geoprobe.report.sweep import sweep_section
 
-        parts += sweep_section(json.loads((run / "sweep.json").read_text()))
+        parts += sweep_section(sweep)
     if (run / "compare.md").is_file():
         rows = read_rows(run / "compare.csv")
         corpus = manifest["config"]["corpus"]
