@@ -59,12 +59,20 @@ class ExtractConfig:
     device_map: str | None = None
     trust_remote_code: bool = False
 
-    def identity(self, backbone: Backbone, layers: list[int]) -> dict:
-        """What defines the rows: a directory holding a run with another identity is refused."""
-        skip = {"batch_size", "device", "device_map", "trust_remote_code", "layers"}
-        data = {k: v for k, v in asdict(self).items() if k not in skip}
+    # where and how fast the rows are computed, not what they are; `layers` enters resolved
+    NOT_DEFINING = frozenset({"batch_size", "device", "device_map", "trust_remote_code", "layers"})
+
+    def defining_flags(self) -> dict:
+        """The flags that define the rows: every field but NOT_DEFINING, so a field added to this
+        class enters the identity (and the reuse check, `same_extraction`) by default."""
+        data = {k: v for k, v in asdict(self).items() if k not in self.NOT_DEFINING}
         if not self.doc_blocks:  # runs from before the option resume as they were
             data.pop("doc_blocks")
+        return data
+
+    def identity(self, backbone: Backbone, layers: list[int]) -> dict:
+        """What defines the rows: a directory holding a run with another identity is refused."""
+        data = self.defining_flags()
         data.update(layers=layers, model_config_sha256=backbone.identity["config_sha256"],
                     model_dtype=backbone.identity["dtype"])
         if "file_sha256" in backbone.identity:

@@ -62,16 +62,16 @@ def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, p
 
 def same_extraction(manifest: dict, cfg) -> bool:
     """Whether a finished run was extracted with these flags (checked without loading the model;
-    anything else goes through `extract`, which resumes or names the differing keys)."""
-    from dataclasses import asdict
+    anything else goes through `extract`, which resumes or names the differing keys). The flags
+    compared are those ExtractConfig.identity records, so the writer and this check cannot drift."""
+    from dataclasses import fields
 
     from geoprobe.backbone import parse_layers
 
     stored = manifest["config"]
-    wanted = asdict(cfg)
-    keys = ("model", "corpus", "tokens", "seq_len", "positions", "skip_first", "seed", "storage", "text_field",
-            "dtype")
-    if any(stored.get(k) != wanted[k] for k in keys) or stored.get("doc_blocks", 0) != wanted["doc_blocks"]:
+    wanted = cfg.defining_flags()
+    named = {f.name for f in fields(cfg)} - cfg.NOT_DEFINING
+    if {k: v for k, v in stored.items() if k in named} != wanted:
         return False
     try:
         return parse_layers(cfg.layers, manifest["model"]["num_layers"]) == stored["layers"]

@@ -252,3 +252,23 @@ def test_unwritable_output_directory(tmp_path, tiny_models, corpus_txt):
         code, _, err = invoke("extract", tiny_models("llama"), "--corpus", corpus_txt, "--tokens", 100,
                               "--seq-len", 64, "--out", out, "--device", "cpu")
         assert_one_line_error(code, err, 2, "is not writable")
+
+
+def test_one_identity_a_new_extract_field_enters_the_writer_and_the_reuse_check():
+    """What defines an extraction has one owner (ExtractConfig.defining_flags): a field added to the
+    config is recorded by the writer and compared by scan's reuse check without touching either."""
+    from dataclasses import field, make_dataclass
+
+    from geoprobe.pipeline import same_extraction
+
+    base = ExtractConfig(model="m", corpus="c", layers="0-2")
+    manifest = {"config": {**base.defining_flags(), "layers": [0, 1, 2]}, "model": {"num_layers": 4}}
+    assert same_extraction(manifest, base)
+    assert not same_extraction(manifest, ExtractConfig(model="m", corpus="c", layers="0-3"))
+    assert not same_extraction(manifest, ExtractConfig(model="m", corpus="c", layers="0-2", shard_rows=10))
+    assert same_extraction(manifest, ExtractConfig(model="m", corpus="c", layers="0-2", batch_size=3))  # placement
+    extended = make_dataclass("Extended", [("new_flag", int, field(default=3))], bases=(ExtractConfig,))
+    cfg = extended(model="m", corpus="c", layers="0-2")
+    assert cfg.defining_flags()["new_flag"] == 3
+    assert not same_extraction(manifest, cfg)  # a run extracted before the field existed is not reused
+    assert same_extraction({**manifest, "config": {**manifest["config"], "new_flag": 3}}, cfg)
