@@ -8,7 +8,7 @@ widths and depths, at two layers, beside the layer's closed-form controls.
     python bench/bridge_design.py --run runs/results/run           # layers 3 and 9 of a SmolLM2 scan
     python bench/bridge_design.py --run RUN --layers 3 --variants 1 --out /tmp/design   # one variant
 
-Every variant trains one bridge with the sweep's own code (geoprobe.sweep: the teacher states
+Every variant trains one bridge with the sweep's own code (geoprobe.workflows.sweep: the teacher states
 of the run's splits computed once, the plateau rule on the stopping split, best EMA weights,
 validation on other held-out blocks drawn as the scan draws its states), and is resumable: a
 finished variant is read back, not retrained.
@@ -79,7 +79,7 @@ def main() -> None:
     args.page = args.page or args.out / "bridge-design.md"
 
     from geoprobe.files import holding
-    from geoprobe.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
+    from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
 
     if args.page_only:

@@ -32,7 +32,7 @@ from bridges.train import Shard, mixed_precision, step_generator
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.extract import pad_batch
-from geoprobe.sweep import BridgeSettings
+from geoprobe.workflows.sweep import BridgeSettings
 
 
 def on_the_fly_loss(bridge, teacher, states, batch_size):

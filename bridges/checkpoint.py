@@ -1,6 +1,6 @@
 """A trained model's directory, a bridge or a DSL model: the one writer and reader of its record.
 
-    config.json        {"kind": "bridge" | "dsl", "network": the network's config,
+    config.json        {"kind": its entry in bridges/kinds.py, "network": the network's config,
                         "training": its training settings, "budget": {steps, batch_size, seq_len},
                         "identity": what it was trained on}
     model.safetensors  the EMA weights (the best by the stopping split where one was kept): what
@@ -9,7 +9,8 @@
     curve.csv, plots/curve.png   the training curve
 
 bridges/train.py keeps its resumable training state beside them. Records written before the
-schema was shared (the network under "bridge" or "model", no "budget") are read as this schema.
+schema was shared (the network under the kind's name or "model", no "budget") are read as this
+schema. Which kinds there are is bridges/kinds.py's to say, not this module's.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from geoprobe.files import disk_full_message, is_disk_full, read_json, short, wr
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 METRICS = "metrics.json"
-KINDS = {"bridge": "a bridge", "dsl": "a DSL model"}
-_OLD_NETWORK_KEY = {"bridge": "bridge", "dsl": "model"}
-
-
 def save_config(folder: Path, kind: str, network, training: dict, budget: dict, identity: dict) -> None:
     """config.json, written whole before any weight (so that a started directory always loads)."""
     write_json_atomic(Path(folder) / CONFIG, {"kind": kind, "network": asdict(network), "training": training,
@@ -38,13 +35,12 @@ def read_config(folder: Path, kind: str | None = None) -> dict:
     read (or, with `kind`, that it holds the other kind of model)."""
     path = Path(folder) / CONFIG
     record = read_json(path, f"{folder} is not a DSL or bridge checkpoint directory (no {CONFIG})")
-    if not isinstance(record, dict) or record.get("kind") not in KINDS:
-        raise BadInput(f"{path} is not a geoprobe checkpoint config (no known 'kind'); written by another tool "
-                       "or version")
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        raise BadInput(f"{path} is not a geoprobe checkpoint config (no 'kind'); written by another tool or version")
     if kind is not None and record["kind"] != kind:
-        raise BadInput(f"{folder} holds {KINDS[record['kind']]} checkpoint, not {KINDS[kind]}")
-    if "network" not in record:  # written before the schema was shared
-        record["network"] = record.pop(_OLD_NETWORK_KEY[record["kind"]], {})
+        raise BadInput(f"{folder} holds a {record['kind']!r} checkpoint, not a {kind!r} one")
+    if "network" not in record:  # written before the schema was shared: under the kind's name or "model"
+        record["network"] = record.pop(record["kind"], None) or record.pop("model", {})
     if "budget" not in record:
         record["budget"] = _old_budget(record)
     return record

@@ -321,6 +321,27 @@ def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
     return model.to(device).eval()
 
 
+def load_dsl_denoiser(folder: Path, device: str = "auto", decode: str = "stack"):
+    """(TokenDenoiser, tokenizer) of a DSL checkpoint directory: the model decodes through its own
+    token table, whatever `decode` says."""
+    from geoprobe.tokens import load_saved_tokenizer
+    from geoprobe.backbone import resolve_device
+
+    return load_dsl(folder, resolve_device(device)), load_saved_tokenizer(folder)
+
+
+def dsl_generator_backbone(config: dict) -> str | None:
+    """The causal LM a DSL model was initialised from (`--init-from`), if any."""
+    return config.get("identity", {}).get("init_from")
+
+
+def dsl_oracle_start(config: dict, document_length: int) -> str:
+    """Where the testbed's HMM starts a DSL model's samples: at a document start where its rows
+    are whole documents (seq_len = document + <eos>), anywhere otherwise (rows cut from the
+    concatenated documents)."""
+    return "document" if (config.get("budget") or {}).get("seq_len") == document_length + 1 else "anywhere"
+
+
 # --- one training run in a checkpoint directory (what `geoprobe dsl train` calls) -------------
 
 VAL_FRACTION = 0.05
@@ -339,7 +360,7 @@ def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
 def dsl_tokenizer(spec: str, documents: list[str] | None = None):
     """`char`, `words`, `train:V` (both need the documents), a model/tokenizer folder, a hub id, or
     builtin:NAME."""
-    from bridges.tokens import char_tokenizer, train_bpe, word_tokenizer
+    from geoprobe.tokens import char_tokenizer, train_bpe, word_tokenizer
     from geoprobe.backbone import load_tokenizer
 
     if spec == "char":
@@ -364,7 +385,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     Returns the metrics (None on data-parallel ranks other than 0). A directory holding another
     run is refused in one line, as is every bad setting, before anything loads."""
     from bridges.channel import SNR_SCHEMES
-    from bridges.tokens import load_saved_tokenizer, save_tokenizer, token_stream
+    from geoprobe.tokens import load_saved_tokenizer, save_tokenizer, token_stream
     from bridges.checkpoint import write_record
     from bridges.train import training_summary
     from geoprobe.backbone import resolve_device
@@ -431,7 +452,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
 
 def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Path | None, init_from: str | None,
                seed: int, dtype: torch.dtype) -> DSLModel:
-    from bridges.tokens import load_saved_tokenizer
+    from geoprobe.tokens import load_saved_tokenizer
 
     if init_from is not None:
         return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, table_init=table_init, seed=seed,
@@ -486,7 +507,7 @@ def stopping_rows(documents: list[str], tokenizer, seq_len: int) -> tuple[torch.
     ones): at most STOPPING_ROWS of the rows after the REPORTED_ROWS that metrics.json reports,
     so that the reported bound is not the one training stopped on; a held-out set too small for
     both shares them."""
-    from bridges.tokens import token_stream
+    from geoprobe.tokens import token_stream
 
     ids = token_stream(documents, tokenizer)
     rows = sequences(ids, min(seq_len, len(ids)))
@@ -501,7 +522,7 @@ def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, de
     import math
 
     from bridges.likelihood import mdlm_elbo
-    from bridges.tokens import token_stream
+    from geoprobe.tokens import token_stream
     from geoprobe.backbone import resolve_device
 
     model = load_dsl(folder, resolve_device(device))

@@ -471,3 +471,32 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
     bridge = HiddenBridge(build_network(BridgeConfig, record, folder, older=OLDER_BRIDGES))
     load_weights(bridge, folder)
     return bridge.to(device).eval(), record
+
+
+def load_bridge_denoiser(folder: Path, device: str = "auto", decode: str = "stack"):
+    """(TokenDenoiser, tokenizer) of a bridge directory: the hybrid through the frozen upper stack
+    of its backbone (decode "stack") or the nearest-embedding rounding (decode "round", the
+    layer-0 Diffusion-LM baseline). The backbone must still be the one it was trained on."""
+    from geoprobe.backbone import load_backbone
+
+    bridge, record = load_bridge(folder)
+    backbone = load_backbone(record["identity"]["model"], device=device)
+    if backbone.identity["config_sha256"] != record["identity"]["model_config_sha256"]:
+        raise BadInput(f"{folder} was trained on another backbone than {record['identity']['model']} is now")
+    bridge.to(backbone.input_device)
+    teacher = Teacher(backbone, bridge.cfg.layer)
+    bos = backbone.tokenizer.bos_token_id
+    denoiser_class = RoundingDenoiser if decode == "round" else HybridDenoiser
+    return denoiser_class(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
+
+
+def bridge_generator_backbone(config: dict) -> str | None:
+    """The causal LM a bridge's text passes through: its backbone's upper stack."""
+    return config.get("identity", {}).get("model")
+
+
+def bridge_oracle_start(config: dict, document_length: int) -> str:
+    """Where the testbed's HMM starts a bridge's samples: at its per-document blocks (BOS, then
+    seq_len - 1 tokens of one document)."""
+    seq_len = (config.get("budget") or {}).get("seq_len")
+    return f"blocks:{seq_len - 1}" if seq_len else "anywhere"

@@ -102,7 +102,7 @@ def swept(run: Path, seeds: str) -> bool:
     path = run / "sweep.json"
     if not path.is_file():
         return False
-    from geoprobe.sweep import parse_seeds
+    from geoprobe.workflows.sweep import parse_seeds
 
     have = {row.get("seed") for row in json.loads(path.read_text())["rows"]}
     return set(parse_seeds(seeds)) <= have
@@ -165,7 +165,7 @@ def machine() -> str:
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
     """docs/results.md: how it was run, the report's tables and plots, and what they say."""
-    from geoprobe.report.page import write_report
+    from geoprobe.workflows.page import write_report
 
     report = write_report(run).read_text()
     pictures = page.parent / "results"
@@ -212,8 +212,8 @@ def what_it_says(run: Path, out: Path) -> str:
                  "state)" + (f"; layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
     if (run / "compare.csv").is_file():
-        from geoprobe.report.compare import read_rows
-        from geoprobe.report.page import generation_prose
+        from geoprobe.workflows.compare import read_rows
+        from geoprobe.workflows.page import generation_prose
 
         # what the table allows one to say: the evaluator, its own-backbone rows, and only the
         # pairs of rows whose intervals are disjoint

@@ -95,7 +95,7 @@ def held_out_bound(folder: Path) -> dict:
 
     from bridges.dsl import load_dsl
     from bridges.likelihood import mdlm_elbo
-    from bridges.tokens import load_saved_tokenizer
+    from geoprobe.tokens import load_saved_tokenizer
     from geoprobe.synthetic import hmm_from_spec
     from geoprobe.testbed import SEED
 
@@ -120,7 +120,7 @@ def held_out_bound(folder: Path) -> dict:
 
 def score_samples(folder: Path, model: Path, sampler: str, steps: int, switch_snr: float = 5.0,
                   decode: str = "stack", length: int = LENGTH, start: str = "document") -> dict:
-    from geoprobe.generate import SampleSettings, generate
+    from geoprobe.workflows.generate import SampleSettings, generate
     from geoprobe.metrics.text import text_metrics, token_metrics, word_text
     from geoprobe.synthetic import hmm_from_spec, oracle_scores
 
@@ -165,10 +165,10 @@ def sampler_grid(out: Path) -> list[dict]:
 # --- stage 3: the DiHAL rows --------------------------------------------------------------------
 
 def dihal_rows(out: Path) -> tuple[list[dict], dict]:
-    from geoprobe.demo import TINY
+    from geoprobe.workflows.demo import TINY
     from geoprobe.geometry import GeometrySettings
     from geoprobe.pipeline import scan, scan_config
-    from geoprobe.sweep import bridge_dir, bridge_settings, sweep_run
+    from geoprobe.workflows.sweep import bridge_dir, bridge_settings, sweep_run
 
     run = out / "run"
     p = TINY
@@ -477,7 +477,7 @@ def verdict_lines(by: dict) -> list[str]:
 
 def bridges_section(rows: list[dict], out: Path) -> list[str]:
     from bridges.checkpoint import training_tokens
-    from geoprobe.sweep import bridge_dir
+    from geoprobe.workflows.sweep import bridge_dir
 
     parts = ["### 3. The DiHAL rows", "", "Bridges of the tiny demo's sweep protocol (d 64 x 2 blocks, cap 400 steps x 16 "
              "blocks x 33 tokens, three seeds), each sampled with the hybrid sampler at 32 evaluations; 32 samples of "

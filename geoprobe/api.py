@@ -146,7 +146,7 @@ def bridge(run, layer: int | None = None, **flags) -> dict:
     are the fields of BridgeConfig (d_model, n_layers, ...) and BridgeSettings (steps, batch_size,
     seq_len, lr, seed, until, ...), plus model, corpus, out, device, dtype, device_map, force."""
     from geoprobe.settings import split_flags
-    from geoprobe.sweep import bridge_run, bridge_settings
+    from geoprobe.workflows.sweep import bridge_run, bridge_settings
 
     options = {"model", "corpus", "out", "device", "dtype", "device_map", "force"}
     placement, network = split_flags(flags, options, set(flags) - options)
@@ -160,7 +160,7 @@ def bridge(run, layer: int | None = None, **flags) -> dict:
 def sample(model, sampler: str = "roar", out=None, device: str = "auto", **flags) -> list[str]:
     """What `geoprobe sample --model MODEL --sampler S` does; the generated texts. `flags` are the
     fields of SampleSettings (num, length, steps, top_p, seed, ...)."""
-    from geoprobe.generate import SampleSettings, generate
+    from geoprobe.workflows.generate import SampleSettings, generate
     from geoprobe.settings import split_flags
 
     settings = SampleSettings(**split_flags(flags, SampleSettings)[0])

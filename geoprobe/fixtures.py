@@ -74,7 +74,7 @@ def _tokenizer(folder: Path, vocab: int) -> None:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from bridges.tokens import byte_level_bpe
+    from geoprobe.tokens import byte_level_bpe
     from geoprobe.synthetic import documents
 
     tok = byte_level_bpe(documents("synthetic:hmm?docs=400&length=64&seed=7"), min(TOKENIZER_WORDS, vocab),
@@ -110,7 +110,7 @@ def build_tokenizer(folder: Path):
     """The tests' and benchmarks' small byte-level BPE (VOCAB - 8 entries), saved into `folder`."""
     from transformers import PreTrainedTokenizerFast
 
-    from bridges.tokens import byte_level_bpe
+    from geoprobe.tokens import byte_level_bpe
 
     rng = random.Random(1)
     tok = byte_level_bpe([synthetic_text(30, rng) for _ in range(2000)], VOCAB - 8,

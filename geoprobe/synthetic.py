@@ -123,7 +123,7 @@ class HMM:
         is still scored as one chain) or `blocks:K` (the even mixture of words 0, K, 2K, ...:
         where per-document blocks of K words start)."""
         if check_oracle_start(where) == "auto":
-            raise BadInput("the oracle start 'auto' is chosen per samples file (metrics.evaluator.oracle_start_for)")
+            raise BadInput("the oracle start 'auto' is chosen per samples file (workflows.evaluate.oracle_start_for)")
         if where == "document":
             return self.initial
         states = self.state_distributions(self.initial, document_length)

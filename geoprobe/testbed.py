@@ -34,7 +34,7 @@ HELD_OUT = 256  # sequences of LENGTH words for the held-out NLL
 
 def tokenizer_for(hmm):
     """The word-level tokenizer of every word the HMM can emit (ids 2.. in sorted order)."""
-    from bridges.tokens import word_tokenizer
+    from geoprobe.tokens import word_tokenizer
 
     return word_tokenizer([" ".join(hmm.words)])
 

@@ -16,7 +16,7 @@ SAMPLERS: dict[str, type[Sampler]] = {cls.name: cls for cls in
 
 FINISHERS = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop")
 # the causal LM itself, left to right with its KV cache: a generator like the others, but it
-# samples a backbone rather than a denoiser, so geoprobe.generate runs it
+# samples a backbone rather than a denoiser, so geoprobe.workflows.generate runs it
 AUTOREGRESSIVE = "ar"
 NAMES = (*SAMPLERS, AUTOREGRESSIVE)  # every --sampler, in the order --help lists them
 

@@ -176,10 +176,10 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
     first = json.loads(out)
     # another step count or learning rate on a finished bridge: refused, naming what differs, before
     # the teacher pass (minutes on a real model)
-    import geoprobe.sweep
+    import geoprobe.workflows.sweep
 
     with monkeypatch.context() as patch:
-        patch.setattr(geoprobe.sweep, "cached_states", lambda *a, **k: pytest.fail("teacher states before the check"))
+        patch.setattr(geoprobe.workflows.sweep, "cached_states", lambda *a, **k: pytest.fail("teacher states before the check"))
         code, _, err = invoke("bridge", *flags, "--steps", 8)
         assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: ")
     for extra, key in ((["--steps", 8], "steps"), (["--lr", "0.01"], "lr")):
@@ -377,7 +377,7 @@ def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, states):
 def test_the_chosen_layer_passes_over_the_last_block_output(scanned, tmp_path):
     import shutil
 
-    from geoprobe.sweep import chosen_layer
+    from geoprobe.workflows.sweep import chosen_layer
 
     run = shutil.copytree(scanned, tmp_path / "run")
     rows = list(csv.DictReader((run / "ranking.csv").open()))

@@ -132,7 +132,7 @@ def test_the_testbeds_layers_are_not_interchangeable(tiny_demo):
 
 
 def test_every_generator_is_scored_by_the_true_hmm_and_the_ar_ceiling_checks_the_measurement(tiny_demo):
-    from geoprobe.report.compare import read_rows
+    from geoprobe.workflows.compare import read_rows
 
     rows = read_rows(tiny_demo / "run" / "compare.csv")
     assert len(rows) == 10 and all(r["oracle_nll_per_word"] is not None for r in rows)
@@ -156,7 +156,7 @@ def test_make_demos_report_says_what_was_found_first_with_no_nan(tiny_demo, smol
     """`make demo`'s report, composed (as run_demo does) from the SmolLM2 scan and the testbed
     experiment this session ran already: its first lines are the findings, the sweep's verdict
     among them, and no number in it is NaN or infinite."""
-    from geoprobe.report.page import write_demo_report
+    from geoprobe.workflows.page import write_demo_report
     from tests.helpers import copy_run
 
     scan = copy_run(smollm2_scan, tmp_path / "smollm2")
@@ -179,7 +179,7 @@ def test_make_demos_report_says_what_was_found_first_with_no_nan(tiny_demo, smol
 
 
 def test_each_demo_step_reports_its_time_and_an_estimate_of_what_remains():
-    from geoprobe.demo import EXPECTED, Steps, testbed_steps
+    from geoprobe.workflows.demo import EXPECTED, Steps, testbed_steps
 
     seen = []
     steps = Steps(["scan builtin:hmm-tiny", "sweep", "sample", "eval"], lambda *a: seen.append(a))

@@ -12,7 +12,8 @@ import torch
 from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
 from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
 from bridges.checkpoint import WEIGHTS
-from bridges.tokens import load_saved_tokenizer
+from geoprobe.errors import BadInput
+from geoprobe.tokens import load_saved_tokenizer
 from bridges.train import CHECKPOINT, TrainConfig, plateaued, train
 from tests.helpers import assert_one_line_error, invoke
 
@@ -224,7 +225,7 @@ def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkp
     bridge.mkdir()
     (bridge / "config.json").write_text(json.dumps({"kind": "bridge", "bridge": {}}))
     code, _, err = invoke("nll", "--model", bridge, "--corpus", corpus_txt, "--device", "cpu")
-    assert_one_line_error(code, err, 2, "nll scores DSL checkpoints")
+    assert_one_line_error(code, err, 2, "nll scores a DSL model; ")
 
 
 def test_nll_follows_the_text8_protocol(tmp_path, checkpoint, corpus_txt):
@@ -446,7 +447,7 @@ def test_training_with_evaluations_keeps_the_best_ema_weights(shape, tmp_path):
 
 def test_dsl_train_stops_on_its_held_out_bound_and_never_on_the_reported_rows(corpus_txt, tmp_path):
     from bridges.dsl import REPORTED_ROWS, sequences, stopping_rows
-    from bridges.tokens import token_stream, word_tokenizer
+    from geoprobe.tokens import token_stream, word_tokenizer
 
     out = tmp_path / "plateau"
     # a 50% threshold: the rule fires at its first chance (min-steps 20, five evaluations of 4 steps)
@@ -465,3 +466,18 @@ def test_dsl_train_stops_on_its_held_out_bound_and_never_on_the_reported_rows(co
     every = sequences(token_stream(docs, tok), 5)
     watched, disjoint = stopping_rows(docs, tok, 5)
     assert len(every) > REPORTED_ROWS and disjoint and torch.equal(watched, every[REPORTED_ROWS:])
+
+
+def test_the_kind_registry_answers_for_each_kind_and_refuses_an_unknown_one(tmp_path):
+    """What sample, eval and nll ask of a checkpoint comes from its kind's entry; an unknown kind is one line."""
+    from bridges.kinds import KINDS, kind_of, open_checkpoint
+
+    bridge = {"kind": "bridge", "identity": {"model": "lm"}, "budget": {"seq_len": 65}}
+    dsl = {"kind": "dsl", "identity": {"init_from": "lm2"}, "budget": {"seq_len": 33}}
+    assert kind_of(bridge).generator_backbone(bridge) == "lm" and kind_of(dsl).generator_backbone(dsl) == "lm2"
+    assert kind_of(bridge).oracle_start(bridge, 32) == "blocks:64"
+    assert kind_of(dsl).oracle_start(dsl, 32) == "document" and kind_of(dsl).oracle_start(dsl, 40) == "anywhere"
+    assert [k.name for k in KINDS.values() if k.text_likelihood] == ["dsl"]
+    (tmp_path / "config.json").write_text(json.dumps({"kind": "sed", "network": {}}))
+    with pytest.raises(BadInput, match="'sed' checkpoint, which this version does not know .kinds: dsl, bridge"):
+        open_checkpoint(tmp_path)

@@ -1,5 +1,6 @@
-"""The packages' import graph: no loop anywhere (imports inside functions count), and the library
-never reaches into the command line (issue 23)."""
+"""The packages' import graph: no loop anywhere (imports inside functions count), between modules
+and between packages, every package importing only the layers below it, and the library never
+reaching into the command line (issues 23, 34)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,50 @@ def cycles(graph: dict) -> list[list[str]]:
     return found
 
 
+# Bottom to top: the presentation and metric leaves, the core (geoprobe's own modules), the
+# samplers, the trainable models, the application layer, the command line, and the two front
+# doors (`import geoprobe` with its notebook API, `python -m geoprobe`). A package imports only
+# the packages below it (docs/architecture.md draws this).
+LAYERS = ("geoprobe.report", "geoprobe.metrics", "geoprobe", "samplers", "bridges", "geoprobe.workflows",
+          "geoprobe.cli", "front door")
+FRONT_DOOR = ("geoprobe", "geoprobe.__main__", "geoprobe.api")
+
+
+def package_of(module: str) -> str:
+    """A module's package: a subpackage of geoprobe/ is a package of its own; the front door's
+    modules sit in the top layer."""
+    if module in FRONT_DOOR:
+        return "front door"
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "geoprobe" and ".".join(parts[:2]) in LAYERS else parts[0]
+
+
+def package_graph(modules: dict) -> dict:
+    """The module graph folded onto packages: which package imports which."""
+    graph = defaultdict(set)
+    for name, targets in modules.items():
+        for target in targets:
+            if package_of(name) != package_of(target):
+                graph[package_of(name)].add(package_of(target))
+    return graph
+
+
+def test_packages_have_no_loop_and_import_only_the_layers_below():
+    top, inner = import_graph()
+    graph = package_graph({name: top[name] | inner[name] for name in set(top) | set(inner)})
+    assert {"bridges", "samplers", "geoprobe", "geoprobe.workflows", "geoprobe.cli"} <= set(graph)
+    assert cycles(graph) == [], "package loops: " + "; ".join(" <-> ".join(c) for c in cycles(graph))
+    upward = [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a]) if LAYERS.index(b) > LAYERS.index(a)]
+    assert upward == []
+
+
+def test_the_package_check_finds_a_loop_between_packages():
+    """bridges -> geoprobe -> bridges through different modules is no module loop, but a package loop."""
+    modules = {"bridges.fit": {"geoprobe.store"}, "geoprobe.sweep": {"bridges.fit"}}
+    assert cycles(modules) == []
+    assert cycles(package_graph(modules)) == [["bridges", "geoprobe"]]
+
+
 def test_the_whole_import_graph_has_no_loop():
     """Every import counts, those inside functions too: a loop hidden in a function is still a loop."""
     top, inner = import_graph()
@@ -103,3 +148,17 @@ def test_no_library_function_is_longer_than_80_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
                 long.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert long == []
+
+
+def test_only_the_registry_and_the_record_read_a_checkpoints_kind():
+    """bridges/kinds.py is the one table of model kinds: no other module branches on a record's
+    "kind" (checkpoint.py only reads and writes the field)."""
+    owners = {"bridges.kinds", "bridges.checkpoint"}
+    readers = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = (node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and node.func.attr == "get" and node.args else node.slice if isinstance(node, ast.Subscript) else None)
+            if isinstance(key, ast.Constant) and key.value == "kind" and name not in owners:
+                readers.append(f"{name}:{node.lineno}")
+    assert readers == []

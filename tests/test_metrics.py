@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from geoprobe.metrics.evaluator import gen_ppl
+from geoprobe.workflows.evaluate import gen_ppl
 from geoprobe.metrics.text import (diversity_pooled, diversity_within, repetition, text_metrics, token_metrics,
                                    unigram_entropy, word_text)
 from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
@@ -154,8 +154,8 @@ def test_oracle_scores_each_document_from_its_start_and_counts_special_words_as_
 
 
 def test_eval_reads_eos_and_token_ids_from_the_samples_file_and_compare_shows_them(tmp_path, tiny_models, llama):
-    from geoprobe.metrics.evaluator import evaluate_samples, read_samples
-    from geoprobe.report.compare import COLUMNS, comparison_row
+    from geoprobe.workflows.evaluate import evaluate_samples, read_samples
+    from geoprobe.workflows.compare import COLUMNS, comparison_row
 
     out = tmp_path / "gen"
     out.mkdir()
@@ -193,7 +193,7 @@ def test_eval_reads_eos_and_token_ids_from_the_samples_file_and_compare_shows_th
 @pytest.mark.real
 def test_mauve_of_references_against_themselves_and_against_shuffled_words(smollm2):
     from geoprobe.corpus import read_documents
-    from geoprobe.metrics.evaluator import features, mauve_score
+    from geoprobe.workflows.evaluate import features, mauve_score
 
     docs = read_documents("kjv")[:200]
     texts = [" ".join(d.split()[:30]) for d in docs]
@@ -349,7 +349,7 @@ def test_freedman_lane_partial_test():
 
 
 def test_bootstrap_interval_matches_the_normal_theory_and_overlapping_rows_are_not_ranked():
-    from geoprobe.report.compare import bootstrap_interval, distinguishable
+    from geoprobe.workflows.compare import bootstrap_interval, distinguishable
 
     values = np.random.default_rng(0).normal(3.0, 1.0, 400)
     lo, hi = bootstrap_interval(list(values))

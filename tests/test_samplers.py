@@ -272,7 +272,7 @@ def test_the_ar_ceiling_filters_with_the_samplers_nucleus(rule, tiny_models, tmp
     import json
 
     from geoprobe.backbone import load_backbone
-    from geoprobe.generate import SampleSettings, generate
+    from geoprobe.workflows.generate import SampleSettings, generate
 
     llama = tiny_models("llama")
     result = generate(llama, "ar", SampleSettings(num=2, length=8, top_p=1e-6, top_p_rule=rule, seed=3), tmp_path,

@@ -289,7 +289,7 @@ def scanned_run(tmp_path, weights, log=False):
 
 def test_the_tested_score_is_the_registered_one_whatever_weights_the_ranking_used(tmp_path):
     from geoprobe.ranking import layer_scores
-    from geoprobe.sweep import ranking_rows, summarise
+    from geoprobe.workflows.sweep import ranking_rows, summarise
 
     other = (0.0, 0.0, 1.0)
     geometry = scanned_run(tmp_path, other, log=True)

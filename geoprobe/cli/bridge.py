@@ -9,7 +9,7 @@ import typer
 
 from geoprobe.cli.root import app
 from geoprobe.cli.output import progress, show
-from geoprobe.sweep import BridgeSettings, NETWORK as DEFAULT
+from geoprobe.workflows.sweep import BridgeSettings, NETWORK as DEFAULT
 from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, Steps
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
@@ -54,7 +54,7 @@ EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps betwe
 
 
 def _settings(**flags):
-    from geoprobe.sweep import bridge_settings
+    from geoprobe.workflows.sweep import bridge_settings
 
     return bridge_settings(**flags)
 
@@ -88,7 +88,7 @@ def bridge(
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
     from geoprobe.report.terminal import print_table
-    from geoprobe.sweep import bridge_run
+    from geoprobe.workflows.sweep import bridge_run
 
     settings = _settings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, d_model=d_model,
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
@@ -125,7 +125,7 @@ def sweep(
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
     per-channel nmse, layer 0 excluded), the secondary losses (Holm), the seed noise and the
     controls (depth, massive channels, other ways to compute the score)."""
-    from geoprobe.sweep import parse_seeds, sweep_run
+    from geoprobe.workflows.sweep import parse_seeds, sweep_run
 
     settings = _settings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, d_model=d_model,
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
@@ -140,7 +140,7 @@ def sweep(
 
 def print_verdict(title: str, verdict: dict, plot: str | None = None) -> None:
     """The per-layer table (seed mean ± sd) and the verdict's plain lines."""
-    from geoprobe.report.sweep import layer_columns, layer_rows
+    from geoprobe.workflows.sweep_page import layer_columns, layer_rows
     from geoprobe.report.terminal import print_table
 
     rows = layer_rows(verdict)

@@ -32,7 +32,7 @@ def evaluate(
     seed: Seed = 0, device: Device = "auto",
 ):
     """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
-    from geoprobe.metrics.evaluator import evaluate_samples
+    from geoprobe.workflows.evaluate import evaluate_samples
     from geoprobe.report.terminal import console, print_table
 
     results, target = evaluate_samples(samples, evaluator, references, out, seed, device,

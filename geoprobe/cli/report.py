@@ -25,7 +25,7 @@ def compare(
                                                      "with the table's rows.")] = None,
 ):
     """One table at one budget: every generator with its sampler, NFE, time and metrics."""
-    from geoprobe.report.compare import compare_run
+    from geoprobe.workflows.compare import compare_run
 
     result = compare_run(samples, out, allow_mismatch, curve)
     rows, table = result["rows"], result["table"]
@@ -40,7 +40,7 @@ def compare(
 @app.command(epilog="Example:\n\n  geoprobe report runs/demo")
 def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
     """report.md: model, corpus, ranking, sweep, comparison, plots and settings."""
-    from geoprobe.report.page import write_report
+    from geoprobe.workflows.page import write_report
 
     path = write_report(run)
     show({"report": str(path)}, lambda: print(f"report: {path}"))
@@ -57,7 +57,7 @@ def demo(
 ):
     """What is meaningful on a laptop: the SmolLM2 scan (both rankings), then the testbed's sweep verdict
     and generation comparison with intervals, then one report that says what was found."""
-    from geoprobe.demo import run_demo
+    from geoprobe.workflows.demo import run_demo
 
     global _BEGAN
     _BEGAN = time.perf_counter()

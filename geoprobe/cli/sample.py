@@ -10,7 +10,7 @@ import typer
 from geoprobe.cli.root import app
 from geoprobe.cli.output import show
 from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
-from geoprobe.generate import SampleSettings
+from geoprobe.workflows.generate import SampleSettings
 from bridges.likelihood import ESTIMATORS
 from samplers import FINISHERS, NAMES, PRESETS, knob_default
 
@@ -68,7 +68,7 @@ def sample(
     seed: Seed = SAMPLE.seed, device: Device = "auto",
 ):
     """Generate text with any sampler from a DSL checkpoint or a bridge → samples.jsonl."""
-    from geoprobe.generate import generate
+    from geoprobe.workflows.generate import generate
 
     settings = SampleSettings(num=num, length=length, steps=steps, top_p=top_p, top_p_rule=top_p_rule,
                               per_step=per_step, eta=eta, eta_cap=eta_cap, t_on=t_on, t_off=t_off, alpha_on=alpha_on,
@@ -105,7 +105,7 @@ def nll(
     """Bits per token (and per character) of held-out text under a DSL checkpoint. Given a
     Text8 file (one line of a-z and spaces) it follows the Text8 protocol: a `--tokenizer char`
     model, the 90/5/5% split, sequences of 256 characters, bits per character."""
-    from geoprobe.generate import corpus_nll
+    from geoprobe.workflows.generate import corpus_nll
     from geoprobe.report.terminal import print_table
 
     result = corpus_nll(model, corpus, seq_len, max_seqs, estimators, batch_size, seed, device, split)

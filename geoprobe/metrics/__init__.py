@@ -1,1 +1,1 @@
-"""Numbers computed from results: rank correlations now; Gen.PPL, diversity, MAUVE to come."""
+"""Numbers computed from results: rank correlations (correlation.py) and text statistics (text.py); workflows/evaluate.py runs an evaluator LM over samples files."""

@@ -3,7 +3,7 @@ sd of every loss), the tests and the controls."""
 
 from __future__ import annotations
 
-from geoprobe.report.compare import markdown_table
+from geoprobe.workflows.compare import markdown_table
 from geoprobe.verdict import LAYER_CONTROLS, LOSSES, SCORE_VARIANTS
 
 # the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped

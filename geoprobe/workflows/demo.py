@@ -124,7 +124,7 @@ def run_demo(out: Path, tiny: bool = False, device: str = "auto",
     steps = Steps(["scan builtin:smollm2", *kinds, "report"], on_step)
     smollm2 = smollm2_scan(out / "smollm2", device, steps)
     testbed = testbed_experiment(out / "testbed", device, steps)
-    from geoprobe.report.page import write_demo_report
+    from geoprobe.workflows.page import write_demo_report
 
     path, found = steps("report", write_demo_report, out, smollm2, out / "testbed" / "run")
     return {**testbed, "report": str(path), "testbed_report": testbed["report"], "found": found,
@@ -146,13 +146,13 @@ def testbed_experiment(out: Path, device: str, step: Steps) -> dict:
     and the rounding baseline → eval → compare → report, on the testbed (`geoprobe demo --tiny`)."""
     from bridges.dsl import dsl_settings, fit_dsl
     from geoprobe.assets import builtin_model, testbed_cached
-    from geoprobe.generate import SampleSettings, generate
+    from geoprobe.workflows.generate import SampleSettings, generate
     from geoprobe.geometry import GeometrySettings
-    from geoprobe.metrics.evaluator import evaluate_samples
+    from geoprobe.workflows.evaluate import evaluate_samples
     from geoprobe.pipeline import scan, scan_config
-    from geoprobe.report.compare import compare_run, read_rows
-    from geoprobe.report.page import write_report
-    from geoprobe.sweep import bridge_dir, bridge_settings, parse_seeds, sweep_run
+    from geoprobe.workflows.compare import compare_run, read_rows
+    from geoprobe.workflows.page import write_report
+    from geoprobe.workflows.sweep import bridge_dir, bridge_settings, parse_seeds, sweep_run
     from geoprobe.testbed import CORPUS
 
     p = TINY

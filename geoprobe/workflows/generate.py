@@ -16,32 +16,6 @@ import torch
 from geoprobe.errors import BadInput
 
 
-def load_denoiser(model: Path, device: str, decode: str = "stack"):
-    """(TokenDenoiser, tokenizer) from a DSL checkpoint or a bridge directory."""
-    from bridges.checkpoint import read_config
-    from bridges.dsl import load_dsl
-    from bridges.tokens import load_saved_tokenizer
-    from geoprobe.backbone import resolve_device
-
-    kind = read_config(model).get("kind")
-    if kind == "dsl":
-        return load_dsl(model, resolve_device(device)), load_saved_tokenizer(model)
-    if kind == "bridge":
-        from bridges.hidden import HybridDenoiser, RoundingDenoiser, Teacher, load_bridge
-        from geoprobe.backbone import load_backbone
-
-        bridge, record = load_bridge(model)
-        backbone = load_backbone(record["identity"]["model"], device=device)
-        if backbone.identity["config_sha256"] != record["identity"]["model_config_sha256"]:
-            raise BadInput(f"{model} was trained on another backbone than {record['identity']['model']} is now")
-        bridge.to(backbone.input_device)
-        teacher = Teacher(backbone, bridge.cfg.layer)
-        bos = backbone.tokenizer.bos_token_id
-        denoiser_class = RoundingDenoiser if decode == "round" else HybridDenoiser
-        return denoiser_class(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
-    raise BadInput(f"{model} holds a {kind!r} checkpoint, not a DSL model or a bridge")
-
-
 @dataclass(frozen=True)
 class SampleSettings:
     """The flags of `geoprobe sample`. A sampler knob left None takes the preset's value, else the
@@ -94,6 +68,8 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     if p.decode not in ("stack", "round"):
         raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
     chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
+    from bridges.kinds import load_denoiser
+
     denoiser, tokenizer = load_denoiser(model, device, p.decode)
     result = chosen.sample(denoiser, p.num, p.length, p.seed)
     meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
@@ -174,10 +150,10 @@ def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32,
                batch_size: int = 8, seed: int = 0, device: str = "auto", split: str = "test") -> dict:
     """Bits per token and per character of held-out text under a DSL checkpoint (the training
     corpus: its held-out documents; a Text8 file: the Text8 protocol, bits per character)."""
-    from bridges.checkpoint import read_config
     from bridges.dsl import sequences, split_documents
+    from bridges.kinds import KINDS, open_checkpoint
     from bridges.likelihood import ESTIMATORS as table
-    from bridges.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
+    from geoprobe.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
     from geoprobe.corpus import read_documents
 
     chosen = [e.strip() for e in estimators.split(",")] if estimators else list(table)
@@ -186,11 +162,12 @@ def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32,
         raise BadInput(f"unknown estimator {unknown[0]!r} (valid: {', '.join(table)})")
     if split not in TEXT8_SPLITS:  # checked whatever the corpus: a wrong flag is a mistake either way
         raise BadInput(f"unknown --split {split!r} (use {', '.join(TEXT8_SPLITS)})")
-    trained = read_config(model)
-    if trained.get("kind") != "dsl":  # a bridge's likelihood passes through the frozen backbone: not defined here
-        raise BadInput(f"nll scores DSL checkpoints; {model} holds a {trained.get('kind')!r} checkpoint "
+    kind, trained = open_checkpoint(model)
+    if not kind.text_likelihood:  # a bridge's likelihood passes through the frozen backbone: not defined here
+        scored = " or ".join(k.title for k in KINDS.values() if k.text_likelihood)
+        raise BadInput(f"nll scores {scored}; {model} holds {kind.title} "
                        "(score its samples with `geoprobe eval` instead)")
-    denoiser, tokenizer = load_denoiser(model, device)
+    denoiser, tokenizer = kind.load_denoiser(model, device, "stack")
     protocol = {}
     if is_text8(corpus):
         if tokenizer.get_vocab() != char_tokenizer().get_vocab():

@@ -32,7 +32,7 @@ from geoprobe.errors import BadInput
 def evaluator_eos(tok) -> int | None:
     """The evaluator's EOS id, or None where it has no end of document (`end_of_text`: none, or
     a whitespace one such as a character tokenizer's space)."""
-    from geoprobe.generate import end_of_text
+    from geoprobe.workflows.generate import end_of_text
 
     if tok.eos_token_id is None or end_of_text(tok) is None:
         return None
@@ -215,7 +215,7 @@ def read_sample_rows(path: Path) -> tuple[list[str], list[list[int] | None]]:
 def sample_eos(path: Path) -> str | None:
     """The EOS string a samples file's text holds (its meta row's `eos`), or None: no meta row,
     an older row without the key, a generator without EOS or with a whitespace one."""
-    from geoprobe.generate import sample_meta
+    from geoprobe.workflows.generate import sample_meta
 
     eos = (sample_meta(path) or {}).get("eos")
     return eos if isinstance(eos, str) and eos.strip() else None
@@ -237,49 +237,43 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
     return [pieces[i] for i in order]
 
 
-def generator_of(samples: Path) -> tuple[dict, dict]:
-    """(the samples file's meta row, its model's config.json record), each {} where there is none."""
-    from bridges.checkpoint import read_config
-    from geoprobe.generate import sample_meta
+def generator_of(samples: Path):
+    """(the samples file's meta row, its model's kind or None, its config.json record or {})."""
+    from bridges.kinds import open_checkpoint
+    from geoprobe.workflows.generate import sample_meta
 
     meta = sample_meta(samples) or {}
     model = Path(meta.get("model", ""))
     if not meta or meta.get("decode") == "causal" or not (model / "config.json").is_file():
-        return meta, {}  # the AR ceiling's folder is a plain model, not a geoprobe checkpoint
+        return meta, None, {}  # the AR ceiling's folder is a plain model, not a geoprobe checkpoint
     try:
-        return meta, read_config(model)
+        return (meta, *open_checkpoint(model))
     except BadInput:  # moved or rewritten since it was sampled: nothing to say about its origin
-        return meta, {}
+        return meta, None, {}
 
 
 def generator_backbone(samples: Path) -> str | None:
-    """The causal LM a samples file's generator runs through, if any: the AR ceiling's model, a
-    bridge's backbone (its upper stack writes the text; not the rounding baseline's, which rounds
-    to the nearest embedding) or a DSL model's `--init-from`. Gen.PPL under that same model
-    measures agreement with itself, not quality."""
-    meta, config = generator_of(samples)
+    """The causal LM a samples file's generator runs through, if any: the AR ceiling's model, or
+    what the model's kind says (a bridge's backbone, whose upper stack writes the text; a DSL
+    model's `--init-from`); not the rounding baseline's, which rounds to the nearest embedding.
+    Gen.PPL under that same model measures agreement with itself, not quality."""
+    meta, kind, config = generator_of(samples)
     if meta.get("decode") == "causal":
         return meta.get("model")
-    if meta.get("decode") == "round":
+    if meta.get("decode") == "round" or kind is None:
         return None
-    identity = config.get("identity", {})
-    return identity.get("model") if config.get("kind") == "bridge" else identity.get("init_from")
+    return kind.generator_backbone(config)
 
 
 def oracle_start_for(samples: Path, document_length: int) -> str:
     """Where the HMM starts a generator's samples (geoprobe.synthetic.HMM.start), from how its
-    training rows began: an AR model after BOS and a DSL model whose rows are whole documents
-    (seq_len = document + <eos>) at a document start; a bridge at its per-document blocks;
-    another DSL model anywhere (its rows are cut from the concatenated documents)."""
-    meta, config = generator_of(samples)
+    training rows began: an AR model after BOS at a document start; a trained model where its
+    kind says (a bridge at its per-document blocks, a DSL model whose rows are whole documents at
+    a document start); anywhere otherwise."""
+    meta, kind, config = generator_of(samples)
     if meta.get("decode") == "causal":
         return "document"
-    seq_len = (config.get("budget") or {}).get("seq_len")
-    if config.get("kind") == "bridge" and seq_len:
-        return f"blocks:{seq_len - 1}"  # BOS, then seq_len - 1 tokens of one document
-    if config.get("kind") == "dsl" and seq_len == document_length + 1:
-        return "document"
-    return "anywhere"
+    return "anywhere" if kind is None else kind.oracle_start(config, document_length)
 
 
 def same_model(a: str | None, b: str) -> bool:

@@ -69,7 +69,7 @@ def distinguishable(rows: list[dict], key: str) -> tuple[list[tuple[dict, dict]]
 
 
 def comparison_row(samples: Path) -> dict:
-    from geoprobe.generate import sample_meta
+    from geoprobe.workflows.generate import sample_meta
 
     samples = Path(samples)
     metrics_path = samples.with_suffix(".metrics.json")

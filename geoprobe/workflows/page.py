@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from geoprobe.report.compare import markdown_table, read_rows
+from geoprobe.workflows.compare import markdown_table, read_rows
 
 
 def write_report(run: Path) -> Path:
@@ -37,7 +37,7 @@ def write_report(run: Path) -> Path:
         parts += ["## Geometry and ranking", "", f"Settings: `{json.dumps(geometry['settings'])}`", "",
                   (run / "ranking.md").read_text().split("\n", 2)[2], "", "![geometry](plots/geometry.png)", ""]
     if sweep:
-        from geoprobe.report.sweep import sweep_section
+        from geoprobe.workflows.sweep_page import sweep_section
 
         parts += sweep_section(sweep)
     if (run / "compare.md").is_file():
@@ -77,7 +77,7 @@ def write_report(run: Path) -> Path:
 def generation_prose(rows: list[dict]) -> list[str]:
     """What the comparison table allows one to say: the evaluator, which rows are scored by their
     own backbone, and which rows differ beyond their 95% intervals (the others are not ranked)."""
-    from geoprobe.report.compare import distinguishable
+    from geoprobe.workflows.compare import distinguishable
 
     lines = []
     evaluators = sorted({r["evaluator"] for r in rows if r.get("evaluator")})
@@ -167,7 +167,7 @@ def testbed_findings(run: Path) -> list[str]:
     """The testbed experiment in plain lines: the sweep's pre-registered verdict and its seed
     noise, bridges worse than the mean state said so, and the generation rows that differ beyond
     their intervals (the others not ranked)."""
-    from geoprobe.report.compare import read_rows
+    from geoprobe.workflows.compare import read_rows
 
     lines = []
     if (run / "sweep.json").is_file():

@@ -398,7 +398,7 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
     (score against the seed-mean primary loss) and plots/sweep-curves.png (every bridge's
     stopping-split curve up to where its plateau rule stopped it)."""
     from geoprobe.report.plots import curves_plot, sweep_plot
-    from geoprobe.report.compare import write_rows
+    from geoprobe.workflows.compare import write_rows
     from geoprobe.verdict import LAYER_CONTROLS, LOSSES  # scipy: imported when a sweep is written, not at start-up
 
     columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "nmse_dim_1step", *LAYER_CONTROLS,

@@ -1,0 +1,63 @@
+"""The model kinds: the one table of what a checkpoint directory can hold.
+
+Each kind's module owns its network config, its save and load (through bridges/checkpoint.py's
+one record), its fit and its TokenDenoiser; this table is the only place that lists the kinds,
+and `geoprobe sample`, `nll`, `eval` and `compare` ask it instead of branching on a kind's name.
+Adding a kind is one module and one entry here (docs/architecture.md, "How to add").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from bridges.checkpoint import read_config
+from bridges.dsl import dsl_generator_backbone, dsl_oracle_start, load_dsl_denoiser
+from bridges.hidden import bridge_generator_backbone, bridge_oracle_start, load_bridge_denoiser
+from geoprobe.errors import BadInput
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    name: str  # config.json's "kind"
+    title: str  # how a message names it ("a DSL model")
+    # (folder, device, decode) -> (TokenDenoiser, tokenizer): what the samplers run
+    load_denoiser: Callable
+    # config record -> the causal LM its text passes through (None: none); Gen.PPL under that
+    # same model measures agreement with itself, so eval flags it
+    generator_backbone: Callable[[dict], str | None]
+    # (config record, document length) -> where the testbed's HMM starts its samples
+    oracle_start: Callable[[dict, int], str]
+    # whether its likelihood is defined on the text alone (`geoprobe nll`); a bridge's passes
+    # through the frozen backbone and is not
+    text_likelihood: bool
+
+
+KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
+    ModelKind("dsl", "a DSL model", load_dsl_denoiser, dsl_generator_backbone, dsl_oracle_start,
+              text_likelihood=True),
+    ModelKind("bridge", "a bridge", load_bridge_denoiser, bridge_generator_backbone, bridge_oracle_start,
+              text_likelihood=False),
+)}
+
+
+def kind_of(record: dict, folder: Path | str = "") -> ModelKind:
+    """The kind of a checkpoint's config record, or one line naming the kinds there are."""
+    kind = KINDS.get(record.get("kind"))
+    if kind is None:
+        raise BadInput(f"{folder} holds a {record.get('kind')!r} checkpoint, which this version does not know "
+                       f"(kinds: {', '.join(KINDS)})")
+    return kind
+
+
+def open_checkpoint(folder: Path) -> tuple[ModelKind, dict]:
+    """(its kind, its config record) of a checkpoint directory, or one line saying why not."""
+    record = read_config(folder)
+    return kind_of(record, folder), record
+
+
+def load_denoiser(folder: Path, device: str = "auto", decode: str = "stack"):
+    """(TokenDenoiser, tokenizer) from any kind's checkpoint directory."""
+    kind, _ = open_checkpoint(folder)
+    return kind.load_denoiser(folder, device, decode)
