@@ -28,15 +28,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bridges.channel import S_MAX, TokenTable, channel, draw_snr
-from bridges.converter import Converter
-from bridges.nn import Transformer, TransformerConfig
+from bridges.channel import SNR_SCHEMES, S_MAX, TokenTable, channel, draw_snr
 from bridges.checkpoint import CONFIG, build_network, load_weights, read_config, save_config
-from bridges.train import CHECKPOINT, TrainConfig, Trained, train
+from bridges.converter import Converter
+from bridges.likelihood import mdlm_elbo
+from bridges.nn import Transformer, TransformerConfig
+from bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
+from geoprobe.backbone import load_backbone, load_config, load_tokenizer, resolve_device, resolve_source
+from geoprobe.corpus import is_validation, read_documents
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
-
+from geoprobe.files import clear, holding, human, is_empty
+from geoprobe.memory import DSL_BYTES_PER_PARAMETER, dsl_training_bytes, memory_available, parameter_count
+from geoprobe.settings import split_flags
+from geoprobe.tokens import (char_tokenizer, load_saved_tokenizer, save_tokenizer, token_stream, train_bpe,
+    word_tokenizer)
 
 
 @dataclass
@@ -172,7 +179,6 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
     `tokenizer` must be that model's (one line otherwise). `table_init="pca"` takes the token
     table from the same loaded weights (the model is read once). The model is loaded, and the
     network built, in `dtype`: two copies of the weights on the host at once."""
-    from geoprobe.backbone import load_backbone, load_tokenizer
 
     own = load_tokenizer(spec)  # checked before the weights load
     if own.get_vocab() != tokenizer.get_vocab():
@@ -197,9 +203,6 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     one line before any weight loads when it will not fit the device or its loading the host (two
     copies of the weights: the loaded model and the DSL's), naming --precision bfloat16 when that
     would fit."""
-    from geoprobe.backbone import load_config, resolve_source
-    from geoprobe.memory import DSL_BYTES_PER_PARAMETER, dsl_training_bytes, memory_available, parameter_count
-    from geoprobe.files import human
 
     config = load_config(resolve_source(spec), False)
     count = parameter_count(config)  # once: counting builds an empty model
@@ -257,7 +260,6 @@ def with_loop_defaults(training: dict | None) -> dict | None:
 def dsl_settings(**flags) -> tuple[DSLTrainSettings, DSLConfig]:
     """(training settings, network shape) of `dsl train` from its flags by name (TrainConfig's,
     DSLTrainSettings' and DSLConfig's fields); the rest keep their class defaults."""
-    from geoprobe.settings import split_flags
 
     train, run, shape = split_flags(flags, TrainConfig, DSLTrainSettings, DSLConfig)
     shape.setdefault("vocab_size", 0)  # the tokenizer's, set when the run starts
@@ -282,6 +284,15 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
     if not (Path(out) / CONFIG).is_file() and world.is_main:
         Path(out).mkdir(parents=True, exist_ok=True)
         save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), {})
+    loss_fn, watch = dsl_objective(model, data, settings, device, stop_rows)
+    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=watch)
+
+
+def dsl_objective(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, device: torch.device,
+                  stop_rows: torch.Tensor | None = None):
+    """(loss_fn, watch) of the one training loop for a DSL model, moved to `device` in its
+    weights' precision: the channel's loss on random rows at drawn SNRs, and the MDLM bound on
+    `stop_rows` the plateau rule watches (None without evaluations)."""
     model.network_to(weights_dtype(settings.train.precision))  # a caller's float32 model trains as asked
     model.to(device)
     data = data.to(device)
@@ -294,18 +305,16 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
         noise = shard.rows(torch.randn((size, length, m.cfg.d_tok), generator=generator))
         return m.loss(data[upload(rows, device)], snr, noise=noise)
 
-    evaluate = None
-    if settings.train.eval_every > 0:
-        if stop_rows is None:
-            raise BadInput("--eval-every needs held-out rows for the plateau rule to watch")
-        from bridges.likelihood import mdlm_elbo
+    if settings.train.eval_every <= 0:
+        return loss_fn, None
+    if stop_rows is None:
+        raise BadInput("--eval-every needs held-out rows for the plateau rule to watch")
+    rows = stop_rows.to(device)
 
-        rows = stop_rows.to(device)
+    def watch(m):  # in batches of 64 rows: a (B, L, V) logits tensor per Monte-Carlo draw
+        return torch.cat([mdlm_elbo(m, rows[i:i + 64]) for i in range(0, len(rows), 64)]).mean().item()
 
-        def evaluate(m):  # in batches of 64 rows: a (B, L, V) logits tensor per Monte-Carlo draw
-            return torch.cat([mdlm_elbo(m, rows[i:i + 64]) for i in range(0, len(rows), 64)]).mean().item()
-
-    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=evaluate)
+    return loss_fn, watch
 
 
 def budget(settings: DSLTrainSettings) -> dict:
@@ -324,8 +333,6 @@ def load_dsl(folder: Path, device: torch.device | str = "cpu") -> DSLModel:
 def load_dsl_denoiser(folder: Path, device: str = "auto", decode: str = "stack"):
     """(TokenDenoiser, tokenizer) of a DSL checkpoint directory: the model decodes through its own
     token table, whatever `decode` says."""
-    from geoprobe.tokens import load_saved_tokenizer
-    from geoprobe.backbone import resolve_device
 
     return load_dsl(folder, resolve_device(device)), load_saved_tokenizer(folder)
 
@@ -349,7 +356,6 @@ VAL_FRACTION = 0.05
 
 def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
     """(training, held-out) documents: a seeded VAL_FRACTION of the documents is held out."""
-    from geoprobe.corpus import is_validation, read_documents
 
     documents = read_documents(corpus)
     train_docs = [d for i, d in enumerate(documents) if not is_validation(i, seed, VAL_FRACTION)]
@@ -360,8 +366,6 @@ def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
 def dsl_tokenizer(spec: str, documents: list[str] | None = None):
     """`char`, `words`, `train:V` (both need the documents), a model/tokenizer folder, a hub id, or
     builtin:NAME."""
-    from geoprobe.tokens import char_tokenizer, train_bpe, word_tokenizer
-    from geoprobe.backbone import load_tokenizer
 
     if spec == "char":
         return char_tokenizer()
@@ -384,12 +388,6 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     new run (its vocab_size is the tokenizer's, whatever it says; a resumed run keeps its own).
     Returns the metrics (None on data-parallel ranks other than 0). A directory holding another
     run is refused in one line, as is every bad setting, before anything loads."""
-    from bridges.channel import SNR_SCHEMES
-    from geoprobe.tokens import load_saved_tokenizer, save_tokenizer, token_stream
-    from bridges.checkpoint import write_record
-    from bridges.train import training_summary
-    from geoprobe.backbone import resolve_device
-    from geoprobe.files import clear, holding, is_empty
 
     if settings.snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {settings.snr!r} (use {', '.join(SNR_SCHEMES)})")
@@ -432,27 +430,26 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                     save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), identity)
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
             watched, disjoint = stopping_rows(val_docs, tok, settings.seq_len)
-            trained = train_dsl(model, data, settings, out, target, progress=progress, world=world, stop_rows=watched)
-            peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else None  # training's, not eval's
+            loss_fn, watch = dsl_objective(model, data, settings, target, stop_rows=watched)
+
+            def score(_model, _trained) -> dict:  # the saved weights in float32, as sampling loads them
+                peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else None  # training's
+                metrics = evaluate_dsl(out, val_docs, tok, settings.seq_len, device)
+                if planned is not None:  # the memory plan beside what the device measured (CUDA counts its peak)
+                    metrics.update(device_bytes_planned=planned, device_bytes_peak=peak)
+                if settings.train.eval_every > 0:
+                    metrics["stop_rows_disjoint"] = disjoint
+                return metrics
+
+            return fit_model(model, loss_fn, settings.train, out, target, score, "DSL model", progress=progress,
+                             world=world, watch=watch)
         finally:
             if progress is not None:
                 progress.stop()
-        if not world.is_main:
-            return None
-        metrics = evaluate_dsl(out, val_docs, tok, settings.seq_len, device)
-        metrics.update(training_summary(trained))
-        if planned is not None:  # the memory plan beside what the device measured (CUDA counts its peak)
-            metrics["device_bytes_planned"] = planned
-            metrics["device_bytes_peak"] = peak
-        if settings.train.eval_every > 0:
-            metrics["stop_rows_disjoint"] = disjoint
-        write_record(out, metrics, trained, "DSL model")
-        return metrics
 
 
 def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Path | None, init_from: str | None,
                seed: int, dtype: torch.dtype) -> DSLModel:
-    from geoprobe.tokens import load_saved_tokenizer
 
     if init_from is not None:
         return pretrained_dsl(init_from, tok, shape.d_tok, shape.learn_table, table_init=table_init, seed=seed,
@@ -490,7 +487,6 @@ def pca_table(tokenizer_spec: str, vocab_size: int, d_tok: int) -> torch.Tensor:
     """The token table from the PCA of a backbone's input embeddings (`--table-init pca`)."""
     if tokenizer_spec == "char" or tokenizer_spec.startswith("train:") or tokenizer_spec == "words":
         raise BadInput("--table-init pca needs --tokenizer to name a model whose embeddings to use")
-    from geoprobe.backbone import load_backbone
 
     embeddings = load_backbone(tokenizer_spec, device="cpu").model.get_input_embeddings().weight.detach()
     if len(embeddings) < vocab_size:
@@ -507,7 +503,6 @@ def stopping_rows(documents: list[str], tokenizer, seq_len: int) -> tuple[torch.
     ones): at most STOPPING_ROWS of the rows after the REPORTED_ROWS that metrics.json reports,
     so that the reported bound is not the one training stopped on; a held-out set too small for
     both shares them."""
-    from geoprobe.tokens import token_stream
 
     ids = token_stream(documents, tokenizer)
     rows = sequences(ids, min(seq_len, len(ids)))
@@ -521,9 +516,6 @@ def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, de
     """The MDLM bound of the trained model on (at most `max_seqs` sequences of) held-out documents."""
     import math
 
-    from bridges.likelihood import mdlm_elbo
-    from geoprobe.tokens import token_stream
-    from geoprobe.backbone import resolve_device
 
     model = load_dsl(folder, resolve_device(device))
     ids = token_stream(documents, tokenizer)

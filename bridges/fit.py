@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from bridges.channel import channel, draw_snr
+from bridges.checkpoint import CONFIG, METRICS, read_config, save_config
 from bridges.controls import token_lookup
-from bridges.hidden import OLDER_BRIDGES, BridgeConfig, HiddenBridge, Teacher
+from bridges.hidden import BridgeConfig, HiddenBridge, OLDER_BRIDGES, Teacher
 from bridges.nn import full_precision
-from bridges.checkpoint import CONFIG, METRICS, load_weights, read_config, save_config, write_record
 from bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
 from bridges.states import Split, TeacherStates
-from bridges.train import TrainConfig, train, training_summary
+from bridges.train import TrainConfig, fit_model
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
@@ -268,7 +268,8 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     `controls` (the layer's closed-form controls, `bridges.controls.layer_controls`) go into
     metrics.json beside the bridge's losses, with whether the bridge beats the token lookup.
     A directory holding a bridge trained with other settings is refused, naming the keys that
-    differ: its weights are never handed back under new settings."""
+    differ: its weights are never handed back under new settings. Returns the metrics (None on
+    data-parallel ranks other than 0, which neither validate nor write)."""
     out = Path(out)
     if check_bridge_dir(out, cfg, train_cfg, identity) and (out / METRICS).is_file():
         return json.loads((out / METRICS).read_text())  # finished (a resumed sweep keeps such layers)
@@ -292,20 +293,18 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
         budget = {"steps": train_cfg.steps, "batch_size": train_cfg.batch_size, "seq_len": identity.get("seq_len")}
         save_config(out, "bridge", cfg, record["training"], budget, identity)
     watched = states.stop if len(states.stop) else states.val
-    trained = train(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out, device,
-                    progress=progress, world=world,
-                    evaluate=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False,
-                                                    massive_factor=massive_factor)["nmse_dim"])
-    load_weights(bridge, out)  # the kept EMA weights (the best by the stopping split)
-    bridge.eval()
-    metrics = validate(bridge, teacher, states.val, train_cfg.batch_size, massive_factor=massive_factor,
-                       ref_ce=states.ref_ce)
-    metrics.update(training_summary(trained), seed=train_cfg.seed)
-    metrics["stop_positions"] = sum(len(b.tokens) - 1 for b in states.stop.blocks)
-    if controls:
-        metrics.update(controls)
-        metrics["beats_lookup"] = beats_lookup(metrics["nmse_dim"], controls.get("control_lookup_nmse_dim"),
-                                               controls.get("control_lookup_ridge_nmse_dim"))
-    if world.is_main:
-        write_record(out, metrics, trained, f"bridge at layer {layer}")
-    return metrics
+
+    def score(model, _trained) -> dict:
+        metrics = validate(model, teacher, states.val, train_cfg.batch_size, massive_factor=massive_factor,
+                           ref_ce=states.ref_ce)
+        metrics.update(seed=train_cfg.seed, stop_positions=sum(len(b.tokens) - 1 for b in states.stop.blocks))
+        if controls:
+            metrics.update(controls)
+            metrics["beats_lookup"] = beats_lookup(metrics["nmse_dim"], controls.get("control_lookup_nmse_dim"),
+                                                   controls.get("control_lookup_ridge_nmse_dim"))
+        return metrics
+
+    return fit_model(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out, device,
+                     score, f"bridge at layer {layer}", progress=progress, world=world,
+                     watch=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False,
+                                                  massive_factor=massive_factor)["nmse_dim"])

@@ -46,12 +46,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from bridges.channel import S_MAX, TokenTable
+from bridges.checkpoint import build_network, load_weights, read_config
 from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
+from geoprobe.backbone import load_backbone
+from geoprobe.capture import capture
 from geoprobe.device import upload
 from geoprobe.errors import BadInput
-from bridges.checkpoint import build_network, load_weights, read_config
-
 
 
 def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
@@ -385,7 +386,6 @@ class Teacher:
 
     @torch.no_grad()
     def states(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        from geoprobe.capture import capture
 
         got = capture(self.backbone, ids, mask, layers=sorted({0, self.layer}))
         # with device_map="auto" layer l lives on the GPU of block l: bring both to the input device,
@@ -477,7 +477,6 @@ def load_bridge_denoiser(folder: Path, device: str = "auto", decode: str = "stac
     """(TokenDenoiser, tokenizer) of a bridge directory: the hybrid through the frozen upper stack
     of its backbone (decode "stack") or the nearest-embedding rounding (decode "round", the
     layer-0 Diffusion-LM baseline). The backbone must still be the one it was trained on."""
-    from geoprobe.backbone import load_backbone
 
     bridge, record = load_bridge(folder)
     backbone = load_backbone(record["identity"]["model"], device=device)

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from geoprobe.capture import capture
 from geoprobe.device import upload
 from geoprobe.errors import BadInput
 from geoprobe.extract import pad_batch
 from geoprobe.files import human
+from geoprobe.memory import memory_available
 
 HEADROOM = 0.6  # the share of the RAM available that the states may take (the backbone and training need the rest)
 
@@ -85,7 +87,6 @@ def plan_bytes(tokens: int, layers, hidden_size: int) -> int:
 
 def check_room(tokens: int, layers, hidden_size: int, available: int | None = None) -> int:
     """The planned bytes; refused in one line when they exceed HEADROOM of the RAM available."""
-    from geoprobe.memory import memory_available
 
     need = plan_bytes(tokens, layers, hidden_size)
     available = memory_available(torch.device("cpu")) if available is None else available
@@ -111,7 +112,6 @@ def _flatten(blocks: list) -> tuple[torch.Tensor, torch.Tensor]:
 def compute_split(backbone, blocks: list, layers, pad_id: int, batch_size: int, progress=None) -> Split:
     """The states of `blocks` at `layers`: the frozen prefix on `batch_size` blocks at a time,
     stopped after the deepest layer, each block's rows copied out without its padding."""
-    from geoprobe.capture import capture
 
     layers = tuple(sorted(set(layers)))
     ids, starts = _flatten(blocks)

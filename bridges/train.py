@@ -38,12 +38,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, safe_open
 
+from bridges.checkpoint import load_weights, save_weights, write_record, write_tensors
 from bridges.nn import native_bf16
-from bridges.optim import StochasticAdamW, update_ema
-from bridges.optim import step_generator as round_generator
+from bridges.optim import StochasticAdamW, step_generator as round_generator, update_ema
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
-from bridges.checkpoint import save_weights, write_tensors
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -398,3 +397,22 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
             "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
             "train_seconds": round(trained.seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
+
+
+def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
+              score: Callable[[torch.nn.Module, Trained], dict], title: str, progress=None, world: World = SINGLE,
+              watch: Callable[[torch.nn.Module], float] | None = None) -> dict | None:
+    """The fit every model kind shares, after its directory is checked and its config.json
+    written (bridges/checkpoint.py): train or resume (`train`, the plateau rule on `watch`),
+    load the kept EMA weights, score them (`score(model, trained)`: the kind's validation),
+    add the training summary and write the record (metrics.json last, curve.csv, the curve
+    plot). Returns the metrics on rank 0 (None on the other data-parallel ranks, which
+    neither score nor write)."""
+    trained = train(model, loss_fn, cfg, out, device, progress=progress, world=world, evaluate=watch)
+    if not world.is_main:
+        return None
+    load_weights(model, out)
+    model.eval()
+    metrics = {**score(model, trained), **training_summary(trained)}
+    write_record(out, metrics, trained, title)
+    return metrics

@@ -23,8 +23,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from geoprobe.backbone import resolve_source
 from geoprobe.errors import BadInput
+from geoprobe.extract import ExtractConfig
+from geoprobe.geometry import GeometrySettings
+from geoprobe.settings import split_flags
 from geoprobe.store import META_COLUMNS, RunReader, column_name
+from geoprobe.workflows.generate import SampleSettings, generate
+from geoprobe.workflows.sweep import bridge_run, bridge_settings
 
 
 class Run:
@@ -69,7 +75,6 @@ class Run:
         if text:
             from transformers import AutoTokenizer
 
-            from geoprobe.backbone import resolve_source
 
             tokenizer = AutoTokenizer.from_pretrained(resolve_source(self.manifest["config"]["model"]).location)
             frame["token"] = tokenizer.convert_ids_to_tokens(frame["token_id"].tolist())
@@ -126,10 +131,7 @@ def scan(model: str, out, **flags) -> Run:
     ExtractConfig (corpus, tokens, seq_len, positions, doc_blocks, device, ...) and of
     GeometrySettings (k, anchors, pairs, bootstrap, drop_massive, ...), plus weights, log, force,
     rank, world_size, and keep_massive as the command spells it."""
-    from geoprobe.extract import ExtractConfig
-    from geoprobe.geometry import GeometrySettings
     from geoprobe.pipeline import scan as scan_run, scan_config
-    from geoprobe.settings import split_flags
 
     if "keep_massive" in flags:  # the command's flag for GeometrySettings.drop_massive
         flags["drop_massive"] = not flags.pop("keep_massive")
@@ -145,8 +147,6 @@ def bridge(run, layer: int | None = None, **flags) -> dict:
     """What `geoprobe bridge --run RUN [--layer L]` does; the bridge's validation metrics. `flags`
     are the fields of BridgeConfig (d_model, n_layers, ...) and BridgeSettings (steps, batch_size,
     seq_len, lr, seed, until, ...), plus model, corpus, out, device, dtype, device_map, force."""
-    from geoprobe.settings import split_flags
-    from geoprobe.workflows.sweep import bridge_run, bridge_settings
 
     options = {"model", "corpus", "out", "device", "dtype", "device_map", "force"}
     placement, network = split_flags(flags, options, set(flags) - options)
@@ -160,8 +160,6 @@ def bridge(run, layer: int | None = None, **flags) -> dict:
 def sample(model, sampler: str = "roar", out=None, device: str = "auto", **flags) -> list[str]:
     """What `geoprobe sample --model MODEL --sampler S` does; the generated texts. `flags` are the
     fields of SampleSettings (num, length, steps, top_p, seed, ...)."""
-    from geoprobe.workflows.generate import SampleSettings, generate
-    from geoprobe.settings import split_flags
 
     settings = SampleSettings(**split_flags(flags, SampleSettings)[0])
     result = generate(Path(model), sampler, settings, Path(out) if out is not None else None, device)

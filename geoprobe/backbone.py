@@ -23,11 +23,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from geoprobe.assets import builtin_model
 from geoprobe.capture import capture, stream_arg
 from geoprobe.device import deterministic_cuda
 from geoprobe.errors import BadInput, GeoprobeError
-from geoprobe.memory import load_dtype
 from geoprobe.files import sha256_file
+from geoprobe.memory import load_dtype
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,7 +127,6 @@ def check_gguf(path: Path) -> None:
 
 def resolve_source(spec: str) -> ModelSource:
     if spec.startswith(BUILTIN_PREFIX):
-        from geoprobe.assets import builtin_model
 
         folder, identity = builtin_model(spec[len(BUILTIN_PREFIX):])
         return ModelSource(spec, str(folder), extra_identity=identity)

@@ -25,9 +25,9 @@ from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import disk_full_message, holding, is_disk_full, write_json_atomic
-from geoprobe.store import (HIDDEN, MANIFEST, PARTS, ShardWriter, check_writable, column_name, config_sha256,
-                            prepare_run, rank_parts, read_manifest, shard_file, check_shards, state_array,
-                            JOURNAL, append_journal, merge_entries, rank_journal, read_journal)
+from geoprobe.store import (HIDDEN, JOURNAL, MANIFEST, PARTS, ShardWriter, append_journal, check_shards,
+    check_writable, column_name, config_sha256, merge_entries, prepare_run, rank_journal, rank_parts, read_journal,
+    read_manifest, shard_file, state_array)
 
 
 def parse_positions(spec: str) -> str:

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 from geoprobe.errors import BadInput
+from geoprobe.report.terminal import Bar
+from geoprobe.tokens import byte_level_bpe
 
 # The published configs (architecture numbers only; no weights or text).
 CONFIGS = {
@@ -74,7 +76,6 @@ def _tokenizer(folder: Path, vocab: int) -> None:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from geoprobe.tokens import byte_level_bpe
     from geoprobe.synthetic import documents
 
     tok = byte_level_bpe(documents("synthetic:hmm?docs=400&length=64&seed=7"), min(TOKENIZER_WORDS, vocab),
@@ -110,7 +111,6 @@ def build_tokenizer(folder: Path):
     """The tests' and benchmarks' small byte-level BPE (VOCAB - 8 entries), saved into `folder`."""
     from transformers import PreTrainedTokenizerFast
 
-    from geoprobe.tokens import byte_level_bpe
 
     rng = random.Random(1)
     tok = byte_level_bpe([synthetic_text(30, rng) for _ in range(2000)], VOCAB - 8,
@@ -179,7 +179,6 @@ def write_fixture(repo_id: str, hf_home: Path, tiny: bool = False, seed: int = 0
 
 
 def main(repo_id: str, hf_home: Path, tiny: bool = False) -> None:
-    from geoprobe.report.terminal import Bar
 
     bar = Bar(f"fixture {repo_id}{' (tiny)' if tiny else ''}", "shard")
     try:

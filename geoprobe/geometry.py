@@ -36,6 +36,7 @@ import torch
 
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.store import RunReader
 
 EPS_REL = 1e-6  # floor of a neighbourhood's lambda_max, relative to the layer's tr(Sigma)/d
 SUBSPACE = 16  # eigenvectors kept for the bootstrap's lambda_max(Sigma_w)
@@ -546,7 +547,6 @@ def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mo
 
 
 def finished_run(run):
-    from geoprobe.store import RunReader
 
     reader = RunReader(run)
     manifest = reader.manifest

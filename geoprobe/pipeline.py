@@ -8,14 +8,18 @@ from pathlib import Path
 
 import torch
 
-from geoprobe.distributed import SINGLE, World
-from geoprobe.errors import BadInput
-from geoprobe.extract import ExtractConfig
+from geoprobe.assets import cache_dir
+from geoprobe.backbone import hub_offline, parse_layers, resolve_device
+from geoprobe.distributed import SINGLE, World, world_from
+from geoprobe.errors import BadInput, GeoprobeError
+from geoprobe.extract import ExtractConfig, check_extract, extract_held
+from geoprobe.files import holding, write_json_atomic
 from geoprobe.geometry import GeometrySettings, compute_geometry, finished_run, run_fingerprint
-from geoprobe.ranking import has_massive_channels, rank_layers
+from geoprobe.plan import check_geometry_fits
+from geoprobe.ranking import WEIGHTS, has_massive_channels, parse_weights, rank_layers
 from geoprobe.report.plots import geometry_plot
 from geoprobe.report.tables import write_csv, write_markdown
-from geoprobe.files import write_json_atomic
+from geoprobe.store import MANIFEST, RunReader, damaged_shard, read_manifest
 
 GEOMETRY = "geometry.json"
 DEFAULT_HF_CORPUS = "hf:Salesforce/wikitext?config=wikitext-103-raw-v1&split=train"
@@ -25,11 +29,9 @@ def default_corpus() -> str:
     """A standard public corpus when online, the installed public-domain text when offline."""
     import importlib.util
 
-    from geoprobe.backbone import hub_offline
 
     if not hub_offline() and importlib.util.find_spec("datasets") is not None:
         return DEFAULT_HF_CORPUS
-    from geoprobe.assets import cache_dir
 
     if shutil.which("bible") or (cache_dir() / "kjv.txt").is_file():
         return "kjv"
@@ -66,7 +68,6 @@ def same_extraction(manifest: dict, cfg) -> bool:
     compared are those ExtractConfig.identity records, so the writer and this check cannot drift."""
     from dataclasses import fields
 
-    from geoprobe.backbone import parse_layers
 
     stored = manifest["config"]
     wanted = cfg.defining_flags()
@@ -86,9 +87,6 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
     the directory. Returns (geometry, timing)."""
     import time
 
-    from geoprobe.errors import GeoprobeError
-    from geoprobe.extract import extract_held
-    from geoprobe.store import MANIFEST, damaged_shard, read_manifest
 
     existing = read_manifest(out) if (out / MANIFEST).is_file() and not force else {}
     finished = (existing.get("status") == "complete" and same_extraction(existing, cfg)
@@ -132,18 +130,12 @@ def scan_config(model: str, corpus: str | None = None, doc_blocks: int | None = 
     return ExtractConfig(model=model, corpus=corpus or default_corpus(), doc_blocks=doc_blocks, **flags)
 
 
-def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str = "1,1,1", log: bool = False,
+def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str = WEIGHTS, log: bool = False,
          force: bool = False, rank: int | None = None, world_size: int | None = None, extract_progress=None,
          geometry_progress=None) -> dict | None:
     """What `geoprobe scan` does: every check before any slow work, then, holding `out`,
     extract, geometry and the ranking. Returns {run, geometry, ranking, plot, warning, timing}
     (None on a data-parallel rank other than 0, which leaves the ranking to rank 0)."""
-    from geoprobe.backbone import resolve_device
-    from geoprobe.distributed import world_from
-    from geoprobe.extract import check_extract
-    from geoprobe.plan import check_geometry_fits
-    from geoprobe.ranking import parse_weights
-    from geoprobe.files import holding
 
     out = Path(out)
     settings.validate()
@@ -168,9 +160,6 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
 def measure(run: Path, settings: GeometrySettings, device: str = "auto", progress=None) -> dict:
     """What `geoprobe geometry` does: holding the run, every layer's proxies (reused when current).
     Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
-    from geoprobe.backbone import resolve_device
-    from geoprobe.distributed import world_from
-    from geoprobe.files import holding
 
     world = world_from()
     try:
@@ -182,19 +171,18 @@ def measure(run: Path, settings: GeometrySettings, device: str = "auto", progres
             progress.stop()
 
 
-def rank(run: Path, weights: str = "1,1,1", log: bool = False) -> dict | None:
+def rank(run: Path, weights: str = WEIGHTS, log: bool = False) -> dict | None:
     """What `geoprobe rank` does: the ranking of geometry.json's layers (None on data-parallel
     ranks other than 0); the same result as `scan`'s, without its timing."""
-    from geoprobe.distributed import world_from
-    from geoprobe.ranking import parse_weights
 
     parsed = parse_weights(weights)
     geometry = load_geometry(run)
     if not world_from().is_main:
         return None
-    ranking, plot = ranking_step(run, geometry, parsed, log)
-    return {"run": str(run), "geometry": geometry, "ranking": ranking, "plot": str(plot),
-            "warning": warning_for(run, geometry)}
+    with holding(Path(run), "geoprobe rank"):
+        ranking, plot = ranking_step(run, geometry, parsed, log)
+        return {"run": str(run), "geometry": geometry, "ranking": ranking, "plot": str(plot),
+                "warning": warning_for(run, geometry)}
 
 
 def warning_for(run: Path, geometry: dict) -> str | None:
@@ -224,7 +212,6 @@ def token_namer(run: Path):
     token ids and the model's tokenizer (ids alone when the tokenizer cannot be loaded)."""
     from collections import Counter
 
-    from geoprobe.store import RunReader
 
     reader = RunReader(run)
     ids = reader.read_meta()["token_id"]

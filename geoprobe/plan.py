@@ -27,10 +27,12 @@ from pathlib import Path
 import torch
 
 from geoprobe import memory
-from geoprobe.backbone import check_architecture, load_config, parse_layers, resolve_device, resolve_dtype, resolve_source
+from geoprobe.backbone import (check_architecture, load_config, parse_layers, resolve_device, resolve_dtype,
+    resolve_source)
 from geoprobe.errors import BadInput
-from geoprobe.geometry import GeometrySettings, peak_bytes
 from geoprobe.files import human, nearest_existing
+from geoprobe.geometry import GeometrySettings, peak_bytes
+from geoprobe.store import check_writable
 
 META_BYTES = 4 * 8  # doc_id, seq_id, position, token_id as int64
 
@@ -69,7 +71,6 @@ class ScanPlan:
 def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
               device: str, dtype: str, trust_remote_code: bool = False,
               settings: GeometrySettings | None = None) -> ScanPlan:
-    from geoprobe.store import check_writable
 
     check_writable(out)
     config = load_config(resolve_source(model), trust_remote_code)

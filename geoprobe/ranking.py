@@ -18,6 +18,9 @@ PROXIES = ("curv", "mono", "erank")
 SIGNS = (1.0, 1.0, -1.0)
 
 
+WEIGHTS = "1,1,1"  # --weights: the proxies count equally unless told otherwise (the registered score's weights)
+
+
 def parse_weights(spec: str | None) -> tuple[float, float, float]:
     if not spec:
         return (1.0, 1.0, 1.0)

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from geoprobe.tokens import word_tokenizer
 
 NAME = "hmm-tiny"
 VERSION = 2  # bump when anything below changes: the cache folder is keyed by it
@@ -34,7 +35,6 @@ HELD_OUT = 256  # sequences of LENGTH words for the held-out NLL
 
 def tokenizer_for(hmm):
     """The word-level tokenizer of every word the HMM can emit (ids 2.. in sorted order)."""
-    from geoprobe.tokens import word_tokenizer
 
     return word_tokenizer([" ".join(hmm.words)])
 

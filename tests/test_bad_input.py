@@ -37,7 +37,7 @@ BASE = {
     "eval": ["eval", "{samples}", "--evaluator", "{model}", "--references", "{corpus}"],
     "compare": ["compare", "{evaluated}", "--out", "{new}"],
     "report": ["report", "{run}"],
-    "demo": ["demo", "--out", "{new}"],
+    "demo": ["demo", "--tiny", "--out", "{new}"],  # the testbed: its first forward comes in seconds
 }
 
 # Values a generated case would call bad that are in fact meaningful, each with its reason.

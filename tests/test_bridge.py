@@ -153,10 +153,10 @@ def test_sweep_over_three_layers_and_two_seeds(scanned):
     assert lookup[0] < 1e-9 and lookup[1] > 0.01 and lookup[2] > 0.01
     # with the source included there are three layers: still no test, since a one-sided permutation
     # p over three layers is at least 1/3! (the tiny demo's five layers are tested), but the plots
-    import bridges.states
+    import geoprobe.workflows.sweep
 
     with pytest.MonkeyPatch.context() as patch:  # a rerun of a finished sweep never runs the teacher
-        patch.setattr(bridges.states, "teacher_states", lambda *a, **k: pytest.fail("teacher states recomputed"))
+        patch.setattr(geoprobe.workflows.sweep, "teacher_states", lambda *a, **k: pytest.fail("teacher states recomputed"))
         code, out, err = invoke("--format", "json", "sweep", "--run", scanned, *flags, "--include-source")
     assert code == 0, err
     v = json.loads(out)["verdict"]

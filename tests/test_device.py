@@ -89,7 +89,18 @@ def syncs_of_training(train_steps, run):
     return sum(ours.values()), ours, acc.where - ours
 
 
-def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path):
+@pytest.fixture
+def float32_everywhere(monkeypatch):
+    """The CPU reference runs as the pretend device does, in float32: a CPU with AVX512-BF16 or
+    AMX would otherwise train it under bf16 autocast (`native_bf16`), which `lazy` has not."""
+    import bridges.hidden
+    import bridges.train
+
+    for module in (bridges.hidden, bridges.train):
+        monkeypatch.setattr(module, "native_bf16", lambda device: False)
+
+
+def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path, float32_everywhere):
     data = torch.randint(0, V, (24, 8), generator=torch.Generator().manual_seed(0))
 
     def run(steps):
@@ -118,7 +129,7 @@ def blocks(llama, corpus_txt):
     return teacher_states(llama, found[:24], [], found[-4:], [1])  # on the host, as a run holds them
 
 
-def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks, tmp_path):
+def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks, tmp_path, float32_everywhere):
     cfg = BridgeConfig(layer=1, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
                        d_model=32, n_layers=1, n_heads=2)
 
@@ -227,15 +238,14 @@ def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, lengt
 
 
 def test_dsl_init_from_that_will_not_fit_is_refused_before_loading(llama, corpus_txt, tmp_path, monkeypatch):
-    import geoprobe.backbone
-    import geoprobe.memory
+    import bridges.dsl
     from bridges.dsl import fit_dsl
     from geoprobe.errors import BadInput
     from geoprobe.memory import dsl_training_bytes
 
     need = dsl_training_bytes(llama.config, 8, 4, 16)
-    monkeypatch.setattr(geoprobe.memory, "memory_available", lambda device: need - 1)
-    monkeypatch.setattr(geoprobe.backbone, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(bridges.dsl, "memory_available", lambda device: need - 1)
+    monkeypatch.setattr(bridges.dsl, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(BadInput, match="needs about .* on cpu .* is free"):
         fit_dsl(tmp_path / "dsl", str(corpus_txt), None, DSLTrainSettings(
             seq_len=16, train=TrainConfig(steps=2, batch_size=4)), DSLConfig(vocab_size=0, d_tok=8),

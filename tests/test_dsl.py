@@ -393,13 +393,16 @@ def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(ti
     and the checkpoint holds no vocabulary-wide copy of the LM's own (unused) input embedding."""
     from safetensors import safe_open
 
+    import bridges.dsl as dsl_module
     import geoprobe.backbone as backbone_module
     from bridges.channel import TokenTable
     from bridges.dsl import input_embedding_key, load_dsl
 
     loads = []
     real_load = backbone_module.load_backbone
-    monkeypatch.setattr(backbone_module, "load_backbone", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    counted = lambda *a, **k: loads.append(a) or real_load(*a, **k)  # noqa: E731
+    for module in (backbone_module, dsl_module):  # wherever a caller finds it
+        monkeypatch.setattr(module, "load_backbone", counted)
     model_dir, out = tiny_models("llama"), tmp_path / "dsl"
     code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--init-from", model_dir, "--table-init",
                           "pca", "--freeze-table", "--steps", 2, "--batch-size", 2, "--seq-len", 16, "--out", out,

@@ -5,6 +5,7 @@ lost and nothing is computed on bad data."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -183,20 +184,41 @@ def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(t
 def test_every_writer_is_refused_on_a_locked_directory(command, tmp_path, tiny_models, corpus_txt):
     out = tmp_path / "out"
     held = out / "bridges" / "layer-01" / "seed-0" if command[0] == "bridge" else out
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from geoprobe.files import acquire; "
-                               "acquire(sys.argv[1], 'a test holding the directory'); time.sleep(600)", str(held)])
-    try:
-        deadline = time.time() + 60
-        while not (held / LOCK).is_file():
-            assert time.time() < deadline and holder.poll() is None
-            time.sleep(0.02)
+    with held_by_another_process(held) as holder:
         argv = [str(a).format(model=tiny_models("llama"), corpus=corpus_txt, out=out, root=out) for a in command]
         code, _, err = invoke(*argv, "--device", "cpu")
         assert_one_line_error(code, err, 2, f"is in use by 'a test holding the directory' (pid {holder.pid}")
+    assert not any(out.rglob("*.safetensors")) and not (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("command", [["rank", "{run}"], ["report", "{run}"], ["demo", "--tiny", "--out", "{run}"]],
+                         ids=["rank", "report", "demo"])
+def test_the_commands_that_rewrite_a_run_are_refused_on_a_locked_one(command, scanned_run, tmp_path):
+    """rank, report and demo hold the directory they write, as the training commands do: a second
+    writer is refused in one line and the first one's files stay as they were."""
+    run = copy_run(scanned_run, tmp_path / "run")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}  # the killed holder's lock is left out
+    with held_by_another_process(run) as holder:
+        code, _, err = invoke(*[str(a).format(run=run) for a in command])
+        assert_one_line_error(code, err, 2, f"is in use by 'a test holding the directory' (pid {holder.pid}")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != LOCK} == before
+
+
+@contextlib.contextmanager
+def held_by_another_process(directory: Path):
+    """`directory` locked by a second process (the lock is re-entrant within one) until the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from geoprobe.files import acquire; "
+                               "acquire(sys.argv[1], 'a test holding the directory'); time.sleep(600)",
+                               str(directory)])
+    try:
+        deadline = time.time() + 60
+        while not (directory / LOCK).is_file():
+            assert time.time() < deadline and holder.poll() is None
+            time.sleep(0.02)
+        yield holder
     finally:
         holder.kill()
         holder.wait()
-    assert not any(out.rglob("*.safetensors")) and not (out / "manifest.json").exists()
 
 
 def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path, tiny_models, corpus_txt):

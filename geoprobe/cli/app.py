@@ -10,9 +10,11 @@ import typer
 
 # each command module registers its commands on the root app when imported
 from geoprobe.cli import bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401
-from geoprobe.cli.options import state
 from geoprobe.cli.root import ORDER, app  # noqa: F401  (the application and its command order)
+
+from geoprobe.cli.options import state
 from geoprobe.errors import GeoprobeError
+from geoprobe.files import disk_full_message, is_disk_full
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +48,6 @@ def _run(argv: list[str] | None) -> None:
             sys.exit(exc.exit_code)
         if state.debug:
             raise
-        from geoprobe.files import disk_full_message, is_disk_full  # here, not at the top: it imports torch
 
         if is_disk_full(exc):  # where no command caught it with a better estimate
             print(f"error: {disk_full_message(Path(exc.filename or '.'))}", file=sys.stderr)

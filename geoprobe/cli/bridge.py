@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
-from geoprobe.cli.output import progress, show
-from geoprobe.workflows.sweep import BridgeSettings, NETWORK as DEFAULT
 from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, Steps
+from geoprobe.cli.output import progress, show
+from geoprobe.cli.root import app
+from geoprobe.report.terminal import print_table
+from geoprobe.workflows.sweep import BridgeSettings, NETWORK as DEFAULT, bridge_run, parse_seeds, sweep_run
 
 Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory (model, corpus and scores).")]
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
@@ -87,8 +88,6 @@ def bridge(
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
-    from geoprobe.report.terminal import print_table
-    from geoprobe.workflows.sweep import bridge_run
 
     settings = _settings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, d_model=d_model,
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
@@ -96,6 +95,8 @@ def bridge(
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
                          train_tokens=train_tokens)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
+    if metrics is None:  # data-parallel ranks: rank 0 validates and reports
+        return
     show({**metrics, "dir": str(folder)}, lambda: print_table(
         f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
         [[k, v] for k, v in metrics.items() if not isinstance(v, dict)]))
@@ -125,7 +126,6 @@ def sweep(
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
     per-channel nmse, layer 0 excluded), the secondary losses (Holm), the seed noise and the
     controls (depth, massive channels, other ways to compute the score)."""
-    from geoprobe.workflows.sweep import parse_seeds, sweep_run
 
     settings = _settings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, d_model=d_model,
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
@@ -141,7 +141,6 @@ def sweep(
 def print_verdict(title: str, verdict: dict, plot: str | None = None) -> None:
     """The per-layer table (seed mean ± sd) and the verdict's plain lines."""
     from geoprobe.workflows.sweep_page import layer_columns, layer_rows
-    from geoprobe.report.terminal import print_table
 
     rows = layer_rows(verdict)
     keys = [k for k in layer_columns(rows) if k not in ("nmse_noisy", "objective")]

@@ -7,10 +7,12 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
-from geoprobe.cli.output import progress, show
+from bridges.dsl import dsl_settings, fit_dsl
+from geoprobe.backbone import resolve_device
 from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps
-from bridges.dsl import dsl_settings
+from geoprobe.cli.output import progress, show
+from geoprobe.cli.root import app
+from geoprobe.distributed import world_from
 
 RUN, SHAPE = dsl_settings()  # the defaults live in the settings classes
 TRAIN = RUN.train
@@ -61,9 +63,6 @@ def train_cmd(
     seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
 ):
     """Train a DSL denoiser (a fixed budget, or until its held-out bound plateaus; resumable)."""
-    from bridges.dsl import fit_dsl
-    from geoprobe.backbone import resolve_device
-    from geoprobe.distributed import world_from
 
     settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                                    eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,

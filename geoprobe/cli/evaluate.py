@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
-from geoprobe.cli.output import show
 from geoprobe.cli.options import Device, Seed, state
+from geoprobe.cli.output import show
+from geoprobe.cli.root import app
+from geoprobe.report.terminal import console, print_table
+from geoprobe.workflows.evaluate import evaluate_samples
 
 
 @app.command("eval", epilog="Examples:\n\n"
@@ -32,8 +34,6 @@ def evaluate(
     seed: Seed = 0, device: Device = "auto",
 ):
     """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
-    from geoprobe.workflows.evaluate import evaluate_samples
-    from geoprobe.report.terminal import console, print_table
 
     results, target = evaluate_samples(samples, evaluator, references, out, seed, device,
                                        warn=lambda line: None if state.quiet else console.print(line),

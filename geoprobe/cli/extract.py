@@ -6,10 +6,13 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
+from geoprobe.cli.options import (EXTRACT, BatchSize, Corpus, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Out,
+    Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Storage, TextField, Tokens, TrustRemoteCode, WorldSize)
 from geoprobe.cli.output import progress, show
-from geoprobe.cli.options import (BatchSize, Corpus, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Out, Seed,
-                                  SeqLen, Rank, Tokens, TrustRemoteCode, WorldSize)
+from geoprobe.cli.root import app
+from geoprobe.distributed import world_from
+from geoprobe.extract import ExtractConfig, extract as run_extract
+from geoprobe.report.terminal import print_table
 
 
 @app.command(epilog="Examples:\n\n"
@@ -22,34 +25,27 @@ def extract(
     model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, builtin:smollm2 or builtin:hmm-tiny (the trained testbed).")],
     out: Out,
     corpus: Corpus = "kjv",
-    tokens: Tokens = 10000,
-    seq_len: SeqLen = 256,
-    layers: Layers = "all",
-    positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = "all",
+    tokens: Tokens = EXTRACT.tokens,
+    seq_len: SeqLen = EXTRACT.seq_len,
+    layers: Layers = EXTRACT.layers,
+    positions: Positions = EXTRACT.positions,
     doc_blocks: DocBlocks = None,
-    skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions (the attention sink).")] = 1,
-    storage: Annotated[str, typer.Option(help="float16 (float32 where a value would overflow) or float32.")] = "float16",
-    text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet corpora.")] = "text",
-    shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard "
-                                                         "(0 = about 64 MiB of float32 states, at least one block: "
-                                                         "a d = 4,096 model at --seq-len 2048, --positions all "
-                                                         "stores ~550 MB per shard).")] = 0,
-    seed: Seed = 0,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    batch_size: BatchSize = 8,
-    device_map: DeviceMap = None,
-    trust_remote_code: TrustRemoteCode = False,
+    skip_first: SkipFirst = EXTRACT.skip_first,
+    storage: Storage = EXTRACT.storage,
+    text_field: TextField = EXTRACT.text_field,
+    shard_rows: ShardRows = EXTRACT.shard_rows,
+    seed: Seed = EXTRACT.seed,
+    device: Device = EXTRACT.device,
+    dtype: Dtype = EXTRACT.dtype,
+    batch_size: BatchSize = EXTRACT.batch_size,
+    device_map: DeviceMap = EXTRACT.device_map,
+    trust_remote_code: TrustRemoteCode = EXTRACT.trust_remote_code,
     force: Force = False,
     rank: Rank = None,
     world_size: WorldSize = None,
 ):
     """Stream hidden states of chosen layers into Parquet shards (resumable; several ranks
     under torchrun or with --rank/--world-size, each writing its share of the shards)."""
-    from geoprobe.distributed import world_from
-    from geoprobe.extract import ExtractConfig
-    from geoprobe.extract import extract as run_extract
-    from geoprobe.report.terminal import print_table
 
     cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
                         positions=positions, doc_blocks=doc_blocks or 0, skip_first=skip_first, seed=seed, storage=storage,

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from geoprobe.extract import ExtractConfig
+
 
 @dataclass
 class GlobalState:
@@ -31,6 +33,14 @@ Layers = Annotated[str, typer.Option("--layers", help="all, a range 0-8, a list 
 DocBlocks = Annotated[int | None, typer.Option("--doc-blocks", min=0, help="At most N blocks (sequences) per "
                                              "document, so that the rows come from many documents (0 = all; "
                                              "default: 1 for scan's default corpus, else 0).")]
+Positions = Annotated[str, typer.Option("--positions", help="all, or random:K positions per sequence.")]
+SkipFirst = Annotated[int, typer.Option("--skip-first", min=0, help="Skip the first N positions (the attention sink).")]
+Storage = Annotated[str, typer.Option("--storage", help="float16 (float32 where a value would overflow) or float32.")]
+TextField = Annotated[str, typer.Option("--text-field", help="Text field of JSONL/Parquet corpora.")]
+ShardRows = Annotated[int, typer.Option("--shard-rows", min=0, help="Approximate rows per Parquet shard (0 = about "
+                                        "64 MiB of float32 states, at least one block: a d = 4,096 model at --seq-len "
+                                        "2048, --positions all stores ~550 MB per shard).")]
+EXTRACT = ExtractConfig(model="", corpus="")  # the extraction flags' defaults, read by extract and scan alike
 Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (training budget).")]
 Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parquet file, a folder, a glob, "
                                                       "or hf:NAME?split=train.")]

@@ -9,7 +9,9 @@ import logging
 import sys
 from collections.abc import Callable
 
+from geoprobe import events
 from geoprobe.cli.options import state
+from geoprobe.report.terminal import Bar
 
 
 def emit_json(data) -> None:
@@ -26,7 +28,6 @@ def show(result, for_people: Callable[[], None]) -> None:
 
 def progress(label: str, unit: str):
     """A progress bar (rate, ETA) that stays silent for scripts (--quiet, --format json)."""
-    from geoprobe.report.terminal import Bar
 
     return Bar(label, unit, quiet=state.quiet or state.format == "json")
 
@@ -42,7 +43,6 @@ class _Notes(logging.Handler):
 
 def render_events() -> None:
     """Show what the library says (geoprobe.events) the CLI's way: notes on stderr, bars like the commands' own."""
-    from geoprobe import events
 
     if not any(isinstance(h, _Notes) for h in events.log.handlers):
         events.log.addHandler(_Notes())

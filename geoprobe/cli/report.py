@@ -9,9 +9,12 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
-from geoprobe.cli.output import show
+from geoprobe.cli.bridge import print_verdict
 from geoprobe.cli.options import state
+from geoprobe.cli.output import show
+from geoprobe.cli.root import app
+from geoprobe.report.terminal import print_table
+from geoprobe.workflows.demo import run_demo
 
 
 @app.command(epilog="Examples:\n\n  geoprobe compare runs/dsl/samples.jsonl runs/mdlm/samples.jsonl --out runs/demo\n\n"
@@ -29,7 +32,6 @@ def compare(
 
     result = compare_run(samples, out, allow_mismatch, curve)
     rows, table = result["rows"], result["table"]
-    from geoprobe.report.terminal import print_table
 
     keys = ["generator", "sampler", "nfe", "train_tokens", "evaluator", "gen_ppl", "oracle_nll_per_word",
             "diversity_within", "mauve", "budget"]
@@ -57,7 +59,6 @@ def demo(
 ):
     """What is meaningful on a laptop: the SmolLM2 scan (both rankings), then the testbed's sweep verdict
     and generation comparison with intervals, then one report that says what was found."""
-    from geoprobe.workflows.demo import run_demo
 
     global _BEGAN
     _BEGAN = time.perf_counter()
@@ -76,8 +77,6 @@ def _print_step(what: str, seconds: float, remaining: float) -> None:
 
 
 def _print_demo(summary: dict) -> None:
-    from geoprobe.cli.bridge import print_verdict
-    from geoprobe.report.terminal import print_table
 
     def interval(g, key, value):
         if g.get(value) is None:

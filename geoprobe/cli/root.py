@@ -12,6 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from geoprobe.cli.options import state
+from geoprobe.cli.output import render_events
 
 # `geoprobe --help` lists the commands in the order a user runs them
 ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "sample", "nll", "eval", "compare", "report",
@@ -49,7 +50,6 @@ def main_options(
     if format not in ("table", "json"):
         raise typer.BadParameter("use table or json", param_hint="--format")
     state.debug, state.quiet, state.format = debug, quiet, format
-    from geoprobe.cli.output import render_events
 
     render_events()
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports (errors still show)

@@ -7,12 +7,13 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
-from geoprobe.cli.output import show
-from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
-from geoprobe.workflows.generate import SampleSettings
 from bridges.likelihood import ESTIMATORS
-from samplers import FINISHERS, NAMES, PRESETS, knob_default
+from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
+from geoprobe.cli.output import show
+from geoprobe.cli.root import app
+from geoprobe.report.terminal import print_table
+from geoprobe.workflows.generate import SampleSettings, corpus_nll, generate
+from samplers import FINISHERS, NAMES, PRESETS, SAMPLERS, knob_default
 
 SAMPLE = SampleSettings()  # num, length, seed, finisher and decode; the sampler knobs default in their classes
 
@@ -36,8 +37,10 @@ def sample(
     preset: Annotated[str | None, typer.Option(help="The references' headline knobs in one flag: "
                                                     + ", ".join(PRESETS) + " (a flag given explicitly wins; "
                                                     "docs/method.md lists each).")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Denoiser budget (default: 64; hybrid 48; roar one "
-                                                              "token per step).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help=f"Denoiser budget (default {knob_default('steps')}"
+                                                              + "".join(f"; {n} {c.steps}" for n, c in SAMPLERS.items()
+                                                                        if c.steps not in (None, knob_default("steps")))
+                                                              + "; roar one token per step).")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus threshold in (0, 1]." + _default("top_p"))] = None,
     top_p_rule: Annotated[str | None, typer.Option(help="hf: keep the token that crosses top-p (transformers); "
                                                         "remdm: drop it (the MDLM/ReMDM code)."
@@ -68,7 +71,6 @@ def sample(
     seed: Seed = SAMPLE.seed, device: Device = "auto",
 ):
     """Generate text with any sampler from a DSL checkpoint or a bridge → samples.jsonl."""
-    from geoprobe.workflows.generate import generate
 
     settings = SampleSettings(num=num, length=length, steps=steps, top_p=top_p, top_p_rule=top_p_rule,
                               per_step=per_step, eta=eta, eta_cap=eta_cap, t_on=t_on, t_off=t_off, alpha_on=alpha_on,
@@ -79,7 +81,6 @@ def sample(
 
 
 def _print_samples(result: dict) -> None:
-    from geoprobe.report.terminal import print_table
 
     rows, meta = result["samples"], result["meta"]
     for row in rows[:4]:
@@ -105,8 +106,6 @@ def nll(
     """Bits per token (and per character) of held-out text under a DSL checkpoint. Given a
     Text8 file (one line of a-z and spaces) it follows the Text8 protocol: a `--tokenizer char`
     model, the 90/5/5% split, sequences of 256 characters, bits per character."""
-    from geoprobe.workflows.generate import corpus_nll
-    from geoprobe.report.terminal import print_table
 
     result = corpus_nll(model, corpus, seq_len, max_seqs, estimators, batch_size, seed, device, split)
     show(result, lambda: print_table(f"nll of {corpus} under {model}", ["key", "value"],

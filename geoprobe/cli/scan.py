@@ -7,12 +7,15 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.root import app
+from geoprobe.cli.options import (EXTRACT, BatchSize, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Positions,
+    Rank, Seed, SeqLen, ShardRows, SkipFirst, Tokens, TrustRemoteCode, WorldSize, state)
 from geoprobe.cli.output import progress, show
-from geoprobe.extract import ExtractConfig
+from geoprobe.cli.root import app
+from geoprobe.files import human
 from geoprobe.geometry import GeometrySettings
-from geoprobe.cli.options import (BatchSize, DocBlocks, Device, DeviceMap, Dtype, Force, Layers, Rank, Seed, SeqLen, Tokens,
-                                  TrustRemoteCode, WorldSize, state)
+from geoprobe.plan import check_fits, plan_scan
+from geoprobe.ranking import WEIGHTS, parse_weights
+from geoprobe.report.terminal import print_table
 
 RunDir = Annotated[Path, typer.Argument(help="A run directory written by `geoprobe extract` or `scan`.")]
 K = Annotated[int, typer.Option("--k", help="Neighbours per anchor for the local curvature.")]
@@ -33,17 +36,13 @@ Reseeds = Annotated[int, typer.Option("--reseeds", help="Extra draws of anchors 
 Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) + b z(mono) - c z(erank).")]
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
 GEOMETRY = GeometrySettings()  # the defaults live in the settings classes
-EXTRACT = ExtractConfig(model="", corpus="")
 
 
 def _show_plan(model, out, cfg, settings) -> None:
     """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
-    from geoprobe.plan import check_fits, plan_scan
-    from geoprobe.files import human
 
     plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
                      cfg.dtype, cfg.trust_remote_code, settings)
-    from geoprobe.report.terminal import print_table
 
     show(plan.record(), lambda: print_table(f"plan for {model} on {plan.device} ({plan.dtype})", ["need", "size", "detail"], [
             ["parameters", human(plan.parameter_bytes), f"{plan.parameters:,} x {plan.dtype}"],
@@ -99,7 +98,6 @@ def geometry(run: RunDir, k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors
              drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
     from geoprobe.pipeline import measure, warning_for
-    from geoprobe.report.terminal import print_table
 
     result = measure(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
                                     drop_massive_channels, reseeds), device, progress("geometry", "layer"))
@@ -112,7 +110,7 @@ def geometry(run: RunDir, k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors
 
 
 @app.command(epilog="Examples:\n\n  geoprobe rank runs/kjv\n\n  geoprobe rank runs/kjv --weights 1,1,0 --log")
-def rank(run: RunDir, weights: Weights = "1,1,1", log: Log = False):
+def rank(run: RunDir, weights: Weights = WEIGHTS, log: Log = False):
     """Rank layers from geometry.json → ranking.csv, ranking.md, plots/geometry.png."""
     from geoprobe.pipeline import rank as rank_run
 
@@ -130,20 +128,18 @@ def scan(
     corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: wikitext-103 when online "
                                                                 "with `datasets`, else the installed KJV).")] = None,
     tokens: Tokens = EXTRACT.tokens, seq_len: SeqLen = EXTRACT.seq_len, layers: Layers = EXTRACT.layers,
-    positions: Annotated[str, typer.Option(help="all, or random:K positions per sequence.")] = EXTRACT.positions,
+    positions: Positions = EXTRACT.positions,
     doc_blocks: DocBlocks = None,
-    skip_first: Annotated[int, typer.Option(min=0, help="Skip the first N positions.")] = EXTRACT.skip_first,
-    shard_rows: Annotated[int, typer.Option(min=0, help="Approximate rows per Parquet shard (0 = about 64 MiB "
-                                                         "of float32 states, at least one block: a d = 4,096 model at "
-                                                         "--seq-len 2048, --positions all stores ~550 MB per "
-                                                         "shard).")] = EXTRACT.shard_rows,
+    skip_first: SkipFirst = EXTRACT.skip_first,
+    shard_rows: ShardRows = EXTRACT.shard_rows,
     k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors, pairs: Pairs = GEOMETRY.pairs, alpha: Alpha = GEOMETRY.alpha,
     normalize: Normalize = GEOMETRY.normalize, keep_massive: KeepMassive = not GEOMETRY.drop_massive,
     drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels, bootstrap: Bootstrap = GEOMETRY.bootstrap,
-    reseeds: Reseeds = GEOMETRY.reseeds, weights: Weights = "1,1,1", log: Log = False,
+    reseeds: Reseeds = GEOMETRY.reseeds, weights: Weights = WEIGHTS, log: Log = False,
     seed: Seed = EXTRACT.seed, device: Device = EXTRACT.device, dtype: Dtype = EXTRACT.dtype,
     batch_size: BatchSize = EXTRACT.batch_size,
-    device_map: DeviceMap = None, trust_remote_code: TrustRemoteCode = False, force: Force = False,
+    device_map: DeviceMap = EXTRACT.device_map, trust_remote_code: TrustRemoteCode = EXTRACT.trust_remote_code,
+    force: Force = False,
     plan: Annotated[bool, typer.Option("--plan", help="Print the memory and disk this scan needs (from the config "
                                                       "alone, no weights loaded) and stop; refuse if they do not "
                                                       "fit.")] = False,
@@ -152,7 +148,6 @@ def scan(
     """Extract, measure and rank every layer in one resumable command (several ranks under
     torchrun: each extracts its share of the shards and of every layer's geometry)."""
     from geoprobe.pipeline import scan as scan_run, scan_config
-    from geoprobe.ranking import parse_weights
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
     settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels,

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+from geoprobe.report.terminal import stdout_console
 
 COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", "erank", "erank_lo", "erank_hi",
            "score", "score_lo", "score_hi", "rank", "p_first", "p_first_reseed", "participation_ratio", "entropy_rank",
@@ -87,7 +88,6 @@ def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None
 def print_ranking(ranking: dict, geometry: dict) -> None:
     from rich.table import Table
 
-    from geoprobe.report.terminal import stdout_console
 
     head, rows = display_rows(ranking, intervals=False)
     table = Table(title="layer ranking", caption=caption(ranking, geometry))

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from geoprobe.errors import BadInput
 from bridges.checkpoint import training_tokens
+from geoprobe.errors import BadInput
+from geoprobe.files import holding
+from geoprobe.store import check_writable
+from geoprobe.workflows.generate import sample_meta
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
            "used_tokens", "samples", "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators",
@@ -69,7 +72,6 @@ def distinguishable(rows: list[dict], key: str) -> tuple[list[tuple[dict, dict]]
 
 
 def comparison_row(samples: Path) -> dict:
-    from geoprobe.workflows.generate import sample_meta
 
     samples = Path(samples)
     metrics_path = samples.with_suffix(".metrics.json")
@@ -120,18 +122,18 @@ def compare_run(samples: list[Path], out: Path, allow_mismatch: bool = False, cu
     """What `geoprobe compare` does: one table of the evaluated samples at one budget
     (compare.csv, compare.md, plots/compare.png), and with `curve` the same generators at other
     step counts (steps.csv, plots/steps.png). Returns rows and the files written."""
-    from geoprobe.store import check_writable
 
     check_writable(out)
-    rows = compare(samples, allow_mismatch)
-    table, plot = write_comparison(rows, out)
-    result = {"rows": rows, "table": str(table), "plot": str(plot)}
-    if curve:
-        points = [comparison_row(p) for p in curve]
-        lines = {(r["generator"], r["sampler"]) for r in points}
-        points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
-        result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
-    return result
+    with holding(Path(out), "geoprobe compare"):
+        rows = compare(samples, allow_mismatch)
+        table, plot = write_comparison(rows, out)
+        result = {"rows": rows, "table": str(table), "plot": str(plot)}
+        if curve:
+            points = [comparison_row(p) for p in curve]
+            lines = {(r["generator"], r["sampler"]) for r in points}
+            points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
+            result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
+        return result
 
 
 def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:

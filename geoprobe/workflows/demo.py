@@ -20,7 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from geoprobe.files import read_json
+from bridges.dsl import dsl_settings, fit_dsl
+from geoprobe.assets import builtin_model, testbed_cached
+from geoprobe.backbone import resolve_device
+from geoprobe.files import holding, read_json
+from geoprobe.geometry import GeometrySettings
+from geoprobe.store import check_writable
+from geoprobe.testbed import CORPUS
+from geoprobe.workflows.evaluate import evaluate_samples
+from geoprobe.workflows.generate import SampleSettings, generate
+from geoprobe.workflows.sweep import bridge_dir, bridge_settings, parse_seeds, sweep_run
 
 
 @dataclass(frozen=True)
@@ -110,29 +119,26 @@ def run_demo(out: Path, tiny: bool = False, device: str = "auto",
     the report. Returns the summary: report path, its first lines (what was found), the sweep's
     verdict and one row per generator. `on_step(what, seconds, remaining)` is called after each
     step, `what` being the command it stands for and `remaining` an estimate in seconds."""
-    from geoprobe.backbone import resolve_device
-    from geoprobe.store import check_writable
-    from geoprobe.assets import testbed_cached
 
     resolve_device(device)
     check_writable(out)
-    out.mkdir(parents=True, exist_ok=True)
-    kinds = testbed_steps(testbed_cached())
-    if tiny:
-        steps = Steps(kinds, on_step)
-        return testbed_experiment(out, device, steps)
-    steps = Steps(["scan builtin:smollm2", *kinds, "report"], on_step)
-    smollm2 = smollm2_scan(out / "smollm2", device, steps)
-    testbed = testbed_experiment(out / "testbed", device, steps)
-    from geoprobe.workflows.page import write_demo_report
+    with holding(Path(out), "geoprobe demo"):
+        out.mkdir(parents=True, exist_ok=True)
+        kinds = testbed_steps(testbed_cached())
+        if tiny:
+            steps = Steps(kinds, on_step)
+            return testbed_experiment(out, device, steps)
+        steps = Steps(["scan builtin:smollm2", *kinds, "report"], on_step)
+        smollm2 = smollm2_scan(out / "smollm2", device, steps)
+        testbed = testbed_experiment(out / "testbed", device, steps)
+        from geoprobe.workflows.page import write_demo_report
 
-    path, found = steps("report", write_demo_report, out, smollm2, out / "testbed" / "run")
-    return {**testbed, "report": str(path), "testbed_report": testbed["report"], "found": found,
-            "smollm2_run": str(smollm2)}
+        path, found = steps("report", write_demo_report, out, smollm2, out / "testbed" / "run")
+        return {**testbed, "report": str(path), "testbed_report": testbed["report"], "found": found,
+                "smollm2_run": str(smollm2)}
 
 
 def smollm2_scan(run: Path, device: str, steps: Steps) -> Path:
-    from geoprobe.geometry import GeometrySettings
     from geoprobe.pipeline import scan, scan_config
 
     s = dict(SMOLLM2_SCAN)
@@ -144,16 +150,9 @@ def smollm2_scan(run: Path, device: str, steps: Steps) -> Path:
 def testbed_experiment(out: Path, device: str, step: Steps) -> dict:
     """scan → sweep → DSL and MDLM training → every sampler, the chosen, worst and oracle bridges
     and the rounding baseline → eval → compare → report, on the testbed (`geoprobe demo --tiny`)."""
-    from bridges.dsl import dsl_settings, fit_dsl
-    from geoprobe.assets import builtin_model, testbed_cached
-    from geoprobe.workflows.generate import SampleSettings, generate
-    from geoprobe.geometry import GeometrySettings
-    from geoprobe.workflows.evaluate import evaluate_samples
     from geoprobe.pipeline import scan, scan_config
     from geoprobe.workflows.compare import compare_run, read_rows
     from geoprobe.workflows.page import write_report
-    from geoprobe.workflows.sweep import bridge_dir, bridge_settings, parse_seeds, sweep_run
-    from geoprobe.testbed import CORPUS
 
     p = TINY
     seeds = parse_seeds(p.seeds)

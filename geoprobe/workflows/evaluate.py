@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import math
 import os
 import sys
@@ -26,13 +25,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bridges.kinds import open_checkpoint
+from geoprobe.backbone import load_backbone
+from geoprobe.corpus import check_source, iter_jsonl, read_documents
 from geoprobe.errors import BadInput
+from geoprobe.files import write_json_atomic
+from geoprobe.metrics.text import text_metrics, token_metrics, word_text
+from geoprobe.store import check_writable
+from geoprobe.workflows.generate import end_of_text, sample_meta
 
 
 def evaluator_eos(tok) -> int | None:
     """The evaluator's EOS id, or None where it has no end of document (`end_of_text`: none, or
     a whitespace one such as a character tokenizer's space)."""
-    from geoprobe.workflows.generate import end_of_text
 
     if tok.eos_token_id is None or end_of_text(tok) is None:
         return None
@@ -195,7 +200,6 @@ def read_sample_rows(path: Path) -> tuple[list[str], list[list[int] | None]]:
     external file's) of a samples.jsonl file; one line naming a malformed row."""
     if not path.is_file():
         raise BadInput(f"samples file not found: {path}")
-    from geoprobe.corpus import iter_jsonl
 
     texts, token_ids = [], []
     for number, row in iter_jsonl(path):
@@ -215,7 +219,6 @@ def read_sample_rows(path: Path) -> tuple[list[str], list[list[int] | None]]:
 def sample_eos(path: Path) -> str | None:
     """The EOS string a samples file's text holds (its meta row's `eos`), or None: no meta row,
     an older row without the key, a generator without EOS or with a whitespace one."""
-    from geoprobe.workflows.generate import sample_meta
 
     eos = (sample_meta(path) or {}).get("eos")
     return eos if isinstance(eos, str) and eos.strip() else None
@@ -225,7 +228,6 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
     """Held-out reference texts cut to the samples' median length in words."""
     import numpy as np
 
-    from geoprobe.corpus import read_documents
 
     docs = read_documents(spec)
     words = int(np.median([len(t.split()) for t in samples]))
@@ -239,8 +241,6 @@ def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
 
 def generator_of(samples: Path):
     """(the samples file's meta row, its model's kind or None, its config.json record or {})."""
-    from bridges.kinds import open_checkpoint
-    from geoprobe.workflows.generate import sample_meta
 
     meta = sample_meta(samples) or {}
     model = Path(meta.get("model", ""))
@@ -305,10 +305,6 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     MAUVE's features. An evaluator that is the generator's own backbone is named in
     `evaluator_is_generator` (and warned about). Writes `out`, or SAMPLES.metrics.json beside
     each file; returns (results, the file written first)."""
-    from geoprobe.backbone import load_backbone
-    from geoprobe.corpus import check_source
-    from geoprobe.store import check_writable
-    from geoprobe.metrics.text import text_metrics, token_metrics, word_text
 
     from geoprobe.synthetic import check_oracle_start
 
@@ -365,11 +361,12 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             results[path].update(oracle_scores(oracle, texts, starts[path], length, eos[path]),
                                  oracle_entropy_rate=entropy_rate)
     header = {"evaluator": evaluators[0], "evaluators": evaluators, "references": references, "seed": seed}
+    # whole files (no lock: eval writes one file of its own beside what it reads, replaced whole)
     if out is not None:
-        out.write_text(json.dumps({**header, "results": results}, indent=2))
+        write_json_atomic(out, {**header, "results": results})
     else:  # each beside its samples file (never the checkpoint's own metrics.json)
         for name, row in results.items():
-            Path(name).with_suffix(".metrics.json").write_text(json.dumps({**header, "results": {name: row}}, indent=2))
+            write_json_atomic(Path(name).with_suffix(".metrics.json"), {**header, "results": {name: row}})
     target = out or Path(samples[0]).with_suffix(".metrics.json")
     return results, target
 

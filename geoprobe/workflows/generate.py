@@ -13,7 +13,17 @@ from pathlib import Path
 
 import torch
 
+from bridges.dsl import sequences, split_documents
+from bridges.kinds import KINDS, load_denoiser, open_checkpoint
+from bridges.likelihood import ESTIMATORS as table
+from geoprobe.backbone import load_backbone
+from geoprobe.corpus import read_documents
 from geoprobe.errors import BadInput
+from geoprobe.files import holding
+from geoprobe.store import check_writable
+from geoprobe.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
+from samplers import AUTOREGRESSIVE, NAMES, check_options, knob_default, preset_flags, sampler_from_flags
+from samplers.base import nucleus
 
 
 @dataclass(frozen=True)
@@ -51,31 +61,29 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     """`settings.num` samples of `settings.length` tokens from `model` with `sampler` (or `ar`:
     the causal LM itself, left to right), written to OUT/samples.jsonl with a row in
     samples.meta.jsonl; every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
-    from geoprobe.store import check_writable
-    from samplers import AUTOREGRESSIVE, NAMES, check_options, knob_default, preset_flags, sampler_from_flags
 
     p = settings
     check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
     if out is not None:
         check_writable(out)
-    if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
-        knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
-        return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or knob_default("top_p"),
-                                      knobs.get("top_p_rule") or knob_default("top_p_rule"), out, p.seed, device,
-                                      p.preset)
-    if sampler not in NAMES:
-        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
-    if p.decode not in ("stack", "round"):
-        raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
-    chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
-    from bridges.kinds import load_denoiser
+    with holding(Path(out or model), "geoprobe sample"):
+        if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
+            knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
+            return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or knob_default("top_p"),
+                                          knobs.get("top_p_rule") or knob_default("top_p_rule"), out, p.seed, device,
+                                          p.preset)
+        if sampler not in NAMES:
+            raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
+        if p.decode not in ("stack", "round"):
+            raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
+        chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
 
-    denoiser, tokenizer = load_denoiser(model, device, p.decode)
-    result = chosen.sample(denoiser, p.num, p.length, p.seed)
-    meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
-            "skipped_calls": result.skipped, "decode": p.decode}
-    # the model's absolute path: compare may run from elsewhere
-    return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(Path(model).resolve()))
+        denoiser, tokenizer = load_denoiser(model, device, p.decode)
+        result = chosen.sample(denoiser, p.num, p.length, p.seed)
+        meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
+                "skipped_calls": result.skipped, "decode": p.decode}
+        # the model's absolute path: compare may run from elsewhere
+        return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(Path(model).resolve()))
 
 
 def end_of_text(tokenizer) -> str | None:
@@ -116,8 +124,6 @@ def _sample_autoregressive(model: str, num: int, length: int, top_p: float, top_
                            seed: int, device: str, preset: str | None) -> dict:
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    from geoprobe.backbone import load_backbone
-    from samplers.base import nucleus
 
     class Nucleus(LogitsProcessor):  # the samplers' own filter, so that --top-p-rule means the same here
         def __call__(self, input_ids, scores):
@@ -150,11 +156,6 @@ def corpus_nll(model: Path, corpus: str, seq_len: int = 128, max_seqs: int = 32,
                batch_size: int = 8, seed: int = 0, device: str = "auto", split: str = "test") -> dict:
     """Bits per token and per character of held-out text under a DSL checkpoint (the training
     corpus: its held-out documents; a Text8 file: the Text8 protocol, bits per character)."""
-    from bridges.dsl import sequences, split_documents
-    from bridges.kinds import KINDS, open_checkpoint
-    from bridges.likelihood import ESTIMATORS as table
-    from geoprobe.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
-    from geoprobe.corpus import read_documents
 
     chosen = [e.strip() for e in estimators.split(",")] if estimators else list(table)
     unknown = [e for e in chosen if e not in table]

@@ -9,9 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bridges.hidden import BridgeConfig, check_bridge_flags
+from bridges.controls import layer_controls as fit_controls
+from bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
+from bridges.states import teacher_states
+from geoprobe.backbone import check_device_map, load_backbone, parse_layers
+from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.distributed import world_from
 from geoprobe.errors import BadInput
-
+from geoprobe.files import clear, holding, read_json, write_json_atomic
+from geoprobe.ranking import has_massive_channels, layer_scores
+from geoprobe.settings import split_flags
+from geoprobe.store import check_shards, read_manifest
 
 
 def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
@@ -31,7 +39,6 @@ def ranking_rows(run: Path) -> list[dict]:
 def chosen_layer(run: Path) -> int:
     """The best-ranked layer that can host a bridge. The scan ranks every stored layer, the last
     block's output included, but a bridge needs blocks above it: that layer is passed over."""
-    from geoprobe.store import read_manifest
 
     blocks = read_manifest(run)["model"]["num_layers"]
     rows = [r for r in ranking_rows(run) if r["layer"] < blocks]
@@ -67,12 +74,9 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
     overrides the blocks per document of the held-out data (default: the scan's; 0 = all). The
     training pool holds the first blocks of the training split up to `train_tokens` positions: the
     teacher states of all of them are cached (bridges/states.py)."""
-    from geoprobe.backbone import load_backbone
-    from geoprobe.corpus import iter_blocks, read_documents
 
     scanned, data_seed, per_doc = None, 0, 0
     if run is not None:
-        from geoprobe.store import check_shards, read_manifest
 
         manifest = read_manifest(run)
         check_shards(run, manifest)  # the ranking that picks the layer came from these shards
@@ -186,7 +190,6 @@ NETWORK = BridgeConfig(layer=0, vocab_size=0, hidden_size=0)  # the network's de
 def bridge_settings(**flags) -> BridgeSettings:
     """BridgeSettings from the flags of `bridge`/`sweep` by name (BridgeConfig's network fields
     and BridgeSettings' training fields); everything not given keeps its class default."""
-    from geoprobe.settings import split_flags
 
     network, training = split_flags(flags, BridgeConfig, BridgeSettings)
     return BridgeSettings(replace(NETWORK, **network), **training)
@@ -211,7 +214,6 @@ class OnFirstUse:
 def cached_states(source: Source, layers: list[int], bars: Bars = None) -> OnFirstUse:
     """The teacher states of the source's three splits at layer 0 and `layers`: the frozen prefix
     run once (its room checked first, when first needed), for every bridge of the run."""
-    from bridges.states import teacher_states
 
     def make():
         bar = bars("teacher states") if bars else None
@@ -231,9 +233,6 @@ CONTROLS_VERSION = "2: mean, lookup, ridge, lookup + ridge (window 4, fewer at l
 def layer_controls(source: Source, states, layer: int, root: Path, write: bool = True) -> dict:
     """The closed-form controls of `layer` (bridges.controls), kept in root/bridges/layer-NN/
     controls.json for the data they were fitted on: a resumed sweep does not refit them."""
-    from bridges.controls import layer_controls as fit_controls
-    from bridges.hidden import Teacher
-    from geoprobe.files import write_json_atomic
 
     path = Path(root) / "bridges" / f"layer-{layer:02d}" / "controls.json"
     wanted = {**identity(source, layer), "controls": CONTROLS_VERSION}
@@ -249,14 +248,12 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
 
 
 def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, controls: dict | None = None,
-                 force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict, Path]:
+                 force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict | None, Path]:
     """One bridge at `layer` in root/bridges/layer-NN/seed-S (or `out`) from the run's cached
     teacher `states` (resumed, or refused when it holds another run; cleared first with `force`):
-    its validation metrics, with the layer's `controls`, and its folder. The caller holds that
-    folder (`bridge_run`, `sweep_run`)."""
+    its validation metrics, with the layer's `controls` (None on data-parallel ranks other than 0),
+    and its folder. The caller holds that folder (`bridge_run`, `sweep_run`)."""
     from bridges.fit import fit_bridge
-    from geoprobe.distributed import world_from
-    from geoprobe.files import clear
 
     check_layer(source, layer)
     cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
@@ -296,13 +293,10 @@ def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
 
 def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
                corpus: str | None = None, out: Path | None = None, device: str = "auto", dtype: str = "auto",
-               device_map: str | None = None, force: bool = False, bars: Bars = None) -> tuple[dict, Path]:
+               device_map: str | None = None, force: bool = False, bars: Bars = None) -> tuple[dict | None, Path]:
     """What `geoprobe bridge` does: the bridge at `layer` (default: the scan's choice) over a
     scanned run, or over --model/--corpus into `out`, with the layer's controls. Flags are
     checked before the backbone loads."""
-    from geoprobe.backbone import check_device_map
-    from geoprobe.distributed import world_from
-    from geoprobe.files import holding
 
     if run is None and out is None:
         raise BadInput("pass --run RUN, or --out DIR with --model and --corpus")
@@ -328,7 +322,6 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
 
 def parse_seeds(spec: str) -> list[int]:
     """--seeds: a list 0,1,2 or a range 0-2 of training seeds (each a replicate of every layer)."""
-    from geoprobe.backbone import parse_layers
 
     try:
         seeds = parse_layers(spec, 10 ** 6)
@@ -347,9 +340,6 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     seed-mean losses, its convergence criterion, controls and the seed noise, written to
     sweep.json/sweep.csv with plots. Layer 0 is the source, outside the test unless
     `include_source`. Returns rows, verdict and the plot (None on data-parallel ranks other than 0)."""
-    from geoprobe.backbone import parse_layers
-    from geoprobe.distributed import world_from
-    from geoprobe.files import holding
 
     settings.training()
     seeds = seeds or [settings.seed]
@@ -374,13 +364,15 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
                 with holding(bridge_dir(run, layer, seed), "geoprobe sweep", world.rank):  # each bridge's folder
                     metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), states,
                                               controls[layer], force, bars)
-                rows.append({**metrics, "seed": seed, "score": scores[layer]["score"], "rank": scores[layer]["rank"]})
+                if metrics is not None:  # rank 0 validates; the other data-parallel ranks only train
+                    rows.append({**metrics, "seed": seed, "score": scores[layer]["score"],
+                                 "rank": scores[layer]["rank"]})
         for layer in chosen if ceiling else []:
             out = ceiling_dir(run, layer)
             with holding(out, "geoprobe sweep", world.rank):
                 metrics, _ = train_bridge(source, layer, run, ceiling_settings(settings), states, None, force, bars,
                                           out=out)
-            for row in rows:
+            for row in rows if metrics is not None else []:
                 if row["layer"] == layer:
                     row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"])
         rows.sort(key=lambda r: (r["layer"], r["seed"]))
@@ -417,8 +409,6 @@ def summarise(run: Path, rows: list[dict], include_source: bool = False) -> dict
     given: the test was registered for that score, and other weights chosen after seeing a ranking
     would make it a different test; the ranking's weights are only reported."""
     from geoprobe.pipeline import load_geometry
-    from geoprobe.ranking import has_massive_channels, layer_scores
-    from geoprobe.files import read_json
     from geoprobe.verdict import REGISTERED_LOG, REGISTERED_WEIGHTS, SOURCE_LAYERS, sweep_verdict
 
     geometry = load_geometry(run)

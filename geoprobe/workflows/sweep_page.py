@@ -3,8 +3,8 @@ sd of every loss), the tests and the controls."""
 
 from __future__ import annotations
 
-from geoprobe.workflows.compare import markdown_table
 from geoprobe.verdict import LAYER_CONTROLS, LOSSES, SCORE_VARIANTS
+from geoprobe.workflows.compare import markdown_table
 
 # the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped
 CONTROL_HEADERS = {"control_mean_nmse_dim": "mean", "control_lookup_nmse_dim": "lookup",
