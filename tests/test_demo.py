@@ -12,6 +12,8 @@ from geoprobe.verdict import learned_below
 from geoprobe.testbed import CORPUS
 from tests.helpers import assert_one_line_error, invoke
 
+pytestmark = pytest.mark.slow  # minutes: not in `make check`
+
 
 @pytest.fixture(scope="module")
 def tiny_demo(tmp_path_factory):

@@ -21,6 +21,8 @@ from geoprobe.store import read_journal
 from tests import distributed_worker
 from tests.helpers import ONE_THREAD, all_rows, read_json, run_cli, write_corpus
 
+pytestmark = pytest.mark.slow  # minutes: not in `make check`
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -35,6 +35,7 @@ def small_model(seed=0):
     return DSLModel(DSLConfig(vocab_size=V, d_tok=8, d_model=64, n_layers=2, n_heads=4), seed=seed)
 
 
+@pytest.mark.slow
 def test_a_trained_dsl_model_beats_the_unigram_entropy(tmp_path):
     data = markov_sequences(512, 32, seed=0)
     model = small_model()

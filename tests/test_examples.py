@@ -15,6 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow  # minutes: not in `make check`
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CHAINS = (("01", "02"), ("03", "05"))  # independent of each other; 04 runs after both

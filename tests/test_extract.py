@@ -112,6 +112,7 @@ def test_resume_after_interruption_gives_the_rows_of_an_uninterrupted_run(tmp_pa
     assert all_rows(run).equals(all_rows(tmp_path / "full"))
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume(tmp_path, tiny_models):
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
     args = ["--quiet", "extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 30000, "--seq-len", 64,

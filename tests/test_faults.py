@@ -89,6 +89,7 @@ BRIDGE = ["--steps", 300, "--until", "steps", "--batch-size", 4, "--seq-len", 32
 # kill -9 ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kill_9_during_bridge_then_rerun_equals_an_uninterrupted_run(scanned, tmp_path):
     args = ["bridge", "--run", scanned, "--layer", 1, *BRIDGE]
     killed, clean = tmp_path / "killed", tmp_path / "clean"
@@ -106,6 +107,7 @@ def test_kill_9_during_bridge_then_rerun_equals_an_uninterrupted_run(scanned, tm
     assert not (a / LOCK).exists()
 
 
+@pytest.mark.slow
 def test_kill_9_between_and_inside_sweep_layers_resumes_and_keeps_finished_ones(scanned, tmp_path):
     killed, clean = shutil.copytree(scanned, tmp_path / "killed"), shutil.copytree(scanned, tmp_path / "clean")
     args = ["sweep", "--layers", "0-2", *BRIDGE]
@@ -131,6 +133,7 @@ def test_kill_9_between_and_inside_sweep_layers_resumes_and_keeps_finished_ones(
     assert (killed / "sweep.csv").read_text() == (clean / "sweep.csv").read_text()
 
 
+@pytest.mark.slow
 def test_kill_9_during_dsl_train_then_rerun_equals_an_uninterrupted_run(tmp_path, corpus_txt):
     args = ["dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 600, "--batch-size", 8,
             "--seq-len", 32, "--warmup", 10, "--d-model", 32, "--n-layers", 1, "--d-tok", 16, "--device", "cpu"]
@@ -148,6 +151,7 @@ def test_kill_9_during_dsl_train_then_rerun_equals_an_uninterrupted_run(tmp_path
 # one writer per directory ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(tmp_path, tiny_models):
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
     args = ["extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 6000, "--seq-len", 64,
@@ -221,6 +225,7 @@ def held_by_another_process(directory: Path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path, tiny_models, corpus_txt):
     dead = subprocess.Popen(["sleep", "60"])
     dead.kill()

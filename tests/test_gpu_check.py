@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # minutes: not in `make check`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -190,6 +190,7 @@ def test_eval_reads_eos_and_token_ids_from_the_samples_file_and_compare_shows_th
     assert comparison_row(out / "samples.jsonl")["token_entropy"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.real
 def test_mauve_of_references_against_themselves_and_against_shuffled_words(smollm2):
     from geoprobe.corpus import read_documents

@@ -13,7 +13,7 @@ from geoprobe.extract import ExtractConfig, extract
 from geoprobe.store import RunReader, read_manifest
 from tests.helpers import interrupted_copy
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
 def test_real_extract_shapes_and_layer0(smollm2_scan, smollm2):

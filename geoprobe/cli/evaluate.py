@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import Device, Seed, state
+from geoprobe.cli.options import Device, Seed
 from geoprobe.cli.output import show
 from geoprobe.cli.root import app
-from geoprobe.report.terminal import console, print_table
+from geoprobe.report.terminal import print_table
 from geoprobe.workflows.evaluate import evaluate_samples
 
 
@@ -35,9 +35,7 @@ def evaluate(
 ):
     """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
 
-    results, target = evaluate_samples(samples, evaluator, references, out, seed, device,
-                                       warn=lambda line: None if state.quiet else console.print(line),
-                                       oracle_start=oracle_start)
+    results, target = evaluate_samples(samples, evaluator, references, out, seed, device, oracle_start=oracle_start)
     names = next(iter(results.values()))["gen_ppl_by_evaluator"]
     keys = ["samples", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "rep_4", "mauve",
             "mauve_std", "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"]

@@ -29,6 +29,7 @@ from bridges.kinds import open_checkpoint
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import check_source, iter_jsonl, read_documents
 from geoprobe.errors import BadInput
+from geoprobe.events import note
 from geoprobe.files import write_json_atomic
 from geoprobe.metrics.text import text_metrics, token_metrics, word_text
 from geoprobe.store import check_writable
@@ -169,7 +170,7 @@ def _without_faiss_size_warning():
             sink.seek(0)
             for line in sink.read().decode(errors="replace").splitlines():
                 if "training points" not in line:
-                    print(line, file=sys.stderr)
+                    note(line)  # what else faiss said, through the library's one message path
 
 
 def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seeds=(0, 1, 2)) -> dict:
@@ -293,7 +294,7 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
 
 
 def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
-                     seed: int = 0, device: str = "auto", warn=None, oracle_start: str = "auto") -> tuple[dict, Path]:
+                     seed: int = 0, device: str = "auto", oracle_start: str = "auto") -> tuple[dict, Path]:
     """Gen.PPL, diversity, word and token entropy, repetition and (with `references`) MAUVE of
     each samples file, plus the exact NLL under the HMM for a synthetic corpus (from
     `oracle_start`, see geoprobe.synthetic.HMM.start; `auto`: each file's own,
@@ -340,15 +341,14 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
             if same_model(owners[path], name):
                 row["evaluator_is_generator"].append(name)
-                if warn is not None:
-                    warn(f"warning: {Path(path).parent.name}: the evaluator {name} is the generator's own backbone; "
-                         "its Gen.PPL measures agreement with itself, not quality")
+                note(f"warning: {Path(path).parent.name}: the evaluator {name} is the generator's own backbone; "
+                     "its Gen.PPL measures agreement with itself, not quality")
             if index:
                 continue
             row.update(ppl)
             if references is not None:
                 words = [word_text(t, eos[path]) for t in texts]  # the references' length, in words
-                row.update(_mauve_row(backbone, words, feats, references, seed, reference_features, warn))
+                row.update(_mauve_row(backbone, words, feats, references, seed, reference_features))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -371,7 +371,7 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     return results, target
 
 
-def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, seed: int, cache: dict, warn) -> dict:
+def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, seed: int, cache: dict) -> dict:
     """MAUVE of one file's features against held-out references of its length in words (`texts`
     as the word metrics see them, `word_text`; `cache`: files of the same length share their
     references' features: one pass)."""
@@ -379,8 +379,8 @@ def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, s
     if len(refs) < len(texts):
         raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "
                        f"of the samples' length from {references}, {len(texts)} samples")
-    if len(texts) < MAUVE_MIN_SAMPLES and warn is not None:  # the CLI prints it; the library does not
-        warn(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
+    if len(texts) < MAUVE_MIN_SAMPLES:  # a note: the CLI shows it, a notebook gets a log record
+        note(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
     key = tuple(refs[: len(texts)])
     if key not in cache:
         cache[key] = features(backbone, list(key))

@@ -1,6 +1,6 @@
 """The DSL paper's comparisons on the testbed, trained to convergence, with seeds: docs/testbed.md.
 
-    make results-testbed          # = python examples/testbed_results.py --out runs/testbed --page docs/testbed.md
+    make results-testbed          # = python -m experiments.testbed_results --out runs/testbed --page docs/testbed.md
 
 Resumable: every model and every sample set is a folder of its own that a rerun reuses (a model
 with metrics.json is done; a sample set with scores.json is done), so a killed run continues
@@ -24,24 +24,21 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from geoprobe.synthetic import parse_spec
+from geoprobe.testbed import CORPUS
+from geoprobe.workflows.demo import TINY
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from geoprobe.synthetic import parse_spec  # noqa: E402
-from geoprobe.testbed import CORPUS  # noqa: E402
-
-MODEL = "builtin:hmm-tiny"
+MODEL = TINY.model  # the demo's testbed, its sample count and its DSL network's width and rate
 SEEDS = (0, 1, 2)
 SEQ_LEN = 65  # one 64-word document and its <eos> per row: every training row starts at a document start
 LENGTH = 65  # samples as long as a row: 64 words and the end of the document
-NUM = 32  # samples per set
+NUM = TINY.num  # samples per set
 STEPS = (4, 8, 16, 32, 64)
 SAMPLERS = ("mdlm", "remdm-cap", "remdm-loop", "roar", "continuous", "hybrid")
 SWITCH_SNRS = (1.0, 2.0, 5.0, 10.0, 20.0)
@@ -50,8 +47,8 @@ SWITCH_SNRS = (1.0, 2.0, 5.0, 10.0, 20.0)
 # the value before them, never before MIN_STEPS; the best evaluation's weights are kept
 EVAL, PLATEAU, MIN_STEPS = 50, 0.005, 300
 MARGIN = 0.05  # nats/word: the primary non-inferiority margin (docs/testbed.md)
-SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_tok=64)
-TRAINING = dict(batch_size=32, seq_len=SEQ_LEN, lr=2e-3, warmup=50, eval_every=EVAL, plateau_rel=PLATEAU,
+SMALL = dict(d_model=TINY.dsl_width, n_layers=2, n_heads=4, d_tok=64)
+TRAINING = dict(batch_size=32, seq_len=SEQ_LEN, lr=TINY.dsl_lr, warmup=50, eval_every=EVAL, plateau_rel=PLATEAU,
                 min_steps=MIN_STEPS, save_every=100, ema=0.995)
 VARIANTS = {  # name: (snr, steps cap, what it starts from, lr)
     "dsl": ("mixed", 4000, None, 2e-3),

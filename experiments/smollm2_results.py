@@ -5,8 +5,8 @@ the current bridges), written to docs/results.md with its plots; with --generati
 generation comparison too (at the bridges' 4.1 M-token budget: not timed; at the earlier 102,400
 tokens it took about 60 minutes more).
 
-    make results                                   # = python examples/smollm2_results.py
-    python examples/smollm2_results.py --out runs/results --page docs/results.md --generation
+    make results                                   # = python -m experiments.smollm2_results
+    python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
@@ -177,7 +177,7 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
     text = [
         "# Results: SmolLM2-135M-Instruct on the KJV", "",
-        "Made by `make results` (`python examples/smollm2_results.py`), which ran every command below in "
+        "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below in "
         f"order on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
         f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
         "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
