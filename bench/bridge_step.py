@@ -43,7 +43,7 @@ def on_the_fly_loss(bridge, teacher, states, batch_size):
         chosen = torch.randint(0, len(split), (batch_size,), generator=generator).tolist()
         ids, mask = pad_batch([split.blocks[i] for i in chosen], 0, teacher.backbone.input_device)
         draws = draw_conditions(model.cfg, batch_size, ids.shape[1], generator)
-        target = teacher.states(ids, mask)[1]
+        target = teacher.states(ids, mask).target
         return objective(model, teacher, ids, mask, target, draws)
 
     return loss_fn

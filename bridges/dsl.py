@@ -36,7 +36,7 @@ from bridges.nn import Transformer, TransformerConfig
 from bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
 from geoprobe.backbone import load_backbone, load_config, load_tokenizer, resolve_device, resolve_source
 from geoprobe.corpus import is_validation, read_documents
-from geoprobe.device import upload
+from geoprobe.device import Precision, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, human, is_empty
@@ -210,7 +210,7 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     def need(kind: str) -> int:
         return dsl_training_bytes(config, d_tok, batch_size, seq_len, count, precision=kind)
 
-    kind, free = weights_precision(precision), memory_available(device)
+    kind, free = Precision.parse(precision).weights, memory_available(device)
     if need(kind) > free:
         what = ("bfloat16 weights, gradients and EMA, float32 AdamW moments" if kind == "bfloat16"
                 else "float32 weights, gradients, AdamW moments and EMA")
@@ -219,21 +219,12 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
         raise BadInput(f"dsl train --init-from {spec} needs about {human(need(kind))} on {device} ({what}: "
                        f"{DSL_BYTES_PER_PARAMETER[kind]} bytes x {count / 1e9:.2f} B parameters, and one batch's "
                        f"activations) but {human(free)} is free; use {hint}a smaller model or --batch-size")
-    host, ram = 2 * torch.finfo(weights_dtype(precision)).bits // 8 * count, memory_available(torch.device("cpu"))
+    weights = Precision.parse(precision).weights_dtype
+    host, ram = 2 * torch.finfo(weights).bits // 8 * count, memory_available(torch.device("cpu"))
     if host > ram:
         raise BadInput(f"loading --init-from {spec} holds two {kind} copies of its weights ({human(host)}) "
                        f"but {human(ram)} of RAM is available")
     return need(kind)
-
-
-def weights_precision(precision: str) -> str:
-    """What the trained weights are held in: bfloat16 under --precision bfloat16, else float32
-    (auto's bf16 autocast keeps float32 weights)."""
-    return "bfloat16" if precision == "bfloat16" else "float32"
-
-
-def weights_dtype(precision: str) -> torch.dtype:
-    return getattr(torch, weights_precision(precision))
 
 
 @dataclass
@@ -293,7 +284,8 @@ def dsl_objective(model: DSLModel, data: torch.Tensor, settings: DSLTrainSetting
     """(loss_fn, watch) of the one training loop for a DSL model, moved to `device` in its
     weights' precision: the channel's loss on random rows at drawn SNRs, and the MDLM bound on
     `stop_rows` the plateau rule watches (None without evaluations)."""
-    model.network_to(weights_dtype(settings.train.precision))  # a caller's float32 model trains as asked
+    # a caller's float32 model trains as asked
+    model.network_to(Precision.parse(settings.train.precision).weights_dtype)
     model.to(device)
     data = data.to(device)
 
@@ -403,7 +395,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)
-    seed, dtype = settings.train.seed, weights_dtype(settings.train.precision)
+    seed, dtype = settings.train.seed, Precision.parse(settings.train.precision).weights_dtype
     identity = {"corpus": corpus, "tokenizer_spec": tokenizer, "init": str(init) if init else None,
                 **({"init_from": init_from} if init_from else {})}
     with holding(out, "geoprobe dsl train", world.rank):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -51,7 +52,7 @@ from bridges.converter import Converter
 from bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.backbone import load_backbone
 from geoprobe.capture import capture
-from geoprobe.device import upload
+from geoprobe.device import Precision, upload
 from geoprobe.errors import BadInput
 
 
@@ -118,7 +119,7 @@ def check_bridge_flags(cfg: BridgeConfig) -> None:
     """The flags a BridgeConfig was made from, checked before the backbone is known."""
     vocab, sigma_b, tau_zero, precision = cfg.vocab, cfg.sigma_b, cfg.tau_zero, cfg.precision
     regression_frac, carry, bridge_steps, conv_window = cfg.regression_frac, cfg.carry, cfg.bridge_steps, cfg.conv_window
-    if precision == "bfloat16":  # a bridge is small beside its frozen backbone: nothing to save
+    if Precision.parse(precision) is Precision.BFLOAT16:  # a bridge is small beside its frozen backbone
         raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
     if carry not in ("lookup", "channel"):
         raise BadInput(f"--carry must be lookup or channel, got {carry!r}")
@@ -364,6 +365,14 @@ class HiddenBridge(nn.Module):
         return y * self.target_scale + self.target_mean
 
 
+class LayerStates(NamedTuple):
+    """A batch's hidden states (B, L, d) float32, on the bridge's device: at layer 0 and at the
+    bridge's layer (a tuple, so `source, target = teacher.states(ids)` reads them too)."""
+
+    source: torch.Tensor  # layer 0: what the bridge starts from
+    target: torch.Tensor  # layer l: what it reconstructs
+
+
 class Teacher:
     """What the frozen backbone contributes: the embedding table, additive position offsets,
     the BOS state at layer l, and teacher states h_l from the prefix with early stop."""
@@ -385,13 +394,14 @@ class Teacher:
         return (self.backbone.embed(ids).float() - self.embeddings[ids])[0]
 
     @torch.no_grad()
-    def states(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def states(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> LayerStates:
+        """The frozen prefix's states of `ids` at layer 0 (the bridge's source) and at its layer."""
 
         got = capture(self.backbone, ids, mask, layers=sorted({0, self.layer}))
         # with device_map="auto" layer l lives on the GPU of block l: bring both to the input device,
         # where the bridge, the embeddings and the offsets are
         device = self.backbone.input_device
-        return got[0].float().to(device), got[self.layer].float().to(device)
+        return LayerStates(got[0].float().to(device), got[self.layer].float().to(device))
 
 
 class HybridDenoiser(nn.Module):
@@ -403,7 +413,7 @@ class HybridDenoiser(nn.Module):
         self.bridge, self.teacher, self.bos_id = bridge, teacher, bos_id
         self.steps = steps
         ids = torch.tensor([[bos_id]], device=teacher.backbone.input_device)
-        self.bos_state = teacher.states(ids)[1][0, 0]
+        self.bos_state = teacher.states(ids).target[0, 0]
 
     @property
     def vocab_size(self) -> int:

@@ -32,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +41,7 @@ from safetensors.torch import load_file, safe_open
 from bridges.checkpoint import load_weights, save_weights, write_record, write_tensors
 from bridges.nn import native_bf16
 from bridges.optim import StochasticAdamW, step_generator as round_generator, update_ema
+from geoprobe.device import Precision
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
 
@@ -73,8 +74,7 @@ class TrainConfig:
     precision: str = "auto"
 
     def validate(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        Precision.parse(self.precision)
         if self.schedule not in ("cosine", "constant"):
             raise BadInput(f"the schedule must be cosine or constant, got {self.schedule!r}")
         if self.save_every < 0:
@@ -162,8 +162,18 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: list, val_curve: list,
-          stop: str | None, best: Best) -> None:
+@dataclass
+class TrainingState:
+    """Where a run stands, as its checkpoint keeps it: the steps done, the training-loss curve
+    [[step, loss]], the validation curve [[step, score]] and why it stopped (None: running)."""
+
+    step: int = 0
+    curve: list = field(default_factory=list)
+    val_curve: list = field(default_factory=list)
+    stop: str | None = None
+
+
+def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingState, best: Best) -> None:
     names = {id(p): name for name, p in trainable(model).items()}
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     tensors.update({f"ema.{k}": v.contiguous().cpu() for k, v in ema.items()})
@@ -174,13 +184,15 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, step: int, curve: 
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"opt.{names[id(p)]}.{key}"] = value.detach().contiguous().cpu()
-    meta = {"step": str(step), "curve": json.dumps(curve), "scheduler": json.dumps(scheduler.state_dict()),
-            "param_groups": json.dumps(groups), "val_curve": json.dumps(val_curve), "stop": stop or "",
+    meta = {"step": str(state.step), "curve": json.dumps(state.curve), "scheduler": json.dumps(scheduler.state_dict()),
+            "param_groups": json.dumps(groups), "val_curve": json.dumps(state.val_curve), "stop": state.stop or "",
             "best_step": "" if best.step is None else str(best.step)}
     write_tensors(path, tensors, meta)
 
 
-def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tuple[int, list, list, str | None]:
+def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> TrainingState:
+    if not path.is_file():
+        return TrainingState()
     try:
         tensors = load_file(path)
         with safe_open(path, "pt") as handle:
@@ -209,11 +221,8 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> tup
     for group, saved in zip(optimizer.param_groups, json.loads(meta["param_groups"])):
         group.update(saved)
     scheduler.load_state_dict(json.loads(meta["scheduler"]))
-    val_curve = json.loads(meta.get("val_curve", "[]"))
-    return int(meta["step"]), json.loads(meta["curve"]), val_curve, meta.get("stop") or None
-
-
-PRECISIONS = ("auto", "float32", "bfloat16")
+    return TrainingState(int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")),
+                         meta.get("stop") or None)
 
 
 def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -245,7 +254,7 @@ def mixed_precision(device: torch.device, precision: str = "auto"):
     laptop as on the GPU. Inputs and targets a loss computes under `torch.autocast(enabled=False)`
     stay float32. `precision` "float32" turns it off (e.g. to compare runs bit for bit), and so
     does "bfloat16", whose model holds its large weights in bfloat16 itself."""
-    if precision == "auto" and native_bf16(device):
+    if Precision.parse(precision) is Precision.AUTO and native_bf16(device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -292,8 +301,7 @@ def _update(step_loss, step: int, shard, params: dict, ema: dict, optimizer, sch
 
 
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
-          progress=None, world: World = SINGLE,
-          evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
+          progress=None, world: World = SINGLE, evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
     """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
     global batch's random numbers from `generator` and computes the loss on `shard.rows` of it.
     `evaluate(model) -> score` (lower is better; called with the EMA weights loaded) drives the
@@ -302,8 +310,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     Resumes from `out/checkpoint.safetensors` when present. Returns what ran (`Trained`; the loss
     curve holds this rank's losses) and leaves the EMA weights in `out/model.safetensors`: with
     evaluations, the EMA weights of the best-scoring evaluation (a run that got worse after its
-    best keeps the best), else the last.
-    """
+    best keeps the best), else the last."""
     cfg.validate()
     if cfg.batch_size % world.size:
         raise BadInput(f"--batch-size {cfg.batch_size} (the global batch) must be a multiple of the "
@@ -316,9 +323,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     optimizer, scheduler = _optimizer(params, cfg, device)
     ema = {k: v.detach().clone() if v.dtype == torch.bfloat16 else v.detach().clone().float()
            for k, v in params.items()}
-    start, curve, val_curve, stop, best = 0, [], [], None, Best()
-    if (out / CHECKPOINT).is_file():
-        start, curve, val_curve, stop = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)
+    best = Best()
+    resumed = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)  # TrainingState() when there is none
+    start, curve, val_curve, stop = resumed.step, resumed.curve, resumed.val_curve, resumed.stop
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
     autocast = mixed_precision(device, cfg.precision)
     model.train()
@@ -350,7 +357,8 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             if stop is not None or saving:
                 flush()
             if saving and world.is_main:
-                _save(out / CHECKPOINT, model, ema, optimizer, scheduler, step + 1, curve, val_curve, stop, best)
+                state = TrainingState(step + 1, curve, val_curve, stop)
+                _save(out / CHECKPOINT, model, ema, optimizer, scheduler, state, best)
             if stop is not None:
                 break
         flush()

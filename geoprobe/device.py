@@ -1,10 +1,41 @@
-"""Moving tensors between the host and the device (a leaf module: every layer may import it)."""
+"""Moving tensors between the host and the device, and the precision a network trains in (a leaf
+module: every layer may import it)."""
 
 from __future__ import annotations
 
 import os
+from enum import Enum
 
 import torch
+
+from geoprobe.errors import BadInput
+
+
+class Precision(str, Enum):
+    """--precision of a trained network: AUTO computes its products in bf16 (autocast) where the
+    device does bf16 natively and keeps float32 weights; FLOAT32 never leaves float32; BFLOAT16
+    holds and trains the weights themselves in bfloat16 (bridges/optim.py). A str, so records and
+    flags keep the plain value ("auto")."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+    @classmethod
+    def parse(cls, value: str) -> Precision:
+        try:
+            return cls(value)
+        except ValueError:
+            raise BadInput(f"--precision must be one of {', '.join(p.value for p in cls)}, got {value!r}") from None
+
+    @property
+    def weights(self) -> str:
+        """What the trained weights are held in: bfloat16 under BFLOAT16, else float32."""
+        return "bfloat16" if self is Precision.BFLOAT16 else "float32"
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        return getattr(torch, self.weights)
 
 
 def upload(x: torch.Tensor, device) -> torch.Tensor:

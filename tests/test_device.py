@@ -221,11 +221,12 @@ def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massiv
 def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, length, precision, tmp_path):
     """The whole training footprint (the weights are moved to the device inside); at the larger
     shape with the plateau rule, whose copies of the weights wait on the host."""
-    from bridges.dsl import pretrained_dsl, weights_dtype
+    from bridges.dsl import pretrained_dsl
+    from geoprobe.device import Precision
     from geoprobe.memory import dsl_training_bytes
 
     plateau = batch == 16
-    model = pretrained_dsl(llama.model.name_or_path, llama.tokenizer, d_tok=8, dtype=weights_dtype(precision))
+    model = pretrained_dsl(llama.model.name_or_path, llama.tokenizer, d_tok=8, dtype=Precision(precision).weights_dtype)
     data = torch.randint(0, llama.config.vocab_size, (64, length), generator=torch.Generator().manual_seed(0))
     settings = DSLTrainSettings(seq_len=length, train=TrainConfig(steps=2, batch_size=batch, save_every=2,
                                                                   precision=precision, eval_every=plateau))
@@ -265,3 +266,15 @@ def test_a_resumed_fused_adamw_finds_its_step_count_beside_the_parameter():
         assert _state_tensor("opt.w.step", step, param, fused=True).dtype == torch.float32
         assert _state_tensor("opt.w.step", step, param, fused=False).device.type == "cpu"
         assert _state_tensor("opt.w.exp_avg", moment, param, fused=False).device.type == DEVICE.type
+
+
+def test_precision_has_one_owner_and_refuses_another_value_in_one_line():
+    from geoprobe.device import Precision
+    from geoprobe.errors import BadInput
+
+    assert [p.value for p in Precision] == ["auto", "float32", "bfloat16"]
+    assert Precision.parse("auto") == "auto" and json.dumps(Precision.AUTO) == '"auto"'  # records keep the value
+    assert Precision.AUTO.weights_dtype == Precision.FLOAT32.weights_dtype == torch.float32
+    assert Precision.BFLOAT16.weights_dtype == torch.bfloat16
+    with pytest.raises(BadInput, match=r"^--precision must be one of auto, float32, bfloat16, got 'fp8'$"):
+        TrainConfig(precision="fp8").validate()
