@@ -57,7 +57,7 @@ METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 
 def network_of(fields, layer: int, hidden_size: int) -> dict:
-    from bridges.hidden import bridge_shape
+    from geoprobe.bridges.hidden import bridge_shape
 
     if fields == "deeper":
         width, depth, heads = bridge_shape(hidden_size, layer)

@@ -7,7 +7,7 @@ SmolLM2 layer 12 at the default bridge shape.
     python bench/bridge_step.py                                      # the tiny benchmark model, layer 2
     python bench/bridge_step.py --model builtin:smollm2 --corpus kjv --layer 12 --batch 2 --seq 256   # the sweep's
 
-Both variants run the library's own loss (bridges.fit.objective) with the same draws, the same
+Both variants run the library's own loss (geoprobe.bridges.fit.objective) with the same draws, the same
 network and a fused AdamW step; only where h_l comes from differs. FLOPs are counted by
 torch.utils.flop_counter on one step (matrix products and attention: what a GEMM rate bounds).
 """
@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import tiny_llama
 
-from bridges.fit import corpus_support, draw_conditions, fit_statistics, objective, training_loss
-from bridges.hidden import BridgeConfig, HiddenBridge, Teacher
-from bridges.states import teacher_states
-from bridges.train import Shard, mixed_precision, step_generator
+from geoprobe.bridges.fit import corpus_support, draw_conditions, fit_statistics, objective, training_loss
+from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, Teacher
+from geoprobe.bridges.states import teacher_states
+from geoprobe.bridges.train import Shard, mixed_precision, step_generator
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.extract import pad_batch

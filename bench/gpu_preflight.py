@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("geoprobe", "bridges", "samplers")  # every module of these, as the steps import them
+PACKAGES = ("geoprobe", "geoprobe.bridges", "geoprobe.samplers")  # every module of these, as the steps import them
 # the device machine has no gguf, mauve-text or faiss: a module needing them at import is reported
 VERSIONS = ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "huggingface_hub", "numpy",
             "scipy", "pyarrow", "psutil", "typer", "rich", "gguf", "mauve-text", "faiss-cpu")
@@ -40,7 +40,8 @@ def import_check() -> dict:
             failed[package] = traceback.format_exception_only(exc)[-1].strip()
             continue
         count += 1
-        for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+        # the package's own folder only: a source tree's geoprobe also looks beside itself for bridges/
+        for info in pkgutil.walk_packages(root.__path__[:1], prefix=f"{package}."):
             if info.name.endswith("__main__"):
                 continue  # runs the CLI when imported
             count += 1

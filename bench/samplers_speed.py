@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import transformers
 
-from bridges.dsl import DSLConfig, DSLModel
-from samplers import make_sampler
+from geoprobe.bridges.dsl import DSLConfig, DSLModel
+from geoprobe.samplers import make_sampler
 
 V, D, LAYERS, HEADS, LENGTH, NUM = 4096, 256, 4, 4, 128, 8
 

@@ -28,7 +28,7 @@ float32 teacher states row-aligned with ids. Position 0 (BOS) is excluded from r
 selection: the bridge never generates it (its state is the backbone's own), and its state is an
 outlier (attention sink) that would dominate a least-squares fit. Every control still returns a
 prediction for every query position, BOS included; score positions >= 1 as for a bridge.
-`nmse_dim` is the per-channel nmse of bridges.fit.validate: the mean over channels with nonzero
+`nmse_dim` is the per-channel nmse of geoprobe.bridges.fit.validate: the mean over channels with nonzero
 variance of sum of squared error / sum of squared deviation from the channel's mean.
 """
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from bridges.scoring import fitted_rows, generated_rows, scored_rows, state_losses
+from geoprobe.bridges.scoring import fitted_rows, generated_rows, scored_rows, state_losses
 
 CHUNK = 8192  # rows per chunk: bounds the features (and float64 copies of states) held at once
 
@@ -204,7 +204,7 @@ def ridge_window(hidden_size: int) -> int:
 
 def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor: float | None,
                    window: int | None = None) -> dict:
-    """The controls of one layer from a run's cached teacher states (bridges.states): each
+    """The controls of one layer from a run's cached teacher states (geoprobe.bridges.states): each
     fitted on the training pool (the ridge's penalty chosen on the stopping split) and scored on
     the validation split exactly as a bridge is (positions >= 1, massive rows left out):
     control_{mean,lookup,ridge,lookup_ridge}_{nmse,nmse_dim}, and the ridges' settings."""

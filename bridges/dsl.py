@@ -1,6 +1,6 @@
 """The DSL denoiser: z -> converter -> bidirectional transformer -> logits over V.
 
-From scratch the transformer is `bridges.nn`'s; initialised from a pretrained causal LM
+From scratch the transformer is `geoprobe.bridges.nn`'s; initialised from a pretrained causal LM
 (`DSLConfig.backbone`, `geoprobe dsl train --init-from MODEL`) it is that model's own blocks run
 with bidirectional attention, the converter's output matrix starts as its input embedding (the
 mask slot is learned), the head as its LM head, and a clean BOS position is prepended so that
@@ -8,8 +8,8 @@ position i's output scores token i as the causal head's next-token prediction di
 
 One network for every SNR (there is no time input: with unit-norm token embeddings the Bayes
 posterior does not depend on s), trained with cross-entropy on all positions against the clean
-tokens under a mixture of SNR distributions (`bridges.channel`). It implements the
-`TokenDenoiser` protocol of `samplers.base`.
+tokens under a mixture of SNR distributions (`geoprobe.bridges.channel`). It implements the
+`TokenDenoiser` protocol of `geoprobe.samplers.base`.
 
 A checkpoint directory holds `config.json` (kind "dsl", model and training settings),
 `model.safetensors` (EMA weights), `checkpoint.safetensors` (resumable state) and the
@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bridges.channel import SNR_SCHEMES, S_MAX, TokenTable, channel, draw_snr
-from bridges.checkpoint import CONFIG, build_network, load_weights, read_config, save_config
-from bridges.converter import Converter
-from bridges.likelihood import mdlm_elbo
-from bridges.nn import Transformer, TransformerConfig
-from bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
+from geoprobe.bridges.channel import SNR_SCHEMES, S_MAX, TokenTable, channel, draw_snr
+from geoprobe.bridges.checkpoint import CONFIG, build_network, load_weights, read_config, save_config
+from geoprobe.bridges.converter import Converter
+from geoprobe.bridges.likelihood import mdlm_elbo
+from geoprobe.bridges.nn import Transformer, TransformerConfig
+from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
 from geoprobe.backbone import load_backbone, load_config, load_tokenizer, resolve_device, resolve_source
 from geoprobe.corpus import is_validation, read_documents
 from geoprobe.device import Precision, upload
@@ -310,7 +310,7 @@ def dsl_objective(model: DSLModel, data: torch.Tensor, settings: DSLTrainSetting
 
 
 def budget(settings: DSLTrainSettings) -> dict:
-    """The training budget every checkpoint records (bridges.checkpoint)."""
+    """The training budget every checkpoint records (geoprobe.bridges.checkpoint)."""
     return {"steps": settings.train.steps, "batch_size": settings.train.batch_size, "seq_len": settings.seq_len}
 
 

@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bridges.channel import channel, draw_snr
-from bridges.checkpoint import CONFIG, METRICS, read_config, save_config
-from bridges.controls import token_lookup
-from bridges.hidden import BridgeConfig, HiddenBridge, OLDER_BRIDGES, Teacher
-from bridges.nn import full_precision
-from bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
-from bridges.states import Split, TeacherStates
-from bridges.train import TrainConfig, fit_model
+from geoprobe.bridges.channel import channel, draw_snr
+from geoprobe.bridges.checkpoint import CONFIG, METRICS, read_config, save_config
+from geoprobe.bridges.controls import token_lookup
+from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, OLDER_BRIDGES, Teacher
+from geoprobe.bridges.nn import full_precision
+from geoprobe.bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
+from geoprobe.bridges.states import Split, TeacherStates
+from geoprobe.bridges.train import TrainConfig, fit_model
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
@@ -265,7 +265,7 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     The plateau rule watches the per-channel nmse (the primary loss; the scalar nmse is dominated
     by massive channels) on the stopping split (held-out blocks never reported; the validation
     split when there is none), and its best EMA weights are the ones kept and validated.
-    `controls` (the layer's closed-form controls, `bridges.controls.layer_controls`) go into
+    `controls` (the layer's closed-form controls, `geoprobe.bridges.controls.layer_controls`) go into
     metrics.json beside the bridge's losses, with whether the bridge beats the token lookup.
     A directory holding a bridge trained with other settings is refused, naming the keys that
     differ: its weights are never handed back under new settings. Returns the metrics (None on

@@ -46,10 +46,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bridges.channel import S_MAX, TokenTable
-from bridges.checkpoint import build_network, load_weights, read_config
-from bridges.converter import Converter
-from bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
+from geoprobe.bridges.channel import S_MAX, TokenTable
+from geoprobe.bridges.checkpoint import build_network, load_weights, read_config
+from geoprobe.bridges.converter import Converter
+from geoprobe.bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.backbone import load_backbone
 from geoprobe.capture import capture
 from geoprobe.device import Precision, upload
@@ -211,7 +211,7 @@ class HiddenBridge(nn.Module):
 
     def set_lookup(self, table: torch.Tensor) -> None:
         """Each support token's (or each vocabulary token's) mean training state at layer l,
-        (support_size or vocab_size, d) in the backbone's units: bridges.controls.token_lookup."""
+        (support_size or vocab_size, d) in the backbone's units: geoprobe.bridges.controls.token_lookup."""
         self.lookup.copy_(table)
         self._kept = None
 

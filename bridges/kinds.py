@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bridges.checkpoint import read_config
-from bridges.dsl import dsl_generator_backbone, dsl_oracle_start, load_dsl_denoiser
-from bridges.hidden import bridge_generator_backbone, bridge_oracle_start, load_bridge_denoiser
+from geoprobe.bridges.checkpoint import read_config
+from geoprobe.bridges.dsl import dsl_generator_backbone, dsl_oracle_start, load_dsl_denoiser
+from geoprobe.bridges.hidden import bridge_generator_backbone, bridge_oracle_start, load_bridge_denoiser
 from geoprobe.errors import BadInput
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from geoprobe.device import upload
-from samplers.base import MASK, RevealState
+from geoprobe.samplers.base import MASK, RevealState
 
 
 def _ce(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

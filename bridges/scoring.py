@@ -3,15 +3,15 @@
 A bridge generates every block's positions >= 1 (position 0, the BOS, is the backbone's own
 state). Rows whose state is massive by the scan's rule (norm above `massive_factor` times the
 median norm) are left out of fitting and of scoring, so the bridges and the controls are judged
-on the states the geometry measured. One owner for these rules: bridges.fit (training,
-validation) and bridges.controls (the closed-form controls) both read them from here.
+on the states the geometry measured. One owner for these rules: geoprobe.bridges.fit (training,
+validation) and geoprobe.bridges.controls (the closed-form controls) both read them from here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from bridges.states import Split
+from geoprobe.bridges.states import Split
 
 
 def generated_rows(split: Split) -> torch.Tensor:

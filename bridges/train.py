@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, safe_open
 
-from bridges.checkpoint import load_weights, save_weights, write_record, write_tensors
-from bridges.nn import native_bf16
-from bridges.optim import StochasticAdamW, step_generator as round_generator, update_ema
+from geoprobe.bridges.checkpoint import load_weights, save_weights, write_record, write_tensors
+from geoprobe.bridges.nn import native_bf16
+from geoprobe.bridges.optim import StochasticAdamW, step_generator as round_generator, update_ema
 from geoprobe.device import Precision
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
@@ -70,7 +70,7 @@ class TrainConfig:
     schedule: str = "cosine"
     eval_at_start: bool = False  # the plateau rule also scores the starting weights (step 0), kept if never beaten
     # auto: bf16 autocast where the device computes bf16 natively; float32: never; bfloat16: the
-    # model's bfloat16 parameters trained as such (bridges.optim), no autocast
+    # model's bfloat16 parameters trained as such (geoprobe.bridges.optim), no autocast
     precision: str = "auto"
 
     def validate(self) -> None:
@@ -272,7 +272,7 @@ def _step_loss(model: torch.nn.Module, loss_fn: Callable, world: World, device: 
 
 def _optimizer(params: dict, cfg: TrainConfig, device: torch.device):
     """AdamW (no weight decay on vectors) and its warmup-then-cosine schedule; with bfloat16
-    weights, AdamW with stochastic rounding (bridges.optim)."""
+    weights, AdamW with stochastic rounding (geoprobe.bridges.optim)."""
     decay = [p for n, p in params.items() if p.ndim >= 2]
     no_decay = [p for n, p in params.items() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

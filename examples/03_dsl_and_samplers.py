@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import geoprobe
-from samplers import SAMPLERS
+from geoprobe.samplers import SAMPLERS
 
 TINY = os.environ.get("GEOPROBE_EXAMPLE_TINY") == "1"
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/example-dsl")

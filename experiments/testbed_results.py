@@ -68,7 +68,7 @@ def log(message: str) -> None:
 # --- stage 1: training ------------------------------------------------------------------------
 
 def train_variant(out: Path, name: str, seed: int) -> dict:
-    from bridges.dsl import dsl_settings, fit_dsl
+    from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 
     folder = out / "models" / f"{name}-seed{seed}"
     if (folder / "metrics.json").is_file():
@@ -90,8 +90,8 @@ def held_out_bound(folder: Path) -> dict:
     NLL of the same documents."""
     import torch
 
-    from bridges.dsl import load_dsl
-    from bridges.likelihood import mdlm_elbo
+    from geoprobe.bridges.dsl import load_dsl
+    from geoprobe.bridges.likelihood import mdlm_elbo
     from geoprobe.tokens import load_saved_tokenizer
     from geoprobe.synthetic import hmm_from_spec
     from geoprobe.testbed import SEED
@@ -473,7 +473,7 @@ def verdict_lines(by: dict) -> list[str]:
 
 
 def bridges_section(rows: list[dict], out: Path) -> list[str]:
-    from bridges.checkpoint import training_tokens
+    from geoprobe.bridges.checkpoint import training_tokens
     from geoprobe.workflows.sweep import bridge_dir
 
     parts = ["### 3. The DiHAL rows", "", "Bridges of the tiny demo's sweep protocol (d 64 x 2 blocks, cap 400 steps x 16 "

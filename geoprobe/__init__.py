@@ -1,8 +1,8 @@
 """geoprobe: where can diffusion enter a pretrained language model?
 
 The toolkit measures the geometry of every layer's hidden states, ranks the layers, and
-(with the sibling packages `bridges` and `samplers`) trains and samples diffusion models at
-the chosen interface. See docs/architecture.md for the architecture and README.md for the CLI.
+(with its subpackages geoprobe.bridges and geoprobe.samplers, the folders bridges/ and samplers/
+of the source tree) trains and samples diffusion models at the chosen interface. See docs/architecture.md for the architecture and README.md for the CLI.
 """
 
 import os
@@ -35,6 +35,20 @@ def _keep_freed_memory() -> bool:
 
 
 _keep_freed_memory()  # process-wide: every command and notebook on a CPU avoids page-fault storms
+
+
+def _find_siblings_in_a_source_tree() -> None:
+    """bridges/ and samplers/ install inside this package (geoprobe.bridges, geoprobe.samplers:
+    pyproject.toml's package-dir); run from a source tree that nobody installed (the GPU
+    machine's copy of the working tree), they are found where they are, beside this folder."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if importlib.util.find_spec("geoprobe.bridges") is None and os.path.isdir(os.path.join(root, "bridges")):
+        __path__.append(root)
+
+
+_find_siblings_in_a_source_tree()
 
 _API = ("Run", "open_run", "scan", "bridge", "sample")
 

@@ -68,7 +68,7 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     """Device memory of `dsl train --init-from` a causal LM of `config` (bridges/train.py's loop).
     Per parameter of the LM (its input embedding becomes the DSL's own, as large): 20 bytes in
     float32 (weights, gradients, AdamW's two moments, the EMA copy), 14 with bfloat16 weights,
-    gradients and EMA beside float32 moments (bridges.optim); the d_tok-wide token table always
+    gradients and EMA beside float32 moments (geoprobe.bridges.optim); the d_tok-wide token table always
     20 (the plateau rule's best weights, and the live ones while the EMA's are scored, wait on the
     host). Then the activations backward keeps (twice each block's working set at the weights'
     width, the prepended BOS position included) and the

@@ -47,7 +47,7 @@ ALPHA = 0.05
 # the fewest compared layers whose one-sided permutation test can reach ALPHA: its smallest
 # possible p is 1/n! (the one ordering of n distinct values that agrees perfectly)
 MIN_LAYERS = next(n for n in range(1, 10) if 1 / math.factorial(n) < ALPHA)
-# per-layer controls a sweep's rows carry (bridges.controls.layer_controls, sweep --ceiling), shown beside the losses
+# per-layer controls a sweep's rows carry (geoprobe.bridges.controls.layer_controls, sweep --ceiling), shown beside the losses
 LAYER_CONTROLS = ("control_mean_nmse_dim", "control_lookup_nmse_dim", "control_ridge_nmse_dim",
                   "control_lookup_ridge_nmse_dim", "ceiling_nmse_dim")
 RELIABLE = 0.5  # below this reliability of the seed means the layers' order is mostly seed noise

@@ -4,11 +4,11 @@ the papers' headline settings one flag away (`PRESETS`)."""
 from __future__ import annotations
 
 from geoprobe.errors import BadInput
-from samplers.base import SampleResult, Sampler, TokenDenoiser, check_flags
-from samplers.continuous import Continuous
-from samplers.hybrid import Hybrid
-from samplers.masked import MDLM, ReMDMCap, ReMDMConf, ReMDMLoop, ReMDMRescale
-from samplers.roar import ROAR
+from geoprobe.samplers.base import SampleResult, Sampler, TokenDenoiser, check_flags
+from geoprobe.samplers.continuous import Continuous
+from geoprobe.samplers.hybrid import Hybrid
+from geoprobe.samplers.masked import MDLM, ReMDMCap, ReMDMConf, ReMDMLoop, ReMDMRescale
+from geoprobe.samplers.roar import ROAR
 
 SAMPLERS: dict[str, type[Sampler]] = {cls.name: cls for cls in
                                       (MDLM, ReMDMCap, ReMDMRescale, ReMDMConf, ReMDMLoop, ROAR, Continuous, Hybrid)}

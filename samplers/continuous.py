@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.base import Sampler
+from geoprobe.samplers.base import Sampler
 
 
 def snr_grid(steps: int, s_end: float) -> torch.Tensor:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from geoprobe.errors import BadInput
-from samplers.base import RevealState, Sampler
-from samplers.continuous import localize, snr_grid
-from samplers.masked import MDLM
+from geoprobe.samplers.base import RevealState, Sampler
+from geoprobe.samplers.continuous import localize, snr_grid
+from geoprobe.samplers.masked import MDLM
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samplers.base import MASK, CountingDenoiser, RevealState, Sampler
+from geoprobe.samplers.base import MASK, CountingDenoiser, RevealState, Sampler
 
 FINAL_T = 1e-5  # where the references' grid stops before their final argmax pass (their sampling eps)
 

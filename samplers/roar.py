@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from geoprobe.errors import BadInput
-from samplers.base import RevealState, Sampler
+from geoprobe.samplers.base import RevealState, Sampler
 
 
 @dataclass

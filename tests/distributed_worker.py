@@ -49,7 +49,7 @@ def regression_problem():
 def train_worker(rank: int, world_size: int, port: int, out: str, stop_at: int) -> None:
     """Train 6 steps of global batch 8 in `out` (resuming its checkpoint); stop_at > 0 makes
     every rank fail at that step, as a crash would, after the checkpoint of step 4."""
-    from bridges.train import TrainConfig, train
+    from geoprobe.bridges.train import TrainConfig, train
     from geoprobe.distributed import world_from
 
     join(rank, world_size, port)

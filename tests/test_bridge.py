@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from bridges.fit import fit_bridge
-from bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
-from bridges.train import TrainConfig
+from geoprobe.bridges.fit import fit_bridge
+from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
+from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
 from tests.helpers import assert_one_line_error, copy_run, invoke
 from geoprobe.verdict import learned_below
@@ -27,7 +27,7 @@ def blocks(llama, corpus_txt):
 @pytest.fixture(scope="module")
 def states(llama, blocks):
     """The teacher states of the blocks at layers 0-2, once: training pool and validation split."""
-    from bridges.states import teacher_states
+    from geoprobe.bridges.states import teacher_states
 
     return teacher_states(llama, blocks[0], [], blocks[1], [1, 2])
 
@@ -55,7 +55,7 @@ def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, states, tmp
 
 
 def test_rounding_baseline_decodes_by_nearest_embedding(llama):
-    from bridges.hidden import RoundingDenoiser
+    from geoprobe.bridges.hidden import RoundingDenoiser
 
     teacher = Teacher(llama, 0)
     bridge = HiddenBridge(small(0, llama)).eval()
@@ -98,7 +98,7 @@ def test_hybrid_denoiser_shape_and_shift(llama):
     assert torch.equal(clean_bos[..., :d], (teacher.embeddings[full[:, :1]] + teacher.offsets(1)).to(clean_bos.dtype))
     assert hybrid.token_table().shape == (llama.config.vocab_size, bridge.cfg.d_tok)
     # any sampler drives it (with the bridge's own reconstruction)
-    from samplers import make_sampler
+    from geoprobe.samplers import make_sampler
 
     del bridge.sample
     out = make_sampler("mdlm", steps=4).sample(hybrid, num=1, length=5, seed=0)
@@ -108,7 +108,7 @@ def test_hybrid_denoiser_shape_and_shift(llama):
 def test_layer0_clean_nmse_is_zero_before_training(llama, states):
     """At layer 0 the clean source is the state itself and the update starts at zero: exact at
     step 0, which is why the sweep leaves layer 0 out of its test."""
-    from bridges.fit import fit_statistics, validate
+    from geoprobe.bridges.fit import fit_statistics, validate
 
     bridge = HiddenBridge(small(0, llama)).eval()
     fit_statistics(bridge, states)
@@ -273,7 +273,7 @@ def test_the_clean_condition_source_is_exactly_layer_0(llama, support):
 def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_prior_elsewhere(llama, monkeypatch):
     """The restricted converter is exact: the full-vocabulary one whose bias is -inf off the
     support gives the same source (float32), and the bf16 mixture stays within 1% of it."""
-    import bridges.hidden
+    import geoprobe.bridges.hidden
 
     teacher = Teacher(llama, 1)
     v = llama.config.vocab_size
@@ -299,10 +299,10 @@ def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_pri
         whole.converter.bias[support] = restricted.converter.bias
     z = 3.0 * torch.randn(2, 7, restricted.cfg.d_tok, generator=torch.Generator().manual_seed(3))
     offsets = teacher.offsets(7)
-    monkeypatch.setattr(bridges.hidden, "native_bf16", lambda device: False)
+    monkeypatch.setattr(geoprobe.bridges.hidden, "native_bf16", lambda device: False)
     exact = restricted.source(z, teacher.embeddings, offsets)
     assert torch.allclose(exact, whole.source(z, teacher.embeddings, offsets), rtol=1e-5, atol=1e-6)
-    monkeypatch.setattr(bridges.hidden, "native_bf16", lambda device: True)
+    monkeypatch.setattr(geoprobe.bridges.hidden, "native_bf16", lambda device: True)
     restricted._kept = None  # the cached table was cast for the float32 path
     fast = restricted.source(z, teacher.embeddings, offsets)
     d = llama.hidden_size
@@ -313,8 +313,8 @@ def test_a_corpus_support_is_the_whole_vocabulary_converter_with_a_minus_inf_pri
 
 
 def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, states, tmp_path):
-    from bridges.fit import corpus_support
-    from bridges.hidden import load_bridge
+    from geoprobe.bridges.fit import corpus_support
+    from geoprobe.bridges.hidden import load_bridge
 
     fit_bridge(llama, 1, states, small(1, llama), TrainConfig(steps=4, batch_size=4, save_every=4),
                tmp_path / "b", {"layer": 1})
@@ -332,8 +332,8 @@ def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, states, tmp_pa
 def test_a_bridge_recorded_before_a_field_existed_is_read_with_its_old_value(llama, states, tmp_path):
     """A record without `conv_window` (written before it existed) had no convolution: it loads
     without one and a rerun with --conv-window 0 reuses it; the new default is refused by name."""
-    from bridges.fit import check_bridge_dir
-    from bridges.hidden import load_bridge
+    from geoprobe.bridges.fit import check_bridge_dir
+    from geoprobe.bridges.hidden import load_bridge
     from geoprobe.errors import BadInput
 
     cfg, train_cfg = small(1, llama, conv_window=0), TrainConfig(steps=4, batch_size=4, save_every=4)
@@ -352,8 +352,8 @@ def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, states):
     """The training loop runs the loss under bf16 autocast on CUDA; the teacher's states and the
     converter's source must not follow it (checked here with CPU autocast, which casts the same
     way): they equal, bit for bit, what the same step computes without autocast."""
-    from bridges.fit import training_loss
-    from bridges.train import Shard, step_generator
+    from geoprobe.bridges.fit import training_loss
+    from geoprobe.bridges.train import Shard, step_generator
 
     bridge = HiddenBridge(small(2, llama))
     teacher = Teacher(llama, 2)
@@ -409,7 +409,7 @@ def test_cached_states_equal_the_on_the_fly_teacher_bit_for_bit(llama, blocks, s
             keep = mask.bool()
             assert torch.equal(cached[0][keep], h0[keep]) and torch.equal(cached[layer][keep], hl[keep])
     # ref_ce is the frozen model's own loss: the upper stack on the true states of any layer
-    from bridges.fit import validate
+    from geoprobe.bridges.fit import validate
 
     exact = validate(HiddenBridge(small(1, llama)).eval(), Teacher(llama, 1), states.val, 4)
     assert exact["ref_ce"] is None and abs(states.ref_ce - _plain_ce(llama, states.val)) < 1e-5
@@ -429,7 +429,7 @@ def _plain_ce(llama, split):
 
 
 def test_the_teacher_states_plan_refuses_what_does_not_fit():
-    from bridges.states import check_room, plan_bytes
+    from geoprobe.bridges.states import check_room, plan_bytes
 
     assert plan_bytes(1000, [0, 3, 3], 576) == 1000 * 2 * 576 * 4
     assert check_room(1000, [0, 3], 576, available=10 ** 9) == 1000 * 2 * 576 * 4
@@ -442,9 +442,9 @@ def test_the_carry_starts_at_its_closed_form(llama, states):
     least-squares slope on the source channel: on the positions it was fitted on, the per-channel
     nmse is mean_c(1 - rho_c^2) (rho_c the correlation of source and target channel c), below the
     mean state's 1; the K-step sampler returns exactly that prediction."""
-    from bridges.fit import fit_statistics, validate
-    from bridges.scoring import generated_rows
-    from bridges.states import TeacherStates
+    from geoprobe.bridges.fit import fit_statistics, validate
+    from geoprobe.bridges.scoring import generated_rows
+    from geoprobe.bridges.states import TeacherStates
 
     same = TeacherStates(states.val, states.val, states.val, states.layers, states.hidden_size, states.ref_ce)
     bridge = HiddenBridge(small(2, llama, carry="channel")).eval()
@@ -462,8 +462,8 @@ def test_the_lookup_carry_starts_at_the_token_lookup(llama, states):
     state, so on held-out positions its per-channel nmse (K steps and 1 step) equals the lookup
     control's, here computed by an independent numpy table (ids unseen in training: the overall
     training mean). Massive rows are left out of the table and of the score alike."""
-    from bridges.fit import fit_statistics, validate
-    from bridges.scoring import fitted_rows, generated_rows, scored_rows
+    from geoprobe.bridges.fit import fit_statistics, validate
+    from geoprobe.bridges.scoring import fitted_rows, generated_rows, scored_rows
 
     layer, factor = 2, 3.0
     bridge = HiddenBridge(small(layer, llama, bridge_steps=8)).eval()  # the K-step path and the 1-step one

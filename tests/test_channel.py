@@ -4,8 +4,8 @@ converter's mask slot at initialisation."""
 
 import torch
 
-from bridges.channel import TokenTable, channel, endpoint_snr, lognormal_snr, mixed_snr, posterior_mean, random_order_snr
-from bridges.converter import Converter
+from geoprobe.bridges.channel import TokenTable, channel, endpoint_snr, lognormal_snr, mixed_snr, posterior_mean, random_order_snr
+from geoprobe.bridges.converter import Converter
 
 
 def test_posterior_mean_is_snr_free_only_on_the_unit_sphere():

@@ -10,8 +10,8 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from bridges.controls import mean_control, ridge_control, token_lookup, window_features
-from bridges.scoring import state_losses
+from geoprobe.bridges.controls import mean_control, ridge_control, token_lookup, window_features
+from geoprobe.bridges.scoring import state_losses
 
 V, D_E, D, LAYER = 50, 8, 16, 3
 
@@ -62,7 +62,7 @@ def emb():
 
 
 def nmse_dim(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """The one nmse_dim (bridges.fit.state_losses) the bridges and the controls are scored with."""
+    """The one nmse_dim (geoprobe.bridges.fit.state_losses) the bridges and the controls are scored with."""
     return state_losses(target.double(), (pred.double() - target.double()).square())["nmse_dim"]
 
 
@@ -204,7 +204,7 @@ def test_ridge_subsample_is_seeded(rng, emb):
 def test_lookup_ridge_is_the_lookup_plus_sklearns_ridge_on_its_residual(rng, emb):
     """An independent computation: numpy's per-token means, sklearn's Ridge fitted to what they
     leave (same features, same penalty), the two added at the query."""
-    from bridges.controls import lookup_table
+    from geoprobe.bridges.controls import lookup_table
 
     train, _, query = noisy_problem(rng, emb)
     window, lam = 2, 0.1
@@ -227,7 +227,7 @@ def test_lookup_ridge_is_the_lookup_plus_sklearns_ridge_on_its_residual(rng, emb
 def test_lookup_ridge_recovers_a_table_plus_context_that_neither_part_does(rng, emb):
     """States = an arbitrary per-token table (not linear in the embedding) + a linear map of the
     previous token's embedding: only the lookup plus the ridge on its residual recovers them."""
-    from bridges.controls import lookup_table
+    from geoprobe.bridges.controls import lookup_table
 
     table = torch.randn(V, D, generator=torch.Generator().manual_seed(12))
     weight = torch.randn(D_E, D, generator=torch.Generator().manual_seed(13)) / np.sqrt(D_E)

@@ -180,26 +180,33 @@ def test_make_demos_report_says_what_was_found_first_with_no_nan(tiny_demo, smol
     assert (scan / "report.md").is_file() and "smollm2/report.md" in report and "run/report.md" in report
 
 
-def test_each_demo_step_reports_its_time_and_an_estimate_of_what_remains():
+def test_each_demo_step_reports_its_time_and_an_estimate_of_what_remains(monkeypatch):
+    import geoprobe.workflows.demo as demo
     from geoprobe.workflows.demo import EXPECTED, Steps, testbed_steps
+
+    clock = [100.0]  # a clock of the test's own: real sleeps of milliseconds jitter on a busy machine
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: clock[0])
+
+    def work(seconds, result=None):
+        clock[0] += seconds
+        return result
 
     seen = []
     steps = Steps(["scan builtin:hmm-tiny", "sweep", "sample", "eval"], lambda *a: seen.append(a))
-    import time
-
     # each step takes a thousandth of its expected time: a machine 1000 times faster than the table's
-    assert steps("scan builtin:hmm-tiny", lambda x: time.sleep(EXPECTED["scan builtin:hmm-tiny"] / 1000) or x * 2,
+    assert steps("scan builtin:hmm-tiny", lambda x: work(EXPECTED["scan builtin:hmm-tiny"] / 1000, x * 2),
                  21) == 42  # the step's own result comes back
     for what, kind in (("sweep --layers 0-5", "sweep"), ("sample dsl-mdlm --steps 32", "sample"), ("eval", "eval")):
-        steps(what, time.sleep, EXPECTED[kind] / 1000)
+        steps(what, work, EXPECTED[kind] / 1000)
     assert [w for w, _, _ in seen] == ["scan builtin:hmm-tiny", "sweep --layers 0-5", "sample dsl-mdlm --steps 32",
                                        "eval"]
+    assert [t for _, t, _ in seen] == pytest.approx([EXPECTED[k] / 1000 for k in ("scan builtin:hmm-tiny", "sweep",
+                                                                                  "sample", "eval")])
     remaining = [r for _, _, r in seen]
     assert remaining[-1] == 0 and all(a > b for a, b in zip(remaining, remaining[1:]))
-    # the estimate after the first step is what is left at the pace seen so far
-    pace = seen[0][1] / EXPECTED["scan builtin:hmm-tiny"]
-    assert remaining[0] == pytest.approx(pace * (EXPECTED["sweep"] + EXPECTED["sample"] + EXPECTED["eval"]), rel=0.5)
-    assert remaining[0] == pytest.approx((EXPECTED["sweep"] + EXPECTED["sample"] + EXPECTED["eval"]) / 1000, rel=0.5)
+    # the estimate after each step is what is left at the pace seen so far: here a thousandth of the table's
+    assert remaining[0] == pytest.approx((EXPECTED["sweep"] + EXPECTED["sample"] + EXPECTED["eval"]) / 1000)
+    assert remaining[1] == pytest.approx((EXPECTED["sample"] + EXPECTED["eval"]) / 1000)
     # a cached testbed is not trained again
     assert testbed_steps(cached=False)[0] == "train the testbed" and "train the testbed" not in testbed_steps(True)
     # the CLI's line for each step takes what Steps gives it

@@ -11,14 +11,14 @@ from collections import Counter
 import pytest
 import torch
 
-from bridges import likelihood
-from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, train_dsl
-from bridges.fit import fit_bridge
-from bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
-from bridges.train import TrainConfig
+from geoprobe.bridges import likelihood
+from geoprobe.bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, train_dsl
+from geoprobe.bridges.fit import fit_bridge
+from geoprobe.bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
+from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
-from samplers import SAMPLERS, make_sampler
+from geoprobe.samplers import SAMPLERS, make_sampler
 from tests.fake_device import DEVICE, DeviceMixing, OnDevice, accelerator
 
 V = 40
@@ -93,10 +93,10 @@ def syncs_of_training(train_steps, run):
 def float32_everywhere(monkeypatch):
     """The CPU reference runs as the pretend device does, in float32: a CPU with AVX512-BF16 or
     AMX would otherwise train it under bf16 autocast (`native_bf16`), which `lazy` has not."""
-    import bridges.hidden
-    import bridges.train
+    import geoprobe.bridges.hidden
+    import geoprobe.bridges.train
 
-    for module in (bridges.hidden, bridges.train):
+    for module in (geoprobe.bridges.hidden, geoprobe.bridges.train):
         monkeypatch.setattr(module, "native_bf16", lambda device: False)
 
 
@@ -123,7 +123,7 @@ def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path, float32
 @pytest.fixture(scope="module")
 def blocks(llama, corpus_txt):
     assert llama.model.dtype == torch.float32  # the shared tiny Llama (conftest): float32 on the CPU
-    from bridges.states import teacher_states
+    from geoprobe.bridges.states import teacher_states
 
     found = list(iter_blocks(read_documents(str(corpus_txt)), llama.tokenizer, 16, seed=0))
     return teacher_states(llama, found[:24], [], found[-4:], [1])  # on the host, as a run holds them
@@ -221,7 +221,7 @@ def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massiv
 def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, length, precision, tmp_path):
     """The whole training footprint (the weights are moved to the device inside); at the larger
     shape with the plateau rule, whose copies of the weights wait on the host."""
-    from bridges.dsl import pretrained_dsl
+    from geoprobe.bridges.dsl import pretrained_dsl
     from geoprobe.device import Precision
     from geoprobe.memory import dsl_training_bytes
 
@@ -239,14 +239,14 @@ def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, lengt
 
 
 def test_dsl_init_from_that_will_not_fit_is_refused_before_loading(llama, corpus_txt, tmp_path, monkeypatch):
-    import bridges.dsl
-    from bridges.dsl import fit_dsl
+    import geoprobe.bridges.dsl
+    from geoprobe.bridges.dsl import fit_dsl
     from geoprobe.errors import BadInput
     from geoprobe.memory import dsl_training_bytes
 
     need = dsl_training_bytes(llama.config, 8, 4, 16)
-    monkeypatch.setattr(bridges.dsl, "memory_available", lambda device: need - 1)
-    monkeypatch.setattr(bridges.dsl, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(geoprobe.bridges.dsl, "memory_available", lambda device: need - 1)
+    monkeypatch.setattr(geoprobe.bridges.dsl, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(BadInput, match="needs about .* on cpu .* is free"):
         fit_dsl(tmp_path / "dsl", str(corpus_txt), None, DSLTrainSettings(
             seq_len=16, train=TrainConfig(steps=2, batch_size=4)), DSLConfig(vocab_size=0, d_tok=8),
@@ -257,7 +257,7 @@ def test_dsl_init_from_that_will_not_fit_is_refused_before_loading(llama, corpus
 def test_a_resumed_fused_adamw_finds_its_step_count_beside_the_parameter():
     """The fused kernel (CUDA) refuses a step count on another device; the foreach kernels keep it on
     the CPU (beside the parameter every step would wait for it)."""
-    from bridges.train import _state_tensor
+    from geoprobe.bridges.train import _state_tensor
 
     with accelerator():
         param = torch.zeros(3, device=DEVICE)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
-from bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
-from bridges.checkpoint import WEIGHTS
+from geoprobe.bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
+from geoprobe.bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
+from geoprobe.bridges.checkpoint import WEIGHTS
 from geoprobe.errors import BadInput
 from geoprobe.tokens import load_saved_tokenizer
-from bridges.train import CHECKPOINT, TrainConfig, plateaued, train
+from geoprobe.bridges.train import CHECKPOINT, TrainConfig, plateaued, train
 from tests.helpers import assert_one_line_error, invoke
 
 V = 8
@@ -91,7 +91,7 @@ def test_training_resumes_to_the_result_of_an_uninterrupted_run(tmp_path):
 
 def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
     """--precision bfloat16: the network's weights, their gradients and the EMA in bfloat16
-    (bridges.optim's stochastic rounding), the token table and converter in float32; the loss
+    (geoprobe.bridges.optim's stochastic rounding), the token table and converter in float32; the loss
     follows a float32 run's, and a run cut short resumes to the uninterrupted one's bits."""
     from safetensors import safe_open
 
@@ -121,7 +121,7 @@ def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
 
 def test_a_bfloat16_dsl_from_a_pretrained_lm_keeps_the_channel_and_rotary_table_in_float32(tiny_models,
                                                                                           corpus_txt):
-    from bridges.dsl import pretrained_dsl
+    from geoprobe.bridges.dsl import pretrained_dsl
     from geoprobe.backbone import load_tokenizer
 
     spec = str(tiny_models("llama"))
@@ -331,7 +331,7 @@ def test_a_dsl_from_a_pretrained_lm_starts_as_that_lm_with_bidirectional_attenti
     """Oracle: run causally on clean inputs, the new denoiser's logits at position i are the
     pretrained model's next-token logits after [BOS, x_0..x_{i-1}]; run as it trains, every
     position sees the later ones."""
-    from bridges.dsl import pretrained_dsl
+    from geoprobe.bridges.dsl import pretrained_dsl
     from geoprobe.backbone import load_backbone
 
     backbone = load_backbone(str(tiny_models(arch)), device="cpu", dtype="float32")
@@ -394,10 +394,10 @@ def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(ti
     and the checkpoint holds no vocabulary-wide copy of the LM's own (unused) input embedding."""
     from safetensors import safe_open
 
-    import bridges.dsl as dsl_module
+    import geoprobe.bridges.dsl as dsl_module
     import geoprobe.backbone as backbone_module
-    from bridges.channel import TokenTable
-    from bridges.dsl import input_embedding_key, load_dsl
+    from geoprobe.bridges.channel import TokenTable
+    from geoprobe.bridges.dsl import input_embedding_key, load_dsl
 
     loads = []
     real_load = backbone_module.load_backbone
@@ -450,7 +450,7 @@ def test_training_with_evaluations_keeps_the_best_ema_weights(shape, tmp_path):
 
 
 def test_dsl_train_stops_on_its_held_out_bound_and_never_on_the_reported_rows(corpus_txt, tmp_path):
-    from bridges.dsl import REPORTED_ROWS, sequences, stopping_rows
+    from geoprobe.bridges.dsl import REPORTED_ROWS, sequences, stopping_rows
     from geoprobe.tokens import token_stream, word_tokenizer
 
     out = tmp_path / "plateau"
@@ -474,7 +474,7 @@ def test_dsl_train_stops_on_its_held_out_bound_and_never_on_the_reported_rows(co
 
 def test_the_kind_registry_answers_for_each_kind_and_refuses_an_unknown_one(tmp_path):
     """What sample, eval and nll ask of a checkpoint comes from its kind's entry; an unknown kind is one line."""
-    from bridges.kinds import KINDS, kind_of, open_checkpoint
+    from geoprobe.bridges.kinds import KINDS, kind_of, open_checkpoint
 
     bridge = {"kind": "bridge", "identity": {"model": "lm"}, "budget": {"seq_len": 65}}
     dsl = {"kind": "dsl", "identity": {"init_from": "lm2"}, "budget": {"seq_len": 33}}

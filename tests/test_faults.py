@@ -295,7 +295,7 @@ def test_disk_full_while_writing_a_checkpoint_is_one_line(tmp_path, corpus_txt, 
             Path(path).write_bytes(b"part of a checkpoint")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-        monkeypatch.setattr("bridges.train.save_file", full)
+        monkeypatch.setattr("geoprobe.bridges.train.save_file", full)
     try:
         code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 4,
                               "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu",

@@ -9,14 +9,15 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("geoprobe", "bridges", "samplers")
+# source folder -> the package it installs as (pyproject.toml's package-dir)
+PACKAGES = {"geoprobe": "geoprobe", "bridges": "geoprobe.bridges", "samplers": "geoprobe.samplers"}
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            name = ".".join((package, *path.relative_to(ROOT / folder).with_suffix("").parts))
             found[name.removesuffix(".__init__")] = path
     return found
 
@@ -80,8 +81,8 @@ def cycles(graph: dict) -> list[list[str]]:
 # samplers, the trainable models, the application layer, the command line, and the two front
 # doors (`import geoprobe` with its notebook API, `python -m geoprobe`). A package imports only
 # the packages below it (docs/architecture.md draws this).
-LAYERS = ("geoprobe.report", "geoprobe.metrics", "geoprobe", "samplers", "bridges", "geoprobe.workflows",
-          "geoprobe.cli", "front door")
+LAYERS = ("geoprobe.report", "geoprobe.metrics", "geoprobe", "geoprobe.samplers", "geoprobe.bridges",
+          "geoprobe.workflows", "geoprobe.cli", "front door")
 FRONT_DOOR = ("geoprobe", "geoprobe.__main__", "geoprobe.api")
 
 
@@ -107,7 +108,7 @@ def package_graph(modules: dict) -> dict:
 def test_packages_have_no_loop_and_import_only_the_layers_below():
     top, inner = import_graph()
     graph = package_graph({name: top[name] | inner[name] for name in set(top) | set(inner)})
-    assert {"bridges", "samplers", "geoprobe", "geoprobe.workflows", "geoprobe.cli"} <= set(graph)
+    assert {"geoprobe.bridges", "geoprobe.samplers", "geoprobe", "geoprobe.workflows", "geoprobe.cli"} <= set(graph)
     assert cycles(graph) == [], "package loops: " + "; ".join(" <-> ".join(c) for c in cycles(graph))
     upward = [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a]) if LAYERS.index(b) > LAYERS.index(a)]
     assert upward == []
@@ -115,9 +116,9 @@ def test_packages_have_no_loop_and_import_only_the_layers_below():
 
 def test_the_package_check_finds_a_loop_between_packages():
     """bridges -> geoprobe -> bridges through different modules is no module loop, but a package loop."""
-    modules = {"bridges.fit": {"geoprobe.store"}, "geoprobe.sweep": {"bridges.fit"}}
+    modules = {"geoprobe.bridges.fit": {"geoprobe.store"}, "geoprobe.sweep": {"geoprobe.bridges.fit"}}
     assert cycles(modules) == []
-    assert cycles(package_graph(modules)) == [["bridges", "geoprobe"]]
+    assert cycles(package_graph(modules)) == [["geoprobe", "geoprobe.bridges"]]
 
 
 def test_the_whole_import_graph_has_no_loop():
@@ -153,7 +154,7 @@ def test_no_library_function_is_longer_than_80_lines():
 def test_only_the_registry_and_the_record_read_a_checkpoints_kind():
     """bridges/kinds.py is the one table of model kinds: no other module branches on a record's
     "kind" (checkpoint.py only reads and writes the field)."""
-    owners = {"bridges.kinds", "bridges.checkpoint"}
+    owners = {"geoprobe.bridges.kinds", "geoprobe.bridges.checkpoint"}
     readers = []
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -162,3 +163,38 @@ def test_only_the_registry_and_the_record_read_a_checkpoints_kind():
             if isinstance(key, ast.Constant) and key.value == "kind" and name not in owners:
                 readers.append(f"{name}:{node.lineno}")
     assert readers == []
+
+
+def test_every_package_folder_installs_and_nothing_imports_the_folders_by_their_own_names():
+    """pyproject.toml lists every package (a new subfolder is not forgotten), bridges/ and samplers/
+    install inside geoprobe (no top-level name to clash with PyPI's `bridges`), and no module
+    imports `bridges` or `samplers` as top-level names (which work only in a source tree)."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join((PACKAGES[p.relative_to(ROOT).parts[0]], *p.relative_to(ROOT).parts[1:-1]))
+               for folder in PACKAGES for p in (ROOT / folder).rglob("__init__.py")}
+    assert set(setup["packages"]) == folders
+    assert setup["package-dir"] == {package: folder for folder, package in PACKAGES.items() if folder != package}
+    top_level = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            found = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            top_level += [f"{name}: {m}" for m in found if m.split(".")[0] in ("bridges", "samplers")]
+    assert top_level == []
+
+
+def test_a_source_tree_nobody_installed_finds_bridges_and_samplers_inside_geoprobe():
+    """The GPU machine runs a copy of the working tree without installing it: with the editable
+    install's finder taken away, geoprobe.bridges and geoprobe.samplers still import, from the
+    folders beside geoprobe/."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
+            f"sys.path.insert(0, {str(ROOT)!r}); import geoprobe.bridges.kinds, geoprobe.samplers; "
+            "print(geoprobe.bridges.kinds.__file__, geoprobe.samplers.__file__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(ROOT / "bridges" / "kinds.py"), str(ROOT / "samplers" / "__init__.py")]

@@ -3,7 +3,7 @@ AdamW in float32 and against plain rounding, which loses small updates."""
 
 import torch
 
-from bridges.optim import StochasticAdamW, round_stochastic, step_generator, update_ema
+from geoprobe.bridges.optim import StochasticAdamW, round_stochastic, step_generator, update_ema
 
 
 def neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

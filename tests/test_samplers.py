@@ -6,11 +6,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from bridges.channel import TokenTable, posterior_logits
+from geoprobe.bridges.channel import TokenTable, posterior_logits
 from geoprobe.errors import BadInput
-from samplers import SAMPLERS, make_sampler
-from samplers.base import gumbel_sample, nucleus
-from samplers.masked import remdm_transition, sigma_max
+from geoprobe.samplers import SAMPLERS, make_sampler
+from geoprobe.samplers.base import gumbel_sample, nucleus
+from geoprobe.samplers.masked import remdm_transition, sigma_max
 
 
 class Oracle:
@@ -165,8 +165,8 @@ def test_both_nucleus_rules_on_a_hand_made_distribution_and_against_their_refere
 
 
 def test_remdm_conf_remasks_by_the_softmax_of_minus_the_drawn_probability():
-    from samplers.base import RevealState
-    from samplers.masked import ReMDMConf
+    from geoprobe.samplers.base import RevealState
+    from geoprobe.samplers.masked import ReMDMConf
 
     oracle = Oracle(PRIOR)
     state = RevealState(oracle.table, oracle.s_max, 2, 3, torch.Generator().manual_seed(0))
@@ -191,8 +191,8 @@ def test_remdm_conf_remasks_the_least_likely_tokens_more_often():
 
 
 def test_final_argmax_stops_the_grid_at_the_references_eps_and_fills_what_is_left():
-    from samplers.base import CountingDenoiser, RevealState
-    from samplers.masked import FINAL_T
+    from geoprobe.samplers.base import CountingDenoiser, RevealState
+    from geoprobe.samplers.masked import FINAL_T
 
     sampler = make_sampler("mdlm", steps=4, final_argmax=True)
     steps = list(sampler.transitions(4))
@@ -244,7 +244,7 @@ def test_remdm_loop_follows_the_reference_except_on_the_steps_that_cross_t_on_an
 
 
 def test_presets_set_the_references_knobs_and_explicit_flags_win():
-    from samplers import sampler_from_flags
+    from geoprobe.samplers import sampler_from_flags
 
     cap = sampler_from_flags("remdm-cap", preset="remdm-paper")
     assert (cap.steps, cap.top_p, cap.top_p_rule, cap.final_argmax, cap.eta_cap) == (1024, 0.9, "remdm", True, 0.008)

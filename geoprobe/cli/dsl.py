@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bridges.dsl import dsl_settings, fit_dsl
+from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 from geoprobe.backbone import resolve_device
 from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps
 from geoprobe.cli.output import progress, show

@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from bridges.likelihood import ESTIMATORS
+from geoprobe.bridges.likelihood import ESTIMATORS
 from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
 from geoprobe.cli.output import show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
 from geoprobe.workflows.generate import SampleSettings, corpus_nll, generate
-from samplers import FINISHERS, NAMES, PRESETS, SAMPLERS, knob_default
+from geoprobe.samplers import FINISHERS, NAMES, PRESETS, SAMPLERS, knob_default
 
 SAMPLE = SampleSettings()  # num, length, seed, finisher and decode; the sampler knobs default in their classes
 

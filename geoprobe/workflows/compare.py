@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bridges.checkpoint import training_tokens
+from geoprobe.bridges.checkpoint import training_tokens
 from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable

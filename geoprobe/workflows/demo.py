@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridges.dsl import dsl_settings, fit_dsl
+from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 from geoprobe.assets import builtin_model, testbed_cached
 from geoprobe.backbone import resolve_device
 from geoprobe.files import holding, read_json

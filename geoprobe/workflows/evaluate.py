@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bridges.kinds import open_checkpoint
+from geoprobe.bridges.kinds import open_checkpoint
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import check_source, iter_jsonl, read_documents
 from geoprobe.errors import BadInput

@@ -13,23 +13,23 @@ from pathlib import Path
 
 import torch
 
-from bridges.dsl import sequences, split_documents
-from bridges.kinds import KINDS, load_denoiser, open_checkpoint
-from bridges.likelihood import ESTIMATORS as table
+from geoprobe.bridges.dsl import sequences, split_documents
+from geoprobe.bridges.kinds import KINDS, load_denoiser, open_checkpoint
+from geoprobe.bridges.likelihood import ESTIMATORS as table
 from geoprobe.backbone import load_backbone
 from geoprobe.corpus import read_documents
 from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable
 from geoprobe.tokens import TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text8, text8_split, token_stream
-from samplers import AUTOREGRESSIVE, NAMES, check_options, knob_default, preset_flags, sampler_from_flags
-from samplers.base import nucleus
+from geoprobe.samplers import AUTOREGRESSIVE, NAMES, check_options, knob_default, preset_flags, sampler_from_flags
+from geoprobe.samplers.base import nucleus
 
 
 @dataclass(frozen=True)
 class SampleSettings:
     """The flags of `geoprobe sample`. A sampler knob left None takes the preset's value, else the
-    sampler's own default (samplers.knob_default): the defaults live in the sampler classes."""
+    sampler's own default (geoprobe.samplers.knob_default): the defaults live in the sampler classes."""
 
     num: int = 8
     length: int = 128

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bridges.controls import layer_controls as fit_controls
-from bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
-from bridges.states import teacher_states
+from geoprobe.bridges.controls import layer_controls as fit_controls
+from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
+from geoprobe.bridges.states import teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.distributed import world_from
@@ -130,7 +130,7 @@ def _split_by_document(blocks: list, stop_blocks: int) -> tuple[list, list]:
 def _massive_rule(run: Path | None) -> float | None:
     """The scan's rule for massive rows (its geometry settings; the default without a scan), or
     None when it kept them."""
-    from bridges.fit import MASSIVE_FACTOR
+    from geoprobe.bridges.fit import MASSIVE_FACTOR
 
     path = Path(run or "") / "geometry.json"
     if run is None or not path.is_file():
@@ -169,9 +169,9 @@ class BridgeSettings:
     train_tokens: int = 262_144  # the training pool whose teacher states are cached (bridges/states.py)
 
     def training(self):
-        """The training settings (bridges.fit.bridge_training); every flag is checked here,
+        """The training settings (geoprobe.bridges.fit.bridge_training); every flag is checked here,
         before anything loads."""
-        from bridges.fit import bridge_training
+        from geoprobe.bridges.fit import bridge_training
 
         check_bridge_flags(self.network)
         if self.train_tokens < 1:
@@ -231,7 +231,7 @@ CONTROLS_VERSION = "2: mean, lookup, ridge, lookup + ridge (window 4, fewer at l
 
 
 def layer_controls(source: Source, states, layer: int, root: Path, write: bool = True) -> dict:
-    """The closed-form controls of `layer` (bridges.controls), kept in root/bridges/layer-NN/
+    """The closed-form controls of `layer` (geoprobe.bridges.controls), kept in root/bridges/layer-NN/
     controls.json for the data they were fitted on: a resumed sweep does not refit them."""
 
     path = Path(root) / "bridges" / f"layer-{layer:02d}" / "controls.json"
@@ -253,7 +253,7 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     teacher `states` (resumed, or refused when it holds another run; cleared first with `force`):
     its validation metrics, with the layer's `controls` (None on data-parallel ranks other than 0),
     and its folder. The caller holds that folder (`bridge_run`, `sweep_run`)."""
-    from bridges.fit import fit_bridge
+    from geoprobe.bridges.fit import fit_bridge
 
     check_layer(source, layer)
     cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
@@ -275,7 +275,7 @@ def refuse_other_bridges(source: Source, plans: list[tuple[int, BridgeSettings, 
     """Before the teacher pass: every (layer, settings, folder) to train whose folder holds a
     bridge of another run is refused in one line (fit_bridge would refuse it only after the
     minutes the states take). With `force` the folders are cleared instead, when each trains."""
-    from bridges.fit import check_bridge_dir
+    from geoprobe.bridges.fit import check_bridge_dir
 
     for layer, chosen, out in [] if force else plans:
         check_bridge_dir(out, chosen.network_at(layer, source.backbone), chosen.training(), identity(source, layer))
