@@ -7,11 +7,13 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import Device, Seed
+from geoprobe.cli.options import Device, Seed, defaults_of
 from geoprobe.cli.output import show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
 from geoprobe.workflows.evaluate import evaluate_samples
+
+EVAL = defaults_of(evaluate_samples)  # eval's flags default as the call does
 
 
 @app.command("eval", epilog="Examples:\n\n"
@@ -30,8 +32,8 @@ def evaluate(
     oracle_start: Annotated[str, typer.Option(help="synthetic:hmm only: where the HMM starts a sample: auto (from "
                                                    "how each generator's training rows began), document (a "
                                                    "document's first word), anywhere (a random word of a "
-                                                   "document) or blocks:K (words 0, K, 2K, ...).")] = "auto",
-    seed: Seed = 0, device: Device = "auto",
+                                                   "document) or blocks:K (words 0, K, 2K, ...).")] = EVAL.oracle_start,
+    seed: Seed = EVAL.seed, device: Device = EVAL.device,
 ):
     """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -19,6 +21,13 @@ class GlobalState:
 
 
 state = GlobalState()
+
+
+def defaults_of(call) -> SimpleNamespace:
+    """A library call's keyword defaults, read by the flags that mirror them: the signature of the
+    call a command makes is their one owner (where no settings dataclass holds them)."""
+    return SimpleNamespace(**{name: p.default for name, p in inspect.signature(call).parameters.items()
+                              if p.default is not inspect.Parameter.empty})
 
 Out = Annotated[Path, typer.Option("--out", "-o", help="Run directory this command writes (created if missing).")]
 Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed for every random choice; recorded in the outputs.")]

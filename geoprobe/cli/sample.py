@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from geoprobe.bridges.likelihood import ESTIMATORS
-from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen
+from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen, defaults_of
 from geoprobe.cli.output import show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -16,6 +16,7 @@ from geoprobe.workflows.generate import SampleSettings, corpus_nll, generate
 from geoprobe.samplers import FINISHERS, NAMES, PRESETS, SAMPLERS, knob_default
 
 SAMPLE = SampleSettings()  # num, length, seed, finisher and decode; the sampler knobs default in their classes
+NLL = defaults_of(corpus_nll)  # nll's flags default as the call does
 
 
 def _default(knob: str) -> str:
@@ -95,13 +96,13 @@ def _print_samples(result: dict) -> None:
 def nll(
     model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory.")],
     corpus: Corpus = "kjv",
-    seq_len: SeqLen = 128,
-    max_seqs: Annotated[int, typer.Option(min=1, help="Held-out sequences to score.")] = 32,
+    seq_len: SeqLen = NLL.seq_len,
+    max_seqs: Annotated[int, typer.Option(min=1, help="Held-out sequences to score.")] = NLL.max_seqs,
     estimators: Annotated[str | None, typer.Option(help="Comma list of " + ", ".join(ESTIMATORS)
                                                         + " (default: all).")] = None,
-    batch_size: BatchSize = 8, seed: Seed = 0, device: Device = "auto",
+    batch_size: BatchSize = NLL.batch_size, seed: Seed = NLL.seed, device: Device = NLL.device,
     split: Annotated[str, typer.Option(help="Text8 files: the split to score (train, validation or test: the "
-                                            "90/5/5% character ranges).")] = "test",
+                                            "90/5/5% character ranges).")] = NLL.split,
 ):
     """Bits per token (and per character) of held-out text under a DSL checkpoint. Given a
     Text8 file (one line of a-z and spaces) it follows the Text8 protocol: a `--tokenizer char`
