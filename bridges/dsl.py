@@ -434,7 +434,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 return metrics
 
             return fit_model(model, loss_fn, settings.train, out, target, score, "DSL model", progress=progress,
-                             world=world, watch=watch)
+                             world=world, watch=watch, reload=False)
         finally:
             if progress is not None:
                 progress.stop()

@@ -238,7 +238,7 @@ class HiddenBridge(nn.Module):
                 # not of its mean (massive channels); `source` adds the mean back, exactly, as
                 # the mixture's weights sum to 1
                 rows = torch.cat([rows, self.lookup - self.target_mean], dim=1)
-            fast = self.cfg.precision == "auto" and native_bf16(embeddings.device)
+            fast = Precision.parse(self.cfg.precision) is Precision.AUTO and native_bf16(embeddings.device)
             self._kept = kept = (embeddings, rows.to(torch.bfloat16 if fast else rows.dtype))
         return kept[1]
 

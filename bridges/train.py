@@ -276,7 +276,7 @@ def _optimizer(params: dict, cfg: TrainConfig, device: torch.device):
     decay = [p for n, p in params.items() if p.ndim >= 2]
     no_decay = [p for n, p in params.items() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.precision == "bfloat16":
+    if Precision.parse(cfg.precision) is Precision.BFLOAT16:
         optimizer = StochasticAdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), seed=cfg.seed)
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95),
@@ -409,17 +409,19 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
 
 def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
               score: Callable[[torch.nn.Module, Trained], dict], title: str, progress=None, world: World = SINGLE,
-              watch: Callable[[torch.nn.Module], float] | None = None) -> dict | None:
+              watch: Callable[[torch.nn.Module], float] | None = None, reload: bool = True) -> dict | None:
     """The fit every model kind shares, after its directory is checked and its config.json
     written (bridges/checkpoint.py): train or resume (`train`, the plateau rule on `watch`),
     load the kept EMA weights, score them (`score(model, trained)`: the kind's validation),
     add the training summary and write the record (metrics.json last, curve.csv, the curve
     plot). Returns the metrics on rank 0 (None on the other data-parallel ranks, which
-    neither score nor write)."""
+    neither score nor write). `reload` False: `score` reads the saved weights itself (a large
+    model is then not loaded twice)."""
     trained = train(model, loss_fn, cfg, out, device, progress=progress, world=world, evaluate=watch)
     if not world.is_main:
         return None
-    load_weights(model, out)
+    if reload:
+        load_weights(model, out)
     model.eval()
     metrics = {**score(model, trained), **training_summary(trained)}
     write_record(out, metrics, trained, title)

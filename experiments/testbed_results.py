@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # run by hand too: every model here is builtin
+
 from geoprobe.synthetic import parse_spec
 from geoprobe.testbed import CORPUS
 from geoprobe.workflows.demo import TINY

@@ -91,7 +91,7 @@ def _read(path: Path) -> dict:
 def acquire(directory: Path, command: str, rank: int = 0) -> Path:
     """Create `directory` if needed and take its lock; refuse (BadInput) when a live process holds it."""
     directory = Path(directory)
-    path = directory / lock_name(rank)
+    path = (directory / lock_name(rank)).absolute()  # one key however the caller spells the folder
     if path in _held:
         _held[path] += 1
         return path

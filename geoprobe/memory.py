@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from geoprobe.device import Precision
 from geoprobe.errors import BadInput
 from geoprobe.events import note
 from geoprobe.files import human
@@ -79,12 +80,14 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     temporaries of three times its largest parameter (vocabulary x width), 12 bytes each.
     Measured on a pretend device (tests/test_device.py). `parameters`: the LM's count when the
     caller has it (counting builds an empty model)."""
-    vocab, width = config.vocab_size, (2 if precision == "bfloat16" else 4)
+    held = Precision.parse(precision).weights  # what the weights are held in: "float32" or "bfloat16"
+    bf16 = held == "bfloat16"
+    vocab, width = config.vocab_size, (2 if bf16 else 4)
     lm = parameters or parameter_count(config)
-    weights = DSL_BYTES_PER_PARAMETER[precision] * lm + 20 * vocab * d_tok
+    weights = DSL_BYTES_PER_PARAMETER[held] * lm + 20 * vocab * d_tok
     blocks = 2 * config.num_hidden_layers * working_bytes(config, width, batch_size, seq_len + 1)
-    wide = (4 * 4 + (5 * 2 if precision == "bfloat16" else 0)) * batch_size * seq_len * vocab
-    step = 12 * vocab * config.hidden_size if precision == "bfloat16" else 0
+    wide = (4 * 4 + (5 * 2 if bf16 else 0)) * batch_size * seq_len * vocab
+    step = 12 * vocab * config.hidden_size if bf16 else 0
     return weights + blocks + wide + step
 
 

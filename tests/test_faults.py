@@ -295,7 +295,7 @@ def test_disk_full_while_writing_a_checkpoint_is_one_line(tmp_path, corpus_txt, 
             Path(path).write_bytes(b"part of a checkpoint")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-        monkeypatch.setattr("geoprobe.bridges.train.save_file", full)
+        monkeypatch.setattr("safetensors.torch.save_file", full)  # looked up by write_tensors when it writes
     try:
         code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 4,
                               "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--device", "cpu",
@@ -375,3 +375,15 @@ def test_a_config_from_another_version_is_one_line(tmp_path, corpus_txt):
     (tmp_path / "dsl" / "config.json").write_text(json.dumps(config))
     code, _, err = invoke("sample", "--model", tmp_path / "dsl", "--num", 1, "--length", 8, "--device", "cpu")
     assert_one_line_error(code, err, 2, "another version")
+
+
+def test_a_lock_is_re_entrant_however_the_folder_is_spelled(tmp_path, monkeypatch):
+    """One process holding runs/x holds /abs/runs/x too: a nested writer spelling it otherwise is not refused."""
+    from geoprobe.files import holding
+
+    monkeypatch.chdir(tmp_path)
+    with holding(Path("x"), "outer"):
+        with holding(tmp_path / "x", "inner"):
+            assert (tmp_path / "x" / LOCK).is_file()
+        assert (tmp_path / "x" / LOCK).is_file()  # the outer hold is still on
+    assert not (tmp_path / "x").exists()  # created by the hold, left empty: removed with it

@@ -20,6 +20,7 @@ from geoprobe.bridges.checkpoint import training_tokens
 from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable
+from geoprobe.workflows.evaluate import generator_of
 from geoprobe.workflows.generate import sample_meta
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
@@ -93,7 +94,8 @@ def comparison_row(samples: Path) -> dict:
     budget, used = training_tokens(model)
     evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
-    return {"generator": name + suffix,
+    kind = generator_of(samples)[1]  # the registry's entry (None: the AR ceiling's plain model)
+    return {"generator": name + suffix, "generator_kind": None if kind is None else kind.name,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
             "nfe_per_sample": meta.get("nfe_per_sample"),
             "seconds_per_sample": meta["seconds"] / max(1, meta.get("num") or values.get("samples") or 1),
@@ -220,8 +222,8 @@ def compare_plot(rows: list[dict], path: Path) -> Path:
     from geoprobe.report.plots import plt, save_figure
 
     labels = [f"{r['generator']} · {r['sampler']}" for r in rows]
-    colors = ["tab:gray" if r["train_tokens"] is None else "tab:blue" if "bridges/" not in r["generator"]
-              else "tab:orange" for r in rows]
+    colors = ["tab:gray" if r["train_tokens"] is None else "tab:orange" if r["generator_kind"] == "bridge"
+              else "tab:blue" for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.8), sharey=True)
     y = list(range(len(rows)))
     ppl = [r["gen_ppl"] if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) else math.nan for r in rows]

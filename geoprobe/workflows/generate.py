@@ -64,26 +64,29 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
 
     p = settings
     check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
-    if out is not None:
-        check_writable(out)
-    with holding(Path(out or model), "geoprobe sample"):
-        if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
-            knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
-            return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or knob_default("top_p"),
-                                          knobs.get("top_p_rule") or knob_default("top_p_rule"), out, p.seed, device,
-                                          p.preset)
+    if sampler == AUTOREGRESSIVE and out is None:
+        raise BadInput("--sampler ar needs --out (the model is not a checkpoint directory)")
+    if sampler != AUTOREGRESSIVE:
         if sampler not in NAMES:
             raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
         if p.decode not in ("stack", "round"):
             raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
         chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
-
+    if out is not None:
+        check_writable(out)
+    with holding(Path(out or model), "geoprobe sample"):  # every flag checked: the folder written into
+        if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
+            knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
+            return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or knob_default("top_p"),
+                                          knobs.get("top_p_rule") or knob_default("top_p_rule"), out, p.seed, device,
+                                          p.preset)
         denoiser, tokenizer = load_denoiser(model, device, p.decode)
         result = chosen.sample(denoiser, p.num, p.length, p.seed)
         meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
                 "skipped_calls": result.skipped, "decode": p.decode}
         # the model's absolute path: compare may run from elsewhere
-        return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds, str(Path(model).resolve()))
+        return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds,
+                             str(Path(model).resolve()))
 
 
 def end_of_text(tokenizer) -> str | None:
@@ -129,8 +132,6 @@ def _sample_autoregressive(model: str, num: int, length: int, top_p: float, top_
         def __call__(self, input_ids, scores):
             return nucleus(scores, top_p, top_p_rule)
 
-    if out is None:
-        raise BadInput("--sampler ar needs --out (the model is not a checkpoint directory)")
     backbone = load_backbone(model, device=device)
     tok = backbone.tokenizer
     start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
