@@ -2,7 +2,8 @@
 
 The toolkit measures the geometry of every layer's hidden states, ranks the layers, and
 (with its subpackages geoprobe.bridges and geoprobe.samplers, the folders bridges/ and samplers/
-of the source tree) trains and samples diffusion models at the chosen interface. See docs/architecture.md for the architecture and README.md for the CLI.
+of the source tree) trains and samples diffusion models at the chosen interface. See
+docs/architecture.md for the architecture and README.md for the CLI.
 """
 
 import os

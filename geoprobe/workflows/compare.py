@@ -21,7 +21,6 @@ from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable
 from geoprobe.workflows.evaluate import generator_of
-from geoprobe.workflows.generate import sample_meta
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
            "used_tokens", "samples", "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators",
@@ -80,8 +79,8 @@ def comparison_row(samples: Path) -> dict:
         raise BadInput(f"samples file not found: {samples}")
     if not metrics_path.is_file():
         raise BadInput(f"{samples} has no {metrics_path.name}: run `geoprobe eval {samples}` first")
-    meta = sample_meta(samples)
-    if meta is None:
+    meta, kind, _ = generator_of(samples)  # and the registry's entry of its model (None: the AR ceiling's plain LM)
+    if not meta:
         raise BadInput(f"{samples} has no row in samples.meta.jsonl: it was not written by `geoprobe sample`")
     record = json.loads(metrics_path.read_text())
     metrics = record["results"]
@@ -94,7 +93,6 @@ def comparison_row(samples: Path) -> dict:
     budget, used = training_tokens(model)
     evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
-    kind = generator_of(samples)[1]  # the registry's entry (None: the AR ceiling's plain model)
     return {"generator": name + suffix, "generator_kind": None if kind is None else kind.name,
             "sampler": meta["sampler"], "steps": meta.get("steps"), "nfe": meta["nfe"],
             "nfe_per_sample": meta.get("nfe_per_sample"),
