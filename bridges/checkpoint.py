@@ -1,4 +1,5 @@
-"""A trained model's directory, a bridge or a DSL model: the one writer and reader of its record.
+"""A trained model's directory (a bridge, a DSL model, an embedding baseline): the one writer
+and reader of its record.
 
     config.json        {"kind": its entry in bridges/kinds.py, "network": the network's config,
                         "training": its training settings, "budget": {steps, batch_size, seq_len},
@@ -34,7 +35,7 @@ def read_config(folder: Path, kind: str | None = None) -> dict:
     """A checkpoint directory's config.json in the one schema, or one line saying why it cannot be
     read (or, with `kind`, that it holds the other kind of model)."""
     path = Path(folder) / CONFIG
-    record = read_json(path, f"{folder} is not a DSL or bridge checkpoint directory (no {CONFIG})")
+    record = read_json(path, f"{folder} is not a geoprobe checkpoint directory (no {CONFIG}: a DSL model, a bridge or a baseline)")
     if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
         raise BadInput(f"{path} is not a geoprobe checkpoint config (no 'kind'); written by another tool or version")
     if kind is not None and record["kind"] != kind:

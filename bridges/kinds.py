@@ -14,8 +14,10 @@ from typing import Callable
 
 from geoprobe.bridges.checkpoint import read_config
 from geoprobe.bridges.dsl import dsl_generator_backbone, dsl_oracle_start, load_dsl_denoiser
+from geoprobe.bridges.embedding_diffusion import PRESETS, TITLES, baseline_oracle_start, load_baseline_denoiser, no_backbone
 from geoprobe.bridges.hidden import bridge_generator_backbone, bridge_oracle_start, load_bridge_denoiser
 from geoprobe.errors import BadInput
+from geoprobe.samplers import EMBEDDING_SAMPLERS, TOKEN_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class ModelKind:
     # whether its likelihood is defined on the text alone (`geoprobe nll`); a bridge's passes
     # through the frozen backbone and is not
     text_likelihood: bool
+    # the --sampler values that apply: the TokenDenoiser samplers, or the embedding baselines' ancestral one
+    samplers: tuple[str, ...] = TOKEN_SAMPLERS
 
 
 KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
@@ -39,6 +43,9 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
               text_likelihood=True),
     ModelKind("bridge", "a bridge", load_bridge_denoiser, bridge_generator_backbone, bridge_oracle_start,
               text_likelihood=False),
+    # the DiHAL comparison's embedding-diffusion baselines: one model class, one preset each
+    *(ModelKind(name, TITLES[name], load_baseline_denoiser, no_backbone, baseline_oracle_start,
+                text_likelihood=False, samplers=EMBEDDING_SAMPLERS) for name in PRESETS),
 )}
 
 

@@ -4,6 +4,7 @@ the papers' headline settings one flag away (`PRESETS`)."""
 from __future__ import annotations
 
 from geoprobe.errors import BadInput
+from geoprobe.samplers.ancestral import Ancestral
 from geoprobe.samplers.base import SampleResult, Sampler, TokenDenoiser, check_flags
 from geoprobe.samplers.continuous import Continuous
 from geoprobe.samplers.hybrid import Hybrid
@@ -11,7 +12,12 @@ from geoprobe.samplers.masked import MDLM, ReMDMCap, ReMDMConf, ReMDMLoop, ReMDM
 from geoprobe.samplers.roar import ROAR
 
 SAMPLERS: dict[str, type[Sampler]] = {cls.name: cls for cls in
-                                      (MDLM, ReMDMCap, ReMDMRescale, ReMDMConf, ReMDMLoop, ROAR, Continuous, Hybrid)}
+                                      (MDLM, ReMDMCap, ReMDMRescale, ReMDMConf, ReMDMLoop, ROAR, Continuous, Hybrid,
+                                       Ancestral)}
+# the samplers over the TokenDenoiser protocol (DSL models, bridges), and those over an
+# EmbeddingDenoiser's Gaussian diffusion (the embedding baselines): bridges/kinds.py says which a kind takes
+TOKEN_SAMPLERS = tuple(name for name in SAMPLERS if name != Ancestral.name)
+EMBEDDING_SAMPLERS = (Ancestral.name,)
 
 
 FINISHERS = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop")
@@ -80,5 +86,5 @@ def sampler_from_flags(name: str, finisher: str = "mdlm", preset: str | None = N
     return make_sampler(name, **{k: v for k, v in options.items() if k in accepted and v is not None})
 
 
-__all__ = ["AUTOREGRESSIVE", "FINISHERS", "NAMES", "PRESETS", "SAMPLERS", "check_options", "knob_default",
-           "make_sampler", "preset_flags", "sampler_from_flags", "SampleResult", "Sampler", "TokenDenoiser"]
+__all__ = ["AUTOREGRESSIVE", "EMBEDDING_SAMPLERS", "FINISHERS", "NAMES", "PRESETS", "SAMPLERS", "check_options", "knob_default",
+           "make_sampler", "preset_flags", "sampler_from_flags", "SampleResult", "Sampler", "TOKEN_SAMPLERS", "TokenDenoiser"]

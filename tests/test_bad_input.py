@@ -32,6 +32,7 @@ BASE = {
     "bridge": ["bridge", "--run", "{run}", "--layer", "1", "--out", "{new}"],
     "sweep": ["sweep", "--run", "{run}"],
     "dsl train": ["dsl", "train", "--corpus", "{corpus}", "--tokenizer", "words", "--out", "{new}"],
+    "baseline train": ["baseline", "train", "sed", "--corpus", "{corpus}", "--tokenizer", "words", "--out", "{new}"],
     "sample": ["sample", "--model", "{dsl}"],
     "nll": ["nll", "--model", "{dsl}", "--corpus", "{corpus}"],
     "eval": ["eval", "{samples}", "--evaluator", "{model}", "--references", "{corpus}"],

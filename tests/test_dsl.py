@@ -212,7 +212,7 @@ def test_sample_bad_input(args, fragment, checkpoint):
 
 def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkpoint, corpus_txt):
     code, _, err = invoke("sample", "--model", tmp_path)
-    assert_one_line_error(code, err, 2, "is not a DSL or bridge checkpoint directory")
+    assert_one_line_error(code, err, 2, "is not a geoprobe checkpoint directory")
     code, _, err = invoke("dsl", "train", "--corpus", corpus_txt, "--tokenizer", "char", "--init", checkpoint,
                           "--steps", 2, "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--out", tmp_path / "x",
                           "--device", "cpu")
@@ -482,6 +482,7 @@ def test_the_kind_registry_answers_for_each_kind_and_refuses_an_unknown_one(tmp_
     assert kind_of(bridge).oracle_start(bridge, 32) == "blocks:64"
     assert kind_of(dsl).oracle_start(dsl, 32) == "document" and kind_of(dsl).oracle_start(dsl, 40) == "anywhere"
     assert [k.name for k in KINDS.values() if k.text_likelihood] == ["dsl"]
-    (tmp_path / "config.json").write_text(json.dumps({"kind": "sed", "network": {}}))
-    with pytest.raises(BadInput, match="'sed' checkpoint, which this version does not know .kinds: dsl, bridge"):
+    (tmp_path / "config.json").write_text(json.dumps({"kind": "ld4lg", "network": {}}))
+    with pytest.raises(BadInput, match="'ld4lg' checkpoint, which this version does not know .kinds: dsl, bridge, "
+                                       "diffusion-lm, sed, codar"):
         open_checkpoint(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 # each command module registers its commands on the root app when imported
-from geoprobe.cli import bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401
+from geoprobe.cli import baseline, bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401
 from geoprobe.cli.root import ORDER, app  # noqa: F401  (the application and its command order)
 
 from geoprobe.cli.options import state

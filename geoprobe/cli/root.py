@@ -15,7 +15,7 @@ from geoprobe.cli.options import state
 from geoprobe.cli.output import render_events
 
 # `geoprobe --help` lists the commands in the order a user runs them
-ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "sample", "nll", "eval", "compare", "report",
+ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "baseline", "sample", "nll", "eval", "compare", "report",
          "demo")
 
 

@@ -72,6 +72,10 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
         if p.decode not in ("stack", "round"):
             raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
         chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
+        kind, _ = open_checkpoint(model)
+        if sampler not in kind.samplers:
+            raise BadInput(f"--sampler {sampler} does not apply to {kind.title} ({model}); "
+                           f"use {', '.join(kind.samplers)}")
     if out is not None:
         check_writable(out)
     with holding(Path(out or model), "geoprobe sample"):  # every flag checked: the folder written into
