@@ -65,10 +65,11 @@ PRESETS: dict[str, dict] = {
     "diffusion-lm": dict(d_emb=16, schedule="sqrt", diffusion_steps=2000, embedding="learned", sigma0=None,
                          self_condition=False, clamp=True, rounding="tied", prior_loss=True, clean_target_at_0=True,
                          decoder_layers=0),
-    "sed": dict(d_emb=32, schedule="cosine", diffusion_steps=1000, embedding="sphere", sigma0=0.01,
+    "sed": dict(d_emb=32, schedule="cosine", diffusion_steps=1000, beta_min=2e-3, embedding="sphere", sigma0=0.01,
                 self_condition=True, clamp=False, rounding="readout", prior_loss=False, clean_target_at_0=False,
                 decoder_layers=0),
-    "codar": dict(d_emb=32, schedule="cosine", diffusion_steps=1000, embedding="sphere", sigma0=0.01,
+    "codar": dict(d_emb=32, schedule="cosine", diffusion_steps=1000, beta_min=2e-3, embedding="sphere",
+                  sigma0=0.01,
                   self_condition=False, clamp=False, rounding="decoder", prior_loss=False, clean_target_at_0=False,
                   decoder_layers=1),
 }
@@ -89,6 +90,7 @@ class EmbeddingDiffusionConfig:
     prior_loss: bool
     clean_target_at_0: bool
     decoder_layers: int
+    beta_min: float = 0.0  # SED's beta_1 = 2e-3: the cosine's betas clipped below (its own first is 4e-5)
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
@@ -124,12 +126,13 @@ def schedule_function(name: str):
     return lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
 
 
-def alphas_cumprod(name: str, steps: int) -> torch.Tensor:
+def alphas_cumprod(name: str, steps: int, beta_min: float = 0.0) -> torch.Tensor:
     """(T,) float64 abar_i = prod_{j <= i} (1 - beta_j), beta_j = min(1 - f((j+1)/T) / f(j/T),
-    0.999): improved-diffusion's `betas_for_alpha_bar`, which both papers' code discretises
-    with (the product telescopes to f((i+1)/T) / f(0) wherever no beta is clipped)."""
+    0.999): improved-diffusion's `betas_for_alpha_bar`, which Diffusion-LM's code discretises
+    with (the product telescopes to f((i+1)/T) / f(0) wherever no beta is clipped); `beta_min`
+    clips the betas below (SED states beta_1 = 2e-3 for its cosine, not how it gets there)."""
     f = schedule_function(name)
-    betas = torch.tensor([min(1 - f((i + 1) / steps) / f(i / steps), 0.999) for i in range(steps)],
+    betas = torch.tensor([min(max(1 - f((i + 1) / steps) / f(i / steps), beta_min), 0.999) for i in range(steps)],
                          dtype=torch.float64)
     return torch.cumprod(1 - betas, 0)
 
@@ -201,13 +204,15 @@ class EmbeddingDiffusion(nn.Module):
                 with torch.no_grad():
                     self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1) * cfg.d_emb ** 0.5)
                 self.embedding.weight.requires_grad_(False)
-            self.head_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.rounding == "tied" else None
+            self.head_bias = None  # Diffusion-LM's tied head keeps nn.Linear's bias, and its initialisation
+            if cfg.rounding == "tied":
+                bound = cfg.d_emb ** -0.5
+                self.head_bias = nn.Parameter(torch.empty(cfg.vocab_size).uniform_(-bound, bound))
             self.readout = None
-            if cfg.rounding == "readout":  # R starts as E^T
-                self.readout = nn.Linear(cfg.d_emb, cfg.vocab_size)
+            if cfg.rounding == "readout":  # SED's R: a V x D matrix (no bias) that starts as E^T
+                self.readout = nn.Linear(cfg.d_emb, cfg.vocab_size, bias=False)
                 with torch.no_grad():
                     self.readout.weight.copy_(self.embedding.weight)
-                    self.readout.bias.zero_()
             inputs = cfg.d_emb * (2 if cfg.self_condition else 1)
             self.in_proj = nn.Linear(inputs, cfg.d_model)
             self.time = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.SiLU(),
@@ -217,7 +222,8 @@ class EmbeddingDiffusion(nn.Module):
             self.out_proj = nn.Linear(cfg.d_model, cfg.d_emb)
             self.decoder = (Decoder(cfg.vocab_size, cfg.d_emb, cfg.d_model, cfg.decoder_layers, cfg.n_heads)
                             if cfg.decoder_layers else None)
-        self.register_buffer("abar", alphas_cumprod(cfg.schedule, cfg.diffusion_steps), persistent=False)
+        self.register_buffer("abar", alphas_cumprod(cfg.schedule, cfg.diffusion_steps, cfg.beta_min),
+                             persistent=False)
 
     # --- the EmbeddingDenoiser protocol ---
     @property

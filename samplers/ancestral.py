@@ -22,6 +22,7 @@ from typing import Protocol
 
 import torch
 
+from geoprobe.errors import BadInput
 from geoprobe.samplers.base import SampleResult, Sampler, check_flags
 
 
@@ -40,9 +41,18 @@ class EmbeddingDenoiser(Protocol):
 
 
 def respaced(alphas_cumprod: torch.Tensor, steps: int) -> torch.Tensor:
-    """The `steps` training timesteps (ascending, the first 0 and the last T - 1) a sampler visits."""
+    """The `steps` training timesteps (ascending, the first 0 and the last T - 1) a sampler visits:
+    improved-diffusion's `space_timesteps` for one section (a float stride added up, each visit
+    rounded half to even, as Python's round), so that the same count visits the same steps."""
     total = len(alphas_cumprod)
-    return torch.linspace(0, total - 1, min(steps, total), dtype=torch.float64).round().long().unique()
+    count = min(steps, total)
+    if count == 1:
+        return torch.zeros(1, dtype=torch.long)
+    stride, position, visits = (total - 1) / (count - 1), 0.0, []
+    for _ in range(count):
+        visits.append(round(position))
+        position += stride
+    return torch.tensor(sorted(set(visits)), dtype=torch.long)
 
 
 def posterior(x_t: torch.Tensor, x0: torch.Tensor, abar_t: float, abar_s: float):
@@ -67,9 +77,14 @@ class Ancestral(Sampler):
 
     name = "ancestral"
 
+    def check(self, length: int) -> None:
+        if self.steps < 2:  # one visit is t = 0 on pure noise: no diffusion at all
+            raise BadInput(f"--sampler ancestral needs at least 2 --steps, got {self.steps}")
+
     @torch.no_grad()
     def sample(self, denoiser: EmbeddingDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
         check_flags(num=num, length=length)
+        self.check(length)
         table = denoiser.token_table()
         generator = torch.Generator(device=table.device).manual_seed(seed)
         start = time.perf_counter()

@@ -40,6 +40,11 @@ def test_the_discretised_schedule_telescopes_to_its_closed_form(name):
     assert np.all(np.diff(abar) < 0) and abar[-1] < 1e-3 and 0.98 < abar[0] < 1
     if name == "sqrt":  # Diffusion-LM's x_start noise: sqrt(1 - abar_0) = 0.121 at T = 2000
         assert abs(np.sqrt(1 - abar[0]) - 0.121) < 1e-3
+    else:  # SED's: cosine with beta_1 = 2e-3 (the cosine's own first beta is 4e-5 at T = 1000)
+        sed = alphas_cumprod(name, 1000, preset("sed", vocab_size=V).beta_min).numpy()
+        betas = 1 - sed / np.concatenate([[1.0], sed[:-1]])
+        assert abs(betas[0] - 2e-3) < 1e-12 and 1 - alphas_cumprod(name, 1000).numpy()[0] < 5e-5
+        assert np.all(betas >= 2e-3 - 1e-12) and np.all(np.diff(betas) >= -1e-12)
 
 
 def test_the_posterior_is_gaussian_conditioning():
@@ -63,6 +68,10 @@ def test_nearest_embedding_and_respacing():
     np.testing.assert_allclose(nearest_embedding(torch.tensor(x), torch.tensor(table)).numpy(), brute)
     visits = respaced(torch.ones(2000), 32)
     assert len(visits) == 32 and visits[0] == 0 and visits[-1] == 1999 and torch.all(visits.diff() > 0)
+    # improved-diffusion's space_timesteps adds up a float stride (49.95): the 11th visit is
+    # round(499.49999999999994) = 499 there, where an exact 10 x 49.95 = 499.5 would round to 500
+    visits = respaced(torch.ones(1000), 21).tolist()
+    assert 499 in visits and 500 not in visits and visits[-1] == 999
     assert len(respaced(torch.ones(10), 64)) == 10  # never more visits than the schedule has steps
 
 
@@ -85,7 +94,7 @@ def test_each_objective_against_an_independent_computation(kind):
         got = {k: float(v) for k, v in model.losses(tokens, draws).items()}
 
     E = model.embedding.weight.detach().numpy()
-    abar = alphas_cumprod(cfg.schedule, cfg.diffusion_steps).numpy()
+    abar = alphas_cumprod(cfg.schedule, cfg.diffusion_steps, cfg.beta_min).numpy()
     t, eps0, eps = draws["t"].numpy(), draws["eps0"].numpy(), draws["eps"].numpy()
     e = E[tokens.numpy()]
     sigma0 = np.sqrt(1 - abar[0]) if cfg.sigma0 is None else cfg.sigma0
@@ -107,7 +116,8 @@ def test_each_objective_against_an_independent_computation(kind):
             expected["prior"] = ((np.sqrt(abar[-1]) * x_start) ** 2).mean()
             logits = x_start @ E.T + model.head_bias.numpy()
         elif kind == "sed":
-            logits = x_start @ model.readout.weight.numpy().T + model.readout.bias.numpy()
+            assert model.readout.bias is None  # SED's R is a matrix
+            logits = x_start @ model.readout.weight.numpy().T
         else:
             logits = model.decoder(torch.tensor(estimate), tokens[:, :-1]).numpy()
     nll = -np.take_along_axis(log_softmax(logits), tokens.numpy()[..., None], -1).mean()
@@ -287,6 +297,9 @@ def test_baseline_train_bad_flags_are_one_line(args, fragment, tmp_path, corpus_
 def test_a_sampler_that_does_not_apply_and_another_run_are_refused(baselines, tmp_path, corpus_txt):
     code, _, err = invoke("sample", "--model", baselines / "sed", "--sampler", "mdlm", "--out", tmp_path / "s")
     assert_one_line_error(code, err, 2, "--sampler mdlm does not apply to a SED model")
+    code, _, err = invoke("sample", "--model", baselines / "sed", "--sampler", "ancestral", "--steps", 1,
+                          "--out", tmp_path / "s")
+    assert_one_line_error(code, err, 2, "--sampler ancestral needs at least 2 --steps")
     code, _, err = invoke("nll", "--model", baselines / "codar", "--corpus", corpus_txt, "--device", "cpu")
     assert_one_line_error(code, err, 2, "nll scores")
     code, _, err = invoke("baseline", "train", "sed", "--corpus", corpus_txt, *TRAIN, "--steps", 40,
