@@ -77,24 +77,28 @@ def bridges(out: Path) -> dict:
     return json.loads((run / "sweep.json").read_text())
 
 
-def rows_to_sample(out: Path, verdict: dict) -> dict:
-    """{row: (model folder per seed, sampler, decode, words, oracle start)} as the protocol fixes them."""
+def trained_rows(out: Path) -> dict:
+    """{row: (model folder per seed, sampler, decode, words, oracle start)} of the rows trained
+    apart (DSL, MDLM, the baselines), with the sampler the protocol fixed for each."""
+    rows = {"dsl": ("dsl", "hybrid", "stack"), "mdlm": ("mdlm", "mdlm", "stack"),
+            **{k: (k, "ancestral", "stack") for k in BASELINES}}
+    return {name: ({s: out / "models" / f"{m}-seed{s}" for s in SEEDS}, sampler, decode, SEQ_LEN, "document")
+            for name, (m, sampler, decode) in rows.items()}
+
+
+def bridge_rows(out: Path, verdict: dict) -> dict:
+    """The same for the sweep's bridges at its chosen, worst and oracle layers, and the layer-0
+    bridge decoded by rounding; their samples are the words after a block's BOS."""
     from geoprobe.workflows.sweep import bridge_dir
 
     run, words = out / "run", SEQ_LEN - 1
-    rows = {"dsl": ("dsl", "hybrid", "stack"), "mdlm": ("mdlm", "mdlm", "stack"),
-            **{k: (k, "ancestral", "stack") for k in BASELINES}}
-    table = {name: ({s: out / "models" / f"{m}-seed{s}" for s in SEEDS}, sampler, decode, SEQ_LEN, "document")
-             for name, (m, sampler, decode) in rows.items()}
-    for role in ("chosen", "worst", "oracle"):
-        layer = verdict[f"{role}_layer"]
-        table[f"bridge-{role}"] = ({s: bridge_dir(run, layer, s) for s in SEEDS}, "hybrid", "stack", words,
-                                   f"blocks:{words}")
+    table = {f"bridge-{role}": ({s: bridge_dir(run, verdict[f"{role}_layer"], s) for s in SEEDS}, "hybrid", "stack",
+                                words, f"blocks:{words}") for role in ("chosen", "worst", "oracle")}
     table["round-00"] = ({s: bridge_dir(run, 0, s) for s in SEEDS}, "mdlm", "round", words, f"blocks:{words}")
     return table
 
 
-def sample_all(out: Path, table: dict) -> list[dict]:
+def sample_all(out: Path, table: dict, ar: bool = True) -> list[dict]:
     results = []
     for name, (folders, sampler, decode, length, start) in table.items():
         for seed, folder in folders.items():
@@ -104,10 +108,9 @@ def sample_all(out: Path, table: dict) -> list[dict]:
                                 **score_samples(where, folder, sampler, budget, decode=decode, length=length,
                                                 start=start)})
         log(f"sampled {name}")
-    ar = out / "samples" / "ar"
-    for seed in SEEDS:  # the ceiling: the testbed itself, left to right
+    for seed in SEEDS if ar else ():  # the ceiling: the testbed itself, left to right
         results.append({"row": "ar", "seed": seed, "evaluations": SEQ_LEN, "sampler": "ar",
-                        **score_ar(ar / f"seed{seed}", seed)})
+                        **score_ar(out / "samples" / "ar" / f"seed{seed}", seed)})
     return results
 
 
@@ -223,8 +226,23 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
 
     hmm = hmm_from_spec(CORPUS)
     truth = text_metrics([hmm.text(r) for r in hmm.sample_many(3 * NUM, SEQ_LEN - 1, np.random.default_rng(5))])
-    primary, secondary = tests(samples, training, sweep, truth["diversity_within"])
     floor = np.mean([r["bigram_tv_hmm"] for r in samples if "bigram_tv_hmm" in r] or [math.nan])
+    parts = [RESULTS_HEADING, "", f"Measured with `make results-baselines` on {machine()}; the run's wall time "
+             f"{seconds / 60:.0f} min (this invocation; a resumed run adds its own).", ""]
+    if sweep is None:
+        parts += ["**Partial: the bridges' sweep has not run yet**, so the primary test and the secondaries, which "
+                  "compare the bridges, cannot be made. The rows trained so far, described only:", ""]
+    else:
+        parts += verdict_section(samples, training, sweep, truth["diversity_within"])
+    parts += table_section(samples, training, sweep, flops, truth, floor)
+    text = page.read_text()
+    head = text.split(RESULTS_HEADING)[0].rstrip() + "\n\n"
+    page.write_text(head + "\n".join(parts) + "\n")
+    log(f"wrote {page}")
+
+
+def verdict_section(samples: list[dict], training: dict, sweep: dict, hmm_diversity: float) -> list[str]:
+    primary, secondary = tests(samples, training, sweep, hmm_diversity)
     v = sweep["verdict"]
     words = {"supported": "**Supported**: the chosen-layer bridge's samples are more likely under the exact HMM than "
                           "every embedding baseline's (all three one-sided Welch tests reject at 0.05).",
@@ -234,9 +252,7 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
              "inconclusive": "**Inconclusive**: a row the primary test compares did not converge by the protocol's "
                              f"rules ({', '.join(primary['unconverged'])}); its numbers are reported as "
                              "unconverged, not as evidence."}[primary["outcome"]]
-    parts = [RESULTS_HEADING, "", f"Measured with `make results-baselines` on {machine()}; the run's wall time "
-             f"{seconds / 60:.0f} min (this invocation; a resumed run adds its own).", "",
-             "**The primary test (DiHAL's claim).** " + words + " p-values (H1: the bridge's NLL per word is lower): "
+    parts = ["**The primary test (DiHAL's claim).** " + words + " p-values (H1: the bridge's NLL per word is lower): "
              + ", ".join(f"{k} {p:.3g}" for k, p in primary["p"].items()) + ".", "",
              f"The testbed's sweep chose layer {v['chosen_layer']} by geometry; its worst layer is {v['worst_layer']}, "
              f"its oracle layer (the lowest seed-mean loss) {v['oracle_layer']}. Its convergence: "
@@ -245,7 +261,12 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
              "rejected):", ""]
     parts += [f"- {k}: p = {p:.3g}, Holm-adjusted {a:.3g}: {'rejects' if a < 0.05 else 'does not reject'}."
               for k, p, a in secondary]
-    parts += ["", f"### The table ({BUDGETS[0]} denoiser evaluations; mean ± sd over seeds {', '.join(map(str, SEEDS))})",
+    return parts + [""]
+
+
+def table_section(samples: list[dict], training: dict, sweep: dict | None, flops: dict, truth: dict,
+                  floor: float) -> list[str]:
+    parts = [f"### The table ({BUDGETS[0]} denoiser evaluations; mean ± sd over seeds {', '.join(map(str, SEEDS))})",
               "", f"{NUM} samples of {SEQ_LEN - 1} words per row and seed. The HMM's own documents: diversity "
               f"{truth['diversity_within']:.3f}, unigram entropy {truth['unigram_entropy']:.2f} nats per sample; "
               f"the bigram distance's finite-sample floor {floor:.3f}.", "",
@@ -264,7 +285,8 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
                 else "—")
         sampler = next(r["sampler"] for r in samples if r["row"] == row)
         budget = BUDGETS[0] if row != "ar" else SEQ_LEN
-        mark = "" if converged(row, training, sweep) else " (unconverged)"
+        mark = "" if sweep is None and row.startswith(("bridge", "round")) or converged(row, training, sweep) \
+            else " (unconverged)"
         parts.append(f"| `{row}`{mark} | {sampler} | {steps} | {tokens} | {flop} | "
                      f"{metric(row, 'oracle_nll_per_word', budget, 2)} | {metric(row, 'bigram_tv', budget)} | "
                      f"{metric(row, 'diversity_within', budget)} | {metric(row, 'unigram_entropy', budget, 2)} | "
@@ -273,16 +295,13 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
               + "; ".join(f"`{row}` {metric(row, 'oracle_nll_per_word', BUDGETS[1], 2)}"
                           for row in dict.fromkeys(r["row"] for r in samples) if row != "ar") + " nats/word.", ""]
     nll = {row: [r.get("oracle_nll_per_word") for r in samples if r["row"] == row and r["evaluations"] == BUDGETS[0]]
-           for row in ("bridge-chosen", *BASELINES, "dsl", "mdlm")}
+           for row in ("bridge-chosen", *BASELINES, "dsl", "mdlm") if any(r["row"] == row for r in samples)}
     apart = [f"`{a}` vs `{b}`" for i, a in enumerate(nll) for b in list(nll)[i + 1:] if disjoint(nll[a], nll[b])]
     parts += ["Pairs whose NLL seed intervals (mean ± sd) do not overlap: " + (", ".join(apart) or "none") + "; "
               "the others are within noise and not ranked.", "",
               "The bridges' training FLOPs are not counted here (their step runs the frozen backbone's prefix once per "
               "run, not per step); the bridges and `round-00` train at the same rows, cap and rule as the others.", ""]
-    text = page.read_text()
-    head = text.split(RESULTS_HEADING)[0].rstrip() + "\n\n"
-    page.write_text(head + "\n".join(parts) + "\n")
-    log(f"wrote {page}")
+    return parts
 
 
 def main() -> None:
@@ -299,12 +318,16 @@ def main() -> None:
             held_out_bound(out / "models" / f"{name}-seed{seed}")
         for kind in BASELINES:
             train_baseline(out, kind, seed)
+    table = trained_rows(out)  # sampled before the bridges: a run cut short still describes these rows
+    samples = sample_all(out, table)
+    write_page(out, args.page, samples, training_record(out, table), None, flops_per_token(out),
+               time.perf_counter() - began)
     sweep = bridges(out)
-    table = rows_to_sample(out, sweep["verdict"])
+    table.update(bridge_rows(out, sweep["verdict"]))
     samples = sample_all(out, table)
     (out / "samples.json").write_text(json.dumps(samples))
-    training = training_record(out, table)
-    write_page(out, args.page, samples, training, sweep, flops_per_token(out), time.perf_counter() - began)
+    write_page(out, args.page, samples, training_record(out, table), sweep, flops_per_token(out),
+               time.perf_counter() - began)
 
 
 if __name__ == "__main__":
