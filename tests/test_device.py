@@ -18,7 +18,8 @@ from geoprobe.bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_
 from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
-from geoprobe.samplers import SAMPLERS, make_sampler
+from geoprobe.bridges.embedding_diffusion import PRESETS, EmbeddingDiffusion, preset
+from geoprobe.samplers import TOKEN_SAMPLERS, make_sampler
 from tests.fake_device import DEVICE, DeviceMixing, OnDevice, accelerator
 
 V = 40
@@ -46,10 +47,17 @@ def test_the_pretend_device_refuses_what_cuda_refuses():
         assert acc.syncs["boolean_index"] == 1
 
 
-@pytest.mark.parametrize("name", list(SAMPLERS))
-def test_every_sampler_runs_on_the_device_and_draws_what_it_draws_on_the_cpu(name):
-    steps, length = 4, 6
-    model = dsl_model()
+def model_for(case: str):
+    """The DSL model for a token sampler; for `ancestral:KIND`, an embedding baseline of that kind."""
+    if ":" not in case:
+        return dsl_model()
+    return EmbeddingDiffusion(preset(case.split(":")[1], vocab_size=V, d_model=32, n_layers=1, n_heads=2), seed=0)
+
+
+@pytest.mark.parametrize("case", [*TOKEN_SAMPLERS, *(f"ancestral:{kind}" for kind in PRESETS)])
+def test_every_sampler_runs_on_the_device_and_draws_what_it_draws_on_the_cpu(case):
+    steps, length, name = 4, 6, case.split(":")[0]
+    model = model_for(case)
     with accelerator() as acc:
         model.to(DEVICE)
         acc.reset()  # moving the weights is not the sampler's
@@ -59,7 +67,7 @@ def test_every_sampler_runs_on_the_device_and_draws_what_it_draws_on_the_cpu(nam
     # one decision per step which positions change (only those draw V-wide noise): a few waits
     # per step, none per position
     assert sum(acc.syncs.values()) <= 3 * steps + 2, acc.where
-    plain = make_sampler(name, steps=steps).sample(dsl_model(), 3, length, seed=0)
+    plain = make_sampler(name, steps=steps).sample(model_for(case), 3, length, seed=0)
     assert torch.equal(plain.tokens, result.tokens)  # a generator per device: same seed, same stream here
 
 
