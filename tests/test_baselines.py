@@ -174,6 +174,15 @@ def test_the_codar_decoder_is_causal():
         torch.testing.assert_close(model.decoder(x0, tokens[:, :2])[:, -1], full[:, 2])
 
 
+@pytest.mark.parametrize("kind", KINDS_HERE)
+def test_the_ancestral_sampler_valid_ids_budget_and_determinism(kind):
+    model = small(kind).eval()
+    a, b, c = (Ancestral(steps=12).sample(model, num=5, length=12, seed=seed) for seed in (3, 3, 4))
+    assert a.tokens.shape == (5, 12) and a.tokens.dtype == torch.long
+    assert a.tokens.min() >= 0 and a.tokens.max() < V and a.nfe == 12 and a.nfe_per_sample == 12
+    assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, c.tokens)
+
+
 # --- learning and resuming --------------------------------------------------------------------------
 
 def fit(kind: str, out, data, steps: int, seed: int = 0, model_seed: int = 0, save_every: int = 0,

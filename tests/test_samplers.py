@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 from geoprobe.bridges.channel import TokenTable, posterior_logits
 from geoprobe.errors import BadInput
-from geoprobe.samplers import SAMPLERS, make_sampler
+from geoprobe.samplers import TOKEN_SAMPLERS, make_sampler
 from geoprobe.samplers.base import gumbel_sample, nucleus
 from geoprobe.samplers.masked import remdm_transition, sigma_max
 
@@ -64,7 +64,7 @@ def test_remdm_transitions_by_hand():
     assert steps[-1][1] == pytest.approx(1.0) and steps[-1][0] == 0.0  # the last step reveals everything
 
 
-@pytest.mark.parametrize("name", list(SAMPLERS))
+@pytest.mark.parametrize("name", TOKEN_SAMPLERS)  # the ancestral one: tests/test_baselines.py
 def test_every_sampler_valid_ids_budget_and_determinism(name):
     oracle = Oracle(PRIOR)
     sampler = make_sampler(name, steps=12)
