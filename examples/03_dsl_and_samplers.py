@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import geoprobe
-from geoprobe.samplers import SAMPLERS
+from geoprobe.samplers import TOKEN_SAMPLERS
 
 TINY = os.environ.get("GEOPROBE_EXAMPLE_TINY") == "1"
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/example-dsl")
@@ -22,7 +22,7 @@ subprocess.run([sys.executable, "-m", "geoprobe", "-q", "dsl", "train", "--corpu
                 *shape, "--out", str(out)], check=True)
 
 length, steps = (16, 8) if TINY else (128, 64)
-for sampler in SAMPLERS:  # mdlm, remdm-cap, remdm-rescale, remdm-loop, roar, continuous, hybrid
+for sampler in TOKEN_SAMPLERS:  # mdlm, remdm-*, roar, continuous, hybrid (ancestral samples the embedding baselines)
     texts = geoprobe.sample(out, sampler=sampler, out=out / "samples" / sampler, num=2, length=length,
                             steps=max(steps, 3))
     print(f"{sampler:14s} {texts[0][:80]!r}")
