@@ -310,7 +310,8 @@ def dsl_objective(model: DSLModel, data: torch.Tensor, settings: DSLTrainSetting
 
 
 def budget(settings: DSLTrainSettings) -> dict:
-    """The training budget every checkpoint records (geoprobe.bridges.checkpoint)."""
+    """The training budget every checkpoint records (geoprobe.bridges.checkpoint); any settings
+    with a `train` TrainConfig and a `seq_len` (the embedding baselines' too)."""
     return {"steps": settings.train.steps, "batch_size": settings.train.batch_size, "seq_len": settings.seq_len}
 
 
@@ -503,6 +504,12 @@ def stopping_rows(documents: list[str], tokenizer, seq_len: int) -> tuple[torch.
     return rows[:STOPPING_ROWS], False
 
 
+def reported_rows(documents: list[str], tokenizer, seq_len: int, max_seqs: int = REPORTED_ROWS) -> torch.Tensor:
+    """The held-out rows metrics.json reports on: the first `max_seqs` rows of the documents."""
+    ids = token_stream(documents, tokenizer)
+    return sequences(ids, min(seq_len, len(ids)))[:max_seqs]
+
+
 def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, device: str,
                  max_seqs: int = REPORTED_ROWS) -> dict:
     """The MDLM bound of the trained model on (at most `max_seqs` sequences of) held-out documents."""
@@ -510,8 +517,7 @@ def evaluate_dsl(folder: Path, documents: list[str], tokenizer, seq_len: int, de
 
 
     model = load_dsl(folder, resolve_device(device))
-    ids = token_stream(documents, tokenizer)
-    data = sequences(ids, min(seq_len, len(ids)))[:max_seqs].to(resolve_device(device))
+    data = reported_rows(documents, tokenizer, seq_len, max_seqs).to(resolve_device(device))
     nats = mdlm_elbo(model, data).mean().item()
     return {"val_sequences": len(data), "val_mdlm_elbo_nats_per_token": nats,
             "val_mdlm_elbo_bits_per_token": nats / math.log(2)}

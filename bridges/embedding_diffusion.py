@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geoprobe.bridges.checkpoint import CONFIG, build_network, load_weights, read_config, save_config
-from geoprobe.bridges.dsl import (REPORTED_ROWS, dsl_oracle_start, dsl_tokenizer, sequences, split_documents,
+from geoprobe.bridges.dsl import (budget, dsl_oracle_start, dsl_tokenizer, reported_rows, sequences, split_documents,
     stopping_rows, with_loop_defaults)
 from geoprobe.bridges.nn import Transformer, TransformerConfig, apply_rotary, rotary_tables, timestep_embedding
 from geoprobe.bridges.train import TrainConfig, fit_model
@@ -361,7 +361,6 @@ def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, setti
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)
     identity = {"corpus": corpus, "tokenizer_spec": tokenizer}
-    budget = {"steps": settings.train.steps, "batch_size": settings.train.batch_size, "seq_len": settings.seq_len}
     with holding(out, "geoprobe baseline train", world.rank):
         try:
             if force and world.is_main:
@@ -383,12 +382,11 @@ def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, setti
                 if world.is_main:
                     out.mkdir(parents=True, exist_ok=True)
                     save_tokenizer(tok, out)
-                    save_config(out, kind, cfg, asdict(settings), budget, identity)
+                    save_config(out, kind, cfg, asdict(settings), budget(settings), identity)
             model = EmbeddingDiffusion(cfg, seed=settings.train.seed).to(target)
             data = sequences(token_stream(train_docs, tok), settings.seq_len).to(target)
             watched, disjoint = stopping_rows(val_docs, tok, settings.seq_len)
-            reported = sequences(token_stream(val_docs, tok), min(settings.seq_len, len(token_stream(val_docs, tok))))
-            reported = reported[:REPORTED_ROWS].to(target)
+            reported = reported_rows(val_docs, tok, settings.seq_len).to(target)
 
             def loss_fn(m, generator, shard):  # the global batch's draws, then this rank's rows
                 rows = torch.randint(0, len(data), (settings.train.batch_size,), generator=generator)
