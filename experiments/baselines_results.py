@@ -176,6 +176,44 @@ def flops_per_token(out: Path) -> dict:
     return found
 
 
+def bridge_flops(out: Path, table: dict) -> dict:
+    """The bridges' training FLOPs per token (one step of their objective, forward and backward, at
+    the comparison's batch, counted as flops_per_token counts the others) for each bridge row, and
+    "teacher": the FLOPs of the run's one teacher pass (the frozen prefix to the deepest swept
+    layer over the training pool and the held-out blocks), shared by every bridge of the sweep."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from geoprobe.bridges.fit import draw_conditions, objective
+    from geoprobe.bridges.hidden import Teacher, load_bridge
+    from geoprobe.capture import capture
+    from geoprobe.workflows.sweep import open_source
+
+    source = open_source(out / "run", None, None, None, "cpu", "auto")
+    backbone, g = source.backbone, torch.Generator().manual_seed(0)
+    found, batch = {}, TRAINING["batch_size"]
+    for name, (folders, *_rest) in table.items():
+        if not (name.startswith("bridge-") or name == "round-00") or not (folders[SEEDS[0]] / "metrics.json").is_file():
+            continue
+        bridge, _ = load_bridge(folders[SEEDS[0]])
+        bridge.train()
+        g = torch.Generator().manual_seed(0)  # the same draws for every row (a noisy row costs the mixture)
+        cfg, ids = bridge.cfg, bridge.support[torch.randint(0, len(bridge.support), (batch, SEQ_LEN), generator=g)]
+        with FlopCounterMode(display=False) as counter:
+            loss = objective(bridge, Teacher(backbone, cfg.layer), ids, torch.ones_like(ids),
+                             torch.randn(batch, SEQ_LEN, cfg.hidden_size, generator=g),
+                             draw_conditions(cfg, batch, SEQ_LEN, g))
+            loss.backward()
+        found[name] = counter.get_total_flops() / ids.numel()
+    deepest = max(int(x) for x in BRIDGE_LAYERS.split("-"))
+    ids = torch.randint(0, backbone.config.vocab_size, (1, SEQ_LEN), generator=g)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        capture(backbone, ids, layers=tuple(range(deepest + 1)))
+    pool = sum(len(b.tokens) for b in [*source.train_blocks, *source.stop_blocks, *source.val_blocks])
+    found["teacher"] = counter.get_total_flops() / ids.numel() * pool
+    return found
+
+
 def welch_less(a, b) -> float:
     """One-sided Welch p-value of H1: mean(a) < mean(b) (1 when either side has fewer than two values)."""
     from scipy import stats
@@ -277,12 +315,16 @@ def table_section(samples: list[dict], training: dict, sweep: dict | None, flops
     def metric(row, key, budget=BUDGETS[0], digits=3):
         return cell([r.get(key) for r in samples if r["row"] == row and r["evaluations"] == budget], digits)
 
+    reference = (flops["dsl"] * np.mean([r["tokens"] for r in training["dsl"]])
+                 if "dsl" in flops and training.get("dsl") else None)
     for row in dict.fromkeys(r["row"] for r in samples):
         runs = training.get(row, [])
         steps = ", ".join(f"{r['steps']} ({r['stop']})" for r in runs) or "—"
         tokens = f"{np.mean([r['tokens'] for r in runs]) / 1e6:.2f} M" if runs else "—"
-        flop = (f"{flops[row] * np.mean([r['tokens'] for r in runs]) / 1e9:,.0f}" if row in flops and runs
-                else "—")
+        spent = flops[row] * np.mean([r["tokens"] for r in runs]) if row in flops and runs else None
+        flop = "—" if spent is None else f"{spent / 1e9:,.0f}" + (" (> 2× `dsl`'s)" if reference and spent > 2 * reference
+                                                                   else " (< ½ `dsl`'s)" if reference and
+                                                                   spent < reference / 2 else "")
         sampler = next(r["sampler"] for r in samples if r["row"] == row)
         budget = BUDGETS[0] if row != "ar" else SEQ_LEN
         mark = "" if sweep is None and row.startswith(("bridge", "round")) or converged(row, training, sweep) \
@@ -299,8 +341,13 @@ def table_section(samples: list[dict], training: dict, sweep: dict | None, flops
     apart = [f"`{a}` vs `{b}`" for i, a in enumerate(nll) for b in list(nll)[i + 1:] if disjoint(nll[a], nll[b])]
     parts += ["Pairs whose NLL seed intervals (mean ± sd) do not overlap: " + (", ".join(apart) or "none") + "; "
               "the others are within noise and not ranked.", "",
-              "The bridges' training FLOPs are not counted here (their step runs the frozen backbone's prefix once per "
-              "run, not per step); the bridges and `round-00` train at the same rows, cap and rule as the others.", ""]
+              "Training FLOPs are the seed-mean tokens used times one step's FLOPs per token (forward and backward, "
+              "torch.utils.flop_counter); a row more than 2× or less than ½ of `dsl`'s is marked (the protocol's "
+              "2× rule, taken against `dsl`, the row whose budget testbed.md set). "
+              + (f"The bridges' one teacher pass (the frozen prefix to layer {BRIDGE_LAYERS.split('-')[-1]} over "
+                 f"their training pool and held-out blocks, shared by every bridge of the sweep) "
+                 f"adds {flops['teacher'] / 1e9:,.2f} GFLOP, not in their cells. " if "teacher" in flops else "")
+              + "The bridges and `round-00` train at the same rows, cap and rule as the others.", ""]
     return parts
 
 
@@ -326,8 +373,8 @@ def main() -> None:
     table.update(bridge_rows(out, sweep["verdict"]))
     samples = sample_all(out, table)
     (out / "samples.json").write_text(json.dumps(samples))
-    write_page(out, args.page, samples, training_record(out, table), sweep, flops_per_token(out),
-               time.perf_counter() - began)
+    write_page(out, args.page, samples, training_record(out, table), sweep,
+               {**flops_per_token(out), **bridge_flops(out, table)}, time.perf_counter() - began)
 
 
 if __name__ == "__main__":
