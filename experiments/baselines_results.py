@@ -190,10 +190,9 @@ def bridge_flops(out: Path, table: dict) -> dict:
     from geoprobe.workflows.sweep import open_source
 
     source = open_source(out / "run", None, None, None, "cpu", "auto")
-    backbone, g = source.backbone, torch.Generator().manual_seed(0)
-    found, batch = {}, TRAINING["batch_size"]
-    for name, (folders, *_rest) in table.items():
-        if not (name.startswith("bridge-") or name == "round-00") or not (folders[SEEDS[0]] / "metrics.json").is_file():
+    backbone, found, batch = source.backbone, {}, TRAINING["batch_size"]
+    for name, (folders, *_rest) in table.items():  # round-00 has no training record, so no FLOP cell
+        if not name.startswith("bridge-") or not (folders[SEEDS[0]] / "metrics.json").is_file():
             continue
         bridge, _ = load_bridge(folders[SEEDS[0]])
         bridge.train()
@@ -206,12 +205,19 @@ def bridge_flops(out: Path, table: dict) -> dict:
             loss.backward()
         found[name] = counter.get_total_flops() / ids.numel()
     deepest = max(int(x) for x in BRIDGE_LAYERS.split("-"))
-    ids = torch.randint(0, backbone.config.vocab_size, (1, SEQ_LEN), generator=g)
+    ids = torch.randint(0, backbone.config.vocab_size, (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         capture(backbone, ids, layers=tuple(range(deepest + 1)))
     pool = sum(len(b.tokens) for b in [*source.train_blocks, *source.stop_blocks, *source.val_blocks])
     found["teacher"] = counter.get_total_flops() / ids.numel() * pool
     return found
+
+
+def budget_mark(spent: float, reference: float | None) -> str:
+    """The protocol's mark for a row whose training FLOPs are more than 2x or less than 1/2 of `dsl`'s."""
+    if not reference or reference / 2 <= spent <= 2 * reference:
+        return ""
+    return " (> 2× `dsl`'s)" if spent > reference else " (< ½ `dsl`'s)"
 
 
 def welch_less(a, b) -> float:
@@ -329,9 +335,7 @@ def table_section(samples: list[dict], training: dict, sweep: dict | None, flops
                           f"{r['steps']} ({r['stop']})" for r in runs) or "—"
         tokens = f"{np.mean([r['tokens'] for r in runs]) / 1e6:.2f} M" if runs else "—"
         spent = flops[row] * np.mean([r["tokens"] for r in runs]) if row in flops and runs else None
-        flop = "—" if spent is None else f"{spent / 1e9:,.0f}" + (" (> 2× `dsl`'s)" if reference and spent > 2 * reference
-                                                                   else " (< ½ `dsl`'s)" if reference and
-                                                                   spent < reference / 2 else "")
+        flop = "—" if spent is None else f"{spent / 1e9:,.0f}" + budget_mark(spent, reference)
         sampler = next(r["sampler"] for r in samples if r["row"] == row)
         budget = BUDGETS[0] if row != "ar" else SEQ_LEN
         mark = "" if sweep is None and row.startswith(("bridge", "round")) or converged(row, training, sweep) \
