@@ -32,16 +32,16 @@ check: .venv/.installed .kjv
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
 
-# the SmolLM2 results page (docs/results.md): the sweep verdict, about two days on 2 CPU cores, resumable; not
+# the SmolLM2 results page (docs/results.md): the sweep verdict, up to about 20 hours on 2 CPU cores, resumable; not
 # part of `make test` (add --generation to the script for the generation comparison, about 60 min more)
 results: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
 
-# the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
-# the DiHAL comparison of docs/baselines.md on the testbed (resumable; not part of make test)
+# the DiHAL comparison of docs/baselines.md on the testbed: its training loops about 2 h on 2 CPU cores, resumable; not part of make test
 results-baselines: .venv/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.baselines_results --out runs/baselines --page docs/baselines.md
 
+# the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
 results-testbed: .venv/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.testbed_results --out runs/testbed --page docs/testbed.md
 

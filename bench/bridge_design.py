@@ -52,6 +52,9 @@ VARIANTS = {
     # with sigma_b = 0 a tau > 0 row teaches nothing the sampler uses (tests/test_bridge.py): the
     # deterministic bridge as the regression it is, noisy conditions kept (the default since)
     "conv default": ({}, {}),
+    # the rate: at SmolLM2's layer 3 the default (lr 1e-3) was still falling at its 2,000-step cap
+    "conv lr 3e-3": ({}, dict(lr=3e-3)),
+    "conv lr 2e-3": ({}, dict(lr=2e-3)),
 }
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 

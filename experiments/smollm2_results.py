@@ -1,9 +1,8 @@
 """The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores up to about two days: 36 bridges of up to 2,000 steps at 1.6-2.6 s a step, deeper
-layers' bridges having more blocks; the one at layer 3 took about 55 minutes alone; not yet run with
-the current bridges), written to docs/results.md with its plots; with --generation, the
-generation comparison too (at the bridges' 4.1 M-token budget: not timed; at the earlier 102,400
-tokens it took about 60 minutes more).
+(on 2 CPU cores up to about 20 hours: 36 bridges of up to 4,000 steps at 0.42 s a step at layer 3 on a
+2-core AMD EPYC with AVX512-BF16, more at deeper layers, whose bridges have more blocks), written to
+docs/results.md with its plots; with --generation, the generation comparison too (at the bridges'
+8.2 M-token budget: not timed; at the earlier 102,400 tokens it took about 60 minutes more).
 
     make results                                   # = python -m experiments.smollm2_results
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
@@ -45,14 +44,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
 # one training budget for the three DSL-family models: steps x batch x seq_len tokens
 # (the bridges' cap: their budget is the sweep's, so the comparison stays matched; compare refuses it otherwise)
-BUDGET = {"steps": 2000, "batch": 8, "seq": 256}
+BUDGET = {"steps": 4000, "batch": 8, "seq": 256}
 SAMPLES = {"num": 256, "length": 32, "steps": 16}  # per generator row; the DSL-scratch curve adds 4 and 8 steps
 SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-blocks", 1, "--k", 32,
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
 # the bridges at every default (docs/method.md, amendment 10: a sweep with other settings is another
-# experiment): 256-token blocks as the scan's, 8 per step, the plateau rule every 50 steps under a cap
-# of 2,000 steps (4.1 M tokens); about 55 minutes for the bridge at layer 3 on 2 CPU cores (docs/bridge-design.md)
-SWEEP = ["--layers", "1-12"]
+# experiment) but the cap: 256-token blocks as the scan's, 8 per step, the plateau rule every 50 steps
+# under a cap of 4,000 steps (8.2 M tokens; amendment 11: at layer 3 the 2,000-step default came while
+# the bridge was still at the rule's edge); about 16 minutes to 2,000 steps at layer 3 on 2 CPU cores
+SWEEP = ["--layers", "1-12", "--steps", BUDGET["steps"], "--eval-every", 50]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 
