@@ -18,8 +18,9 @@ What it runs (one budget for every generator it compares, see BUDGET):
    (on a stopping split) under a step cap, validated as the scan drew its states; the
    pre-registered test of docs/method.md, its secondary losses, the seed noise and the controls.
 With --generation (the previous page's generation section came from such a run):
-3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from), at the same
-   number of training tokens;
+3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from), and the
+   DiHAL comparison's embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md)
+   at the same number of training tokens;
 4. samples: the hybrid through the bridges at the geometry-chosen, worst and oracle layers, the
    layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (the AR
    ceiling); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
@@ -55,6 +56,7 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 SWEEP = ["--layers", "1-12", "--steps", BUDGET["steps"], "--eval-every", 50]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
+BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
 
 
 def geoprobe(*args, done: Path | None, log: dict, name: str) -> None:
@@ -109,8 +111,9 @@ def swept(run: Path, seeds: str) -> bool:
 
 
 def generation(out: Path, run: Path, step, dev: list) -> None:
-    """DSL, MDLM and DSL-from-SmolLM2 at one budget; samples of every generator (the hybrid through
-    the first seed's bridges at the chosen, worst and easiest layers); eval and compare."""
+    """DSL, MDLM, DSL-from-SmolLM2 and the embedding-diffusion baselines at one budget; samples of
+    every generator (the hybrid through the first seed's bridges at the chosen, worst and easiest
+    layers); eval and compare."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
               "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
@@ -119,6 +122,11 @@ def generation(out: Path, run: Path, step, dev: list) -> None:
     for name, flags in models.items():
         step(f"train {name}", "dsl", "train", "--corpus", CORPUS, *flags, *budget, "--out", out / name, *dev,
              done=out / name / "metrics.json")
+    # the DiHAL comparison's embedding-diffusion baselines (docs/baselines.md, "On SmolLM2"): the
+    # DSL row's tokenizer, network and budget, each kind's own schedule, embeddings and loss
+    for kind in BASELINES:
+        step(f"train {kind}", "baseline", "train", kind, "--corpus", CORPUS, "--tokenizer", "train:4096", "--d-model",
+             256, "--n-layers", 4, "--lr", 1e-3, *budget, "--out", out / kind, *dev, done=out / kind / "metrics.json")
 
     sweep = json.loads((run / "sweep.json").read_text())["verdict"]
     rows = {}
@@ -129,6 +137,8 @@ def generation(out: Path, run: Path, step, dev: list) -> None:
         for sampler in SAMPLERS:
             rows[f"{name}-{sampler}"] = ["--model", out / name, "--sampler", sampler]
     rows["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]
+    for kind in BASELINES:  # each decodes as its paper does: rounding, or CoDAR's decoder
+        rows[f"{kind}-ancestral"] = ["--model", out / kind, "--sampler", "ancestral"]
     shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
     files, curve = [], []
     for name, flags in rows.items():
