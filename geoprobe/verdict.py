@@ -24,6 +24,8 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
 * controls: rho(depth, loss), rho(massive-channel share, loss), the partial rho of score and loss
   given depth (Freedman-Lane permutation p), and the score computed three other ways (z-scored
   over every scanned layer, --normalize none, massive channels excluded) against the same losses;
+  for the primary loss also the token lookup's: rho(lookup, loss), the test on the lookup itself
+  and on loss / lookup (amendment 12);
 * the outcome: "inconclusive: ..." (the bridges did not converge), "robustly supported" (primary
   passes, reliability >= 0.5, partial rho given depth < 0 with p < 0.05), "supported, but ..."
   (primary passes, a robustness condition fails), "not supported"; with one seed of a tested
@@ -237,20 +239,37 @@ def _by_seed(rows: list[dict], layers: list[int], loss: str):
 def _controls(compared, layers, score, scores, channel_share, losses, seed) -> dict:
     depth = np.array(layers, dtype=float)
     share = np.array([channel_share.get(l, 0.0) for l in layers])
+    two = dict(seed=seed, interval=False)
+    one = dict(seed=seed, alternative="less", interval=False)
     controls = {}
     for loss in losses:
         y = [r[loss] for r in compared]
-        two = dict(seed=seed, interval=False)
         c = {"depth": spearman_with_uncertainty(depth, y, **two),
              "partial_given_depth": partial_spearman_test(score, y, depth, seed=seed)}
         if np.ptp(share) > 0:
             c["channel_share"] = spearman_with_uncertainty(share, y, **two)
         for name in SCORE_VARIANTS:
             if name in scores:
-                c[name] = spearman_with_uncertainty([scores[name][l] for l in layers], y, seed=seed,
-                                                    alternative="less", interval=False)
+                c[name] = spearman_with_uncertainty([scores[name][l] for l in layers], y, **one)
         controls[loss] = c
+    controls[PRIMARY].update(_lookup_controls(compared, score, one, two))
     return controls
+
+
+def _lookup_controls(compared, score, one: dict, two: dict) -> dict:
+    """Against the token lookup (method.md, amendment 12): every bridge starts at its layer's
+    lookup, so its nmse_dim carries the lookup's, and a score that ranks the layers' lookups ranks
+    their bridges with no bridge trained. Reported, not tested: rho(lookup, loss) (how much of the
+    bridges' order the closed-form table gives), the registered test on the lookup itself, and on
+    the share of the lookup's loss the bridge leaves (nmse_dim / lookup: what context adds).
+    Empty unless every compared layer has a positive lookup control."""
+    lookup = [r.get("control_lookup_nmse_dim") for r in compared]
+    if any(v is None or not v > 0 for v in lookup):
+        return {}
+    y = np.array([r[PRIMARY] for r in compared])
+    return {"lookup": spearman_with_uncertainty(lookup, y, **two),
+            "score_vs_lookup": spearman_with_uncertainty(score, lookup, **one),
+            "relative_to_lookup": spearman_with_uncertainty(score, y / np.array(lookup), **one)}
 
 
 def outcome(v: dict) -> str:
@@ -313,6 +332,12 @@ def statement(v: dict) -> list[str]:
     if "channel_share" in c:
         parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f}")
     parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
+    if "lookup" in c:
+        parts += [f"rho(token lookup's {loss}, {loss}) = {c['lookup']['rho']:.2f} (two-sided p {c['lookup']['p']:.2g})",
+                  f"the same test on the token lookup's {loss}, no bridge trained: rho {c['score_vs_lookup']['rho']:.2f} "
+                  f"(p {c['score_vs_lookup']['p']:.2g})",
+                  f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
+                  f"(p {c['relative_to_lookup']['p']:.2g})"]
     lines.append("Controls: " + "; ".join(parts) + ".")
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]

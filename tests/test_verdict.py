@@ -361,3 +361,31 @@ def test_the_terminal_table_folds_a_long_number_instead_of_cutting_it():
     print_table("sweep", [f"loss {i}" for i in range(14)], [[1.4772534972812105e-15] * 14], out=out)
     text = out.getvalue()
     assert "…" not in text and "1.477e-" in text  # "1.477e-…" reads as another number
+
+
+def test_the_lookup_controls_say_how_much_of_the_order_a_per_token_table_gives():
+    # the lookup rises with depth; each bridge leaves a share of it that does not; the score ranks the
+    # lookups exactly: the registered test on the lookup alone then passes with no bridge trained
+    lookup = {l: 0.1 * l for l in range(1, 7)}
+    ratio = {1: 0.90, 2: 0.70, 3: 0.85, 4: 0.60, 5: 0.80, 6: 0.75}
+    rows = rows_for({l: [lookup[l] * ratio[l] + e for e in (0.0, 0.001, -0.001)] for l in range(1, 7)})
+    for r in rows:
+        r["control_lookup_nmse_dim"] = lookup[r["layer"]]
+    score = {l: -lookup[l] for l in range(1, 7)}
+    v = sweep_verdict(rows, {"score": score}, {l: 0.0 for l in range(1, 7)})
+    c = v["controls"][PRIMARY]
+    layers = range(1, 7)
+    mean = [lookup[l] * ratio[l] for l in layers]
+    assert c["lookup"]["rho"] == pytest.approx(stats.spearmanr([lookup[l] for l in layers], mean).statistic)
+    assert c["score_vs_lookup"]["rho"] == pytest.approx(-1.0) and c["score_vs_lookup"]["p"] == pytest.approx(1 / 720)
+    want = stats.spearmanr([score[l] for l in layers], [ratio[l] for l in layers]).statistic
+    assert c["relative_to_lookup"]["rho"] == pytest.approx(want)
+    assert c["relative_to_lookup"]["p"] > 0.05  # the context's share does not follow the score here
+    controls = next(line for line in v["statement"] if line.startswith("Controls:"))
+    assert "no bridge trained: rho -1.00" in controls and "what context adds" in controls
+    # the secondaries get no lookup control (the table is per-channel nmse), and a layer without one drops them
+    assert "lookup" not in v["controls"]["nmse"]
+    for r in rows:
+        if r["layer"] == 1:
+            r["control_lookup_nmse_dim"] = None
+    assert "lookup" not in sweep_verdict(rows, {"score": score}, {l: 0.0 for l in layers})["controls"][PRIMARY]
