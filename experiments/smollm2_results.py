@@ -15,8 +15,9 @@ What it runs (one budget for every generator it compares, see BUDGET):
 1. scan builtin:smollm2 on the KJV: geometry of every layer (the ranking is shown with and without
    massive channels wherever a layer has them);
 2. sweep layers 1-12 with seeds 0, 1, 2: one bridge per layer and seed, each to the plateau rule
-   (on a stopping split) under a step cap, validated as the scan drew its states; the
-   pre-registered test of docs/method.md, its secondary losses, the seed noise and the controls.
+   (on a stopping split) under a step cap, validated as the scan drew its states, then the ceiling
+   control per layer; the pre-registered test of docs/method.md, its secondary losses, the seed
+   noise and the controls.
 With --generation (the previous page's generation section came from such a run):
 3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from), and the
    DiHAL comparison's embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md)
@@ -53,7 +54,10 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # experiment) but the cap: 256-token blocks as the scan's, 8 per step, the plateau rule every 50 steps
 # under a cap of 4,000 steps (8.2 M tokens; amendment 11: at layer 3 the 2,000-step default came while
 # the bridge was still at the rule's edge); about 16 minutes to 2,000 steps at layer 3 on 2 CPU cores
-SWEEP = ["--layers", "1-12", "--steps", BUDGET["steps"], "--eval-every", 50]
+# --ceiling: per layer the same network trained as the plain clean regression, after every seed's
+# bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
+# the layers' order is the regression's
+SWEEP = ["--layers", "1-12", "--steps", BUDGET["steps"], "--eval-every", 50, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
