@@ -32,8 +32,8 @@ check: .venv/.installed .kjv
 demo: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m geoprobe demo --out runs/demo --device cpu
 
-# the SmolLM2 results page (docs/results.md): the sweep verdict, up to about 20 hours on 2 CPU cores, resumable; not
-# part of `make test` (add --generation to the script for the generation comparison, about 60 min more)
+# the SmolLM2 results page (docs/results.md): the sweep verdict, up to about a day on 2 CPU cores, resumable; not
+# part of `make test` (add --generation to the script for the generation comparison: not yet timed at its budget)
 results: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
 

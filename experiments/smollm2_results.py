@@ -1,6 +1,7 @@
 """The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores up to about 20 hours: 36 bridges of up to 4,000 steps at 0.42 s a step at layer 3 on a
-2-core AMD EPYC with AVX512-BF16, more at deeper layers, whose bridges have more blocks), written to
+(on 2 CPU cores up to about a day: 36 bridges of up to 4,000 steps, about 0.45 s a step at layer 3 on a
+2-core AMD EPYC with AVX512-BF16 and more at deeper layers, whose bridges have more blocks, then 12
+ceiling controls; about 25 hours if every bridge ran to its cap), written to
 docs/results.md with its plots; with --generation, the generation comparison too (at the bridges'
 8.2 M-token budget: not timed; at the earlier 102,400 tokens it took about 60 minutes more).
 
@@ -27,7 +28,7 @@ With --generation (the previous page's generation section came from such a run):
    ceiling); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
 5. eval with SmolLM2 as the evaluator (Gen.PPL, diversity, unigram entropy, MAUVE against KJV
    chapters), compare, and the page.
-Not in `make test` (it needs the real model for days on 2 cores); `make test` runs examples 01-05.
+Not in `make test` (it needs the real model for up to about a day on 2 cores); `make test` runs examples 01-05.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
-# one training budget for the three DSL-family models: steps x batch x seq_len tokens
+# one training budget for the trained generators (DSL, MDLM, DSL-from-SmolLM2 and the three
+# embedding-diffusion baselines): steps x batch x seq_len tokens
 # (the bridges' cap: their budget is the sweep's, so the comparison stays matched; compare refuses it otherwise)
 BUDGET = {"steps": 4000, "batch": 8, "seq": 256}
 SAMPLES = {"num": 256, "length": 32, "steps": 16}  # per generator row; the DSL-scratch curve adds 4 and 8 steps
@@ -58,7 +60,7 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
 SWEEP = ["--layers", "1-12", "--steps", BUDGET["steps"], "--eval-every", 50, "--ceiling"]
-SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first: --seeds 0,1 reads back what an interrupted run finished
+SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
 
@@ -104,14 +106,17 @@ def main() -> None:
 
 
 def swept(run: Path, seeds: str) -> bool:
-    """Whether sweep.json already holds every requested seed (a run with fewer seeds is resumed)."""
+    """Whether sweep.json already holds every requested seed and the ceiling control of every layer
+    (a run with fewer seeds, or from before `--ceiling` was in SWEEP, is resumed)."""
     path = run / "sweep.json"
     if not path.is_file():
         return False
     from geoprobe.workflows.sweep import parse_seeds
 
-    have = {row.get("seed") for row in json.loads(path.read_text())["rows"]}
-    return set(parse_seeds(seeds)) <= have
+    rows = json.loads(path.read_text())["rows"]
+    have = {row.get("seed") for row in rows}
+    ceilings = "--ceiling" not in SWEEP or all(row.get("ceiling_nmse_dim") is not None for row in rows)
+    return set(parse_seeds(seeds)) <= have and ceilings
 
 
 def generation(out: Path, run: Path, step, dev: list) -> None:

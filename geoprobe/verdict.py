@@ -68,6 +68,9 @@ SOURCE_LAYERS = (0,)
 # the other ways of computing the score, each z-scored over the compared layers unless it says so
 SCORE_VARIANTS = {"score_all_layers": "z-scored over every scanned layer (as the ranking does)",
                   "score_normalize_none": "--normalize none", "score_channels_excluded": "massive channels excluded"}
+# the primary loss's controls against the token lookup (amendment 12), as the sweep page labels them
+LOOKUP_CONTROLS = {"lookup": "ρ(lookup's loss)", "score_vs_lookup": "ρ, score vs the lookup's loss",
+                   "relative_to_lookup": "ρ, score vs loss / lookup's"}
 
 
 def layer_table(rows: list[dict], losses=(*LOSSES, "nmse_dim_1step")) -> list[dict]:
@@ -262,9 +265,10 @@ def _lookup_controls(compared, score, one: dict, two: dict) -> dict:
     their bridges with no bridge trained. Reported, not tested: rho(lookup, loss) (how much of the
     bridges' order the closed-form table gives), the registered test on the lookup itself, and on
     the share of the lookup's loss the bridge leaves (nmse_dim / lookup: what context adds).
-    Empty unless every compared layer has a positive lookup control."""
+    Empty unless every compared layer has a positive lookup control and they are not all equal
+    (a constant has no ranks)."""
     lookup = [r.get("control_lookup_nmse_dim") for r in compared]
-    if any(v is None or not v > 0 for v in lookup):
+    if any(v is None or not v > 0 for v in lookup) or np.ptp(lookup) == 0:
         return {}
     y = np.array([r[PRIMARY] for r in compared])
     return {"lookup": spearman_with_uncertainty(lookup, y, **two),
@@ -291,6 +295,23 @@ def outcome(v: dict) -> str:
     if partial["rho"] is None or not (partial["rho"] < 0 and partial["p"] < ALPHA):
         failed.append("it does not hold beyond depth (partial rho given depth not significant)")
     return ("robustly supported" if not failed else "supported, but " + " and ".join(failed)) + provisional
+
+
+def lookup_line(c: dict) -> str:
+    """What a passing primary test means beside the token lookup (amendment 12): whether the score
+    also ranks the layers' per-token tables, and whether it ranks what context adds."""
+    table, share = c["score_vs_lookup"], c["relative_to_lookup"]
+    on_table = table["rho"] < 0 and table["p"] < ALPHA
+    on_share = share["rho"] < 0 and share["p"] < ALPHA
+    if on_share:
+        return (f"Beyond the token lookup: the score also predicts the share of the lookup's loss the bridges leave "
+                f"(p {share['p']:.2g}), so it ranks what context adds, not only how much of a layer is a per-token table.")
+    if on_table:
+        return (f"Beyond the token lookup: the score predicts the lookup's own loss (p {table['p']:.2g}) but not the "
+                f"share of it the bridges leave (p {share['p']:.2g}): it ranks how much of each layer is a per-token "
+                "table, which needs no bridge, not how hard its context is to reconstruct.")
+    return (f"Beyond the token lookup: the score predicts neither the lookup's own loss (p {table['p']:.2g}) nor the "
+            f"share of it the bridges leave (p {share['p']:.2g}) on its own.")
 
 
 def statement(v: dict) -> list[str]:
@@ -339,6 +360,8 @@ def statement(v: dict) -> list[str]:
                   f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
                   f"(p {c['relative_to_lookup']['p']:.2g})"]
     lines.append("Controls: " + "; ".join(parts) + ".")
+    if "lookup" in c and p["supports"]:
+        lines.append(lookup_line(c))
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]
         word = "easiest" if role == "oracle" else "hardest"

@@ -2,6 +2,7 @@
 bridges' convergence, the fixed Holm family, the registered score, the seed-mean reliability,
 and its layer table and ties. The statistics it is built from are tested in test_metrics.py."""
 
+import itertools
 import json
 
 import numpy as np
@@ -381,11 +382,36 @@ def test_the_lookup_controls_say_how_much_of_the_order_a_per_token_table_gives()
     want = stats.spearmanr([score[l] for l in layers], [ratio[l] for l in layers]).statistic
     assert c["relative_to_lookup"]["rho"] == pytest.approx(want)
     assert c["relative_to_lookup"]["p"] > 0.05  # the context's share does not follow the score here
+    # rho(lookup, loss) is two-sided, as depth's: its p is the exact permutation p of |rho| over the 6! pairings
+    assert c["lookup"]["alternative"] == "two-sided"
+    pairings = [stats.spearmanr([lookup[l] for l in layers], perm).statistic
+                for perm in itertools.permutations(mean)]
+    exact = np.mean(np.abs(pairings) >= abs(c["lookup"]["rho"]) - 1e-12)
+    assert c["lookup"]["p"] == pytest.approx(exact)
     controls = next(line for line in v["statement"] if line.startswith("Controls:"))
     assert "no bridge trained: rho -1.00" in controls and "what context adds" in controls
+    # the primary test passes here (the loss follows the lookup), and the statement says what that means
+    assert v["tests"][PRIMARY]["supports"]
+    assert any("ranks how much of each layer is a per-token table" in line for line in v["statement"])
+    # a constant lookup has no ranks: no control rather than a nan rho with p 0
+    for r in rows:
+        r["control_lookup_nmse_dim"] = 0.5
+    assert "lookup" not in sweep_verdict(rows, {"score": score}, {l: 0.0 for l in layers})["controls"][PRIMARY]
     # the secondaries get no lookup control (the table is per-channel nmse), and a layer without one drops them
     assert "lookup" not in v["controls"]["nmse"]
     for r in rows:
         if r["layer"] == 1:
             r["control_lookup_nmse_dim"] = None
     assert "lookup" not in sweep_verdict(rows, {"score": score}, {l: 0.0 for l in layers})["controls"][PRIMARY]
+
+
+def test_the_lookup_line_names_what_the_score_ranks():
+    from geoprobe.verdict import lookup_line
+
+    def c(table_p, share_p, rho=-0.9):
+        return {"score_vs_lookup": {"rho": rho, "p": table_p}, "relative_to_lookup": {"rho": rho, "p": share_p}}
+
+    assert "ranks what context adds" in lookup_line(c(0.001, 0.01))
+    assert "per-token table, which needs no bridge" in lookup_line(c(0.001, 0.3))
+    assert "predicts neither" in lookup_line(c(0.2, 0.3))
+    assert "predicts neither" in lookup_line(c(0.001, 0.001, rho=0.9))  # the wrong sign is no prediction
