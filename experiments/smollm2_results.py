@@ -137,8 +137,14 @@ def generation(out: Path, run: Path, step, dev: list) -> None:
         step(f"train {kind}", "baseline", "train", kind, "--corpus", CORPUS, "--tokenizer", "train:4096", "--d-model",
              256, "--n-layers", 4, "--lr", 1e-3, *budget, "--out", out / kind, *dev, done=out / kind / "metrics.json")
 
+    # the layer-0 bridge decoded by rounding (Diffusion-LM's decoding; the baseline the hybrid is
+    # set against, issue 31 section 4): the sweep leaves the source layer out, so it trains here,
+    # under the sweep's cap and rule, into out/bridges
+    layer0 = out / "bridges" / "layer-00" / "seed-0"
+    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, "--steps", BUDGET["steps"], "--eval-every", 50,
+         "--out", out, *dev, done=layer0 / "metrics.json")
     sweep = json.loads((run / "sweep.json").read_text())["verdict"]
-    rows = {}
+    rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
     for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row
         layer = sweep[role + "_layer"]
         rows[f"bridge-{layer:02d}"] = ["--model", run / "bridges" / f"layer-{layer:02d}" / "seed-0", "--sampler", "hybrid"]
