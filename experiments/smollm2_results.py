@@ -59,7 +59,8 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # --ceiling: per layer the same network trained as the plain clean regression, after every seed's
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
-SWEEP = ["--layers", "1-12", "--steps", BUDGET["steps"], "--eval-every", 50, "--ceiling"]
+CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # every bridge here: the sweep's and layer 0's
+SWEEP = ["--layers", "1-12", *CAP_AND_RULE, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
@@ -141,8 +142,8 @@ def generation(out: Path, run: Path, step, dev: list) -> None:
     # set against, issue 31 section 4): the sweep leaves the source layer out, so it trains here,
     # under the sweep's cap and rule, into out/bridges
     layer0 = out / "bridges" / "layer-00" / "seed-0"
-    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, "--steps", BUDGET["steps"], "--eval-every", 50,
-         "--out", out, *dev, done=layer0 / "metrics.json")
+    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *CAP_AND_RULE, "--out", out, *dev,
+         done=layer0 / "metrics.json")
     sweep = json.loads((run / "sweep.json").read_text())["verdict"]
     rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
     for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row
