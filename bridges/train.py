@@ -102,6 +102,7 @@ class Trained:
     seconds: float = 0.0  # this session's training loop (a resumed run counts only its own steps)
     session_steps: int = 0
     best_step: int | None = None  # the evaluation whose EMA weights were kept (None: the last weights, no evaluations)
+    total_seconds: float = 0.0  # the training loop over every session (checkpoints older than 2026-12-03: the last one's)
 
 
 def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
@@ -171,6 +172,7 @@ class TrainingState:
     curve: list = field(default_factory=list)
     val_curve: list = field(default_factory=list)
     stop: str | None = None
+    seconds: float = 0.0  # the training loop's seconds up to this checkpoint, over every session
 
 
 def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingState, best: Best) -> None:
@@ -186,7 +188,7 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingSta
                 tensors[f"opt.{names[id(p)]}.{key}"] = value.detach().contiguous().cpu()
     meta = {"step": str(state.step), "curve": json.dumps(state.curve), "scheduler": json.dumps(scheduler.state_dict()),
             "param_groups": json.dumps(groups), "val_curve": json.dumps(state.val_curve), "stop": state.stop or "",
-            "best_step": "" if best.step is None else str(best.step)}
+            "best_step": "" if best.step is None else str(best.step), "seconds": f"{state.seconds:.3f}"}
     write_tensors(path, tensors, meta)
 
 
@@ -222,7 +224,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> Tra
         group.update(saved)
     scheduler.load_state_dict(json.loads(meta["scheduler"]))
     return TrainingState(int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")),
-                         meta.get("stop") or None)
+                         meta.get("stop") or None, float(meta.get("seconds") or 0))  # older checkpoints: no seconds
 
 
 def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -357,7 +359,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             if stop is not None or saving:
                 flush()
             if saving and world.is_main:
-                state = TrainingState(step + 1, curve, val_curve, stop)
+                state = TrainingState(step + 1, curve, val_curve, stop, resumed.seconds + time.perf_counter() - began)
                 _save(out / CHECKPOINT, model, ema, optimizer, scheduler, state, best)
             if stop is not None:
                 break
@@ -378,7 +380,8 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
             del step_loss
             gc.collect()
-    return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start, best.step)
+    return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start, best.step,
+                   resumed.seconds + seconds)
 
 
 @torch.no_grad()
@@ -403,7 +406,7 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
     tail = trained.curve[-window:]
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
             "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
-            "train_seconds": round(trained.seconds, 3),
+            "train_seconds": round(trained.total_seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
 
 

@@ -228,8 +228,9 @@ def what_it_says(run: Path, out: Path) -> str:
     lines = ["## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in verdict["statement"]]
-    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for {trained / 60:.0f} min in all (their training loops; "
-                 "validation adds about a fifth), whatever invocation of the script trained them.")
+    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all (their "
+                 "training loops, over every invocation of the script; validation adds about a fifth; a bridge resumed "
+                 "from a checkpoint older than 2026-12-03, which kept no clock, counts only the sessions after it).")
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]

@@ -249,7 +249,7 @@ def test_kill_9_during_baseline_train_then_rerun_equals_an_uninterrupted_run(tmp
     assert done.returncode == 0, done.stderr
     finished(uninterrupted)
     assert same_weights(killed / "model.safetensors", clean / "model.safetensors")
-    timing = ("train_seconds", "steps_per_second")  # this session's loop: the resumed one ran fewer steps
+    timing = ("train_seconds", "steps_per_second")  # clocks: two sessions and a kill differ from one run
     a, b = (json.loads((root / "metrics.json").read_text()) for root in (killed, clean))
     assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
     assert a["steps_run"] == 600

@@ -8,13 +8,14 @@ import numpy as np
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from geoprobe.bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, load_dsl, train_dsl
 from geoprobe.bridges.likelihood import continuous_bound, mdlm_elbo, roar_nll
 from geoprobe.bridges.checkpoint import WEIGHTS
 from geoprobe.errors import BadInput
 from geoprobe.tokens import load_saved_tokenizer
-from geoprobe.bridges.train import CHECKPOINT, TrainConfig, plateaued, train
+from geoprobe.bridges.train import CHECKPOINT, TrainConfig, plateaued, train, training_summary
 from tests.helpers import assert_one_line_error, invoke
 
 V = 8
@@ -82,19 +83,24 @@ def test_training_resumes_to_the_result_of_an_uninterrupted_run(tmp_path):
 
     train_until_interrupted(data, settings, tmp_path / "cut")
     assert (tmp_path / "cut" / CHECKPOINT).is_file()
+    with safe_open(tmp_path / "cut" / CHECKPOINT, "pt") as handle:
+        before = float(handle.metadata()["seconds"])  # the first session's 10 steps
     resumed = small_model(seed=99)  # weights come from the checkpoint, not from this init
-    train_dsl(resumed, data, settings, tmp_path / "cut", torch.device("cpu"))
+    trained = train_dsl(resumed, data, settings, tmp_path / "cut", torch.device("cpu"))
     a, b = load_dsl(tmp_path / "full").state_dict(), load_dsl(tmp_path / "cut").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    # the reported training time is both sessions', the rate the resumed session's own
+    assert before > 0 and trained.session_steps == 10
+    summary = training_summary(trained)
+    assert summary["train_seconds"] == pytest.approx(before + trained.seconds, abs=1e-3)
+    assert summary["steps_per_second"] == pytest.approx(10 / trained.seconds, rel=1e-3)
 
 
 def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
     """--precision bfloat16: the network's weights, their gradients and the EMA in bfloat16
     (geoprobe.bridges.optim's stochastic rounding), the token table and converter in float32; the loss
     follows a float32 run's, and a run cut short resumes to the uninterrupted one's bits."""
-    from safetensors import safe_open
-
     data = markov_sequences(128, 16, seed=2)
 
     def settings(precision):
@@ -392,8 +398,6 @@ def test_a_pretrained_dsl_reads_the_lm_once_and_keeps_no_dead_input_embedding(ti
                                                                                tmp_path, monkeypatch):
     """--init-from with --table-init pca loads the model once (the PCA comes from the same weights),
     and the checkpoint holds no vocabulary-wide copy of the LM's own (unused) input embedding."""
-    from safetensors import safe_open
-
     import geoprobe.bridges.dsl as dsl_module
     import geoprobe.backbone as backbone_module
     from geoprobe.bridges.channel import TokenTable
