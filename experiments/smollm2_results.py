@@ -107,17 +107,20 @@ def main() -> None:
 
 
 def swept(run: Path, seeds: str) -> bool:
-    """Whether sweep.json already holds every requested seed and the ceiling control of every layer
-    (a run with fewer seeds, or from before `--ceiling` was in SWEEP, is resumed)."""
+    """Whether sweep.json already holds every requested seed of every SWEEP layer and the ceiling
+    control of every layer (a run with fewer seeds or layers, or from before `--ceiling` was in
+    SWEEP, is resumed)."""
     path = run / "sweep.json"
     if not path.is_file():
         return False
     from geoprobe.workflows.sweep import parse_seeds
 
     rows = json.loads(path.read_text())["rows"]
-    have = {row.get("seed") for row in rows}
+    have = {(row.get("layer"), row.get("seed")) for row in rows}
+    wanted = {(layer, seed) for layer in parse_seeds(SWEEP[SWEEP.index("--layers") + 1])  # the same range syntax
+              for seed in parse_seeds(seeds)}
     ceilings = "--ceiling" not in SWEEP or all(row.get("ceiling_nmse_dim") is not None for row in rows)
-    return set(parse_seeds(seeds)) <= have and ceilings
+    return wanted <= have and ceilings
 
 
 def generation(out: Path, run: Path, step, dev: list) -> None:
@@ -192,6 +195,7 @@ def machine() -> str:
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
     """docs/results.md: how it was run, the report's tables and plots, and what they say."""
     from geoprobe.workflows.page import write_report
+    from geoprobe.workflows.sweep import parse_seeds
 
     report = write_report(run).read_text()
     pictures = page.parent / "results"
@@ -208,7 +212,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
         f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
         "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
         "bridges' own training time is under Cost below." + (
-            "" if seeds == SEEDS else f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
+            "" if parse_seeds(seeds) == parse_seeds(SEEDS) else
+            f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
             "`make results` trains the missing ones, resumably, and rewrites the page."), "",
         what_it_says(run, out), "",
         "## How it was run", "", "| step | seconds | command |", "|---|---|---|", timing, "",
@@ -225,12 +230,15 @@ def what_it_says(run: Path, out: Path) -> str:
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
     trained = sum(r.get("train_seconds") or 0 for r in sweep["rows"])
+    ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in sweep["rows"] if r.get("ceiling_train_seconds")}
     lines = ["## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in verdict["statement"]]
-    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all (their "
-                 "training loops, over every invocation of the script; validation adds about a fifth; a bridge resumed "
-                 "from a checkpoint older than 2026-12-03, which kept no clock, counts only the sessions after it).")
+    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
+    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all"
+                 + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the script; validation adds about a fifth; a "
+                 "bridge resumed from a checkpoint written before 2026-12-03 16:36 (commit 12b2ff9), which kept no "
+                 "clock, counts only the sessions after it).")
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]

@@ -85,7 +85,7 @@ def layer_table(rows: list[dict], losses=(*LOSSES, "nmse_dim_1step")) -> list[di
             values = np.array([r[loss] for r in mine if r.get(loss) is not None], dtype=float)
             row[loss] = float(values.mean()) if len(values) else None
             row[f"{loss}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else None
-        for key in LAYER_CONTROLS:
+        for key in (*LAYER_CONTROLS, "ceiling_stop"):
             row[key] = next((r[key] for r in mine if r.get(key) is not None), None)
         row["plateau"] = sum(r.get("stop") == "plateau" for r in mine)
         steps = [r["steps_run"] for r in mine if r.get("steps_run") is not None]

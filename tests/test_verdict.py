@@ -79,6 +79,19 @@ def test_tied_layers_and_the_layer_table():
     assert "tests" not in three and "cannot go below 1/3! = 0.17" in three["statement"][0]
 
 
+def test_a_ceiling_that_did_not_stop_by_its_plateau_says_so_in_the_page_table():
+    from geoprobe.workflows.sweep_page import layer_rows
+
+    rows = rows_for({1: [0.2, 0.21, 0.19], 2: [0.3, 0.31, 0.29], 3: [0.4, 0.41, 0.39], 4: [0.5, 0.5, 0.5]})
+    for row in rows:  # the sweep copies each layer's ceiling onto every seed's row
+        row.update(ceiling_nmse_dim=0.1 * row["layer"], ceiling_stop="cap" if row["layer"] == 2 else "plateau")
+    verdict = sweep_verdict(rows, {"score": {1: 3.0, 2: 2.0, 3: 1.0, 4: 0.0}}, {})
+    assert [r["ceiling_stop"] for r in verdict["layers"]] == ["plateau", "cap", "plateau", "plateau"]
+    verdict["scores"] = {"score": {str(layer): 4.0 - layer for layer in range(1, 5)}}  # as summarise records them
+    page = layer_rows(verdict)
+    assert [r["ceiling"] for r in page] == ["0.1", "0.2 (cap)", "0.3", "0.4"]
+
+
 def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
     rng = np.random.default_rng(3)
     layers = list(range(1, 13))

@@ -376,7 +376,8 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
                                           out=out)
             for row in rows if metrics is not None else []:
                 if row["layer"] == layer:
-                    row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"])
+                    row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"],
+                               ceiling_train_seconds=metrics.get("train_seconds"))
         rows.sort(key=lambda r: (r["layer"], r["seed"]))
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
             return None
@@ -396,12 +397,15 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
     from geoprobe.verdict import LAYER_CONTROLS, LOSSES  # scipy: imported when a sweep is written, not at start-up
 
     columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "nmse_dim_1step", *LAYER_CONTROLS,
-               "beats_lookup", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step", "stop"]
+               "ceiling_stop", "beats_lookup", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step", "stop"]
     write_rows(Path(run) / "sweep.csv", rows, columns)
-    (Path(run) / "sweep.json").write_text(json.dumps({"rows": rows, "verdict": verdict}, indent=2))
     curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
                 Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}")
-    return sweep_plot(verdict, Path(run) / "plots" / "sweep.png", model)
+    plot = sweep_plot(verdict, Path(run) / "plots" / "sweep.png", model)
+    # last and whole: sweep.json marks the sweep done (a resume skips it), so it must not exist
+    # beside a previous run's plots, nor be half written
+    write_json_atomic(Path(run) / "sweep.json", {"rows": rows, "verdict": verdict})
+    return plot
 
 
 def summarise(run: Path, rows: list[dict], include_source: bool = False) -> dict:

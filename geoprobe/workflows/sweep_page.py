@@ -19,6 +19,15 @@ def _pm(row: dict, loss: str) -> str:
     return f"{mean:.4g} ± {sd:.2g}" if sd is not None else f"{mean:.4g}"
 
 
+def _control(row: dict, key: str) -> str:
+    """A control's nmse_dim; a ceiling that did not stop by its plateau says how it stopped (an
+    unconverged regression is no ceiling)."""
+    if row.get(key) is None:
+        return "—"
+    stop = row.get("ceiling_stop") if key == "ceiling_nmse_dim" else None
+    return f"{row[key]:.4g}" + (f" ({stop})" if stop not in (None, "plateau") else "")
+
+
 def layer_rows(verdict: dict) -> list[dict]:
     """The per-layer table for people: the source layers marked, losses as mean ± sd."""
     scores = verdict.get("scores", {}).get("score", {})
@@ -28,7 +37,7 @@ def layer_rows(verdict: dict) -> list[dict]:
         rows.append({"layer": r["layer"], "role": "source (not tested)" if source else "tested",
                      "score": "not tested" if source else f"{scores[str(r['layer'])]:.3g}", "seeds": r["seeds"],
                      **{loss: _pm(r, loss) for loss in LOSSES}, "nmse_dim 1 step": _pm(r, "nmse_dim_1step"),
-                     **{CONTROL_HEADERS[k]: "—" if r.get(k) is None else f"{r[k]:.4g}" for k in LAYER_CONTROLS},
+                     **{CONTROL_HEADERS[k]: _control(r, k) for k in LAYER_CONTROLS},
                      "plateau": "—" if r.get("plateau") is None else f"{r['plateau']}/{r['seeds']}",
                      "steps": "—" if r.get("steps_mean") is None else f"{r['steps_mean']:.0f}"})
     return rows

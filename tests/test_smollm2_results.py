@@ -1,0 +1,62 @@
+"""experiments/smollm2_results.py's bookkeeping, on made-up sweep files: when a stored sweep counts
+as done (every layer and seed of SWEEP, every ceiling), and what its cost line adds up."""
+
+import json
+
+from experiments.smollm2_results import SWEEP, swept, what_it_says
+from geoprobe.verdict import sweep_verdict
+
+LAYERS = range(1, 13)
+assert SWEEP[SWEEP.index("--layers") + 1] == "1-12"  # the layers these tests build
+
+
+def write_sweep(run, layers=LAYERS, seeds=(0, 1, 2), ceilings=True):
+    rows = [{"layer": layer, "seed": seed, "stop": "plateau", "control_lookup_nmse_dim": 1.0, "train_seconds": 60.0,
+             "val_curve": [[0, 1.0], [50, 0.5]],
+             **{k: 0.01 * layer + 0.001 * seed for k in ("nmse_dim", "nmse", "delta_ce", "nmse_noisy", "objective")},
+             **({"ceiling_nmse_dim": 0.005 * layer, "ceiling_stop": "plateau", "ceiling_train_seconds": 120.0}
+                if ceilings else {})}
+            for seed in seeds for layer in layers]
+    verdict = sweep_verdict(rows, {"score": {layer: -float(layer) for layer in layers}}, {})
+    verdict["scores"] = {"score": {str(layer): -float(layer) for layer in layers}}  # as summarise records them
+    (run / "sweep.json").write_text(json.dumps({"rows": rows, "verdict": verdict}))
+
+
+def test_a_stored_sweep_is_done_only_with_every_layer_seed_and_ceiling(tmp_path):
+    assert not swept(tmp_path, "0,1,2")  # nothing stored
+    write_sweep(tmp_path)
+    assert swept(tmp_path, "0,1,2") and swept(tmp_path, "0-1")
+    assert not swept(tmp_path, "0-3")  # a seed it lacks
+    write_sweep(tmp_path, layers=range(1, 12))
+    assert not swept(tmp_path, "0,1,2")  # layer 12 missing: a sweep over fewer layers is resumed
+    write_sweep(tmp_path, ceilings=False)
+    assert not swept(tmp_path, "0,1,2")
+
+
+def test_the_cost_line_counts_every_bridge_and_each_layers_ceiling_once(tmp_path):
+    write_sweep(tmp_path)
+    cost = next(line for line in what_it_says(tmp_path, tmp_path).splitlines() if line.startswith("- Cost:"))
+    # 36 bridges x 60 s = 36 min; 12 ceilings x 120 s = 24 min (each copied onto 3 seeds' rows)
+    assert cost.startswith("- Cost: 36 bridges trained for at least 36 min in all, and 12 ceiling controls for 24 min")
+
+
+def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it(tmp_path, monkeypatch):
+    import geoprobe.report.plots
+    from geoprobe.workflows.sweep import write_sweep as write_run_sweep
+
+    write_sweep(tmp_path)
+    stored = json.loads((tmp_path / "sweep.json").read_text())
+    (tmp_path / "sweep.json").unlink()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(geoprobe.report.plots, "sweep_plot", interrupted)
+    try:
+        write_run_sweep(tmp_path, stored["rows"], stored["verdict"], "tiny")
+    except KeyboardInterrupt:
+        pass
+    assert not (tmp_path / "sweep.json").exists() and not swept(tmp_path, "0,1,2")  # the script reruns the sweep
+    monkeypatch.undo()
+    write_run_sweep(tmp_path, stored["rows"], stored["verdict"], "tiny")
+    assert (tmp_path / "plots" / "sweep.png").is_file() and swept(tmp_path, "0,1,2")
