@@ -107,8 +107,6 @@ def sweep_plot(verdict: dict, path: Path, model: str) -> Path:
     """Left: the score (z-scored over the compared layers) against the seed mean of the primary
     loss, with the seed spread as error bars; the source layer is not drawn. Right: both against
     depth."""
-    from geoprobe.verdict import MIN_LAYERS
-
     loss = verdict["primary_loss"]
     table = {r["layer"]: r for r in verdict["layers"]}
     layers = np.array(verdict["compared_layers"])
@@ -123,7 +121,7 @@ def sweep_plot(verdict: dict, path: Path, model: str) -> Path:
     left.set_ylabel(f"bridge {loss}: seed mean ± sd")
     test = verdict.get("tests", {}).get(loss)
     left.set_title(f"one-sided Spearman ρ = {test['rho']:.2f}, permutation p = {test['p']:.3g}" if test
-                   else f"no test (fewer than {MIN_LAYERS} layers)", fontsize=10)
+                   else "no test (too few tested layers; see the verdict)", fontsize=10)
     left.grid(alpha=0.3)
     right.errorbar(layers, value, yerr=spread, fmt="o-", color="tab:red", capsize=3, label=f"{loss}")
     right.set_xlabel("layer")
