@@ -236,9 +236,9 @@ def what_it_says(run: Path, out: Path) -> str:
     lines += [f"- {line}" for line in verdict["statement"]]
     ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
     lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all"
-                 + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the script; validation adds about a fifth; a "
-                 "bridge resumed from a checkpoint written before 2026-12-03 16:36 (commit 12b2ff9), which kept no "
-                 "clock, counts only the sessions after it).")
+                 + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the "
+                 "script; validation adds about a fifth; a bridge resumed from a checkpoint written before "
+                 "2026-12-03 16:36 (commit 12b2ff9), which kept no clock, counts only the sessions after it).")
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]
