@@ -5,6 +5,8 @@
 # skips what is left):
 #   preflight  import check of every module the steps use, versions, GPU, free host memory and
 #              disk, measured ceilings (bf16 GEMM, copy, fp64 eigh, batched eigvalsh)     ~20 s
+#   agree      a tiny case on the CPU and on CUDA with the same flags (states, proxies, ranking,
+#              a DSL's loss curve), and CUDA's geometry.json against a rerun's, byte for byte ~60 s
 #   fixture    a random-weight Llama-3.1-8B-Instruct built on the machine (no network there),
 #              real vocabulary size (128,256), one massive channel in the embedding       ~100 s
 #   scan       204,800 forwarded tokens (bfloat16, all 33 layers): forward rate after the first
@@ -135,6 +137,8 @@ if command -v nvidia-smi >/dev/null && [[ $TINY == 0 ]]; then  # every process's
 fi
 
 step preflight 90 "" "$PY" bench/gpu_preflight.py "$OUT" "$WORK" "${PREFLIGHT[@]}"
+# CPU against CUDA on a tiny case, and CUDA twice: are the GPU's numbers right at all (seconds)
+step agree 150 "" "$PY" bench/gpu_agree.py "$WORK" "${PREFLIGHT[@]}"
 step fixture 240 "" "$PY" -m geoprobe.fixtures "$MODEL" --hf-home "$HF_HOME" "${FIXTURE[@]}"
 step scan 180 fixture "${GP[@]}" scan "$MODEL" --corpus "$CORPUS" --tokens $TOKENS --seq-len $SEQ \
   --positions $POSITIONS --doc-blocks 1 --anchors $ANCHORS --device $DEVICE --dtype $DTYPE --batch-size 8 \
@@ -155,4 +159,4 @@ step dsl 120 fixture "${GP[@]}" dsl train --corpus "$CORPUS" --tokenizer "$MODEL
 step sample 90 bridge "${GP[@]}" sample --model "$WORK/run/bridges/layer-03/seed-0" --sampler roar --num 4 \
   --length $BSEQ --out "$WORK/samples" --device $DEVICE
 # the exit status: 0 when every step succeeded (the summary says which did not)
-[[ $SUCCEEDED == " preflight fixture scan dsl_init scan_dxd bridge dsl sample " ]]
+[[ $SUCCEEDED == " preflight agree fixture scan dsl_init scan_dxd bridge dsl sample " ]]

@@ -45,6 +45,8 @@ def figures_of(out: Path, logs: Path, step: str, batch: int, seq: int) -> dict:
         found = json.loads((out / "preflight.json").read_text())
         return {key: found[key] for key in PREFLIGHT if key in found} | {
             "modules_failed": len(found.get("modules_failed", {}))}
+    if step == "agree":
+        return read()
     if step == "scan":
         timing = read()["timing"]
         warm = timing.get("warm_seconds") and timing["warm_tokens"] / timing["warm_seconds"]
@@ -52,7 +54,8 @@ def figures_of(out: Path, logs: Path, step: str, batch: int, seq: int) -> dict:
                 "forwarded_tokens_per_second_with_first_batch": timing["tokens_forwarded"] / timing["forward_seconds"],
                 "stored_rows_per_second": timing["rows"] / timing["forward_seconds"],
                 "tokens_forwarded": timing["tokens_forwarded"], "rows": timing["rows"],
-                "geometry_seconds_per_layer": timing["geometry_seconds_per_layer"]}
+                "geometry_seconds_per_layer": timing["geometry_seconds_per_layer"],
+                "scan_warning": (read().get("warning") or "")[:400]}  # the massive channels, by layer
     if step == "scan_dxd":
         timing = read()["timing"]
         return {"dxd_rows": timing["rows"], "dxd_geometry_seconds_per_layer": timing["geometry_seconds_per_layer"]}
