@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # The GPU figures of geoprobe on one lent H200 (at most 10 minutes a command, a few small files
-# back from $OUT), on the paths a user's run takes. Steps, in order of value (estimated seconds on
-# the H200, not yet measured; each has its own timeout, and a global deadline, 480 s by default,
-# skips what is left):
+# back from $OUT), on the paths a user's run takes. Steps, in order of value (seconds measured on
+# one H200 on 2026-12-04, 457 in all; each has its own timeout, and a global deadline, 540 s by
+# default, skips what is left):
 #   preflight  import check of every module the steps use, versions, GPU, free host memory and
-#              disk, measured ceilings (bf16 GEMM, copy, fp64 eigh, batched eigvalsh)     ~20 s
+#              disk, measured ceilings (bf16 GEMM, copy, fp64 eigh, batched eigvalsh)      11 s
 #   agree      a tiny case on the CPU and on CUDA with the same flags (states, proxies, ranking,
-#              a DSL's loss curve), and CUDA's geometry.json against a rerun's, byte for byte ~60 s
+#              a DSL's loss curve), and CUDA's geometry.json against a rerun's, byte for byte  83 s
 #   fixture    a random-weight Llama-3.1-8B-Instruct built on the machine (no network there),
-#              real vocabulary size (128,256), one massive channel in the embedding       ~100 s
+#              real vocabulary size (128,256), a massive channel through every block        58 s
 #   scan       204,800 forwarded tokens (bfloat16, all 33 layers): forward rate after the first
-#              batch, geometry on the Gram path (3,200 rows < d = 4,096)                  ~70 s
+#              batch, geometry on the Gram path (3,200 rows < d = 4,096)                   36 s
 #   dsl_init   `dsl train --init-from` the 8B fixture, --precision bfloat16, 20 steps of 8 x 128:
-#              the memory plan beside CUDA's peak (the 8B DSL fits one H200 or not)      ~150 s
-#   scan_dxd   5 blocks at every position (~10k rows >= 2d) at three layers: the d x d path ~60 s
-#   bridge     `geoprobe bridge --layer 3`, 200 steps                                     ~60 s
-#   dsl        `geoprobe dsl train` at V = 128,256, 200 steps, then its likelihoods        ~60 s
-#   sample     `geoprobe sample --sampler roar` through the bridge                        ~30 s
+#              the memory plan beside CUDA's peak (the 8B DSL fits one H200 or not)        88 s
+#   scan_dxd   5 blocks at every position (~10k rows >= 2d) at three layers: the d x d path 21 s
+#   bridge     `geoprobe bridge --layer 3`, 200 steps                                     115 s
+#   dsl        `geoprobe dsl train` at V = 128,256, 200 steps, then its likelihoods         23 s
+#   sample     `geoprobe sample --sampler roar` through the bridge                         22 s
 # A step that fails, is killed or times out is recorded and the run goes on (a step whose input
 # step did not succeed is skipped). Each step's figures are printed and added to
 # $OUT/gpu_check.json as it ends; the summary (every step's status, the goals) is printed and
@@ -30,7 +30,7 @@
 #   bash bench/gpu_check.sh            # on the GPU machine
 #   bash bench/gpu_check.sh --tiny     # the same steps on a CPU, every size shrunk (make test runs it)
 #
-# Settings (environment): GPU_CHECK_DEADLINE (seconds, 480), GPU_CHECK_TIMEOUT_<step> (seconds),
+# Settings (environment): GPU_CHECK_DEADLINE (seconds, 540), GPU_CHECK_TIMEOUT_<step> (seconds),
 # GPU_CHECK_WORK (kept), GPU_CHECK_HF (a fixture cache of one's own, kept between runs),
 # GEOPROBE_HOST_MEMORY_GIB (overrides the host-RAM figure the memory guards read). Fault
 # injection for tests: GPU_CHECK_KILL=<step> SIGKILLs that step GPU_CHECK_KILL_AFTER (1) seconds
@@ -47,7 +47,7 @@ KEEP_WORK=$([[ -n $WORK ]] && echo 1 || echo 0)
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$OUT" "$WORK/logs"
 HF_HOME=${GPU_CHECK_HF:-$WORK/hf}
-DEADLINE=${GPU_CHECK_DEADLINE:-480}
+DEADLINE=${GPU_CHECK_DEADLINE:-540}
 KILL=${GPU_CHECK_KILL:-}
 export HF_HOME HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 MODEL=meta-llama/Llama-3.1-8B-Instruct
@@ -152,7 +152,7 @@ rm -rf "$WORK/dsl_init"  # its 16 GB of final weights: the disk holds 64 GiB
 step scan_dxd 150 fixture "${GP[@]}" scan "$MODEL" --corpus "$CORPUS" --tokens $DXD_TOKENS --seq-len $DXD_SEQ \
   --positions all --doc-blocks 1 --layers $DXD_LAYERS --anchors $ANCHORS --device $DEVICE --dtype $DTYPE \
   --batch-size 2 --out "$WORK/run_dxd"
-step bridge 120 scan "${GP[@]}" bridge --run "$WORK/run" --layer 3 --steps $STEPS --until steps --batch-size $BATCH \
+step bridge 180 scan "${GP[@]}" bridge --run "$WORK/run" --layer 3 --steps $STEPS --until steps --batch-size $BATCH \
   --seq-len $BSEQ --device $DEVICE --dtype $DTYPE
 step dsl 120 fixture "${GP[@]}" dsl train --corpus "$CORPUS" --tokenizer "$MODEL" --steps $STEPS --batch-size 16 \
   --seq-len $BSEQ --warmup 10 --save-every 0 --eval-every 0 --out "$WORK/dsl" --device $DEVICE
