@@ -11,6 +11,11 @@ docs/results.md with its plots; with --generation, the generation comparison too
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
 Run it again after a kill and it goes on where it stopped; delete --out to start over.
+Resumable on another machine too: while the sweep runs, each finished bridge's record (config.json,
+metrics.json, curve.csv, and its layer's controls.json: a few KB, no weights) is copied into
+experiments/records/smollm2/, which is tracked; a run on a fresh clone rescans (deterministic: the
+same shards and fingerprint) and copies the records back before the sweep, which then keeps those
+bridges as finished. Delete the records folder to retrain them.
 
 What it runs (one budget for every generator it compares, see BUDGET):
 1. scan builtin:smollm2 on the KJV: geometry of every layer (the ranking is shown with and without
@@ -66,7 +71,46 @@ SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
 
 
-def geoprobe(*args, done: Path | None, log: dict, name: str) -> None:
+RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished bridges of the sweep
+RECORDED = ("config.json", "curve.csv", "metrics.json")  # per bridge, metrics last (a record is whole when
+# metrics.json is there); the layer's controls.json beside them
+
+
+def record(run: Path, into: Path = RECORD) -> int:
+    """Copy each finished bridge's record (its metrics.json is written last) and its layer's
+    controls under `into`, keeping run/bridges' layout; returns how many bridges were new."""
+    new = 0
+    for metrics in sorted((run / "bridges").glob("layer-*/*/metrics.json")):
+        bridge = metrics.parent
+        target = into / bridge.relative_to(run)
+        if (target / "metrics.json").is_file():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORDED:
+            if (bridge / name).is_file():
+                shutil.copyfile(bridge / name, target / name)
+        if (bridge.parent / "controls.json").is_file():
+            shutil.copyfile(bridge.parent / "controls.json", target.parent / "controls.json")
+        new += 1
+    return new
+
+
+def restore(run: Path, into: Path = RECORD) -> int:
+    """Copy the recorded bridges back into a run that lacks them; returns how many."""
+    restored = 0
+    for metrics in sorted(into.glob("bridges/layer-*/*/metrics.json")):
+        bridge = run / metrics.parent.relative_to(into)
+        if (bridge / "metrics.json").is_file() or (bridge / "config.json").is_file():
+            continue  # the run has this bridge (finished, or resuming from its own checkpoint)
+        shutil.copytree(metrics.parent, bridge)
+        controls = metrics.parent.parent / "controls.json"
+        if controls.is_file() and not (bridge.parent / "controls.json").is_file():
+            shutil.copyfile(controls, bridge.parent / "controls.json")
+        restored += 1
+    return restored
+
+
+def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> None:
     """One step: skipped when `done` exists, else `python -m geoprobe ARGS` (its time logged)."""
     if done is not None and done.exists():
         print(f"[skip] {name}: {done} exists", flush=True)
@@ -74,7 +118,13 @@ def geoprobe(*args, done: Path | None, log: dict, name: str) -> None:
     command = [sys.executable, "-m", "geoprobe", "-q", *map(str, args)]
     print(f"[run ] {name}: geoprobe {' '.join(map(str, args))}", flush=True)
     started = time.perf_counter()
-    subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    while process.poll() is None:  # `during` runs every minute while the command does, and once after
+        time.sleep(0.2 if during is None else 60)
+        if during is not None:
+            during()
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command)
     log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
 
 
@@ -91,16 +141,18 @@ def main() -> None:
     log = json.loads(log_path.read_text()) if log_path.is_file() else {}
     began = time.perf_counter()
 
-    def step(name, *argv, done):
+    def step(name, *argv, done, during=None):
         try:
-            geoprobe(*argv, done=done, log=log, name=name)
+            geoprobe(*argv, done=done, log=log, name=name, during=during)
         finally:
             log_path.write_text(json.dumps(log, indent=2))
 
     dev = ["--device", "cpu"]
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
+    if restored := restore(run):
+        print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
     step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
-         done=run / "sweep.json" if swept(run, args.seeds) else None)
+         done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run))
     if args.generation:
         generation(out, run, step, dev)
     write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)

@@ -1,9 +1,10 @@
 """experiments/smollm2_results.py's bookkeeping, on made-up sweep files: when a stored sweep counts
-as done (every layer and seed of SWEEP, every ceiling), and what its cost line adds up."""
+as done (every layer and seed of SWEEP, every ceiling), what its cost line adds up, and the
+finished bridges' records that carry a sweep to another machine."""
 
 import json
 
-from experiments.smollm2_results import SWEEP, swept, what_it_says
+from experiments.smollm2_results import SWEEP, record, restore, swept, what_it_says
 from geoprobe.verdict import sweep_verdict
 
 LAYERS = range(1, 13)
@@ -60,3 +61,34 @@ def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it
     monkeypatch.undo()
     write_run_sweep(tmp_path, stored["rows"], stored["verdict"], "tiny")
     assert (tmp_path / "plots" / "sweep.png").is_file() and swept(tmp_path, "0,1,2")
+
+
+def test_finished_bridges_are_recorded_without_weights_and_restored_into_a_fresh_run(tmp_path):
+    run, records = tmp_path / "run", tmp_path / "records"
+    finished, ceiling, unfinished = (run / "bridges" / name for name in
+                                     ("layer-01/seed-0", "layer-01/ceiling", "layer-02/seed-0"))
+    for bridge in (finished, ceiling, unfinished):
+        bridge.mkdir(parents=True)
+        (bridge / "config.json").write_text(f'{{"bridge": "{bridge.name}"}}')
+        (bridge / "curve.csv").write_text("step,loss\n0,1.0\n")
+        (bridge / "checkpoint.safetensors").write_bytes(b"weights")
+    for bridge in (finished, ceiling):
+        (bridge / "metrics.json").write_text(json.dumps({"nmse_dim": 0.03}))
+        (bridge / "model.safetensors").write_bytes(b"weights")
+    (run / "bridges" / "layer-01" / "controls.json").write_text('{"lookup": 0.04}')
+    assert record(run, records) == 2 and record(run, records) == 0  # once each, the unfinished not at all
+    kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
+    assert kept == ["bridges/layer-01/ceiling/config.json", "bridges/layer-01/ceiling/curve.csv",
+                    "bridges/layer-01/ceiling/metrics.json", "bridges/layer-01/controls.json",
+                    "bridges/layer-01/seed-0/config.json", "bridges/layer-01/seed-0/curve.csv",
+                    "bridges/layer-01/seed-0/metrics.json"]  # no weights
+    fresh = tmp_path / "fresh"
+    mine = fresh / "bridges" / "layer-01" / "ceiling"
+    mine.mkdir(parents=True)
+    (mine / "config.json").write_text('{"resuming": true}')  # a bridge of the fresh run's own: kept as it is
+    assert restore(fresh, records) == 1
+    for name in ("config.json", "curve.csv", "metrics.json"):
+        assert (fresh / "bridges/layer-01/seed-0" / name).read_bytes() == (finished / name).read_bytes()
+    assert (fresh / "bridges/layer-01/controls.json").read_text() == '{"lookup": 0.04}'
+    assert (mine / "config.json").read_text() == '{"resuming": true}' and not (mine / "metrics.json").exists()
+    assert restore(fresh, records) == 0
