@@ -478,7 +478,10 @@ def peak_bytes(n: int, d: int, settings: GeometrySettings) -> int:
     chunk x n float32 distance block, the chunk's exact distances over its candidates),
     the neighbourhoods (a chunk of k x d neighbour sets, centred) and the bootstrap (per-document
     sums and the top eigen-directions' n x r^2 scatter), the last three beside the anchors' rows
-    (the union of every draw's). Kernels' workspaces (eigh's) are not counted."""
+    (the union of every draw's) and the kNN reference of distinct rows, a float64 copy when rows
+    repeat (8nd at most: counted whole, since a plan made before extraction cannot know how many
+    repeat; an H200 run at N = 200k x 4,096 with 10 % repeated rows peaked at 1.37 x the plan that
+    left it out). Kernels' workspaces (eigh's) are not counted."""
     take = min(settings.k + max(8, settings.k // 4), n)
     chunk = min(settings.chunk, n)
     spectrum = 16 * n * n + 8 * d * n if n < GRAM_BELOW * d else 24 * d * d
@@ -486,7 +489,8 @@ def peak_bytes(n: int, d: int, settings: GeometrySettings) -> int:
     neighbourhoods = 16 * chunk * settings.k * d
     bootstrap = 8 * n * (SUBSPACE * SUBSPACE + SUBSPACE + 2)
     queries = 8 * min(n, settings.anchors * (settings.reseeds + 1)) * d  # the anchors' rows, held from the kNN on
-    return 12 * n * d + max(8 * n * d, spectrum, queries + max(knn, neighbourhoods, bootstrap))
+    distinct = 8 * n * d
+    return 12 * n * d + max(8 * n * d, spectrum, queries + distinct + max(knn, neighbourhoods, bootstrap))
 
 
 def _row_hash(x: torch.Tensor, seed: int) -> torch.Tensor:

@@ -202,17 +202,21 @@ def test_a_cuda_device_turns_on_deterministic_kernels(monkeypatch):
         torch.backends.cudnn.deterministic = before[1]
 
 
-@pytest.mark.parametrize("n, d, chunk, massive_rows", [
-    (3000, 64, 512, False),  # the d x d path, the kNN's distance block the largest phase
-    (400, 512, 512, False),  # the Gram path
-    (6000, 256, 64, True),  # massive rows dropped (a copy), the bootstrap's scatter
+@pytest.mark.parametrize("n, d, chunk, massive_rows, repeated", [
+    (3000, 64, 512, False, False),  # the d x d path, the kNN's distance block the largest phase
+    (400, 512, 512, False, False),  # the Gram path
+    (6000, 256, 64, True, False),  # massive rows dropped (a copy), the bootstrap's scatter
+    (20000, 256, 512, False, True),  # 10 % repeated rows: the kNN reference is a copy of the distinct
+    # ones (left out of the plan until an H200 run at 200k x 4,096 peaked at 1.37 x it)
 ])
-def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massive_rows):
+def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massive_rows, repeated):
     g = torch.Generator().manual_seed(0)
     states = torch.randn(n, d, generator=g)
     states[:, 3] *= 50  # a massive channel
     if massive_rows:
         states[::100] *= 100
+    if repeated:
+        states[torch.randperm(n, generator=g)[: n // 10]] = states[torch.randint(0, n, (n // 10,), generator=g)]
     docs = torch.arange(n) // 10
     settings = GeometrySettings(k=8, anchors=256, pairs=512, bootstrap=20, chunk=chunk)
     counts = torch.from_numpy(bootstrap_counts(int(docs.max()) + 1, 20, 0))
@@ -221,7 +225,9 @@ def test_geometry_memory_on_the_device_is_what_the_plan_says(n, d, chunk, massiv
         # as compute_geometry holds a layer: float32 on the device
         layer_geometry(states.to(DEVICE), docs.to(DEVICE), settings, counts.to(DEVICE), rng_key=1)
         measured = acc.peak_bytes - before - 8 * counts.numel() - 8 * n  # minus the counts and docs
-    assert 0.8 < measured / peak_bytes(n, d, settings) < 1.2, (measured, peak_bytes(n, d, settings))
+    # the plan refuses a layer that will not fit, so it may overstate (the distinct rows' copy is
+    # counted whether or not rows repeat: up to 8nd) but not understate beyond kernel slack
+    assert 0.75 < measured / peak_bytes(n, d, settings) < 1.1, (measured, peak_bytes(n, d, settings))
 
 
 @pytest.mark.parametrize("batch, length, precision", [(4, 16, "float32"), (16, 64, "float32"),
