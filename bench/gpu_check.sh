@@ -14,6 +14,7 @@
 #   dsl_init   `dsl train --init-from` the 8B fixture, --precision bfloat16, 20 steps of 8 x 128:
 #              the memory plan beside CUDA's peak (the 8B DSL fits one H200 or not)        88 s
 #   scan_dxd   5 blocks at every position (~10k rows >= 2d) at three layers: the d x d path 21 s
+#   geometry   one layer at N = 200k x 4,096 (synthetic, repeated rows): seconds, peak vs plan  ~8 s
 #   bridge     `geoprobe bridge --layer 3`, 200 steps                                     115 s
 #   dsl        `geoprobe dsl train` at V = 128,256, 200 steps, then its likelihoods         23 s
 #   sample     `geoprobe sample --sampler roar` through the bridge                         22 s
@@ -152,6 +153,7 @@ rm -rf "$WORK/dsl_init"  # its 16 GB of final weights: the disk holds 64 GiB
 step scan_dxd 150 fixture "${GP[@]}" scan "$MODEL" --corpus "$CORPUS" --tokens $DXD_TOKENS --seq-len $DXD_SEQ \
   --positions all --doc-blocks 1 --layers $DXD_LAYERS --anchors $ANCHORS --device $DEVICE --dtype $DTYPE \
   --batch-size 2 --out "$WORK/run_dxd"
+step geometry 90 "" "$PY" bench/gpu_geometry.py "${PREFLIGHT[@]}"
 step bridge 180 scan "${GP[@]}" bridge --run "$WORK/run" --layer 3 --steps $STEPS --until steps --batch-size $BATCH \
   --seq-len $BSEQ --device $DEVICE --dtype $DTYPE
 step dsl 120 fixture "${GP[@]}" dsl train --corpus "$CORPUS" --tokenizer "$MODEL" --steps $STEPS --batch-size 16 \
@@ -159,4 +161,4 @@ step dsl 120 fixture "${GP[@]}" dsl train --corpus "$CORPUS" --tokenizer "$MODEL
 step sample 90 bridge "${GP[@]}" sample --model "$WORK/run/bridges/layer-03/seed-0" --sampler roar --num 4 \
   --length $BSEQ --out "$WORK/samples" --device $DEVICE
 # the exit status: 0 when every step succeeded (the summary says which did not)
-[[ $SUCCEEDED == " preflight agree fixture scan dsl_init scan_dxd bridge dsl sample " ]]
+[[ $SUCCEEDED == " preflight agree fixture scan dsl_init scan_dxd geometry bridge dsl sample " ]]

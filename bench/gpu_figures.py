@@ -45,7 +45,7 @@ def figures_of(out: Path, logs: Path, step: str, batch: int, seq: int) -> dict:
         found = json.loads((out / "preflight.json").read_text())
         return {key: found[key] for key in PREFLIGHT if key in found} | {
             "modules_failed": len(found.get("modules_failed", {}))}
-    if step == "agree":
+    if step in ("agree", "geometry"):
         return read()
     if step == "scan":
         timing = read()["timing"]

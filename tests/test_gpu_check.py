@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 SMALL_FILES = {"gpu_check.json", "preflight.json", "gpu_memory.log", "errors.txt"}  # all $OUT may hold
-ORDER = ["preflight", "agree", "fixture", "scan", "dsl_init", "scan_dxd", "bridge", "dsl", "sample"]  # by value
+ORDER = ["preflight", "agree", "fixture", "scan", "dsl_init", "scan_dxd", "geometry", "bridge", "dsl", "sample"]  # by value
 
 
 def gpu_check(out: Path, timeout: int, **env) -> subprocess.CompletedProcess:
@@ -58,6 +58,7 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
     assert figures["agree_device"] == "cpu" and figures["agree_within_tolerance"]
     assert figures["agree_states_over_rms"] == figures["agree_proxy_relative"] == figures["agree_dsl_loss_relative"] == 0
     assert figures["agree_same_ranking"] and figures["agree_rerun_geometry_identical"]
+    assert figures["geometry_rows"] == 4000 and figures["geometry_seconds"] > 0
     assert figures["dxd_rows"] >= 2 * 64  # the d x d path (the tiny fixture's d is 64)
     # the rate after the first batch counts the tokens after it only
     manifest = json.loads((work / "run" / "manifest.json").read_text())
