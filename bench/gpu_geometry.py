@@ -4,7 +4,7 @@ allocated memory against `geometry.peak_bytes`' plan (what `scan --plan` uses to
 with the scan's settings (k = 32, 2,048 anchors, 4,096 pairs, 200 bootstrap replicates).
 
 Synthetic states, as a real layer looks to the geometry: a geometric spectrum, one massive
-channel (about 90 % of the variance), 10 % repeated rows and 32-row documents; held in float32 as
+channel (about half the variance at d = 4,096), 10 % repeated rows and 32-row documents; held in float32 as
 compute_geometry holds a layer. Prints one JSON object. On a CPU (--tiny) N = 4,000 x d = 64.
 
     python bench/gpu_geometry.py [--tiny]
@@ -38,7 +38,10 @@ def main() -> None:
     args = parser.parse_args()
     from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    from geoprobe.backbone import resolve_device
+
+    # as a scan resolves it: on CUDA, the deterministic kernels (the 2026-12-04 run timed without them)
+    device = resolve_device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     n, d = (4000, 64) if args.tiny else (200_000, 4096)
     settings = GeometrySettings(anchors=256, pairs=1024, bootstrap=50) if args.tiny else GeometrySettings()
     generator = torch.Generator(device).manual_seed(0)

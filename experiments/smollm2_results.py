@@ -15,7 +15,9 @@ Resumable on another machine too: while the sweep runs, each finished bridge's r
 metrics.json, curve.csv, and its layer's controls.json: a few KB, no weights) is copied into
 experiments/records/smollm2/, which is tracked; a run on a fresh clone rescans (deterministic: the
 same shards and fingerprint) and copies the records back before the sweep, which then keeps those
-bridges as finished. Delete the records folder to retrain them.
+bridges as finished. Delete the records folder to retrain them. A restored bridge has no weights:
+--generation trains the few it samples through (the chosen, worst and oracle layers' seed 0) again,
+into --out.
 
 What it runs (one budget for every generator it compares, see BUDGET):
 1. scan builtin:smollm2 on the KJV: geometry of every layer (the ranking is shown with and without
@@ -76,6 +78,13 @@ RECORDED = ("config.json", "curve.csv", "metrics.json")  # per bridge, metrics l
 # metrics.json is there); the layer's controls.json beside them
 
 
+def copy_whole(source: Path, target: Path) -> None:
+    """Whole or absent: a kill mid-copy leaves no truncated record."""
+    partial = target.with_name(target.name + ".partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)
+
+
 def record(run: Path, into: Path = RECORD) -> int:
     """Copy each finished bridge's record (its metrics.json is written last) and its layer's
     controls under `into`, keeping run/bridges' layout; returns how many bridges were new."""
@@ -88,9 +97,9 @@ def record(run: Path, into: Path = RECORD) -> int:
         target.mkdir(parents=True, exist_ok=True)
         for name in RECORDED:
             if (bridge / name).is_file():
-                shutil.copyfile(bridge / name, target / name)
+                copy_whole(bridge / name, target / name)
         if (bridge.parent / "controls.json").is_file():
-            shutil.copyfile(bridge.parent / "controls.json", target.parent / "controls.json")
+            copy_whole(bridge.parent / "controls.json", target.parent / "controls.json")
         new += 1
     return new
 
@@ -102,12 +111,25 @@ def restore(run: Path, into: Path = RECORD) -> int:
         bridge = run / metrics.parent.relative_to(into)
         if (bridge / "metrics.json").is_file() or (bridge / "config.json").is_file():
             continue  # the run has this bridge (finished, or resuming from its own checkpoint)
-        shutil.copytree(metrics.parent, bridge)
+        bridge.mkdir(parents=True, exist_ok=True)  # may hold a killed run's lock alone
+        for name in RECORDED:  # metrics last
+            if (metrics.parent / name).is_file():
+                copy_whole(metrics.parent / name, bridge / name)
         controls = metrics.parent.parent / "controls.json"
         if controls.is_file() and not (bridge.parent / "controls.json").is_file():
-            shutil.copyfile(controls, bridge.parent / "controls.json")
+            copy_whole(controls, bridge.parent / "controls.json")
         restored += 1
     return restored
+
+
+def keep_going(during) -> None:
+    """Run `during` (the records' copy); its failure is a warning, never the sweep's end."""
+    if during is None:
+        return
+    try:
+        during()
+    except Exception as exc:  # noqa: BLE001 - a full disk or a removed folder must not stop the sweep
+        print(f"[warn] {type(exc).__name__}: {exc}", flush=True)
 
 
 def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> None:
@@ -118,11 +140,19 @@ def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> Non
     command = [sys.executable, "-m", "geoprobe", "-q", *map(str, args)]
     print(f"[run ] {name}: geoprobe {' '.join(map(str, args))}", flush=True)
     started = time.perf_counter()
-    process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    while process.poll() is None:  # `during` runs every minute while the command does, and once after
-        time.sleep(0.2 if during is None else 60)
-        if during is not None:
-            during()
+    with subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}) as process:
+        try:
+            while True:  # `during` runs every minute while the command does, and once after it
+                try:
+                    process.wait(timeout=None if during is None else 60)
+                    break
+                except subprocess.TimeoutExpired:
+                    keep_going(during)
+            keep_going(during)
+        except BaseException:  # interrupted or killed here: the command must not run on without us
+            process.terminate()
+            process.wait()
+            raise
     if process.returncode:
         raise subprocess.CalledProcessError(process.returncode, command)
     log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
@@ -153,6 +183,7 @@ def main() -> None:
         print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
     step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
          done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run))
+    record(run)  # also a sweep that finished before the records existed
     if args.generation:
         generation(out, run, step, dev)
     write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)
@@ -203,7 +234,12 @@ def generation(out: Path, run: Path, step, dev: list) -> None:
     rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
     for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row
         layer = sweep[role + "_layer"]
-        rows[f"bridge-{layer:02d}"] = ["--model", run / "bridges" / f"layer-{layer:02d}" / "seed-0", "--sampler", "hybrid"]
+        folder = run / "bridges" / f"layer-{layer:02d}" / "seed-0"
+        if not (folder / "model.safetensors").is_file():  # restored from its record (RECORD): no weights
+            folder = out / "bridges" / f"layer-{layer:02d}" / "seed-0"  # the same bridge trained again, here
+            step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *CAP_AND_RULE, "--out", out, *dev,
+                 done=folder / "model.safetensors")
+        rows[f"bridge-{layer:02d}"] = ["--model", folder, "--sampler", "hybrid"]
     for name in ("dsl", "dsl-smollm2"):
         for sampler in SAMPLERS:
             rows[f"{name}-{sampler}"] = ["--model", out / name, "--sampler", sampler]

@@ -10,9 +10,10 @@ memory, no download beyond config.json). Figures, in bytes:
   above layer c (the capture stops the forward there);
 * disk: rows x (captured layers x d x the storage bytes + 4 int64 meta columns); Parquet
   without compression adds a few bytes per page;
-* geometry, one layer at a time after the model is unloaded: `geometry.peak_bytes` (measured
-  within 10% on a pretend device in tests/test_device.py). N = 1M rows at d = 4,096 need about
-  49 GB for the two copies of the layer plus 33 GB for the largest phase: one H200.
+* geometry, one layer at a time after the model is unloaded: `geometry.peak_bytes` (0.77-1.02 of
+  the peak on a pretend device at four shapes in tests/test_device.py, 0.96 of CUDA's on an H200
+  at N = 200k). N = 1M rows at d = 4,096 need about 49 GB for the two copies of the layer plus
+  53 GB for the largest phase: one H200.
 
 A scan is refused before it starts when the disk under --out or the device's memory (free GPU
 memory, or available RAM on a CPU) will not hold it.

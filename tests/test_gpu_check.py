@@ -56,7 +56,7 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
     # the agreement step's code path: the second device is the CPU again, so everything is equal
     assert figures["agree_device"] == "cpu" and figures["agree_within_tolerance"]
-    assert figures["agree_states_over_rms"] == figures["agree_proxy_relative"] == figures["agree_dsl_loss_relative"] == 0
+    assert figures["agree_states_over_spread"] == figures["agree_proxy_relative"] == figures["agree_dsl_loss_relative"] == 0
     assert figures["agree_same_ranking"] and figures["agree_rerun_geometry_identical"]
     assert figures["geometry_rows"] == 4000 and figures["geometry_seconds"] > 0
     assert figures["dxd_rows"] >= 2 * 64  # the d x d path (the tiny fixture's d is 64)

@@ -4,7 +4,11 @@ finished bridges' records that carry a sweep to another machine."""
 
 import json
 
-from experiments.smollm2_results import SWEEP, record, restore, swept, what_it_says
+import subprocess
+
+import pytest
+
+from experiments.smollm2_results import SWEEP, geoprobe, record, restore, swept, what_it_says
 from geoprobe.verdict import sweep_verdict
 
 LAYERS = range(1, 13)
@@ -86,9 +90,26 @@ def test_finished_bridges_are_recorded_without_weights_and_restored_into_a_fresh
     mine = fresh / "bridges" / "layer-01" / "ceiling"
     mine.mkdir(parents=True)
     (mine / "config.json").write_text('{"resuming": true}')  # a bridge of the fresh run's own: kept as it is
+    killed = fresh / "bridges" / "layer-01" / "seed-0"
+    killed.mkdir(parents=True)
+    (killed / ".geoprobe.lock").write_text("1")  # a run killed before it wrote anything: restored into
     assert restore(fresh, records) == 1
     for name in ("config.json", "curve.csv", "metrics.json"):
         assert (fresh / "bridges/layer-01/seed-0" / name).read_bytes() == (finished / name).read_bytes()
     assert (fresh / "bridges/layer-01/controls.json").read_text() == '{"lookup": 0.04}'
     assert (mine / "config.json").read_text() == '{"resuming": true}' and not (mine / "metrics.json").exists()
     assert restore(fresh, records) == 0
+
+
+def test_the_step_copies_records_after_its_command_and_a_failing_copy_only_warns(capsys):
+    calls = []
+
+    def during():
+        calls.append(1)
+        raise OSError("disk full")
+
+    log = {}
+    with pytest.raises(subprocess.CalledProcessError):  # the command's own failure still ends the step
+        geoprobe("bridge", "--layer", "-1", done=None, log=log, name="bad", during=during)
+    assert calls == [1]  # once after the command (it ended within the first minute)
+    assert "[warn] OSError: disk full" in capsys.readouterr().out
