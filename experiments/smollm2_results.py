@@ -13,9 +13,9 @@ was interrupted resumes from its own checkpoints: scan shards, sweep layers, tra
 Run it again after a kill and it goes on where it stopped; delete --out to start over.
 Resumable on another machine too: while the sweep runs, each finished bridge's record (config.json,
 metrics.json, curve.csv, and its layer's controls.json: a few KB, no weights) is copied into
-experiments/records/smollm2/, which is tracked; a run on a fresh clone rescans (deterministic: the
-same shards and fingerprint) and copies the records back before the sweep, which then keeps those
-bridges as finished. Delete the records folder to retrain them. A restored bridge has no weights:
+experiments/records/smollm2/, which is tracked; a run on a fresh clone rescans (the same
+configuration, which is what a bridge's identity holds) and copies the records back before the
+sweep, which then keeps those bridges as finished. Delete the records folder to retrain them. A restored bridge has no weights:
 --generation trains the few it samples through (the chosen, worst and oracle layers' seed 0) again,
 into --out.
 
