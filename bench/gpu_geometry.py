@@ -1,5 +1,5 @@
 """One layer's geometry at the size of a real 8B scan, N = 200,000 rows x d = 4,096, on the GPU:
-the seconds of `layer_geometry` (synchronized, after a warm-up on 4,096 rows) and CUDA's peak
+the seconds of `layer_geometry` (synchronized, after a warm-up on 2,048 rows) and CUDA's peak
 allocated memory against `geometry.peak_bytes`' plan (what `scan --plan` uses to refuse a layer),
 with the scan's settings (k = 32, 2,048 anchors, 4,096 pairs, 200 bootstrap replicates).
 
@@ -36,9 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
-    from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
-
     from geoprobe.backbone import resolve_device
+    from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
 
     # as a scan resolves it: on CUDA, the deterministic kernels (the 2026-12-04 run timed without them)
     device = resolve_device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
