@@ -113,3 +113,30 @@ def test_the_step_copies_records_after_its_command_and_a_failing_copy_only_warns
         geoprobe("bridge", "--layer", "-1", done=None, log=log, name="bad", during=during)
     assert calls == [1]  # once after the command (it ended within the first minute)
     assert "[warn] OSError: disk full" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_parallel_sweep_gives_the_sequential_sweeps_rows(tmp_path, scanned_run):
+    """experiments/parallel_sweep.py (one sweep per layer, side by side, then one that only writes the
+    verdict) against `geoprobe sweep` over the same layers on a copy of the run: with the same thread
+    count the rows are the same numbers (every column but the clocks), ceilings included."""
+    import csv
+    import os
+    import shutil
+    import sys
+
+    small = ["--steps", "20", "--eval-every", "5", "--batch-size", "4", "--seq-len", "32", "--d-model", "32",
+             "--n-layers", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    together, alone = shutil.copytree(scanned_run, tmp_path / "a" / "run"), shutil.copytree(scanned_run, tmp_path / "b")
+    subprocess.run([sys.executable, "-m", "experiments.parallel_sweep", "--run", together, "--layers", "1-2",
+                    "--seeds", "0,1", "--jobs", "2", "--device", "cpu", *small], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "geoprobe", "-q", "sweep", "--run", alone, "--layers", "1-2", "--seeds", "0,1",
+                    "--ceiling", "--device", "cpu", *small], env=env, check=True)
+    rows = [list(csv.DictReader((run / "sweep.csv").open())) for run in (together, alone)]
+    assert [(r["layer"], r["seed"]) for r in rows[0]] == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+    assert all(r["ceiling_nmse_dim"] for r in rows[0])
+    clocks = [k for k in rows[0][0] if "second" in k]
+    assert [{k: v for k, v in r.items() if k not in clocks} for r in rows[0]] == \
+        [{k: v for k, v in r.items() if k not in clocks} for r in rows[1]]
+    assert not list((tmp_path / "a" / "run" / "bridges").rglob(".geoprobe*.lock"))
