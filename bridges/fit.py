@@ -43,13 +43,13 @@ STATISTICS_ROWS = 65_536  # training positions the standardisation and the carry
 
 def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: str, eval_every: int,
                     precision: str = "auto", plateau_rel: float = TrainConfig.plateau_rel,
-                    min_steps: int | None = None) -> TrainConfig:
+                    min_steps: int | None = None, plateau_scale: str = TrainConfig.plateau_scale) -> TrainConfig:
     """A bridge run's training settings, checked: warmup a tenth of the steps (at most 100), EMA
     0.99 (a bridge trains for hundreds of steps, not the DSL's thousands), checkpoints every <=
     100 steps, and with `until` "plateau" a constant rate after the warmup and the plateau rule
     every `eval_every` steps (default steps/40) from 5 evaluations or twice the warmup on; with
-    "steps" a cosine to zero over exactly `steps`. `plateau_rel` and `min_steps` (None: the rule
-    above) let a comparison hold every row to one stopping rule (docs/baselines.md)."""
+    "steps" a cosine to zero over exactly `steps`. `plateau_rel`, `plateau_scale` and `min_steps`
+    (None: the rule above) let a comparison hold every row to one stopping rule (docs/baselines.md)."""
     if until not in ("plateau", "steps"):
         raise BadInput(f"--until must be plateau or steps, got {until!r}")
     warmup = max(1, min(100, steps // 10))
@@ -57,7 +57,7 @@ def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: st
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                       save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
                       min_steps=max(2 * warmup, 5 * every) if min_steps is None else min_steps,
-                      plateau_rel=plateau_rel, precision=precision,
+                      plateau_rel=plateau_rel, plateau_scale=plateau_scale, precision=precision,
                       schedule="constant" if until == "plateau" else "cosine", eval_at_start=True)
     cfg.validate()
     return cfg
@@ -251,8 +251,10 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
             f"bridge.{k}" for k in differing_keys(old_network, network)]
         raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
                        f"(differs in: {', '.join(keys)}); use another --out or --force")
-    if old.get("training") != asdict(train_cfg):
-        keys = differing_keys(old.get("training") or {}, asdict(train_cfg))
+    # a record from before a loop setting existed ran it at its default
+    training = {**asdict(TrainConfig()), **old["training"]} if old.get("training") else None
+    if training != asdict(train_cfg):
+        keys = differing_keys(training or {}, asdict(train_cfg))
         raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "
                        "use another --out, or --force to train it anew")
     return True

@@ -346,6 +346,13 @@ def test_a_bridge_recorded_before_a_field_existed_is_read_with_its_old_value(lla
     assert check_bridge_dir(tmp_path / "b", cfg, train_cfg, {"layer": 1})
     with pytest.raises(BadInput, match=r"differs in: bridge\.conv_window"):
         check_bridge_dir(tmp_path / "b", small(1, llama), train_cfg, {"layer": 1})
+    # the same for a training setting: without `plateau_scale` the rule was the window's
+    del record["training"]["plateau_scale"]
+    path.write_text(json.dumps(record))
+    assert check_bridge_dir(tmp_path / "b", cfg, train_cfg, {"layer": 1})
+    with pytest.raises(BadInput, match=r"other settings \(differs in: plateau_scale\)"):
+        check_bridge_dir(tmp_path / "b", cfg, TrainConfig(steps=4, batch_size=4, save_every=4, plateau_scale="start"),
+                         {"layer": 1})
 
 
 def test_bridge_targets_and_sources_stay_float32_under_autocast(llama, states):

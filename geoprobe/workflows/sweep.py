@@ -168,6 +168,7 @@ class BridgeSettings:
     eval_every: int = 0
     train_tokens: int = 262_144  # the training pool whose teacher states are cached (bridges/states.py)
     plateau_rel: float = 0.02  # the plateau rule's threshold (bridges/train.py)
+    plateau_scale: str = "window"  # what the threshold is a share of (bridges/train.py)
     min_steps: int | None = None  # never stop before this step (None: bridges/fit.bridge_training's rule)
 
     def training(self):
@@ -179,7 +180,7 @@ class BridgeSettings:
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
-                               self.network.precision, self.plateau_rel, self.min_steps)
+                               self.network.precision, self.plateau_rel, self.min_steps, self.plateau_scale)
 
     def network_at(self, layer: int, backbone) -> BridgeConfig:
         return replace(self.network, layer=layer, vocab_size=backbone.config.vocab_size,
