@@ -62,9 +62,10 @@ class TrainConfig:
     eval_every: int = 0  # 0: train for exactly `steps`
     plateau_rel: float = 0.02
     # what plateau_rel is a share of: "window", the score at the window's start; "start", the
-    # first evaluation's (the untrained model's: for a bridge, its token lookup). A loss whose floor
-    # is 0 (nmse) and falls like a power of the step improves by the same share in every window, so
-    # the "window" rule asks it for ever finer absolute gains and may never fire (docs/baselines.md)
+    # larger of that and the first evaluation's (the untrained model's: for a bridge, its token
+    # lookup), so it never fires later than "window" on the same curve. A loss whose floor is 0
+    # (nmse) and falls like a power of the step improves by the same share in every window, so the
+    # "window" rule asks it for ever finer absolute gains and may never fire (docs/baselines.md)
     plateau_scale: str = "window"
     plateau_window: float = 0.2
     plateau_evals: int = 5
@@ -123,7 +124,7 @@ def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
         return False
     start = before[-1]
     best = min(v for s, v in val_curve if s > boundary)
-    scale = val_curve[0][1] if cfg.plateau_scale == "start" else start
+    scale = max(val_curve[0][1], start) if cfg.plateau_scale == "start" else start
     return start - best < cfg.plateau_rel * abs(scale)
 
 

@@ -39,9 +39,13 @@ CAP = 4000  # steps of 32 x 65 tokens: 8.32 M tokens, every trainable row's cap
 BUDGETS = (32, 64)  # denoiser evaluations: the primary, and one described beside it
 BRIDGE_LAYERS = "0-5"
 RESULTS_HEADING = "## Results of run 2"  # run 1's section stays above it (docs/baselines.md's revision of 2026-12-04)
-# run 1's steps per seed of the rows run 2 retrains under the same rule: run 2 should reproduce them
+# run 1 (this page's section above it), which run 2 is read beside: the steps per seed (every one
+# stopped by its plateau) and the seed-mean NLL per word at 32 evaluations of the rows run 2 retrains
+# under their unchanged rule, which it should reproduce, and the primary test's p-values
 RUN1_STEPS = {"dsl": [1900, 1950, 1250], "mdlm": [1150, 1350, 1000], "diffusion-lm": [2700, 3400, 3250],
               "sed": [1850, 1250, 1450], "codar": [1450, 1500, 1450]}
+RUN1_NLL = {"dsl": 3.95, "mdlm": 4.06, "diffusion-lm": 4.78, "sed": 4.62, "codar": 4.87}
+RUN1_P = {"diffusion-lm": 0.000834, "sed": 0.00131, "codar": 0.000207}
 
 
 def train_baseline(out: Path, kind: str, seed: int) -> dict:
@@ -282,12 +286,7 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
              f"training loops took {trained / 60:.0f} min in all (each seed's seconds are in the table; a row trained "
              "while another job shared the cores took longer), and this invocation of the script "
              f"{seconds / 60:.0f} min (a resumed run reuses what earlier invocations finished).", ""]
-    again = {name: [r["steps"] for r in training[name]] for name in RUN1_STEPS if name in training}
-    differ = [name for name, steps in again.items() if steps != RUN1_STEPS[name]]
-    parts += [("Run 1's rows, retrained here under their unchanged rule, " + (
-        "stopped at the same steps as in run 1, every seed." if not differ else
-        "did not all reproduce: " + "; ".join(f"`{n}` {again[n]} against run 1's {RUN1_STEPS[n]}" for n in differ)
-        + " (steps per seed).")), ""]
+    parts += [reproduction(training, samples), ""]
     if sweep is None:
         parts += ["**Partial: the bridges' sweep has not run yet**, so the primary test and the secondaries, which "
                   "compare the bridges, cannot be made. The rows trained so far, described only:", ""]
@@ -298,6 +297,23 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
     head = text.split(RESULTS_HEADING)[0].rstrip() + "\n\n"
     page.write_text(head + "\n".join(parts) + "\n")
     log(f"wrote {page}")
+
+
+def reproduction(training: dict, samples: list[dict]) -> str:
+    """Whether the rows retrained under their unchanged rule reproduce run 1: steps and stop per
+    seed, and the seed-mean NLL per word at the primary budget (to run 1's two decimals)."""
+    missing = [name for name in RUN1_STEPS if name not in training]
+    differ = []
+    for name in (n for n in RUN1_STEPS if n in training):
+        steps, stops = [r["steps"] for r in training[name]], {r["stop"] for r in training[name]}
+        nll = np.mean([r["oracle_nll_per_word"] for r in samples if r["row"] == name and r["evaluations"] == BUDGETS[0]])
+        if steps != RUN1_STEPS[name] or stops != {"plateau"} or round(float(nll), 2) != RUN1_NLL[name]:
+            differ.append(f"`{name}` steps {steps} ({', '.join(sorted(stops))}), NLL {nll:.3f}, against run 1's "
+                          f"{RUN1_STEPS[name]} (plateau), {RUN1_NLL[name]:.2f}")
+    line = "Run 1's rows, retrained here under their unchanged rule: " + (
+        "every seed stopped by its plateau at run 1's step, and every seed-mean NLL per word is run 1's to its two "
+        "decimals." if not differ else "they did not all reproduce run 1: " + "; ".join(differ) + ".")
+    return line + (f" Not trained yet: {', '.join(missing)}." if missing else "")
 
 
 def verdict_section(samples: list[dict], training: dict, sweep: dict, hmm_diversity: float) -> list[str]:
@@ -312,7 +328,8 @@ def verdict_section(samples: list[dict], training: dict, sweep: dict, hmm_divers
                              f"rules ({', '.join(primary['unconverged'])}); its numbers are reported as "
                              "unconverged, not as evidence."}[primary["outcome"]]
     parts = ["**The primary test (DiHAL's claim).** " + words + " p-values (H1: the bridge's NLL per word is lower): "
-             + ", ".join(f"{k} {p:.3g}" for k, p in primary["p"].items()) + ".", "",
+             + ", ".join(f"{k} {p:.3g}" for k, p in primary["p"].items()) + " (run 1, whose bridges all ran to the "
+             "cap under the window rule: " + ", ".join(f"{k} {p:.3g}" for k, p in RUN1_P.items()) + ").", "",
              f"The testbed's sweep chose layer {v['chosen_layer']} by geometry; its worst layer is {v['worst_layer']}, "
              f"its oracle layer (the lowest seed-mean loss) {v['oracle_layer']}. Its convergence: "
              f"{'; '.join(v['convergence'].get('reasons') or []) or 'converged'}.", "",
@@ -370,7 +387,8 @@ def table_section(samples: list[dict], training: dict, sweep: dict | None, flops
               + (f"The bridges' one teacher pass (the frozen prefix to layer {BRIDGE_LAYERS.split('-')[-1]} over "
                  f"their training pool and held-out blocks, shared by every bridge of the sweep) "
                  f"adds {flops['teacher'] / 1e9:,.2f} GFLOP, not in their cells. " if "teacher" in flops else "")
-              + "The bridges and `round-00` train at the same rows, cap and rule as the others.", ""]
+              + "The bridges and `round-00` train at the same rows and cap as the others; their plateau threshold is "
+              "run 2's (0.5 % of the larger of the step-0 score and the window's start score).", ""]
     return parts
 
 

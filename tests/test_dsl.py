@@ -496,8 +496,8 @@ def test_a_power_law_never_meets_the_window_rule_but_meets_the_rule_on_the_start
     """L(t) = 0.5 (1 + t/10)^-0.5 (20x below its start by step 4,000, as the testbed's bridges are
     below their lookup) improves by about 10 % in every last 20 % of the steps, so the
     rule relative to the window's start (0.5 %) never fires; relative to the first evaluation's
-    score it fires at the first step whose window gained less than 0.5 % of 0.5, found here from
-    the closed form (docs/baselines.md, the revision of 2026-12-04)."""
+    score (the larger of it and the window's start) it fires at the first step whose window gained
+    less than 0.5 % of 0.5, found here from the closed form (docs/baselines.md, run 2's revision)."""
     def loss(t):
         return 0.5 * (1 + t / 10) ** -0.5
 
@@ -509,5 +509,10 @@ def test_a_power_law_never_meets_the_window_rule_but_meets_the_rule_on_the_start
                     if loss(50 * (min(0.8 * t, t - 250) // 50)) - loss(t) < 0.005 * 0.5)
     fired = next(curve[i - 1][0] for i in range(1, len(curve) + 1) if plateaued(curve[:i], start))
     assert fired == expected and 1_000 < fired < 10_000
+    # a curve that first rises above its start (as a layer-0 bridge's, whose start is exact, does):
+    # the share is then the window's, and the rule fires where the window rule does, never later
+    rising = [[t, 0.5 + 0.3 * min(t, 300) / 300 - 1e-5 * max(t - 300, 0)] for t in range(0, 4_001, 50)]
+    stops = [next(rising[i - 1][0] for i in range(1, len(rising) + 1) if plateaued(rising[:i], c)) for c in (window, start)]
+    assert stops[0] == stops[1] < 4_000
     with pytest.raises(BadInput, match="plateau scale"):
         TrainConfig(plateau_scale="best").validate()
