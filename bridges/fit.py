@@ -234,6 +234,10 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
 
 
+# the training settings of records written before a field existed: what those runs did
+OLDER_TRAINING = {"plateau_scale": "window"}
+
+
 def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, identity: dict) -> bool:
     """Whether `out` already holds this bridge (False: nothing there); a bridge for another
     backbone, layer, shape or training is refused in one line naming the keys that differ. The
@@ -251,8 +255,7 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
             f"bridge.{k}" for k in differing_keys(old_network, network)]
         raise BadInput(f"{out} holds a bridge for another backbone, layer or shape "
                        f"(differs in: {', '.join(keys)}); use another --out or --force")
-    # a record from before a loop setting existed ran it at its default
-    training = {**asdict(TrainConfig()), **old["training"]} if old.get("training") else None
+    training = {**OLDER_TRAINING, **old["training"]} if old.get("training") else None
     if training != asdict(train_cfg):
         keys = differing_keys(training or {}, asdict(train_cfg))
         raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "

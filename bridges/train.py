@@ -8,8 +8,9 @@ weights are scored (step 0: what the run starts from, and the weights kept if tr
 beats them), then every `eval_every` steps the EMA weights are scored on fixed validation data; at step t >= `min_steps` training stops when the
 best score of the last `plateau_window` share of steps (after 0.8 t by default, and never fewer
 than `plateau_evals` evaluations, so that an early flat stretch of two or three points cannot
-stop a run) is less than `plateau_rel` (2%) better than the score at the window's start.
-`steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap")
+stop a run) is less than `plateau_rel` (2%) better than the score at the window's start, a
+share of that score (`plateau_scale` "window") or of the larger of it and the first evaluation's
+("start"). `steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap")
 are kept in the checkpoint, so a resumed run stops where an uninterrupted one does.
 
 Everything random in step t is drawn from a generator seeded by (seed, t), so a run resumed
@@ -62,8 +63,8 @@ class TrainConfig:
     eval_every: int = 0  # 0: train for exactly `steps`
     plateau_rel: float = 0.02
     # what plateau_rel is a share of: "window", the score at the window's start; "start", the
-    # larger of that and the first evaluation's (the untrained model's: for a bridge, its token
-    # lookup), so it never fires later than "window" on the same curve. A loss whose floor is 0
+    # larger of that and the first evaluation's (with eval_at_start the untrained model's: for a
+    # bridge, its token lookup), so it never fires later than "window" on the same curve. A loss whose floor is 0
     # (nmse) and falls like a power of the step improves by the same share in every window, so the
     # "window" rule asks it for ever finer absolute gains and may never fire (docs/baselines.md)
     plateau_scale: str = "window"

@@ -37,10 +37,10 @@ def lock_name(rank: int = 0) -> str:
 def is_empty(directory: Path) -> bool:
     """No entries besides locks: what a directory holding nothing yet looks like to a command."""
     directory = Path(directory)
-    return not directory.exists() or all(_is_lock(p) for p in directory.iterdir())
+    return not directory.exists() or all(is_lock(p) for p in directory.iterdir())
 
 
-def _is_lock(path: Path) -> bool:
+def is_lock(path: Path) -> bool:
     return path.name.startswith(".geoprobe.") and path.name.endswith(".lock")
 
 
@@ -49,7 +49,7 @@ def clear(directory: Path) -> None:
     for entry in Path(directory).iterdir() if Path(directory).is_dir() else ():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
-        elif not _is_lock(entry):
+        elif not is_lock(entry):
             entry.unlink()
 
 

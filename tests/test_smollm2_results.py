@@ -139,4 +139,18 @@ def test_the_parallel_sweep_gives_the_sequential_sweeps_rows(tmp_path, scanned_r
     clocks = [k for k in rows[0][0] if "second" in k]
     assert [{k: v for k, v in r.items() if k not in clocks} for r in rows[0]] == \
         [{k: v for k, v in r.items() if k not in clocks} for r in rows[1]]
-    assert not list((tmp_path / "a" / "run" / "bridges").rglob(".geoprobe*.lock"))
+
+
+def test_a_parallel_sweep_past_its_deadline_trains_nothing_and_writes_no_verdict(tmp_path, scanned_run):
+    """A deadline already passed when the parts would start: every layer counts as unfinished, the
+    script fails naming them, and the last sweep (which would train them one by one) never runs."""
+    import os
+    import shutil
+    import sys
+
+    run = shutil.copytree(scanned_run, tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "experiments.parallel_sweep", "--run", run, "--layers", "1-2",
+                           "--device", "cpu", "--deadline", "0"], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "layers [1, 2] did not finish" in done.stderr
+    assert not (run / "sweep.json").exists() and not list(run.rglob("metrics.json"))
