@@ -37,7 +37,7 @@ demo: .venv/.installed .kjv
 results: .venv/.installed .kjv
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
 
-# the DiHAL comparison of docs/baselines.md on the testbed: about 65 min on 2 free CPU cores (run 2, 52 min of it training), resumable; not part of make test
+# the DiHAL comparison of docs/baselines.md on the testbed: about 65 min on 2 CPU cores (run 2, 52 min of it training, partly beside another job), resumable; not part of make test
 results-baselines: .venv/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m experiments.baselines_results --out runs/baselines --page docs/baselines.md
 
