@@ -30,6 +30,7 @@ from pathlib import Path
 
 from experiments.smollm2_results import SEEDS, SWEEP
 from geoprobe.files import holding, is_lock
+from geoprobe.workflows.sweep import bridge_dir
 
 
 def not_copied(folder: str, names: list[str]) -> list[str]:
@@ -53,7 +54,7 @@ def part_of(run: Path, layer: int) -> Path:
 
 def copy_layer(source: Path, target: Path, layer: int) -> None:
     """A layer's bridges folder (controls, every seed's and the ceiling's bridge) from one run into another."""
-    folder = source / "bridges" / f"layer-{layer:02d}"
+    folder = bridge_dir(source, layer).parent  # the sweep's own naming of a layer's folder
     if folder.is_dir():
         shutil.copytree(folder, target / "bridges" / folder.name, dirs_exist_ok=True, ignore=not_copied)
 
