@@ -2,8 +2,12 @@
 (on 2 CPU cores up to about a day: 36 bridges of up to 4,000 steps, about 0.45 s a step at layer 3 on a
 2-core AMD EPYC with AVX512-BF16 and more at deeper layers, whose bridges have more blocks, then 12
 ceiling controls; about 25 hours if every bridge ran to its cap), written to
-docs/results.md with its plots; with --generation, the generation comparison too (at the bridges'
-8.2 M-token budget: not timed; at the earlier 102,400 tokens it took about 60 minutes more).
+docs/results.md with its plots; with --generation, the generation comparison too, at the bridges'
+8.2 M-token budget: about 20 hours more on 2 cores (an estimate), 15 of them DSL-from-SmolLM2,
+whose full fine-tune of the 135 M backbone took 13.5 s a step of 8 x 256 tokens on a 2-core AMD
+EPYC with AVX512-BF16 (2026-12-04, 6 steps timed, of 4,000); the five small generators about 35
+minutes each at most (0.26 ms a token at the earlier budget), the 20-odd sample sets about 5
+minutes each).
 
     make results                                   # = python -m experiments.smollm2_results
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
