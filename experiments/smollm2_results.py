@@ -104,8 +104,25 @@ def record(run: Path, into: Path = RECORD) -> int:
                 copy_whole(bridge / name, target / name)
         if (bridge.parent / "controls.json").is_file():
             copy_whole(bridge.parent / "controls.json", target.parent / "controls.json")
+        print(f"[done] {finished(metrics)}", flush=True)
         new += 1
     return new
+
+
+def finished(metrics: Path) -> str:
+    """One log line for a finished bridge: how it stopped, its score beside its lookup, its time
+    (a day-long sweep is otherwise silent in the log between its first and last line)."""
+    m = json.loads(metrics.read_text())
+    parts = ["/".join(metrics.parent.parts[-2:]) + ":"]
+    if "stop" in m and "steps_run" in m:
+        parts.append(f"{m['stop']} at step {m['steps_run']:,},")
+    if "nmse_dim" in m:
+        parts.append(f"validation nmse_dim {m['nmse_dim']:.4f}")
+    if m.get("control_lookup_nmse_dim") is not None:
+        parts.append(f"(lookup {m['control_lookup_nmse_dim']:.4f}),")
+    if "train_seconds" in m:
+        parts.append(f"in {m['train_seconds']:,.0f} s of training")
+    return " ".join(parts)
 
 
 def restore(run: Path, into: Path = RECORD) -> int:

@@ -67,7 +67,7 @@ def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it
     assert (tmp_path / "plots" / "sweep.png").is_file() and swept(tmp_path, "0,1,2")
 
 
-def test_finished_bridges_are_recorded_without_weights_and_restored_into_a_fresh_run(tmp_path):
+def test_finished_bridges_are_recorded_without_weights_and_restored_into_a_fresh_run(tmp_path, capsys):
     run, records = tmp_path / "run", tmp_path / "records"
     finished, ceiling, unfinished = (run / "bridges" / name for name in
                                      ("layer-01/seed-0", "layer-01/ceiling", "layer-02/seed-0"))
@@ -81,6 +81,9 @@ def test_finished_bridges_are_recorded_without_weights_and_restored_into_a_fresh
         (bridge / "model.safetensors").write_bytes(b"weights")
     (run / "bridges" / "layer-01" / "controls.json").write_text('{"lookup": 0.04}')
     assert record(run, records) == 2 and record(run, records) == 0  # once each, the unfinished not at all
+    logged = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[done]")]
+    assert logged == ["[done] layer-01/ceiling: validation nmse_dim 0.0300",
+                      "[done] layer-01/seed-0: validation nmse_dim 0.0300"]  # one line each, when recorded
     kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
     assert kept == ["bridges/layer-01/ceiling/config.json", "bridges/layer-01/ceiling/curve.csv",
                     "bridges/layer-01/ceiling/metrics.json", "bridges/layer-01/controls.json",
