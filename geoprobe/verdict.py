@@ -163,10 +163,11 @@ def _check_losses(rows: list[dict], layers: list[int]) -> None:
     """Every tested row has every registered loss: the primary, and the four secondaries that make
     up the Holm family. Dropping one would shrink the family after the fact, so it is an error."""
     for loss in LOSSES:
-        lacking = sorted({r["layer"] for r in rows if r["layer"] in layers and r.get(loss) is None})
+        lacking = sorted({r["layer"] for r in rows if r["layer"] in layers
+                          and (r.get(loss) is None or not math.isfinite(r[loss]))})
         if lacking:
             raise ValueError(f"the sweep's rows of layer{'s' if len(lacking) > 1 else ''} "
-                             f"{', '.join(map(str, lacking))} have no {loss}: the test "
+                             f"{', '.join(map(str, lacking))} have no finite {loss}: the test "
                              f"needs the primary loss and all four secondaries ({', '.join(SECONDARY)})")
 
 
@@ -279,18 +280,20 @@ def _lookup_controls(compared, score, one: dict, two: dict) -> dict:
 def outcome(v: dict) -> str:
     """docs/method.md's "What would count", as one phrase. Unconverged bridges make it
     inconclusive whatever the test says: their losses measure the training, not the layers."""
-    if not v["convergence"]["converged"]:
-        return f"inconclusive: the bridges did not converge ({'; '.join(v['convergence']['reasons'])})"
-    t, loss = v["tests"][v["primary_loss"]], v["primary_loss"]
     # the seeds of the tested layers: the source may have more, and is not in the test
     provisional = (" (provisional: one seed per tested layer, the protocol asks for at least two)"
                    if v["tested_seeds"] < 2 else "")
+    if not v["convergence"]["converged"]:
+        return f"inconclusive: the bridges did not converge ({'; '.join(v['convergence']['reasons'])})" + provisional
+    t, loss = v["tests"][v["primary_loss"]], v["primary_loss"]
     if not t["supports"]:
         return "not supported" + provisional
     rel = v["reliability"].get(loss)
     partial = v["controls"][loss]["partial_given_depth"]
     failed = []
-    if rel is None or rel < RELIABLE:
+    if rel is None:
+        failed.append("the seed noise is not measured (one seed per layer)")
+    elif rel < RELIABLE:
         failed.append("the layers' order by the primary loss is within the seed noise")
     if partial["rho"] is None or not (partial["rho"] < 0 and partial["p"] < ALPHA):
         failed.append("it does not hold beyond depth (partial rho given depth not significant)")
@@ -326,6 +329,9 @@ def statement(v: dict) -> list[str]:
     result = ("supports the claim" if p["supports"] else
               "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
                                               else " (rho has the wrong sign)"))
+    if not v["convergence"]["converged"]:  # then the test speaks about the training, not the claim
+        result = "would " + result.replace("supports", "support").replace("does not support", "not support") + \
+            " if its bridges had converged"
     counts = sorted({r["seeds"] for r in v["layers"] if r["layer"] in layers})
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     lines = [f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "
@@ -351,7 +357,8 @@ def statement(v: dict) -> list[str]:
              if partial["rho"] is not None else
              f"partial rho(score, {loss} | depth) undefined: the ranks of one follow depth exactly"]
     if "channel_share" in c:
-        parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f}")
+        parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f} "
+                     f"(two-sided p {c['channel_share']['p']:.2g})")
     parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
     if "lookup" in c:
         parts += [f"rho(token lookup's {loss}, {loss}) = {c['lookup']['rho']:.2f} (two-sided p {c['lookup']['p']:.2g})",
@@ -360,7 +367,7 @@ def statement(v: dict) -> list[str]:
                   f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
                   f"(p {c['relative_to_lookup']['p']:.2g})"]
     lines.append("Controls: " + "; ".join(parts) + ".")
-    if "lookup" in c and p["supports"]:
+    if "lookup" in c and p["supports"] and v["convergence"]["converged"]:
         lines.append(lookup_line(c))
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]

@@ -143,6 +143,13 @@ def test_capped_bridges_make_the_verdict_inconclusive_whatever_the_test_says():
     assert v["statement"][0].startswith("Inconclusive: the bridges did not converge — 7 of 10 tested bridges")
     assert v["statement"][0].endswith("the test below says nothing about the claim.")
     assert v["statement"][1].startswith("Primary test") and "inconclusive" in v["statement"][1]
+    # the test that would pass is worded as what it would say, and nothing reads it further
+    assert "this run would support the claim if its bridges had converged" in v["statement"][1]
+    assert "this run supports" not in " ".join(v["statement"])
+    assert not any(line.startswith("Beyond the token lookup") for line in v["statement"])
+    from geoprobe.workflows.sweep_page import test_rows
+    assert {row["supports"] for row in test_rows(v)} == {"— (not converged)"}
+    assert {row["supports"] for row in test_rows(sweep_verdict(converging_rows(), SCORE, {}))} <= {"yes", "no"}
 
 
 def test_a_bridge_no_better_than_the_token_lookup_makes_it_inconclusive_and_is_named():
@@ -205,6 +212,9 @@ def test_provisional_counts_the_seeds_of_the_tested_layers_only():
     one = [r for r in rows if r["layer"] == 0 or r["seed"] == 0]  # the source keeps two seeds, the rest one
     v = sweep_verdict(one, SCORE, {})
     assert v["seeds"] == [0, 1] and v["tested_seeds"] == 1 and "provisional" in v["outcome"]
+    assert "within the seed noise" not in v["outcome"]  # one seed: the noise is not measured, not small
+    capped = sweep_verdict([dict(r, stop="cap") for r in one], SCORE, {})
+    assert capped["outcome"].startswith("inconclusive") and "provisional" in capped["outcome"]
     assert "1 seed each" in " ".join(v["statement"])
     assert "provisional" not in sweep_verdict(rows, SCORE, {})["outcome"]
 
@@ -214,9 +224,10 @@ def test_provisional_counts_the_seeds_of_the_tested_layers_only():
 @pytest.mark.parametrize("loss", [PRIMARY, *SECONDARY])
 def test_a_missing_registered_loss_is_an_error_not_a_smaller_family(loss):
     rows = converging_rows()
-    rows[3][loss] = None  # layer 1, seed 1
-    with pytest.raises(ValueError, match=f"rows of layer 1 have no {loss}"):
-        sweep_verdict(rows, SCORE, {})
+    for missing in (None, float("nan")):  # a diverged bridge's NaN would make every Holm p 1
+        rows[3][loss] = missing  # layer 1, seed 1
+        with pytest.raises(ValueError, match=f"rows of layer 1 have no finite {loss}"):
+            sweep_verdict(rows, SCORE, {})
     del rows[3][loss]
     with pytest.raises(ValueError, match=loss):
         sweep_verdict(rows, SCORE, {})

@@ -56,7 +56,10 @@ def test_rows(verdict: dict) -> list[dict]:
         rows.append({"loss": loss + (" (primary)" if loss == verdict["primary_loss"] else ""), "rho": t["rho"],
                      "one-sided p": t["p"], "Holm p": t.get("p_holm"),
                      "95% CI": f"[{t['ci'][0]:.2f}, {t['ci'][1]:.2f}]" if t.get("ci") else None,
-                     "reliability": verdict["reliability"].get(loss), "supports": "yes" if t["supports"] else "no"})
+                     "reliability": verdict["reliability"].get(loss),
+                     # an unconverged sweep's tests speak about its training, not the claim
+                     "supports": ("yes" if t["supports"] else "no") if verdict["convergence"]["converged"]
+                     else "— (not converged)"})
     return rows
 
 
@@ -77,8 +80,11 @@ def sweep_section(sweep: dict) -> list[str]:
     v = sweep["verdict"]
     parts = ["## Bridge sweep", "",
              "Protocol (fixed before the run, docs/method.md): one bridge per layer and seed, each trained until its "
-             "stopping split's nmse_dim stopped improving and validated with its best weights on other held-out blocks; "
-             "layer 0 is the source and is not tested; the score is z-scored over the tested layers. `nmse_dim` "
+             "stopping split's nmse_dim stopped improving (or its step cap came: the table says which) and validated "
+             "with its best weights on other held-out blocks; "
+             + ("layer 0, the source, is tested too (--include-source); " if 0 in v.get("compared_layers", [])
+                else "layer 0 is the source and is not tested; ")
+             + "the score is z-scored over the tested layers. `nmse_dim` "
              "(primary) standardises each channel by its own variance, `nmse` by the total variance (massive "
              "channels dominate it), `delta_ce` is the upper stack's cross-entropy on the reconstruction minus on "
              "the true states (nats), `nmse_noisy` the nmse averaged over condition SNRs, `objective` the loss the "
