@@ -112,17 +112,16 @@ def record(run: Path, into: Path = RECORD) -> int:
 def finished(metrics: Path) -> str:
     """One log line for a finished bridge: how it stopped, its score beside its lookup, its time
     (a day-long sweep is otherwise silent in the log between its first and last line)."""
-    m = json.loads(metrics.read_text())
-    parts = ["/".join(metrics.parent.parts[-2:]) + ":"]
-    if "stop" in m and "steps_run" in m:
-        parts.append(f"{m['stop']} at step {m['steps_run']:,},")
-    if "nmse_dim" in m:
-        parts.append(f"validation nmse_dim {m['nmse_dim']:.4f}")
-    if m.get("control_lookup_nmse_dim") is not None:
-        parts.append(f"(lookup {m['control_lookup_nmse_dim']:.4f}),")
-    if "train_seconds" in m:
-        parts.append(f"in {m['train_seconds']:,.0f} s of training")
-    return " ".join(parts)
+    known = {k: v for k, v in json.loads(metrics.read_text()).items() if v is not None}
+    facts = []
+    if "stop" in known and "steps_run" in known:
+        facts.append(f"{known['stop']} at step {known['steps_run']:,}")
+    if "nmse_dim" in known:
+        facts.append(f"validation nmse_dim {known['nmse_dim']:.4f}"
+                     + (f" (lookup {known['control_lookup_nmse_dim']:.4f})" if "control_lookup_nmse_dim" in known else ""))
+    if "train_seconds" in known:
+        facts.append(f"{known['train_seconds']:,.0f} s of training")
+    return "/".join(metrics.parent.parts[-2:]) + ": " + ", ".join(facts)
 
 
 def restore(run: Path, into: Path = RECORD) -> int:

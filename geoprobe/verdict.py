@@ -292,7 +292,7 @@ def outcome(v: dict) -> str:
     partial = v["controls"][loss]["partial_given_depth"]
     failed = []
     if rel is None:
-        failed.append("the seed noise is not measured (one seed per layer)")
+        failed.append("the seed noise is not measured")
     elif rel < RELIABLE:
         failed.append("the layers' order by the primary loss is within the seed noise")
     if partial["rho"] is None or not (partial["rho"] < 0 and partial["p"] < ALPHA):
@@ -330,8 +330,9 @@ def statement(v: dict) -> list[str]:
               "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
                                               else " (rho has the wrong sign)"))
     if not v["convergence"]["converged"]:  # then the test speaks about the training, not the claim
-        result = "would " + result.replace("supports", "support").replace("does not support", "not support") + \
-            " if its bridges had converged"
+        result = ("passes the test on unconverged losses, which is no evidence for the claim" if p["supports"] else
+                  "fails the test" + result.removeprefix("does not support the claim")
+                  + " on unconverged losses, which is no evidence against the claim")
     counts = sorted({r["seeds"] for r in v["layers"] if r["layer"] in layers})
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     lines = [f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "

@@ -57,8 +57,9 @@ def test_rows(verdict: dict) -> list[dict]:
                      "one-sided p": t["p"], "Holm p": t.get("p_holm"),
                      "95% CI": f"[{t['ci'][0]:.2f}, {t['ci'][1]:.2f}]" if t.get("ci") else None,
                      "reliability": verdict["reliability"].get(loss),
-                     # an unconverged sweep's tests speak about its training, not the claim
-                     "supports": ("yes" if t["supports"] else "no") if verdict["convergence"]["converged"]
+                     # an unconverged sweep's tests speak about its training, not the claim (a verdict from before
+                     # the convergence criterion has no such key, and reads as it did)
+                     "supports": ("yes" if t["supports"] else "no") if verdict.get("convergence", {}).get("converged", True)
                      else "— (not converged)"})
     return rows
 
@@ -80,7 +81,7 @@ def sweep_section(sweep: dict) -> list[str]:
     v = sweep["verdict"]
     parts = ["## Bridge sweep", "",
              "Protocol (fixed before the run, docs/method.md): one bridge per layer and seed, each trained until its "
-             "stopping split's nmse_dim stopped improving (or its step cap came: the table says which) and validated "
+             "stopping split's nmse_dim stopped improving or until its step cap (the table says which), and validated "
              "with its best weights on other held-out blocks; "
              + ("layer 0, the source, is tested too (--include-source); " if 0 in v.get("compared_layers", [])
                 else "layer 0 is the source and is not tested; ")
