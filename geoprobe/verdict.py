@@ -326,13 +326,13 @@ def statement(v: dict) -> list[str]:
     layers = v["compared_layers"]
     span = f"layers {layers[0]}–{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
         f"layers {', '.join(map(str, layers))}"
-    result = ("supports the claim" if p["supports"] else
-              "does not support the claim" + (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
-                                              else " (rho has the wrong sign)"))
-    if not v["convergence"]["converged"]:  # then the test speaks about the training, not the claim
+    why = "" if p["supports"] else (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
+                                    else " (rho has the wrong sign)")
+    if v["convergence"]["converged"]:
+        result = "supports the claim" if p["supports"] else "does not support the claim" + why
+    else:  # then the test speaks about the training, not the claim
         result = ("passes the test on unconverged losses, which is no evidence for the claim" if p["supports"] else
-                  "fails the test" + result.removeprefix("does not support the claim")
-                  + " on unconverged losses, which is no evidence against the claim")
+                  f"fails the test{why} on unconverged losses, which is no evidence against the claim")
     counts = sorted({r["seeds"] for r in v["layers"] if r["layer"] in layers})
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     lines = [f"Primary test (fixed in advance): one-sided Spearman rho(score, seed-mean {loss}) over {span} "
