@@ -152,6 +152,16 @@ def test_capped_bridges_make_the_verdict_inconclusive_whatever_the_test_says():
     assert {row["supports"] for row in test_rows(sweep_verdict(converging_rows(), SCORE, {}))} <= {"yes", "no"}
 
 
+def test_a_failed_test_gives_its_reason_whether_or_not_the_bridges_converged():
+    reversed_score = {"score": {l: -float(l) for l in range(1, 6)}}  # ranks the layers backwards
+    converged = sweep_verdict(converging_rows(), reversed_score, {})
+    assert not converged["tests"][PRIMARY]["supports"] and converged["tests"][PRIMARY]["rho"] > 0
+    assert "this run does not support the claim (rho has the wrong sign). Outcome" in converged["statement"][0]
+    capped = sweep_verdict(converging_rows(stops={(1, 0): "cap", (2, 1): "cap", (4, 0): "cap"}), reversed_score, {})
+    assert ("this run fails the test (rho has the wrong sign) on unconverged losses, which is no evidence against "
+            "the claim. Outcome: inconclusive") in capped["statement"][1]
+
+
 def test_a_bridge_no_better_than_the_token_lookup_makes_it_inconclusive_and_is_named():
     # every bridge at its plateau; layer 3 seed 1 is below its lookup (5.0) but by less than the
     # 5 % margin (a bridge that starts at the lookup gets below it by any gain)
