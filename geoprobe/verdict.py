@@ -130,6 +130,14 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     if ranking_weights is not None and (list(ranking_weights["weights"]) != registered["weights"]
                                         or bool(ranking_weights["log"]) != REGISTERED_LOG):
         result["ranking_weights"] = {"weights": list(ranking_weights["weights"]), "log": bool(ranking_weights["log"])}
+    # the layers the generation compares (the geometry's choice, the easiest and the hardest by
+    # the primary loss): known with or without a test
+    score = np.array([scores["score"][l] for l in layers])
+    if compared:
+        best = min(compared, key=lambda r: r[PRIMARY])["layer"]
+        worst = max(compared, key=lambda r: r[PRIMARY])["layer"]
+        result.update(chosen_layer=int(layers[int(np.argmax(score))]), oracle_layer=best, worst_layer=worst,
+                      oracle_tied=tied_with(compared, PRIMARY, best), worst_tied=tied_with(compared, PRIMARY, worst))
     if len(compared) < MIN_LAYERS:
         smallest = 1 / math.factorial(len(compared))
         result["statement"] = [f"only {len(compared)} layers compared: no test (over {len(compared)} layers the "
@@ -137,7 +145,6 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
                                f"cannot reach {ALPHA}; at least {MIN_LAYERS} layers are needed)",
                                convergence_line(result["convergence"])]
         return result
-    score = np.array([scores["score"][l] for l in layers])
     tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")
              for loss in LOSSES}
     for loss, p in holm({loss: tests[loss]["p"] for loss in SECONDARY}).items():  # always the four
@@ -150,11 +157,6 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     result["capped"] = sorted({(r["layer"], r.get("seed", 0)) for r in rows
                                if r.get("stop") == "cap" and r["layer"] in layers})
     result["outcome"] = outcome(result)
-    result["chosen_layer"] = int(layers[int(np.argmax(score))])
-    best = min(compared, key=lambda r: r[PRIMARY])["layer"]
-    worst = max(compared, key=lambda r: r[PRIMARY])["layer"]
-    result.update(oracle_layer=best, worst_layer=worst, oracle_tied=tied_with(compared, PRIMARY, best),
-                  worst_tied=tied_with(compared, PRIMARY, worst))
     result["statement"] = statement(result)
     return result
 

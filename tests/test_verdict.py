@@ -74,6 +74,8 @@ def test_tied_layers_and_the_layer_table():
     assert "tests" not in few and "no test" in few["statement"][0]
     assert few["convergence"]["tested"] == 6 and few["convergence"]["converged"]  # reported even without a test
     assert few["statement"][1].startswith("Convergence: 6 of 6")
+    # the layers the generation samples through are known without a test (the source layer 0 is not one)
+    assert (few["chosen_layer"], few["oracle_layer"], few["worst_layer"]) == (2, 1, 2)
     # three layers: a permutation p of at least 1/3! = 0.17 can never be significant, so no test either
     three = sweep_verdict(rows_for({1: [0, 0, 0], 2: [1, 1, 1], 3: [2, 2, 2]}), {"score": {1: 0.0, 2: 1.0, 3: 2.0}}, {})
     assert "tests" not in three and "cannot go below 1/3! = 0.17" in three["statement"][0]
