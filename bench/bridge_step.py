@@ -5,7 +5,7 @@ GEMM rate measured in the same run. Target (issue 31): >= 5x the old sweep's 500
 SmolLM2 layer 12 at the default bridge shape.
 
     python bench/bridge_step.py                                      # the tiny benchmark model, layer 2
-    python bench/bridge_step.py --model builtin:smollm2 --corpus kjv --layer 12 --batch 2 --seq 256   # the sweep's
+    python bench/bridge_step.py --model builtin:smollm2 --corpus kjv --layer 12 --batch 8 --seq 256   # the sweep's
 
 Both variants run the library's own loss (geoprobe.bridges.fit.objective) with the same draws, the same
 network and a fused AdamW step; only where h_l comes from differs. FLOPs are counted by
