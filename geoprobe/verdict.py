@@ -71,6 +71,9 @@ SCORE_VARIANTS = {"score_all_layers": "z-scored over every scanned layer (as the
 # the primary loss's controls against the token lookup (amendment 12), as the sweep page labels them
 LOOKUP_CONTROLS = {"lookup": "ρ(lookup's loss)", "score_vs_lookup": "ρ, score vs the lookup's loss",
                    "relative_to_lookup": "ρ, score vs loss / lookup's"}
+# ... and against the ceiling control (sweep --ceiling): whether the bridges order the layers as the
+# plain clean regression of the same network does
+CEILING_CONTROL = {"ceiling": "ρ(ceiling's loss)"}
 
 
 def layer_table(rows: list[dict], losses=(*LOSSES, "nmse_dim_1step")) -> list[dict]:
@@ -259,6 +262,9 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed) -> d
                 c[name] = spearman_with_uncertainty([scores[name][l] for l in layers], y, **one)
         controls[loss] = c
     controls[PRIMARY].update(_lookup_controls(compared, score, one, two))
+    ceiling = [r.get("ceiling_nmse_dim") for r in compared]
+    if all(v is not None for v in ceiling) and np.ptp(ceiling) > 0:  # every layer's, and not all equal
+        controls[PRIMARY]["ceiling"] = spearman_with_uncertainty(ceiling, [r[PRIMARY] for r in compared], **two)
     return controls
 
 
@@ -369,6 +375,10 @@ def statement(v: dict) -> list[str]:
                   f"(p {c['score_vs_lookup']['p']:.2g})",
                   f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
                   f"(p {c['relative_to_lookup']['p']:.2g})"]
+    if "ceiling" in c:
+        parts.append(f"rho(ceiling's {loss}, {loss}) = {c['ceiling']['rho']:.2f} (two-sided p {c['ceiling']['p']:.2g}: "
+                     "whether the bridges order the layers as the same network trained as the plain clean "
+                     "regression does)")
     lines.append("Controls: " + "; ".join(parts) + ".")
     if "lookup" in c and p["supports"] and v["convergence"]["converged"]:
         lines.append(lookup_line(c))

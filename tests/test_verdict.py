@@ -94,6 +94,30 @@ def test_a_ceiling_that_did_not_stop_by_its_plateau_says_so_in_the_page_table():
     assert [r["ceiling"] for r in page] == ["0.1", "0.2 (cap)", "0.3", "0.4"]
 
 
+def test_the_ceiling_control_says_whether_the_bridges_order_the_layers_as_the_regression_does():
+    from scipy.stats import spearmanr
+
+    from geoprobe.workflows.sweep_page import control_rows
+
+    means = {1: 0.2, 2: 0.3, 3: 0.25, 4: 0.5, 5: 0.45}
+    rows = rows_for({l: [m, m + 0.01, m - 0.01] for l, m in means.items()})
+    ceilings = {1: 0.1, 2: 0.12, 3: 0.2, 4: 0.3, 5: 0.25}  # not quite the bridges' order
+    for row in rows:
+        row["ceiling_nmse_dim"] = ceilings[row["layer"]]
+    v = sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})
+    c = v["controls"][PRIMARY]["ceiling"]
+    want = spearmanr(list(ceilings.values()), list(means.values()))
+    assert c["rho"] == pytest.approx(want.statistic)  # 0.7: two layers swap
+    controls = next(line for line in v["statement"] if line.startswith("Controls:"))
+    assert f"rho(ceiling's nmse_dim, nmse_dim) = {want.statistic:.2f}" in controls
+    assert control_rows(v)[0]["ρ(ceiling's loss)"] == pytest.approx(want.statistic)
+    # without a ceiling at every compared layer there is nothing to rank
+    rows[0].pop("ceiling_nmse_dim")
+    rows[1].pop("ceiling_nmse_dim")
+    rows[2].pop("ceiling_nmse_dim")
+    assert "ceiling" not in sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})["controls"][PRIMARY]
+
+
 def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
     rng = np.random.default_rng(3)
     layers = list(range(1, 13))

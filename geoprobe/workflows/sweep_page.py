@@ -3,7 +3,7 @@ sd of every loss), the tests and the controls."""
 
 from __future__ import annotations
 
-from geoprobe.verdict import LAYER_CONTROLS, LOOKUP_CONTROLS, LOSSES, SCORE_VARIANTS
+from geoprobe.verdict import CEILING_CONTROL, LAYER_CONTROLS, LOOKUP_CONTROLS, LOSSES, SCORE_VARIANTS
 from geoprobe.workflows.compare import markdown_table
 
 # the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped
@@ -71,7 +71,7 @@ def control_rows(verdict: dict) -> list[dict]:
                "partial ρ, Freedman-Lane p": c["partial_given_depth"]["p"],
                "ρ(massive-channel share)": c.get("channel_share", {}).get("rho")}
         row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
-        row.update({label: c[name]["rho"] for name, label in LOOKUP_CONTROLS.items() if name in c})
+        row.update({label: c[name]["rho"] for name, label in {**LOOKUP_CONTROLS, **CEILING_CONTROL}.items() if name in c})
         rows.append(row)
     return rows
 
