@@ -311,6 +311,11 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
     report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
+    # the bridges first (issue 31, section 4: the verdict, then each layer's bridge beside its
+    # controls, the convergence statement and the curves), then the geometry and the generation
+    head, *sections = report.split("\n## ")
+    sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
+    report = "\n## ".join([head, *sections])
     total = sum(step["seconds"] for step in log.values())
     timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
     text = [
@@ -324,8 +329,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
             f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
             "`make results` trains the missing ones, resumably, and rewrites the page."), "",
         what_it_says(run, out), "",
-        "## How it was run", "", "| step | seconds | command |", "|---|---|---|", timing, "",
-        report,
+        report, "",
+        "## How it was run", "", "| step | seconds | command |", "|---|---|---|", timing,
     ]
     page.write_text("\n".join(text) + "\n")
     print(f"wrote {page}")
@@ -354,6 +359,8 @@ def what_it_says(run: Path, out: Path) -> str:
                  f"{max(r['nmse_dim'] for r in compared):.2f} over the tested layers (1 = predicting the mean "
                  "state)" + (f"; layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
+    if "chosen_layer" in verdict:
+        lines.append(dihal_line(verdict, sweep["rows"]))
     if (run / "compare.csv").is_file():
         from geoprobe.workflows.compare import read_rows
         from geoprobe.workflows.page import generation_prose
@@ -365,6 +372,22 @@ def what_it_says(run: Path, out: Path) -> str:
         lines.append("- Generation was not rerun with this sweep: [results-generation.md](results-generation.md) "
                      "holds the previous run's section (its bridge rows used the bridges of that run).")
     return "\n".join(lines)
+
+
+def dihal_line(verdict: dict, rows: list[dict]) -> str:
+    """The DiHAL model itself at the geometry's chosen layer (issue 31, section 4): what replacing
+    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge the generation
+    samples through stopped by its plateau."""
+    layer = verdict["chosen_layer"]
+    row = next(r for r in verdict["layers"] if r["layer"] == layer)
+    spread = f" ± {row['delta_ce_sd']:.3f}" if row.get("delta_ce_sd") is not None else ""
+    first = next((r for r in rows if r["layer"] == layer and r.get("seed", 0) == min(verdict["seeds"])), {})
+    stop = {"plateau": "stopped by its plateau", None: "has no stop recorded"}.get(
+        first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
+    return (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
+            f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
+            f"added when its bridge's h_{layer} replaces the backbone's); the seed-{min(verdict['seeds'])} bridge "
+            f"the generation samples through {stop}.")
 
 
 if __name__ == "__main__":

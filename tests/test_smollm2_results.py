@@ -45,6 +45,34 @@ def test_the_cost_line_counts_every_bridge_and_each_layers_ceiling_once(tmp_path
     assert cost.startswith("- Cost: 36 bridges trained for at least 36 min in all, and 12 ceiling controls for 24 min")
 
 
+def test_the_page_names_the_dihal_models_delta_ce_and_whether_its_sampled_bridge_converged(tmp_path):
+    write_sweep(tmp_path)  # score -layer: the geometry chooses layer 1; delta_ce 0.010, 0.011, 0.012
+    line = next(l for l in what_it_says(tmp_path, tmp_path).splitlines() if l.startswith("- The DiHAL model"))
+    assert line.startswith("- The DiHAL model at the geometry's chosen layer 1: delta_ce 0.011 ± 0.001 nats "
+                           "(seed mean ± sd over 3 seeds")
+    assert line.endswith("the seed-0 bridge the generation samples through stopped by its plateau.")
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    next(r for r in sweep["rows"] if r["layer"] == 1 and r["seed"] == 0)["stop"] = "cap"
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    assert "stopped at its cap: unconverged, its samples are not evidence." in what_it_says(tmp_path, tmp_path)
+
+
+def test_the_page_puts_the_bridges_before_the_geometry_and_how_it_ran_last(tmp_path, monkeypatch):
+    import experiments.smollm2_results as script
+    import geoprobe.workflows.page as page
+
+    write_sweep(tmp_path)
+    report = tmp_path / "report.md"
+    report.write_text("# Report\n\nintro\n\n## Geometry and ranking\n\ng\n\n## Bridge sweep\n\nb\n\n"
+                      "## Generation\n\nx\n")
+    monkeypatch.setattr(page, "write_report", lambda run: report)
+    out = tmp_path / "docs" / "results.md"
+    script.write_page(tmp_path, tmp_path, out, {"scan": {"seconds": 1.0, "command": "geoprobe scan"}}, 1.0)
+    headings = [l for l in out.read_text().splitlines() if l.startswith("## ")]
+    assert headings == ["## What the numbers say", "## Bridge sweep", "## Geometry and ranking", "## Generation",
+                        "## How it was run"]
+
+
 def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it(tmp_path, monkeypatch):
     import geoprobe.report.plots
     from geoprobe.workflows.sweep import write_sweep as write_run_sweep
