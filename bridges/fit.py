@@ -47,13 +47,13 @@ def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: st
     """A bridge run's training settings, checked: warmup a tenth of the steps (at most 100), EMA
     0.99 (a bridge trains for hundreds of steps, not the DSL's thousands), checkpoints every <=
     100 steps, and with `until` "plateau" a constant rate after the warmup and the plateau rule
-    every `eval_every` steps (default steps/40) from 5 evaluations or twice the warmup on; with
+    every `eval_every` steps (default steps/40, at most 50) from 5 evaluations or twice the warmup on; with
     "steps" a cosine to zero over exactly `steps`. `plateau_rel`, `plateau_scale` and `min_steps`
     (None: the rule above) let a comparison hold every row to one stopping rule (docs/baselines.md)."""
     if until not in ("plateau", "steps"):
         raise BadInput(f"--until must be plateau or steps, got {until!r}")
     warmup = max(1, min(100, steps // 10))
-    every = (eval_every or max(1, steps // 40)) if until == "plateau" else 0
+    every = (eval_every or max(1, min(50, steps // 40))) if until == "plateau" else 0
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                       save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
                       min_steps=max(2 * warmup, 5 * every) if min_steps is None else min_steps,

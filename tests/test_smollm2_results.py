@@ -185,3 +185,16 @@ def test_a_parallel_sweep_past_its_deadline_trains_nothing_and_writes_no_verdict
                           capture_output=True, text=True)
     assert done.returncode != 0 and "layers [1, 2] did not finish" in done.stderr
     assert not (run / "sweep.json").exists() and not list(run.rglob("metrics.json"))
+
+
+def test_a_bridge_with_every_default_trains_as_the_bridges_of_make_results():
+    """`geoprobe bridge --run RUN --layer L` with no flags is the bridge `make results` trains with
+    its explicit cap and rule (issue 31, section 2: "with every default ... stops by its plateau")."""
+    from experiments.smollm2_results import CAP_AND_RULE
+    from geoprobe.workflows.sweep import bridge_settings
+
+    explicit = dict(zip(("steps", "eval_every"), CAP_AND_RULE[1::2]))
+    assert bridge_settings().training() == bridge_settings(**explicit).training()
+    rule = bridge_settings().training()
+    assert (rule.steps, rule.eval_every, rule.min_steps, rule.warmup) == (4000, 50, 250, 100)
+    assert bridge_settings(steps=200).training().eval_every == 5  # a short run keeps 40 checks

@@ -51,7 +51,7 @@ Until = Annotated[str, typer.Option("--until", help="plateau: train until the va
                                     "--steps.")]
 Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: corpus (those the corpus contains, "
                                    "and the specials: exact, ~5x faster on a 49k vocabulary) or all.")]
-EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40).")]
+EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40, at most 50).")]
 
 
 def _settings(**flags):

@@ -159,7 +159,7 @@ class BridgeSettings:
     whose layer, vocabulary and width come from the backbone) and its training."""
 
     network: BridgeConfig
-    steps: int = 2000
+    steps: int = 4000  # the cap of make results' bridges (docs/method.md, amendment 11; the CLI's since 2026-12-05)
     batch_size: int = 8
     seq_len: int | None = None  # None: the scan's block length over a run, else 128
     lr: float = 1e-3
