@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from geoprobe.backbone import load_config, parse_layers, resolve_source
 from geoprobe.capture import capture
 from geoprobe.device import upload
 from geoprobe.errors import BadInput
@@ -98,6 +99,15 @@ def check_room(tokens: int, layers, hidden_size: int, available: int | None = No
                        f"{human(need)} of RAM{each}, over {HEADROOM:.0%} of the {human(available)} available: pass a "
                        "smaller --train-tokens or fewer --layers")
     return need
+
+
+def plan_room(model: str, layers, tokens: int) -> int:
+    """check_room before any weight loads, as the scan's memory plan does: d and the layer count
+    from the model's config alone, `layers` a --layers spec or a list (layer 0 is always cached),
+    `tokens` an upper bound on the positions cached. Returns the planned bytes."""
+    config = load_config(resolve_source(model))
+    chosen = parse_layers(layers, config.num_hidden_layers - 1) if isinstance(layers, str) else list(layers)
+    return check_room(tokens, {0, *chosen}, config.hidden_size)
 
 
 def _flatten(blocks: list) -> tuple[torch.Tensor, torch.Tensor]:

@@ -444,6 +444,29 @@ def test_the_teacher_states_plan_refuses_what_does_not_fit():
         check_room(1000, [0, 3], 576, available=10 ** 6)
 
 
+def test_bridge_and_sweep_refuse_states_that_do_not_fit_before_the_backbone_loads(scanned_run, tmp_path, monkeypatch):
+    """The plan reads d and the layer count from the config alone (issue 31, section 1: planned and
+    refused in one line before work); nothing is written into the run."""
+    import geoprobe.workflows.sweep as sweep
+    from geoprobe.memory import HOST_MEMORY_OVERRIDE
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the backbone loaded before the plan refused")
+
+    monkeypatch.setattr(sweep, "load_backbone", no_load)
+    monkeypatch.setenv(HOST_MEMORY_OVERRIDE, "0.0001")  # 100 KiB of RAM
+    run = copy_run(scanned_run, tmp_path / "run")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    code, _, err = invoke("-q", "bridge", "--run", run, "--layer", 2)
+    assert_one_line_error(code, err, 2, "teacher states of")
+    assert "x 2 layers" in err  # layer 2 and the source, layer 0
+    code, _, err = invoke("-q", "sweep", "--run", run, "--layers", "1-2")
+    assert_one_line_error(code, err, 2, "x 3 layers")
+    code, _, err = invoke("-q", "sweep", "--run", run, "--layers", "1-3")  # the model has blocks 0..2
+    assert_one_line_error(code, err, 2, "layer 3 out of range")
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
 def test_the_carry_starts_at_its_closed_form(llama, states):
     """Before any training (zero update) the bridge predicts each standardised channel by its
     least-squares slope on the source channel: on the positions it was fitted on, the per-channel

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from geoprobe.bridges.controls import layer_controls as fit_controls
 from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
-from geoprobe.bridges.states import teacher_states
+from geoprobe.bridges.states import plan_room, teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.distributed import world_from
@@ -66,14 +66,15 @@ class Source:
 
 def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int | None, device: str,
                 dtype: str, train_tokens: int = 262_144, val_blocks: int = 16, stop_blocks: int = 8,
-                device_map: str | None = None, doc_blocks: int | None = None) -> Source:
+                device_map: str | None = None, doc_blocks: int | None = None, layers=None) -> Source:
     """The data of a bridge. Over a scanned run the held-out blocks are drawn as the scan drew its
     states: blocks of the scan's length (unless `seq_len` says otherwise), at most as many per
     document as the scan took (`--doc-blocks`), split by the scan's seed. The split never depends
     on the bridge's training seed, so seed replicates share their validation data. `doc_blocks`
     overrides the blocks per document of the held-out data (default: the scan's; 0 = all). The
     training pool holds the first blocks of the training split up to `train_tokens` positions: the
-    teacher states of all of them are cached (bridges/states.py)."""
+    teacher states of all of them are cached (bridges/states.py): with `layers` (a --layers spec
+    or a list), their room is planned, and refused in one line, before the backbone loads."""
 
     scanned, data_seed, per_doc = None, 0, 0
     if run is not None:
@@ -87,6 +88,8 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
     if model is None or corpus is None:
         raise BadInput("pass --run RUN, or both --model and --corpus")
     seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
+    if layers is not None:  # the pool is at most train_tokens positions, the held-out blocks one length each
+        plan_room(model, layers, train_tokens + (stop_blocks + val_blocks) * seq_len)
     documents = read_documents(corpus)
     backbone = load_backbone(model, device=device, dtype=dtype, device_map=device_map)
     train, held_out, pooled = [], [], 0
@@ -315,7 +318,7 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
     root = out or run
     with holding(bridge_dir(root, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
         source = open_source(run, model, corpus, settings.seq_len, world.device(device, device_map), dtype,
-                             train_tokens=settings.train_tokens, device_map=device_map)
+                             train_tokens=settings.train_tokens, device_map=device_map, layers=[layer])
         check_layer(source, layer)
         refuse_other_bridges(source, [(layer, settings, bridge_dir(root, layer, settings.seed))], force)
         states = cached_states(source, [layer], bars)
@@ -350,7 +353,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     world = world_from()
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
         source = open_source(run, None, None, settings.seq_len, world.device(device), dtype,
-                             train_tokens=settings.train_tokens)
+                             train_tokens=settings.train_tokens, layers=layers)
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
         if layers.strip() == "all":  # every layer that was scanned and has blocks above it
             chosen = [l for l in chosen if l in scores]
