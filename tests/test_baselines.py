@@ -286,6 +286,25 @@ def test_baseline_train_then_sample_end_to_end(kind, baselines, tmp_path):
     assert len(rows) == 3 and all(len(r["token_ids"]) == 10 for r in rows)
 
 
+def test_baseline_samples_go_through_eval_and_compare_as_any_generators_do(baselines, tmp_path, tiny_models, corpus_txt):
+    """What `--generation` does with them (experiments/smollm2_results.py): eval under an evaluator,
+    then one compare table with their budgets matched."""
+    files = []
+    for kind in KINDS_HERE:
+        out = tmp_path / kind
+        assert invoke("-q", "sample", "--model", baselines / kind, "--sampler", "ancestral", "--steps", 4, "--num", 4,
+                      "--length", 8, "--out", out, "--device", "cpu")[0] == 0
+        files.append(out / "samples.jsonl")
+    code, _, err = invoke("-q", "eval", *files, "--evaluator", tiny_models("llama"), "--references", corpus_txt,
+                          "--device", "cpu")
+    assert code == 0, err
+    code, out, err = invoke("--format", "json", "compare", *files, "--out", tmp_path / "cmp")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert sorted(r["generator"].rsplit("/", 1)[-1] for r in rows) == sorted(KINDS_HERE)
+    assert {r["train_tokens"] for r in rows} == {40 * 8 * 32} and all(r["gen_ppl"] > 0 for r in rows)
+
+
 def test_the_registry_gives_the_baselines_their_own_sampler():
     for kind in KINDS_HERE:
         assert KINDS[kind].samplers == EMBEDDING_SAMPLERS and not KINDS[kind].text_likelihood
