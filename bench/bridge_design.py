@@ -35,6 +35,9 @@ BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_fra
 # default of 2026-12-02 (the update added to each token's mean state at the layer), "conv" the
 # default since its afternoon (a causal convolution over the network's input: 4 previous positions)
 NO_CONV = dict(conv_window=0, **HALF_TAU)
+# the budget every variant below trained under (the CLI's default until 2026-12-05, when it became
+# 4,000 steps): pinned, so that finished variants stay comparable and resumable over --out
+BUDGET = dict(steps=2000, eval_every=50)
 VARIANTS = {
     "before 128x2": (BEFORE, dict(steps=200, batch_size=2, until="steps")),
     "channel carry default": (dict(carry="channel", **NO_CONV), {}),
@@ -97,7 +100,7 @@ def main() -> None:
         for name in names:
             network, training = VARIANTS[name]
             settings = BridgeSettings(replace(NETWORK, **network_of(network, layer, source.backbone.hidden_size)),
-                                      **training)
+                                      **{**BUDGET, **training})
             root = args.out / name.replace(" ", "-")
             with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
                 metrics, _ = train_bridge(source, layer, root, settings, states, controls)

@@ -1,5 +1,5 @@
 """The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores up to about a day: 36 bridges of up to 4,000 steps, about 0.45 s a step at layer 3 on a
+(on 2 CPU cores up to about a day: 36 bridges of up to 4,000 steps, about 0.35-0.45 s a step at layer 3 on a
 2-core AMD EPYC with AVX512-BF16 and more at deeper layers, whose bridges have more blocks, then 12
 ceiling controls; about 25 hours if every bridge ran to its cap), written to
 docs/results.md with its plots; with --generation, the generation comparison too, at the bridges'
@@ -376,18 +376,18 @@ def what_it_says(run: Path, out: Path) -> str:
 
 def dihal_line(verdict: dict, rows: list[dict]) -> str:
     """The DiHAL model itself at the geometry's chosen layer (issue 31, section 4): what replacing
-    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge the generation
-    samples through stopped by its plateau."""
+    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge, the one --generation
+    samples through, stopped by its plateau."""
     layer = verdict["chosen_layer"]
     row = next(r for r in verdict["layers"] if r["layer"] == layer)
     spread = f" ± {row['delta_ce_sd']:.3f}" if row.get("delta_ce_sd") is not None else ""
-    first = next((r for r in rows if r["layer"] == layer and r.get("seed", 0) == min(verdict["seeds"])), {})
-    stop = {"plateau": "stopped by its plateau", None: "has no stop recorded"}.get(
+    first = next((r for r in rows if r["layer"] == layer and r.get("seed", 0) == 0), {})
+    stop = {"plateau": "stopped by its plateau", None: "is not in this sweep"}.get(
         first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
     return (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
-            f"added when its bridge's h_{layer} replaces the backbone's); the seed-{min(verdict['seeds'])} bridge "
-            f"the generation samples through {stop}.")
+            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, the one "
+            f"`--generation` samples through, {stop}.")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ LEGAL = {
     ("*", "--bootstrap", "0"): "no bootstrap",
     ("*", "--reseeds", "0"): "no redraws",
     ("*", "--text-field", "bogus!"): "any JSON field name; a .txt corpus has none to check",
-    ("*", "--eval-every", "0"): "0 = the default: every --steps/40 steps for a bridge, no evaluations for dsl train",
+    ("*", "--eval-every", "0"): "0 = the default: every min(50, --steps/40) steps for a bridge, no evaluations for dsl train",
     ("*", "--min-steps", "0"): "no minimum before the plateau rule may stop",
     ("*", "--doc-blocks", "0"): "0 = every block of a document",
     ("*", "--shard-rows", "0"): "0 = about 64 MiB of states per shard",

@@ -50,7 +50,7 @@ def test_the_page_names_the_dihal_models_delta_ce_and_whether_its_sampled_bridge
     line = next(l for l in what_it_says(tmp_path, tmp_path).splitlines() if l.startswith("- The DiHAL model"))
     assert line.startswith("- The DiHAL model at the geometry's chosen layer 1: delta_ce 0.011 ± 0.001 nats "
                            "(seed mean ± sd over 3 seeds")
-    assert line.endswith("the seed-0 bridge the generation samples through stopped by its plateau.")
+    assert line.endswith("its seed-0 bridge, the one `--generation` samples through, stopped by its plateau.")
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     next(r for r in sweep["rows"] if r["layer"] == 1 and r["seed"] == 0)["stop"] = "cap"
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))

@@ -89,7 +89,7 @@ def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len
         raise BadInput("pass --run RUN, or both --model and --corpus")
     seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
     if layers is not None:  # the pool is at most train_tokens positions, the held-out blocks one length each
-        plan_room(model, layers, train_tokens + (stop_blocks + val_blocks) * seq_len)
+        plan_room(model, layers, max(train_tokens, seq_len) + (stop_blocks + val_blocks) * seq_len)
     documents = read_documents(corpus)
     backbone = load_backbone(model, device=device, dtype=dtype, device_map=device_map)
     train, held_out, pooled = [], [], 0
@@ -353,7 +353,8 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     world = world_from()
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
         source = open_source(run, None, None, settings.seq_len, world.device(device), dtype,
-                             train_tokens=settings.train_tokens, layers=layers)
+                             train_tokens=settings.train_tokens,
+                             layers=sorted(scores) if layers.strip() == "all" else layers)  # "all": the scanned ones
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
         if layers.strip() == "all":  # every layer that was scanned and has blocks above it
             chosen = [l for l in chosen if l in scores]

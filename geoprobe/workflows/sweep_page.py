@@ -103,7 +103,7 @@ def sweep_section(sweep: dict) -> list[str]:
                   "", markdown_table(tests, list(tests[0])), ""]
         controls = control_rows(v)
         columns = [k for k in controls[0] if any(r.get(k) is not None for r in controls)]
-        parts += ["Controls (ρ over the same layers; depth and channel share two-sided):", "",
+        parts += ["Controls (ρ over the same layers; two-sided for depth, channel share, the lookup's and the ceiling's loss, whose ceilings count whether or not they stopped by their plateau; one-sided for the score's variants):", "",
                   markdown_table(controls, columns), ""]
     parts += ["![sweep](plots/sweep.png)", "", "![stopping-split curves](plots/sweep-curves.png)", ""]
     return parts
