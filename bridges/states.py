@@ -106,7 +106,10 @@ def plan_room(model: str, layers, tokens: int) -> int:
     from the model's config alone, `layers` a --layers spec or a list (layer 0 is always cached),
     `tokens` an upper bound on the positions cached. Returns the planned bytes."""
     config = load_config(resolve_source(model))
-    chosen = parse_layers(layers, config.num_hidden_layers - 1) if isinstance(layers, str) else list(layers)
+    top = config.num_hidden_layers - 1  # a bridge needs a block above its layer
+    # a list (the scanned layers) may hold the final state, which no bridge replaces; a layer out of
+    # range in it is refused later, by the command's own check
+    chosen = parse_layers(layers, top) if isinstance(layers, str) else [l for l in layers if l <= top]
     return check_room(tokens, {0, *chosen}, config.hidden_size)
 
 

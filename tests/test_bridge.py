@@ -462,6 +462,8 @@ def test_bridge_and_sweep_refuse_states_that_do_not_fit_before_the_backbone_load
     assert "x 2 layers" in err  # layer 2 and the source, layer 0
     code, _, err = invoke("-q", "sweep", "--run", run, "--layers", "1-2")
     assert_one_line_error(code, err, 2, "x 3 layers")
+    code, _, err = invoke("-q", "sweep", "--run", run)  # --layers all: the scanned layers with a block above
+    assert_one_line_error(code, err, 2, "x 3 layers")
     code, _, err = invoke("-q", "sweep", "--run", run, "--layers", "1-3")  # the model has blocks 0..2
     assert_one_line_error(code, err, 2, "layer 3 out of range")
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
