@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -125,6 +126,19 @@ def check_gguf(path: Path) -> None:
         raise BadInput(f"{path} is truncated: its tensors need {end:,} bytes, the file has {path.stat().st_size:,}")
 
 
+def model_file_sha256(path: Path) -> str:
+    """A model file's SHA-256, hashed once per process while the file's size and mtime stay the
+    same: a command resolves its model more than once (the room plan before the load, then the
+    load), and an 8B .gguf takes seconds to hash. Shards are verified by sha256_file, uncached."""
+    stat = path.stat()
+    return _file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime are the cache key
+    return sha256_file(Path(path))
+
+
 def resolve_source(spec: str) -> ModelSource:
     if spec.startswith(BUILTIN_PREFIX):
 
@@ -136,7 +150,7 @@ def resolve_source(spec: str) -> ModelSource:
             raise BadInput(f"model file not found: {spec}")
         check_gguf(path)
         return ModelSource(spec, str(path.parent), gguf_file=path.name,
-                           extra_identity={"file_sha256": sha256_file(path)})
+                           extra_identity={"file_sha256": model_file_sha256(path)})
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise BadInput(f"model folder {spec} has no config.json")

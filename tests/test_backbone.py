@@ -138,3 +138,24 @@ def test_a_truncated_or_foreign_gguf_file_is_one_line(tmp_path):
         code, _, err = invoke("extract", tmp_path / name, "--corpus", "kjv", "--out", tmp_path / "r")
         assert_one_line_error(code, err, 2, fragment)
         assert not (tmp_path / "r").exists()
+
+
+def test_a_model_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
+    """The room plan and the load both resolve the model; an 8B .gguf must not be read twice, but a
+    rewritten file must be hashed again (hashlib on the bytes is the oracle)."""
+    import hashlib
+    import os
+
+    from geoprobe import backbone
+
+    reads = []
+    real = backbone.sha256_file
+    monkeypatch.setattr(backbone, "sha256_file", lambda path: reads.append(path) or real(path))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + os.urandom(5000))
+    first = backbone.model_file_sha256(model)
+    assert first == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert backbone.model_file_sha256(model) == first and len(reads) == 1
+    model.write_bytes(b"GGUF" + os.urandom(6000))  # another size: another key
+    assert backbone.model_file_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest() != first
+    assert len(reads) == 2

@@ -351,12 +351,12 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     seeds = seeds or [settings.seed]
     scores = {r["layer"]: r for r in ranking_rows(run)}
     world = world_from()
+    scanned_only = layers.strip() == "all"  # "all": every layer that was scanned and has blocks above it
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
         source = open_source(run, None, None, settings.seq_len, world.device(device), dtype,
-                             train_tokens=settings.train_tokens,
-                             layers=sorted(scores) if layers.strip() == "all" else layers)  # "all": the scanned ones
+                             train_tokens=settings.train_tokens, layers=sorted(scores) if scanned_only else layers)
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
-        if layers.strip() == "all":  # every layer that was scanned and has blocks above it
+        if scanned_only:
             chosen = [l for l in chosen if l in scores]
         for layer in chosen:
             check_layer(source, layer)  # every layer before the first bridge trains
