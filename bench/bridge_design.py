@@ -59,16 +59,37 @@ VARIANTS = {
     "conv lr 3e-3": ({}, dict(lr=3e-3)),
     "conv lr 2e-3": ({}, dict(lr=2e-3)),
 }
+
+
+def scaled(width: float = 1.0, depth: float = 1.0):
+    """The default design with the default shape's width and/or depth scaled (width in multiples of
+    64, heads of 64 channels, at least one block): the shape study's networks, a function of the layer."""
+    def network(default_width: int, default_depth: int) -> dict:
+        d_model = 64 * max(1, round(default_width * width / 64))
+        return dict(d_model=d_model, n_layers=max(1, round(default_depth * depth)), n_heads=d_model // 64)
+    return network
+
+
+# the shape study (registered in docs/bridge-design.md on 2026-12-05, before its runs): the
+# default design under the sweep's own cap and rule, one dimension of the default shape changed at
+# a time; the default itself is the sweep's bridges at the same layer (seeds 0, 1, 2)
+SWEEP_CAP = dict(steps=4000, eval_every=50)
+VARIANTS.update({
+    "shape width x0.6": (scaled(width=0.6), SWEEP_CAP),
+    "shape depth x0.5": (scaled(depth=0.5), SWEEP_CAP),
+    "shape width x1.6": (scaled(width=1.6), SWEEP_CAP),
+    "shape depth x2": (scaled(depth=2), SWEEP_CAP),
+})
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 
 def network_of(fields, layer: int, hidden_size: int) -> dict:
     from geoprobe.bridges.hidden import bridge_shape
 
+    width, depth, heads = bridge_shape(hidden_size, layer)
     if fields == "deeper":
-        width, depth, heads = bridge_shape(hidden_size, layer)
         return dict(d_model=width, n_layers=2 * depth, n_heads=heads, **NO_CONV)
-    return fields
+    return fields(width, depth) if callable(fields) else fields
 
 
 def main() -> None:
@@ -84,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     args.page = args.page or args.out / "bridge-design.md"
 
-    from geoprobe.files import holding
+    from geoprobe.files import holding, write_json_atomic
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
 
@@ -95,18 +116,20 @@ def main() -> None:
     source = open_source(args.run, None, None, None, "cpu", "auto")
     states = cached_states(source, layers)
     names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
-    for layer in layers:
-        controls = layer_controls(source, states, layer, args.out)
-        for name in names:
+    controls = {layer: layer_controls(source, states, layer, args.out) for layer in layers}
+    for name in names:  # variant by variant, so that a list of cheap variants first finishes them first
+        for layer in layers:
             network, training = VARIANTS[name]
             settings = BridgeSettings(replace(NETWORK, **network_of(network, layer, source.backbone.hidden_size)),
                                       **{**BUDGET, **training})
             root = args.out / name.replace(" ", "-")
             with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
-                metrics, _ = train_bridge(source, layer, root, settings, states, controls)
+                metrics, _ = train_bridge(source, layer, root, settings, states, controls[layer])
+            folder = bridge_dir(root, layer, settings.seed)
+            write_json_atomic(folder / "network.json", {"network_parameters": sum(t.numel() for _, t in _trained(folder))})
             print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} (1 step {metrics['nmse_dim_1step']:.3f}, "
-                  f"lookup {controls['control_lookup_nmse_dim']:.3f}, ridge {controls['control_ridge_nmse_dim']:.3f}, "
-                  f"lookup+ridge {controls['control_lookup_ridge_nmse_dim']:.3f}) "
+                  f"lookup {controls[layer]['control_lookup_nmse_dim']:.3f}, ridge {controls[layer]['control_ridge_nmse_dim']:.3f}, "
+                  f"lookup+ridge {controls[layer]['control_lookup_ridge_nmse_dim']:.3f}) "
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)
     write_page(finished(args.out), args)
@@ -120,7 +143,9 @@ def finished(out: Path) -> list[dict]:
         for path in sorted((out / name.replace(" ", "-")).glob("bridges/layer-*/seed-0/metrics.json")):
             metrics = json.loads(path.read_text())
             network = json.loads((path.parent / "config.json").read_text())["network"]
-            params = sum(t.numel() for _, t in _trained(path.parent))
+            counted = path.parent / "network.json"  # a record kept without its weights has this
+            params = (json.loads(counted.read_text())["network_parameters"] if counted.is_file()
+                      else sum(t.numel() for _, t in _trained(path.parent)))
             results.append({"variant": name, "shape": f"{network['d_model']}x{network['n_layers']}",
                             "network_parameters": params, **metrics})
     return sorted(results, key=lambda r: (r["layer"], list(VARIANTS).index(r["variant"])))
