@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 from dataclasses import replace
@@ -65,8 +66,8 @@ def scaled(width: float = 1.0, depth: float = 1.0):
     """The default design with the default shape's width and/or depth scaled (width in multiples of
     64, heads of 64 channels, at least one block): the shape study's networks, a function of the layer."""
     def network(default_width: int, default_depth: int) -> dict:
-        d_model = 64 * max(1, round(default_width * width / 64))
-        return dict(d_model=d_model, n_layers=max(1, round(default_depth * depth)), n_heads=d_model // 64)
+        d_model = 64 * max(1, math.floor(default_width * width / 64 + 0.5))  # halves up, not to even
+        return dict(d_model=d_model, n_layers=max(1, math.floor(default_depth * depth + 0.5)), n_heads=d_model // 64)
     return network
 
 
@@ -163,6 +164,46 @@ def _trained(folder: Path):
                 yield name, handle.get_tensor(name)
 
 
+def sweep_seeds(run: Path, layer: int) -> dict[int, dict]:
+    """The sweep's finished bridges at `layer`, by seed (the shape study's default row)."""
+    found = {}
+    for path in sorted((run / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json")):
+        found[int(path.parent.name.split("-")[1])] = json.loads(path.read_text())
+    return found
+
+
+def best_until(curve: list, last: int) -> float:
+    return min(value for step, value in curve if step <= last)
+
+
+def shape_study(results: list[dict], run: Path) -> list[dict]:
+    """The registered statistic of the shape study (docs/bridge-design.md): each shape variant's
+    paired ratio to the sweep's seed-0 bridge, judged against the default's own seed noise δ."""
+    rows = []
+    for r in results:
+        seeds = sweep_seeds(run, r["layer"])
+        if not r["variant"].startswith("shape ") or 0 not in seeds:
+            continue
+        default = seeds[0]
+        delta = max([math.log(1.02)] + [abs(math.log(m["nmse_dim"] / default["nmse_dim"]))
+                                        for s, m in seeds.items() if s != 0])
+        log_r = math.log(r["nmse_dim"] / default["nmse_dim"])
+        converged = r["stop"] == "plateau"
+        if log_r < -delta:
+            verdict = "better"
+        elif not converged:
+            verdict = "unconverged"
+        else:
+            verdict = "worse" if log_r > delta else "within noise"
+        last = min(r["steps_run"], default["steps_run"])
+        rows.append({"layer": r["layer"], "variant": r["variant"], "shape": r["shape"],
+                     "default seeds": len(seeds), "nmse_dim": r["nmse_dim"], "default nmse_dim": default["nmse_dim"],
+                     "r": math.exp(log_r), "δ": math.exp(delta) - 1, "verdict": verdict,
+                     "step-matched": best_until(r["val_curve"], last) / best_until(default["val_curve"], last),
+                     "steps": f"{r['steps_run']} ({r['stop']})", "default steps": f"{default['steps_run']} ({default['stop']})"})
+    return rows
+
+
 def controls_rows(out: Path) -> list[dict]:
     rows = []
     for path in sorted(out.glob("bridges/layer-*/controls.json")):
@@ -217,10 +258,19 @@ def write_page(results: list[dict], args) -> None:
         "of 878dabf at the old sweep's budget (200 steps of 2 × 256 tokens, cosine to zero); the others are the "
         "current design (`channel carry`: the default of 2026-12-01, the update added to layer 0 carried channel "
         "by channel; `lookup`: the default since, added to the token lookup) at the default budget (a cap of 2,000 steps of 8 × 256 tokens, a constant rate after "
-        "100 warmup steps, stopped by the plateau rule).", "",
+        "100 warmup steps, stopped by the plateau rule); the `shape` variants are the default design with one "
+        "dimension of the default shape scaled, under the sweep's cap of 4,000 steps (the shape study of "
+        "docs/bridge-design.md).", "",
         "## The layers' closed-form controls (nmse_dim on the same validation positions)", "", control_table, "",
         "## The bridges", "", table, "", "![curves](bridge-design/curves.png)", "",
     ]
+    study = shape_study(results, args.run)
+    if study:
+        text += ["## The shape study: each variant paired with the sweep's seed-0 bridge at its layer", "",
+                 "r: the variant's validation nmse_dim over the sweep's seed-0 bridge's; δ: the default's own seed "
+                 "noise, the largest |log(seed s / seed 0)| over the sweep's seeds at that layer, at least log 1.02; "
+                 "step-matched: the ratio of the two stopping-split curves' best values up to the earlier stop.", "",
+                 pd.DataFrame(study).to_markdown(index=False, tablefmt="github", floatfmt=".4g"), ""]
     args.page.write_text("\n".join(text) + "\n")
     print(f"wrote {args.page}")
 

@@ -101,6 +101,8 @@ def main():
                         help="tokens whose ids make the converter's support, as a sweep's training pool does (the "
                              "mixture's cost grows with it: 1,592 ids in 36 KJV blocks, 6,782 in 262,144 tokens; a "
                              "SmolLM2 run's own, from its train, stop and validation blocks, has 6,812)")
+    parser.add_argument("--d-model", type=int, default=0, help="the bridge's width (0: the default shape's)")
+    parser.add_argument("--n-layers", type=int, default=0, help="its blocks (0: the default shape's)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
     model, corpus = tiny_llama(work, n_docs=200) if args.model is None else (args.model, args.corpus)
@@ -113,7 +115,7 @@ def main():
     cache_seconds = time.perf_counter() - began
     support = corpus_support(pool, backbone.tokenizer)
     cfg = BridgeConfig(layer=args.layer, vocab_size=backbone.config.vocab_size, hidden_size=backbone.hidden_size,
-                       support_size=len(support))
+                       support_size=len(support), d_model=args.d_model, n_layers=args.n_layers)
     bridge = HiddenBridge(cfg)
     bridge.set_support(support)
     fit_statistics(bridge, states)
