@@ -21,10 +21,13 @@ import json
 import math
 import os
 import platform
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # experiments/: the sweep's record keeping
+RECORDS = ROOT / "experiments" / "records" / "bridge-design"  # tracked: the finished variants, without weights
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
@@ -106,6 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     args.page = args.page or args.out / "bridge-design.md"
 
+    from experiments.smollm2_results import record, restore
     from geoprobe.files import holding, write_json_atomic
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
@@ -117,17 +121,22 @@ def main() -> None:
     source = open_source(args.run, None, None, None, "cpu", "auto")
     states = cached_states(source, layers)
     names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
+    for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
+        restore(args.out / folder_of(name), RECORDS / folder_of(name))
     controls = {layer: layer_controls(source, states, layer, args.out) for layer in layers}
     for name in names:  # variant by variant, so that a list of cheap variants first finishes them first
         for layer in layers:
             network, training = VARIANTS[name]
             settings = BridgeSettings(replace(NETWORK, **network_of(network, layer, source.backbone.hidden_size)),
                                       **{**BUDGET, **training})
-            root = args.out / name.replace(" ", "-")
+            root = args.out / folder_of(name)
             with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
                 metrics, _ = train_bridge(source, layer, root, settings, states, controls[layer])
             folder = bridge_dir(root, layer, settings.seed)
-            write_json_atomic(folder / "network.json", {"network_parameters": sum(t.numel() for _, t in _trained(folder))})
+            if not (folder / "network.json").is_file():  # a restored record has it, and no weights
+                write_json_atomic(folder / "network.json",
+                                  {"network_parameters": sum(t.numel() for _, t in _trained(folder))})
+            record(root, RECORDS / folder_of(name))
             print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} (1 step {metrics['nmse_dim_1step']:.3f}, "
                   f"lookup {controls[layer]['control_lookup_nmse_dim']:.3f}, ridge {controls[layer]['control_ridge_nmse_dim']:.3f}, "
                   f"lookup+ridge {controls[layer]['control_lookup_ridge_nmse_dim']:.3f}) "
@@ -136,12 +145,16 @@ def main() -> None:
     write_page(finished(args.out), args)
 
 
+def folder_of(variant: str) -> str:
+    return variant.replace(" ", "-")
+
+
 def finished(out: Path) -> list[dict]:
     """Every finished variant under `out` (from every invocation), read from its metrics.json,
     with its network's size and shape."""
     results = []
     for name in VARIANTS:
-        for path in sorted((out / name.replace(" ", "-")).glob("bridges/layer-*/seed-0/metrics.json")):
+        for path in sorted((out / folder_of(name)).glob("bridges/layer-*/seed-0/metrics.json")):
             metrics = json.loads(path.read_text())
             network = json.loads((path.parent / "config.json").read_text())["network"]
             counted = path.parent / "network.json"  # a record kept without its weights has this
@@ -222,6 +235,9 @@ def write_page(results: list[dict], args) -> None:
     import pandas as pd
     import torch
 
+    if not results:
+        print(f"no finished variant under {args.out}")
+        return
     layers = sorted({r["layer"] for r in results})
     controls = {r["layer"]: r for r in controls_rows(args.out)}
     fig, axes = plt.subplots(1, len(layers), figsize=(6 * len(layers), 4.2), squeeze=False)

@@ -78,8 +78,9 @@ BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/ba
 
 
 RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished bridges of the sweep
-RECORDED = ("config.json", "curve.csv", "metrics.json")  # per bridge, metrics last (a record is whole when
-# metrics.json is there); the layer's controls.json beside them
+RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")  # per bridge, metrics last (a record
+# is whole when metrics.json is there); the layer's controls.json beside them; network.json (the
+# parameter count) only bench/bridge_design.py writes
 
 
 def copy_whole(source: Path, target: Path) -> None:
