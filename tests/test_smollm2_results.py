@@ -198,3 +198,37 @@ def test_a_bridge_with_every_default_trains_as_the_bridges_of_make_results():
     rule = bridge_settings().training()
     assert (rule.steps, rule.eval_every, rule.min_steps, rule.warmup) == (4000, 50, 250, 100)
     assert bridge_settings(steps=200).training().eval_every == 5  # a short run keeps 40 checks
+
+
+def test_the_shape_study_pairs_each_variant_with_the_sweeps_seed_0(tmp_path):
+    """The registered rule of docs/bridge-design.md's shape study on made-up bridges: r against the
+    sweep's seed 0, δ from the default's own seed ratio (at least log 1.02), a capped variant counts
+    only as better, and the step-matched ratio takes both curves' best up to the earlier stop."""
+    import math
+
+    from bench.bridge_design import shape_study
+
+    def bridge(nmse_dim, stop="plateau", steps=3000, curve=((0, 0.3), (1000, 0.2), (3000, 0.1))):
+        return {"nmse_dim": nmse_dim, "stop": stop, "steps_run": steps, "val_curve": [list(p) for p in curve]}
+
+    def study(variant, seeds):
+        for seed, metrics in seeds.items():
+            folder = tmp_path / f"run{len(seeds)}" / "bridges" / "layer-03" / f"seed-{seed}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "metrics.json").write_text(json.dumps(metrics))
+        row, = shape_study([{**variant, "layer": 3, "variant": "shape width x0.6", "shape": "192x2"}],
+                           tmp_path / f"run{len(seeds)}")
+        return row
+
+    seeds = {0: bridge(0.100), 1: bridge(0.104, steps=1900)}  # δ = log 1.04
+    for nmse_dim, stop, verdict in ((0.103, "plateau", "within noise"), (0.097, "plateau", "within noise"),
+                                    (0.110, "plateau", "worse"), (0.095, "plateau", "better"),
+                                    (0.099, "cap", "unconverged"), (0.090, "cap", "better")):
+        row = study(bridge(nmse_dim, stop), seeds)
+        assert row["verdict"] == verdict, (nmse_dim, stop)
+        assert row["r"] == pytest.approx(nmse_dim / 0.100) and row["δ"] == pytest.approx(0.04)
+    alone = study(bridge(0.103), {0: bridge(0.100)})  # no second seed: δ is the rule's 2 %
+    assert alone["δ"] == pytest.approx(0.02) and alone["verdict"] == "worse"
+    early = study(bridge(0.15, steps=1000, curve=((0, 0.3), (500, 0.18), (1000, 0.15))), seeds)
+    assert early["step-matched"] == pytest.approx(0.15 / 0.2)  # the default's best up to step 1,000
+    assert math.isclose(early["r"], 1.5)
