@@ -39,8 +39,9 @@ BEFORE = dict(d_model=128, n_layers=2, n_heads=4, scale="scalar", regression_fra
 # default of 2026-12-02 (the update added to each token's mean state at the layer), "conv" the
 # default since its afternoon (a causal convolution over the network's input: 4 previous positions)
 NO_CONV = dict(conv_window=0, **HALF_TAU)
-# the budget every variant below trained under (the CLI's default until 2026-12-05, when it became
-# 4,000 steps): pinned, so that finished variants stay comparable and resumable over --out
+# the budget the variants below trained under (the CLI's default until 2026-12-05, when it became
+# 4,000 steps; the shape study's variants override it with the sweep's cap): pinned, so that
+# finished variants stay comparable and resumable over --out
 BUDGET = dict(steps=2000, eval_every=50)
 VARIANTS = {
     "before 128x2": (BEFORE, dict(steps=200, batch_size=2, until="steps")),
@@ -114,15 +115,15 @@ def main() -> None:
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
 
+    names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
+    for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
+        restore(args.out / folder_of(name), RECORDS / folder_of(name))
     if args.page_only:
         write_page(finished(args.out), args)
         return
     layers = [int(x) for x in args.layers.split(",")]
     source = open_source(args.run, None, None, None, "cpu", "auto")
     states = cached_states(source, layers)
-    names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
-    for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
-        restore(args.out / folder_of(name), RECORDS / folder_of(name))
     controls = {layer: layer_controls(source, states, layer, args.out) for layer in layers}
     for name in names:  # variant by variant, so that a list of cheap variants first finishes them first
         for layer in layers:
@@ -178,11 +179,16 @@ def _trained(folder: Path):
 
 
 def sweep_seeds(run: Path, layer: int) -> dict[int, dict]:
-    """The sweep's finished bridges at `layer`, by seed (the shape study's default row)."""
-    found = {}
-    for path in sorted((run / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json")):
-        found[int(path.parent.name.split("-")[1])] = json.loads(path.read_text())
-    return found
+    """The sweep's finished bridges at `layer`, by seed (the shape study's default row): the run's,
+    or on a fresh clone without them, make results' tracked records."""
+    from experiments.smollm2_results import RECORD
+
+    for where in (run, RECORD):
+        found = {int(path.parent.name.split("-")[1]): json.loads(path.read_text())
+                 for path in sorted((where / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json"))}
+        if found:
+            return found
+    return {}
 
 
 def best_until(curve: list, last: int) -> float:
@@ -285,7 +291,8 @@ def write_page(results: list[dict], args) -> None:
         text += ["## The shape study: each variant paired with the sweep's seed-0 bridge at its layer", "",
                  "r: the variant's validation nmse_dim over the sweep's seed-0 bridge's; δ: the default's own seed "
                  "noise, the largest |log(seed s / seed 0)| over the sweep's seeds at that layer, at least log 1.02; "
-                 "step-matched: the ratio of the two stopping-split curves' best values up to the earlier stop.", "",
+                 "step-matched: the ratio of the two stopping-split curves' best values up to the earlier stop. "
+                 "Where `default seeds` is 1, δ is the floor alone: the default has no seed spread there yet.", "",
                  pd.DataFrame(study).to_markdown(index=False, tablefmt="github", floatfmt=".4g"), ""]
     args.page.write_text("\n".join(text) + "\n")
     print(f"wrote {args.page}")
