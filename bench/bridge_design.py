@@ -136,7 +136,7 @@ def main() -> None:
             folder = bridge_dir(root, layer, settings.seed)
             if not (folder / "network.json").is_file():  # a restored record has it, and no weights
                 write_json_atomic(folder / "network.json",
-                                  {"network_parameters": sum(t.numel() for _, t in _trained(folder))})
+                                  {"network_parameters": network_parameters(folder)})
             record(root, RECORDS / folder_of(name))
             print(f"layer {layer} {name}: nmse_dim {metrics['nmse_dim']:.3f} (1 step {metrics['nmse_dim_1step']:.3f}, "
                   f"lookup {controls[layer]['control_lookup_nmse_dim']:.3f}, ridge {controls[layer]['control_ridge_nmse_dim']:.3f}, "
@@ -160,10 +160,14 @@ def finished(out: Path) -> list[dict]:
             network = json.loads((path.parent / "config.json").read_text())["network"]
             counted = path.parent / "network.json"  # a record kept without its weights has this
             params = (json.loads(counted.read_text())["network_parameters"] if counted.is_file()
-                      else sum(t.numel() for _, t in _trained(path.parent)))
+                      else network_parameters(path.parent))
             results.append({"variant": name, "shape": f"{network['d_model']}x{network['n_layers']}",
                             "network_parameters": params, **metrics})
     return sorted(results, key=lambda r: (r["layer"], list(VARIANTS).index(r["variant"])))
+
+
+def network_parameters(folder: Path) -> int:
+    return sum(t.numel() for _, t in _trained(folder))
 
 
 def _trained(folder: Path):

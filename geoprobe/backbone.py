@@ -127,8 +127,8 @@ def check_gguf(path: Path) -> None:
 
 
 def model_file_sha256(path: Path) -> str:
-    """A model file's SHA-256, hashed once per process while the file's size and mtime stay the
-    same: a command resolves its model more than once (the room plan before the load, then the
+    """A model file's SHA-256, hashed once per process while the file's stat (inode, size, mtime,
+    ctime) stays the same: a command resolves its model more than once (the room plan before the load, then the
     load), and an 8B .gguf takes seconds to hash. Shards are verified by sha256_file, uncached."""
     stat = path.stat()  # a rewrite changes the inode's ctime even within one mtime tick
     return _file_sha256(str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
