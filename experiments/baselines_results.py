@@ -49,17 +49,19 @@ RUN1_NLL = {"dsl": 3.95, "mdlm": 4.06, "diffusion-lm": 4.78, "sed": 4.62, "codar
 RUN1_P = {"diffusion-lm": 0.000834, "sed": 0.00131, "codar": 0.000207}
 
 
-def train_baseline(out: Path, kind: str, seed: int) -> dict:
+def train_baseline(out: Path, kind: str, seed: int, name: str | None = None, **changed) -> dict:
+    """Train (or reuse) `kind`'s row under the protocol's settings in out/models/NAME-seedS; `changed`
+    overrides a training or network setting by name (docs/baselines-sensitivity.md's variants)."""
     from geoprobe.bridges.embedding_diffusion import baseline_settings, fit_baseline
 
-    folder = out / "models" / f"{kind}-seed{seed}"
+    folder = out / "models" / f"{name or kind}-seed{seed}"
     if (folder / "metrics.json").is_file():
         return json.loads((folder / "metrics.json").read_text())
-    settings, shape = baseline_settings(kind, **{**TRAINING, "lr": 2e-3}, steps=CAP, seed=seed,
+    settings, shape = baseline_settings(kind, **{**TRAINING, "lr": 2e-3, **changed}, steps=CAP, seed=seed,
                                         d_model=SMALL["d_model"], n_layers=SMALL["n_layers"], n_heads=SMALL["n_heads"])
     began = time.perf_counter()
     metrics = fit_baseline(folder, kind, CORPUS, MODEL, settings, shape, device="cpu")
-    log(f"trained {kind} seed {seed}: {metrics['steps_run']} steps ({metrics['stop']}), "
+    log(f"trained {name or kind} seed {seed}: {metrics['steps_run']} steps ({metrics['stop']}), "
         f"{time.perf_counter() - began:.0f} s")
     return metrics
 
