@@ -11,6 +11,7 @@ minutes each).
 
     make results                                   # = python -m experiments.smollm2_results
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
+    python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
@@ -184,6 +185,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "results")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md")
     parser.add_argument("--generation", action="store_true", help="also train, sample and evaluate the generators")
+    parser.add_argument("--without-finetune", action="store_true",
+                        help="with --generation, leave out DSL-from-SmolLM2 (15 of its about 20 hours on 2 cores)")
     parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
     args = parser.parse_args()
     out, run = args.out, args.out / "run"
@@ -206,7 +209,7 @@ def main() -> None:
          done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run))
     record(run)  # also a sweep that finished before the records existed
     if args.generation:
-        generation(out, run, step, dev)
+        generation(out, run, step, dev, finetune=not args.without_finetune)
     write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)
 
 
@@ -227,15 +230,17 @@ def swept(run: Path, seeds: str) -> bool:
     return wanted <= have and ceilings
 
 
-def generation(out: Path, run: Path, step, dev: list) -> None:
-    """DSL, MDLM, DSL-from-SmolLM2 and the embedding-diffusion baselines at one budget; samples of
-    every generator (the hybrid through the first seed's bridges at the chosen, worst and easiest
-    layers); eval and compare."""
+def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
+    """DSL, MDLM, DSL-from-SmolLM2 (unless not `finetune`) and the embedding-diffusion baselines at
+    one budget; samples of every generator (the hybrid through the first seed's bridges at the
+    chosen, worst and easiest layers); eval and compare."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
               "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
                        "--lr", 1e-3],
               "dsl-smollm2": ["--init-from", MODEL, "--snr", "mixed", "--lr", 1e-4, "--warmup", 20]}
+    if not finetune:  # the 15-hour full fine-tune of the backbone; the DiHAL comparison does not need it
+        del models["dsl-smollm2"]
     for name, flags in models.items():
         step(f"train {name}", "dsl", "train", "--corpus", CORPUS, *flags, *budget, "--out", out / name, *dev,
              done=out / name / "metrics.json")
@@ -261,7 +266,7 @@ def generation(out: Path, run: Path, step, dev: list) -> None:
             step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *CAP_AND_RULE, "--out", out, *dev,
                  done=folder / "model.safetensors")
         rows[f"bridge-{layer:02d}"] = ["--model", folder, "--sampler", "hybrid"]
-    for name in ("dsl", "dsl-smollm2"):
+    for name in (n for n in ("dsl", "dsl-smollm2") if n in models):
         for sampler in SAMPLERS:
             rows[f"{name}-{sampler}"] = ["--model", out / name, "--sampler", sampler]
     rows["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]

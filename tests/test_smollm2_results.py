@@ -232,3 +232,27 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_seed_0(tmp_path):
     early = study(bridge(0.15, steps=1000, curve=((0, 0.3), (500, 0.18), (1000, 0.15))), seeds)
     assert early["step-matched"] == pytest.approx(0.15 / 0.2)  # the default's best up to step 1,000
     assert math.isclose(early["r"], 1.5)
+
+
+@pytest.mark.parametrize("finetune", [True, False])
+def test_without_finetune_the_generation_section_neither_trains_nor_samples_dsl_from_smollm2(tmp_path, finetune):
+    from experiments.smollm2_results import generation
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)
+    verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+    for role in ("chosen", "worst", "oracle"):  # the sweep's own weights: nothing is retrained
+        folder = run / "bridges" / f"layer-{verdict[role + '_layer']:02d}" / "seed-0"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.safetensors").touch()
+    commands = []
+    generation(tmp_path, run, lambda name, *argv, done, during=None: commands.append((name, argv)), ["--device", "cpu"],
+               finetune=finetune)
+    names = [name for name, _ in commands]
+    assert {"train dsl", "train mdlm", "train diffusion-lm", "train sed", "train codar", "sample ar"} <= set(names)
+    mentions = [name for name, argv in commands if "dsl-smollm2" in name or any("dsl-smollm2" in str(a) for a in argv)]
+    if finetune:
+        assert "train dsl-smollm2" in names and "sample dsl-smollm2-hybrid" in names
+    else:
+        assert mentions == []
