@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--layers", default="3,9")
     parser.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS (default: all)")
     parser.add_argument("--page-only", action="store_true", help="write the page from the finished variants")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the bridges' seed (a shape study variant at seed s pairs with the sweep's seed s)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bridge-design")
     # its own page beside the runs: docs/bridge-design.md is written by hand from these pages
     parser.add_argument("--page", type=Path, help="the page it writes (default: OUT/bridge-design.md)")
@@ -129,7 +131,7 @@ def main() -> None:
         for layer in layers:
             network, training = VARIANTS[name]
             settings = BridgeSettings(replace(NETWORK, **network_of(network, layer, source.backbone.hidden_size)),
-                                      **{**BUDGET, **training})
+                                      **{**BUDGET, **training, "seed": args.seed})
             root = args.out / folder_of(name)
             with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
                 metrics, _ = train_bridge(source, layer, root, settings, states, controls[layer])
@@ -155,7 +157,7 @@ def finished(out: Path) -> list[dict]:
     with its network's size and shape."""
     results = []
     for name in VARIANTS:
-        for path in sorted((out / folder_of(name)).glob("bridges/layer-*/seed-0/metrics.json")):
+        for path in sorted((out / folder_of(name)).glob("bridges/layer-*/seed-*/metrics.json")):
             metrics = json.loads(path.read_text())
             network = json.loads((path.parent / "config.json").read_text())["network"]
             counted = path.parent / "network.json"  # a record kept without its weights has this
@@ -163,7 +165,7 @@ def finished(out: Path) -> list[dict]:
                       else network_parameters(path.parent))
             results.append({"variant": name, "shape": f"{network['d_model']}x{network['n_layers']}",
                             "network_parameters": params, **metrics})
-    return sorted(results, key=lambda r: (r["layer"], list(VARIANTS).index(r["variant"])))
+    return sorted(results, key=lambda r: (r["layer"], list(VARIANTS).index(r["variant"]), r.get("seed", 0)))
 
 
 def network_parameters(folder: Path) -> int:
@@ -201,14 +203,16 @@ def best_until(curve: list, last: int) -> float:
 
 def shape_study(results: list[dict], run: Path) -> list[dict]:
     """The registered statistic of the shape study (docs/bridge-design.md): each shape variant's
-    paired ratio to the sweep's seed-0 bridge, judged against the default's own seed noise δ."""
+    paired ratio to the sweep's bridge of the same seed (seed 0; seed 1 for a confirming run),
+    judged against the default's own seed noise δ (the sweep's seeds against its seed 0)."""
     rows = []
     for r in results:
         seeds = sweep_seeds(run, r["layer"])
-        if not r["variant"].startswith("shape ") or 0 not in seeds:
+        seed = r.get("seed", 0)
+        if not r["variant"].startswith("shape ") or seed not in seeds or 0 not in seeds:
             continue
-        default = seeds[0]
-        delta = max([math.log(1.02)] + [abs(math.log(m["nmse_dim"] / default["nmse_dim"]))
+        default = seeds[seed]
+        delta = max([math.log(1.02)] + [abs(math.log(m["nmse_dim"] / seeds[0]["nmse_dim"]))
                                         for s, m in seeds.items() if s != 0])
         log_r = math.log(r["nmse_dim"] / default["nmse_dim"])
         converged = r["stop"] == "plateau"
@@ -219,7 +223,7 @@ def shape_study(results: list[dict], run: Path) -> list[dict]:
         else:
             verdict = "worse" if log_r > delta else "within noise"
         last = min(r["steps_run"], default["steps_run"])
-        rows.append({"layer": r["layer"], "variant": r["variant"], "shape": r["shape"],
+        rows.append({"layer": r["layer"], "variant": r["variant"], "seed": seed, "shape": r["shape"],
                      "default seeds": len(seeds), "nmse_dim": r["nmse_dim"], "default nmse_dim": default["nmse_dim"],
                      "r": math.exp(log_r), "δ": math.exp(delta) - 1, "verdict": verdict,
                      "step-matched": best_until(r["val_curve"], last) / best_until(default["val_curve"], last),
@@ -268,7 +272,7 @@ def write_page(results: list[dict], args) -> None:
     pictures.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(pictures / "curves.png", dpi=110)
-    columns = ["layer", "variant", "shape", "network_parameters", *METRICS, "steps_run", "best_step", "stop",
+    columns = ["layer", "variant", "seed", "shape", "network_parameters", *METRICS, "steps_run", "best_step", "stop",
                "train_seconds"]
     table = pd.DataFrame(results)[columns].to_markdown(index=False, tablefmt="github", floatfmt=".4g")
     control_table = pd.DataFrame(list(controls.values())).to_markdown(index=False, tablefmt="github", floatfmt=".4g")
@@ -278,7 +282,7 @@ def write_page(results: list[dict], args) -> None:
         "# The bridge's design, measured", "",
         f"Made by `python bench/bridge_design.py --run RUN --layers L` (every finished variant under --out is shown) "
         f"on {os.cpu_count()} × {cpu}, torch {torch.__version__}. SmolLM2-135M-Instruct on the KJV (RUN: a scan "
-        "with 256-token blocks, the first block of each chapter); every variant is one bridge (seed 0) trained by "
+        "with 256-token blocks, the first block of each chapter); every variant is one bridge (seed 0; `--seed` for another) trained by "
         "the sweep's own code from the run's cached teacher states: the plateau rule on a stopping split of 8 "
         "held-out blocks, the best EMA weights kept, validated on 16 other held-out blocks. `before` is the design "
         "of 878dabf at the old sweep's budget (200 steps of 2 × 256 tokens, cosine to zero); the others are the "
@@ -292,8 +296,8 @@ def write_page(results: list[dict], args) -> None:
     ]
     study = shape_study(results, args.run)
     if study:
-        text += ["## The shape study: each variant paired with the sweep's seed-0 bridge at its layer", "",
-                 "r: the variant's validation nmse_dim over the sweep's seed-0 bridge's; δ: the default's own seed "
+        text += ["## The shape study: each variant paired with the sweep's bridge of its seed at its layer", "",
+                 "r: the variant's validation nmse_dim over the sweep's bridge's of the same seed; δ: the default's own seed "
                  "noise, the largest |log(seed s / seed 0)| over the sweep's seeds at that layer, at least log 1.02; "
                  "step-matched: the ratio of the two stopping-split curves' best values up to the earlier stop. "
                  "Where `default seeds` is 1, δ is the floor alone: the default has no seed spread there yet.", "",

@@ -200,7 +200,7 @@ def test_a_bridge_with_every_default_trains_as_the_bridges_of_make_results():
     assert bridge_settings(steps=200).training().eval_every == 5  # a short run keeps 40 checks
 
 
-def test_the_shape_study_pairs_each_variant_with_the_sweeps_seed_0(tmp_path):
+def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(tmp_path):
     """The registered rule of docs/bridge-design.md's shape study on made-up bridges: r against the
     sweep's seed 0, δ from the default's own seed ratio (at least log 1.02), a capped variant counts
     only as better, and the step-matched ratio takes both curves' best up to the earlier stop."""
@@ -211,12 +211,12 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_seed_0(tmp_path):
     def bridge(nmse_dim, stop="plateau", steps=3000, curve=((0, 0.3), (1000, 0.2), (3000, 0.1))):
         return {"nmse_dim": nmse_dim, "stop": stop, "steps_run": steps, "val_curve": [list(p) for p in curve]}
 
-    def study(variant, seeds):
-        for seed, metrics in seeds.items():
-            folder = tmp_path / f"run{len(seeds)}" / "bridges" / "layer-03" / f"seed-{seed}"
+    def study(variant, seeds, seed=0):
+        for s, metrics in seeds.items():
+            folder = tmp_path / f"run{len(seeds)}" / "bridges" / "layer-03" / f"seed-{s}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "metrics.json").write_text(json.dumps(metrics))
-        row, = shape_study([{**variant, "layer": 3, "variant": "shape width x0.6", "shape": "192x2"}],
+        row, = shape_study([{**variant, "layer": 3, "variant": "shape width x0.6", "shape": "192x2", "seed": seed}],
                            tmp_path / f"run{len(seeds)}")
         return row
 
@@ -232,6 +232,9 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_seed_0(tmp_path):
     early = study(bridge(0.15, steps=1000, curve=((0, 0.3), (500, 0.18), (1000, 0.15))), seeds)
     assert early["step-matched"] == pytest.approx(0.15 / 0.2)  # the default's best up to step 1,000
     assert math.isclose(early["r"], 1.5)
+    confirming = study(bridge(0.0988), seeds, seed=1)  # a seed-1 run pairs with the sweep's seed 1 (0.104)
+    assert confirming["seed"] == 1 and confirming["r"] == pytest.approx(0.0988 / 0.104)
+    assert confirming["δ"] == pytest.approx(0.04) and confirming["verdict"] == "better"
 
 
 @pytest.mark.parametrize("finetune", [True, False])
