@@ -24,13 +24,18 @@ GROUPS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm"), "dtype co
           "attention": ("flash_attention",), "log-softmax": ("_log_softmax",)}
 
 
-def main() -> None:
+def arguments(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="builtin:smollm2")
     parser.add_argument("--corpus", default="kjv")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def build(args):
+    """(one training step of `dsl train --init-from` at the bench's settings as step(i), its
+    trained parameters)."""
     settings = DSLTrainSettings(snr="mixed", seq_len=args.seq, train=TrainConfig(batch_size=args.batch, lr=1e-4))
     documents, _ = split_documents(args.corpus, 0)
     tokenizer = load_tokenizer(args.model)
@@ -48,6 +53,12 @@ def main() -> None:
         loss.backward()
         optimizer.step()
 
+    return step, params
+
+
+def main() -> None:
+    args = arguments()
+    step, params = build(args)
     step(0)  # warm-up: allocations, the first kernels
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         began = time.perf_counter()

@@ -1,0 +1,76 @@
+"""jemalloc keeping its pages (what `make results`, `results-baselines` and `results-testbed` preload
+where Debian's libjemalloc2 is installed) against glibc's malloc, side by side in one run: the
+DSL-from-SmolLM2 training step of bench/dsl_step.py, in child processes alternately with and
+without the preload, the faster of two runs each; seconds a step, kernel seconds a step and minor
+page faults a step (getrusage), and whether the two give the same parameters (a SHA-256 of them).
+
+    python bench/heap.py                          # SmolLM2, 8 x 256 tokens, 3 timed steps
+    python bench/heap.py --model builtin:hmm-tiny --seq 64 --corpus "$(python -c 'from geoprobe.testbed import CORPUS; print(CORPUS)')"
+
+Why it helps: glibc hands large freed buffers back to the kernel (they are mmapped), and the next
+step faults them in again; jemalloc with retain and no decay keeps them. Only where memory comes
+from changes, so the bits do not.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+KEEP_PAGES = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"  # the Makefile's MALLOC_CONF
+STEPS = 3
+
+
+def child(argv: list[str]) -> dict:
+    import torch
+    from dsl_step import arguments, build
+
+    step, params = build(arguments(argv))
+    step(0)  # the allocator's first round of the step's buffers
+    before, began = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for i in range(1, 1 + STEPS):
+        step(i)
+    seconds = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    digest = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in params)).hexdigest()
+    return {"seconds": seconds / STEPS, "kernel": (after.ru_stime - before.ru_stime) / STEPS,
+            "faults": (after.ru_minflt - before.ru_minflt) / STEPS, "threads": torch.get_num_threads(),
+            "digest": digest}
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--child"]:
+        print(json.dumps(child(argv[1:])))
+        return
+    found = sorted(glob.glob("/usr/lib/*/libjemalloc.so.2"))
+    if not found:
+        raise SystemExit("libjemalloc.so.2 not found: apt-get install libjemalloc2 (or make .jemalloc)")
+    runs = {"glibc malloc": {}, "jemalloc, pages kept": {"LD_PRELOAD": found[0], "MALLOC_CONF": KEEP_PAGES}}
+    results = {name: [] for name in runs}
+    for _ in range(2):  # alternated: a machine that slows down or speeds up hits both
+        for name, env in runs.items():
+            done = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True,
+                                  check=True, env={**os.environ, **env})
+            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    best = {name: min(r, key=lambda x: x["seconds"]) for name, r in results.items()}
+    for name, b in best.items():
+        print(f"  {name:22s}: {b['seconds']:7.2f} s a step, kernel {b['kernel']:5.2f} s a step, "
+              f"{b['faults']:9,.0f} minor faults a step ({b['threads']} threads)")
+    digests = {r["digest"] for runs_ in results.values() for r in runs_}
+    glibc, kept = (best[name]["seconds"] for name in runs)
+    print(f"jemalloc / glibc: {glibc / kept:.2f}x steps a second; the same parameters after {STEPS + 1} steps in "
+          f"every run: {len(digests) == 1}")
+
+
+if __name__ == "__main__":
+    main()
