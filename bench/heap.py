@@ -1,5 +1,6 @@
 """jemalloc keeping its pages (what `make results`, `results-baselines` and `results-testbed` preload
-where Debian's libjemalloc2 is installed) against glibc's malloc, side by side in one run: the
+where Debian's libjemalloc2 is installed) against glibc as `import geoprobe` sets it (freed blocks
+of up to 256 MB kept: bench/cpu_allocator.py), side by side in one run: the
 DSL-from-SmolLM2 training step of bench/dsl_step.py, in child processes alternately with and
 without the preload, the faster of two runs each; seconds a step, kernel seconds a step and minor
 page faults a step (getrusage), and whether the two give the same parameters (a SHA-256 of them).
@@ -7,8 +8,8 @@ page faults a step (getrusage), and whether the two give the same parameters (a 
     python bench/heap.py                          # SmolLM2, 8 x 256 tokens, 3 timed steps
     python bench/heap.py --model builtin:hmm-tiny --seq 64 --corpus "$(python -c 'from geoprobe.testbed import CORPUS; print(CORPUS)')"
 
-Why it helps: glibc hands large freed buffers back to the kernel (they are mmapped), and the next
-step faults them in again; jemalloc with retain and no decay keeps them. Only where memory comes
+Why it helps: even so, glibc hands much of a step's freed memory back to the kernel and the next
+step faults it in again; jemalloc with retain and no decay keeps it. Only where memory comes
 from changes, so the bits do not.
 """
 
@@ -55,7 +56,7 @@ def main() -> None:
     found = sorted(glob.glob("/usr/lib/*/libjemalloc.so.2"))
     if not found:
         raise SystemExit("libjemalloc.so.2 not found: apt-get install libjemalloc2 (or make .jemalloc)")
-    runs = {"glibc malloc": {}, "jemalloc, pages kept": {"LD_PRELOAD": found[0], "MALLOC_CONF": KEEP_PAGES}}
+    runs = {"glibc, as geoprobe sets it": {}, "jemalloc, pages kept": {"LD_PRELOAD": found[0], "MALLOC_CONF": KEEP_PAGES}}
     results = {name: [] for name in runs}
     for _ in range(2):  # alternated: a machine that slows down or speeds up hits both
         for name, env in runs.items():
