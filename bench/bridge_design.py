@@ -186,15 +186,14 @@ def _trained(folder: Path):
 
 def sweep_seeds(run: Path, layer: int) -> dict[int, dict]:
     """The sweep's finished bridges at `layer`, by seed (the shape study's default row): the run's,
-    or on a fresh clone without them, make results' tracked records."""
+    and make results' tracked records for the seeds the run lacks (a fresh clone has only those)."""
     from experiments.smollm2_results import RECORD
 
-    for where in (run, RECORD):
-        found = {int(path.parent.name.split("-")[1]): json.loads(path.read_text())
-                 for path in sorted((where / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json"))}
-        if found:
-            return found
-    return {}
+    found = {}
+    for where in (RECORD, run):  # the run's own bridges over its records where it has both
+        found.update({int(path.parent.name.split("-")[1]): json.loads(path.read_text())
+                      for path in sorted((where / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json"))})
+    return found
 
 
 def best_until(curve: list, last: int) -> float:
@@ -209,7 +208,11 @@ def shape_study(results: list[dict], run: Path) -> list[dict]:
     for r in results:
         seeds = sweep_seeds(run, r["layer"])
         seed = r.get("seed", 0)
-        if not r["variant"].startswith("shape ") or seed not in seeds or 0 not in seeds:
+        if not r["variant"].startswith("shape "):
+            continue
+        if seed not in seeds or 0 not in seeds:  # said, not dropped: its pair has not trained yet
+            rows.append({"layer": r["layer"], "variant": r["variant"], "seed": seed, "shape": r["shape"],
+                         "nmse_dim": r["nmse_dim"], "verdict": f"no sweep bridge of seed {seed} (and 0) to pair with yet"})
             continue
         default = seeds[seed]
         delta = max([math.log(1.02)] + [abs(math.log(m["nmse_dim"] / seeds[0]["nmse_dim"]))
@@ -259,7 +262,8 @@ def write_page(results: list[dict], args) -> None:
         for r in results:
             if r["layer"] == layer and r["val_curve"]:
                 steps, values = zip(*r["val_curve"])
-                ax.plot(steps, values, label=f"{r['variant']} ({r['shape']})")
+                seed = f", seed {r['seed']}" if r.get("seed", 0) else ""
+                ax.plot(steps, values, label=f"{r['variant']} ({r['shape']}{seed})")
         for name, style in (("lookup", ":"), ("ridge", "--"), ("lookup_ridge", "-.")):
             if layer in controls and controls[layer][f"{name} nmse_dim"] is not None:  # None: older controls
                 ax.axhline(controls[layer][f"{name} nmse_dim"], color="k", linestyle=style, label=f"{name} control")

@@ -86,7 +86,8 @@ def gemm_rate(n: int, repeats: int = 5) -> float:
     return 2 * n ** 3 * repeats / (time.perf_counter() - began)
 
 
-def main():
+def arguments(argv=None):
+    """The bench's flags (bench/heap.py's bridge workload takes the same)."""
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -103,7 +104,12 @@ def main():
                              "SmolLM2 run's own, from its train, stop and validation blocks, has 6,812)")
     parser.add_argument("--d-model", type=int, default=0, help="the bridge's width (0: the default shape's)")
     parser.add_argument("--n-layers", type=int, default=0, help="its blocks (0: the default shape's)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def build(args):
+    """(bridge, teacher, states, cached-state loss, a description with the teacher pass's seconds)
+    at the bench's settings."""
     work = Path(tempfile.mkdtemp(prefix="geoprobe-bench-bridge-"))
     model, corpus = tiny_llama(work, n_docs=200) if args.model is None else (args.model, args.corpus)
     backbone = load_backbone(str(model), device="cpu")
@@ -120,14 +126,20 @@ def main():
     bridge.set_support(support)
     fit_statistics(bridge, states)
     teacher = Teacher(backbone, args.layer)
+    line = (f"{args.model or 'tiny Llama d=256, 8 layers'}, bridge at layer {args.layer} of {backbone.num_layers}: "
+            f"{cfg.d_model} wide x {cfg.n_layers} blocks, batch {args.batch} x {args.seq}, {args.steps} steps, "
+            f"support {len(support):,} ids from {len(pool) * args.seq:,} tokens, "
+            f"torch threads {torch.get_num_threads()}\n"
+            f"teacher pass: {args.pool + 4} blocks at layers 0 and {args.layer} in {cache_seconds:.1f} s "
+            f"({(args.pool + 4) * args.seq / cache_seconds:,.0f} tokens/s), {states.nbytes / 1e6:.0f} MB")
+    return bridge, teacher, states, training_loss(bridge, teacher, states, args.batch), line
+
+
+def main():
+    args = arguments()
+    bridge, teacher, states, cached_loss, line = build(args)
+    print(line)
     tokens = args.batch * args.seq
-    print(f"{args.model or 'tiny Llama d=256, 8 layers'}, bridge at layer {args.layer} of {backbone.num_layers}: "
-          f"{cfg.d_model} wide x {cfg.n_layers} blocks, batch {args.batch} x {args.seq}, {args.steps} steps, "
-          f"support {len(support):,} ids from {len(pool) * args.seq:,} tokens, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"teacher pass: {args.pool + 4} blocks at layers 0 and {args.layer} in {cache_seconds:.1f} s "
-          f"({(args.pool + 4) * args.seq / cache_seconds:,.0f} tokens/s), {states.nbytes / 1e6:.0f} MB")
-    cached_loss = training_loss(bridge, teacher, states, args.batch)
     fly_loss = on_the_fly_loss(bridge, teacher, states, args.batch)
     flops = {name: step_flops(bridge, fn) for name, fn in (("cached", cached_loss), ("on the fly", fly_loss))}
     rates = {}

@@ -189,6 +189,8 @@ def main() -> None:
                         help="with --generation, leave out DSL-from-SmolLM2 (15 of its about 20 hours on 2 cores)")
     parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
     args = parser.parse_args()
+    if args.without_finetune and not args.generation:
+        parser.error("--without-finetune leaves a row out of --generation: pass --generation too")
     out, run = args.out, args.out / "run"
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "timings.json"

@@ -200,13 +200,15 @@ def test_a_bridge_with_every_default_trains_as_the_bridges_of_make_results():
     assert bridge_settings(steps=200).training().eval_every == 5  # a short run keeps 40 checks
 
 
-def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(tmp_path):
+def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(tmp_path, monkeypatch):
     """The registered rule of docs/bridge-design.md's shape study on made-up bridges: r against the
     sweep's seed 0, δ from the default's own seed ratio (at least log 1.02), a capped variant counts
     only as better, and the step-matched ratio takes both curves' best up to the earlier stop."""
     import math
 
     from bench.bridge_design import shape_study
+
+    monkeypatch.setattr("experiments.smollm2_results.RECORD", tmp_path / "records")  # not the real sweep's
 
     def bridge(nmse_dim, stop="plateau", steps=3000, curve=((0, 0.3), (1000, 0.2), (3000, 0.1))):
         return {"nmse_dim": nmse_dim, "stop": stop, "steps_run": steps, "val_curve": [list(p) for p in curve]}
@@ -235,6 +237,8 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(t
     confirming = study(bridge(0.0988), seeds, seed=1)  # a seed-1 run pairs with the sweep's seed 1 (0.104)
     assert confirming["seed"] == 1 and confirming["r"] == pytest.approx(0.0988 / 0.104)
     assert confirming["δ"] == pytest.approx(0.04) and confirming["verdict"] == "better"
+    unpaired = study(bridge(0.0988), {0: bridge(0.100)}, seed=1)  # the sweep's seed 1 has not trained there
+    assert unpaired["verdict"].startswith("no sweep bridge of seed 1") and "r" not in unpaired
 
 
 @pytest.mark.parametrize("finetune", [True, False])
