@@ -22,3 +22,22 @@ def tiny_llama(work: Path, n_docs: int) -> tuple[Path, Path]:
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(work / "model")
     build_tokenizer(work / "model")
     return work / "model", write_corpus(work / "corpus.txt", n_docs=n_docs, words=(300, 900))
+
+
+def training_step(model, loss_fn, lr: float):
+    """(step(i): one AdamW step of `loss_fn` under the training loop's autocast with step i's
+    random numbers, the trained parameters): the benches' step, outside the loop's bookkeeping."""
+    from geoprobe.bridges.train import Shard, mixed_precision, step_generator
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, fused=True)
+    autocast = mixed_precision(torch.device("cpu"))
+
+    def step(i: int) -> None:
+        with autocast:
+            loss = loss_fn(model, step_generator(0, i), Shard())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step, params

@@ -17,8 +17,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from geoprobe.bridges.dsl import DSLTrainSettings, dsl_objective, pretrained_dsl, sequences, split_documents, token_stream
-from geoprobe.bridges.train import Shard, TrainConfig, mixed_precision, step_generator
+from geoprobe.bridges.train import TrainConfig
 from geoprobe.backbone import load_tokenizer
+
+from common import training_step
 
 GROUPS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm"), "dtype copies": ("aten::copy_",),
           "attention": ("flash_attention",), "log-softmax": ("_log_softmax",)}
@@ -42,18 +44,7 @@ def build(args):
     model = pretrained_dsl(args.model, tokenizer, 64)
     data = sequences(token_stream(documents[:200], tokenizer), args.seq)
     loss_fn, _ = dsl_objective(model, data, settings, torch.device("cpu"))
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    autocast = mixed_precision(torch.device("cpu"))
-
-    def step(i: int) -> None:
-        with autocast:
-            loss = loss_fn(model, step_generator(0, i), Shard())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step, params
+    return training_step(model, loss_fn, lr=1e-4)
 
 
 def main() -> None:

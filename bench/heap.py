@@ -42,25 +42,11 @@ def dsl_workload(argv: list[str]):
 
 def bridge_workload(argv: list[str]):
     """bench/bridge_step.py's cached-state bridge step, as a sweep trains it."""
-    import torch
     from bridge_step import arguments, build
+    from common import training_step
 
-    from geoprobe.bridges.train import Shard, mixed_precision, step_generator
-
-    args = arguments(argv)
-    bridge, _teacher, _states, loss_fn, _line = build(args)
-    params = [p for p in bridge.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
-    autocast = mixed_precision(torch.device("cpu"))
-
-    def step(i: int) -> None:
-        with autocast:
-            loss = loss_fn(bridge, step_generator(0, i), Shard())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step, params
+    bridge, _teacher, _states, loss_fn, _line = build(arguments(argv))
+    return training_step(bridge, loss_fn, lr=1e-3)
 
 
 WORKLOADS = {"dsl": dsl_workload, "bridge": bridge_workload}
