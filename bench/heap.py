@@ -1,6 +1,7 @@
-"""jemalloc keeping its pages (what `make results`, `results-baselines` and `results-testbed` preload
-where Debian's libjemalloc2 is installed) against glibc as `import geoprobe` sets it (freed blocks
-of up to 256 MB kept: bench/cpu_allocator.py), side by side in one run: the
+"""jemalloc keeping its pages (experiments/keep-pages, which `make results`, `results-baselines` and
+`results-testbed` run under where Debian's libjemalloc2 is installed) against glibc as `import
+geoprobe` sets it (freed blocks of up to 256 MB kept: bench/cpu_allocator.py), side by side in one
+run: the
 DSL-from-SmolLM2 training step of bench/dsl_step.py (or, with --workload bridge, the bridge step of
 bench/bridge_step.py), in child processes alternately with and
 without the preload, the faster of two runs each; seconds a step, kernel seconds a step and minor
@@ -18,7 +19,6 @@ from changes, so the bits do not.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-KEEP_PAGES = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"  # the Makefile's MALLOC_CONF
+KEEP_PAGES = str(Path(__file__).resolve().parents[1] / "experiments" / "keep-pages")  # the runs' preload
 STEPS = 3
 
 
@@ -65,7 +65,8 @@ def child(argv: list[str]) -> dict:
     digest = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in params)).hexdigest()
     return {"seconds": seconds / STEPS, "kernel": (after.ru_stime - before.ru_stime) / STEPS,
             "faults": (after.ru_minflt - before.ru_minflt) / STEPS, "threads": torch.get_num_threads(),
-            "peak_gb": after.ru_maxrss / 2 ** 20, "digest": digest}
+            "peak_gb": after.ru_maxrss / 2 ** 20, "digest": digest,
+            "jemalloc": "jemalloc" in os.environ.get("LD_PRELOAD", "")}
 
 
 def main() -> None:
@@ -78,19 +79,20 @@ def main() -> None:
         workload, argv = argv[1], argv[2:]
     if workload not in WORKLOADS:
         raise SystemExit(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
-    found = sorted(glob.glob("/usr/lib/*/libjemalloc.so.2"))
-    if not found:
+    if subprocess.run(["sh", KEEP_PAGES]).returncode:
         raise SystemExit("libjemalloc.so.2 not found: apt-get install libjemalloc2 (or make .jemalloc)")
-    runs = {"glibc, as geoprobe sets it": {}, "jemalloc, pages kept": {"LD_PRELOAD": found[0], "MALLOC_CONF": KEEP_PAGES}}
+    runs = {"glibc, as geoprobe sets it": [], "jemalloc, pages kept": ["sh", KEEP_PAGES]}
     results = {name: [] for name in runs}
     plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}  # glibc's arm is glibc
     for _ in range(2):  # alternated: a machine that slows down or speeds up hits both
-        for name, env in runs.items():
-            done = subprocess.run([sys.executable, __file__, "--child", workload, *argv], capture_output=True,
-                                  text=True, env={**plain, **env})
+        for name, wrapper in runs.items():
+            done = subprocess.run([*wrapper, sys.executable, __file__, "--child", workload, *argv], capture_output=True,
+                                  text=True, env=plain)
             if done.returncode:
                 raise SystemExit(f"the {name} run failed:\n{done.stderr}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            if results[name][-1]["jemalloc"] != bool(wrapper):  # each arm ran under the allocator it names
+                raise SystemExit(f"the {name} run had the wrong allocator")
     best = {name: min(r, key=lambda x: x["seconds"]) for name, r in results.items()}
     for name, b in best.items():
         print(f"  {name:22s}: {b['seconds']:7.2f} s a step, kernel {b['kernel']:5.2f} s a step, "
