@@ -12,6 +12,7 @@ minutes each).
     make results                                   # = python -m experiments.smollm2_results
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
+    python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
@@ -187,10 +188,14 @@ def main() -> None:
     parser.add_argument("--generation", action="store_true", help="also train, sample and evaluate the generators")
     parser.add_argument("--without-finetune", action="store_true",
                         help="with --generation, leave out DSL-from-SmolLM2 (15 of its about 20 hours on 2 cores)")
+    parser.add_argument("--before-sweep", action="store_true",
+                        help="with --generation, only the steps that do not need the sweep (training the generators "
+                             "and the layer-0 bridge), then stop: for a free core beside a running sweep")
     parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
     args = parser.parse_args()
-    if args.without_finetune and not args.generation:
-        parser.error("--without-finetune leaves a row out of --generation: pass --generation too")
+    for flag in ("without_finetune", "before_sweep"):
+        if getattr(args, flag) and not args.generation:
+            parser.error(f"--{flag.replace('_', '-')} is a part of --generation: pass --generation too")
     out, run = args.out, args.out / "run"
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "timings.json"
@@ -198,18 +203,25 @@ def main() -> None:
     began = time.perf_counter()
 
     def step(name, *argv, done, during=None):
+        ran = {}
         try:
-            geoprobe(*argv, done=done, log=log, name=name, during=during)
-        finally:
+            geoprobe(*argv, done=done, log=ran, name=name, during=during)
+        finally:  # merged into the file as it is now: a --before-sweep run beside this one writes it too
+            log.update(json.loads(log_path.read_text()) if log_path.is_file() else {})
+            log.update(ran)
             log_path.write_text(json.dumps(log, indent=2))
 
     dev = ["--device", "cpu"]
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
-    if restored := restore(run):
+    if restored := restore(run, RECORD):  # the module's RECORD when called (a test points it elsewhere)
         print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
+    if args.before_sweep:
+        train_generators(out, run, step, dev, finetune=not args.without_finetune)
+        print("[done] the generators and the layer-0 bridge; the rest of --generation waits for the sweep", flush=True)
+        return
     step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
-         done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run))
-    record(run)  # also a sweep that finished before the records existed
+         done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run, RECORD))
+    record(run, RECORD)  # also a sweep that finished before the records existed
     if args.generation:
         generation(out, run, step, dev, finetune=not args.without_finetune)
     write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)
@@ -232,10 +244,10 @@ def swept(run: Path, seeds: str) -> bool:
     return wanted <= have and ceilings
 
 
-def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
+def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = True) -> dict:
     """DSL, MDLM, DSL-from-SmolLM2 (unless not `finetune`) and the embedding-diffusion baselines at
-    one budget; samples of every generator (the hybrid through the first seed's bridges at the
-    chosen, worst and easiest layers); eval and compare."""
+    one budget, and the layer-0 bridge (the rounding row): what --generation needs and the sweep
+    does not. Returns the trained DSL-kind models' flags by name."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
               "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
@@ -258,6 +270,14 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
     layer0 = out / "bridges" / "layer-00" / "seed-0"
     step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *CAP_AND_RULE, "--out", out, *dev,
          done=layer0 / "metrics.json")
+    return models
+
+
+def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
+    """The generators (train_generators); samples of every generator (the hybrid through the first
+    seed's bridges at the chosen, worst and easiest layers); eval and compare."""
+    models = train_generators(out, run, step, dev, finetune)
+    layer0 = out / "bridges" / "layer-00" / "seed-0"
     sweep = json.loads((run / "sweep.json").read_text())["verdict"]
     rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
     for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row

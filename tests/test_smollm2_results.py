@@ -5,6 +5,7 @@ finished bridges' records that carry a sweep to another machine."""
 import json
 
 import subprocess
+import sys
 
 import pytest
 
@@ -263,3 +264,31 @@ def test_without_finetune_the_generation_section_neither_trains_nor_samples_dsl_
         assert "train dsl-smollm2" in names and "sample dsl-smollm2-hybrid" in names
     else:
         assert mentions == []
+
+
+def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timings(tmp_path, monkeypatch):
+    """--generation --before-sweep: the steps that need no sweep (the generators and the layer-0
+    bridge) and nothing after them; the timings file it shares with a `make results` running beside
+    it keeps that run's entries."""
+    import experiments.smollm2_results as script
+
+    ran, timings = [], tmp_path / "timings.json"
+
+    def fake(*args, done, log, name, during=None):
+        ran.append(name)
+        if name == "train mdlm":  # the sweep beside it finishes a step meanwhile
+            timings.write_text(json.dumps({"sweep": {"seconds": 7.0, "command": "geoprobe sweep"}}))
+        log[name] = {"seconds": 1.0, "command": "geoprobe " + " ".join(map(str, args))}
+
+    monkeypatch.setattr(script, "geoprobe", fake)
+    monkeypatch.setattr(script, "RECORD", tmp_path / "records")
+    monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--generation", "--before-sweep",
+                                      "--without-finetune"])
+    script.main()
+    assert ran == ["scan", "train dsl", "train mdlm", "train diffusion-lm", "train sed", "train codar",
+                   "bridge layer 0"]
+    log = json.loads(timings.read_text())
+    assert log["sweep"]["seconds"] == 7.0 and set(ran) <= set(log)
+    monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--before-sweep"])
+    with pytest.raises(SystemExit):  # a part of --generation
+        script.main()
