@@ -204,12 +204,13 @@ def shape_study(results: list[dict], run: Path) -> list[dict]:
     """The registered statistic of the shape study (docs/bridge-design.md): each shape variant's
     paired ratio to the sweep's bridge of the same seed (seed 0; seed 1 for a confirming run),
     judged against the default's own seed noise δ (the sweep's seeds against its seed 0)."""
-    rows = []
+    rows, by_layer = [], {}
     for r in results:
-        seeds = sweep_seeds(run, r["layer"])
-        seed = r.get("seed", 0)
         if not r["variant"].startswith("shape "):
             continue
+        if r["layer"] not in by_layer:  # read once per layer, not once per row
+            by_layer[r["layer"]] = sweep_seeds(run, r["layer"])
+        seeds, seed = by_layer[r["layer"]], r.get("seed", 0)
         if seed not in seeds or 0 not in seeds:  # said, not dropped: its pair has not trained yet
             rows.append({"layer": r["layer"], "variant": r["variant"], "seed": seed, "shape": r["shape"],
                          "nmse_dim": r["nmse_dim"], "verdict": f"no sweep bridge of seed {seed} (and 0) to pair with yet"})
