@@ -73,7 +73,10 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
 CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # every bridge here: the sweep's and layer 0's
-SWEEP = ["--layers", "1-12", *CAP_AND_RULE, "--ceiling"]
+# the width the sweep started with (2026-12-03; bridge_shape's default then, for d = 576), pinned so
+# that its remaining bridges train like its first ones whatever the CLI's default becomes
+# (docs/bridge-design.md, the shape study's decision); depth stays the default 2 + l // 4
+SWEEP = ["--layers", "1-12", *CAP_AND_RULE, "--d-model", 320, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)

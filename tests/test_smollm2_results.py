@@ -292,3 +292,24 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
     monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--before-sweep"])
     with pytest.raises(SystemExit):  # a part of --generation
         script.main()
+
+
+def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
+    """SWEEP pins the width its sweep started with: at every layer the network it resolves to is the
+    one the tracked records of that sweep's finished bridges hold (so a resumed sweep trains its
+    remaining bridges like the first, whatever bridge_shape's default becomes)."""
+    from dataclasses import asdict
+
+    from experiments.smollm2_results import RECORD, SWEEP
+    from geoprobe.bridges.hidden import BridgeConfig
+
+    width = SWEEP[SWEEP.index("--d-model") + 1]
+    compared = 0
+    for config in sorted((RECORD / "bridges").glob("layer-*/seed-*/config.json")):
+        recorded = json.loads(config.read_text())["network"]
+        pinned = asdict(BridgeConfig(layer=recorded["layer"], vocab_size=recorded["vocab_size"],
+                                     hidden_size=recorded["hidden_size"], d_model=width,
+                                     support_size=recorded["support_size"]))
+        assert pinned == recorded, config
+        compared += 1
+    assert compared >= 12  # seed 0 of layers 1-12 at least
