@@ -3,9 +3,11 @@ as done (every layer and seed of SWEEP, every ceiling), what its cost line adds 
 finished bridges' records that carry a sweep to another machine."""
 
 import json
+import os
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -313,3 +315,19 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
         assert pinned == recorded, config
         compared += 1
     assert compared >= 12  # seed 0 of layers 1-12 at least
+
+
+def test_keep_pages_preloads_jemalloc_where_installed_and_passes_the_commands_status_through():
+    """experiments/keep-pages, the long runs' wrapper: the command runs with jemalloc keeping its
+    pages where the library is installed (glibc otherwise), its exit status is the command's, and
+    with no command it says whether the library is there."""
+    import glob
+
+    wrapper = str(Path(__file__).resolve().parents[1] / "experiments" / "keep-pages")
+    installed = bool(glob.glob("/usr/lib/*/libjemalloc.so.2"))
+    done = subprocess.run(["sh", wrapper, "sh", "-c", 'echo "$LD_PRELOAD|$MALLOC_CONF"; exit 3'],
+                          capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    preload, conf = done.stdout.strip().split("|")
+    assert done.returncode == 3
+    assert ("libjemalloc.so.2" in preload) == installed and ("retain:true" in conf) == installed
+    assert subprocess.run(["sh", wrapper]).returncode == (0 if installed else 1)
