@@ -88,10 +88,17 @@ VARIANTS.update({
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 
-def network_of(fields, layer: int, hidden_size: int) -> dict:
-    from geoprobe.bridges.hidden import bridge_shape
+def base_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
+    """The shape every variant is scaled from: bridge_shape's rule of 2026-12-03, the one the sweep
+    of `make results` was trained at (width d / 2 rounded up to 64 within 128..1024, depth 2 +
+    layer // 4 up to 6), pinned so that the study's later runs (confirmations, the layer-7 run) are
+    the variants they were registered as, whatever the default becomes (docs/bridge-design.md)."""
+    width = min(1024, max(128, 64 * math.ceil(hidden_size / 128)))
+    return width, min(6, 2 + layer // 4), width // 64
 
-    width, depth, heads = bridge_shape(hidden_size, layer)
+
+def network_of(fields, layer: int, hidden_size: int) -> dict:
+    width, depth, heads = base_shape(hidden_size, layer)
     if fields == "deeper":
         return dict(d_model=width, n_layers=2 * depth, n_heads=heads, **NO_CONV)
     return fields(width, depth) if callable(fields) else fields

@@ -299,9 +299,12 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
 def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
     """SWEEP pins the width its sweep started with: at every layer the network it resolves to is the
     one the tracked records of that sweep's finished bridges hold (so a resumed sweep trains its
-    remaining bridges like the first, whatever bridge_shape's default becomes)."""
+    remaining bridges like the first, whatever bridge_shape's default becomes; a change of the
+    default depth fails here, and must be pinned too). The shape study scales its variants from
+    the same shape."""
     from dataclasses import asdict
 
+    from bench.bridge_design import base_shape
     from experiments.smollm2_results import RECORD, SWEEP
     from geoprobe.bridges.hidden import BridgeConfig
 
@@ -313,6 +316,8 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
                                      hidden_size=recorded["hidden_size"], d_model=width,
                                      support_size=recorded["support_size"]))
         assert pinned == recorded, config
+        assert base_shape(recorded["hidden_size"], recorded["layer"]) == (
+            recorded["d_model"], recorded["n_layers"], recorded["n_heads"]), config
         compared += 1
     assert compared >= 12  # seed 0 of layers 1-12 at least
 
