@@ -25,6 +25,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # experiments/: the sweep's record keeping
 RECORDS = ROOT / "experiments" / "records" / "bridge-design"  # tracked: the finished variants, without weights
@@ -250,6 +252,30 @@ def controls_rows(out: Path) -> list[dict]:
                      # lookup_ridge is missing from controls written before it (CONTROLS_VERSION 1)
                      **{f"{k} nmse_dim": c.get(f"control_{k}_nmse_dim") for k in ("mean", "lookup", "ridge", "lookup_ridge")}})
     return rows
+
+
+def gain_corrected(rows: list[dict], ratios: dict[int, float], spread: float, verdict_of) -> list[dict]:
+    """The width decision's check (docs/bridge-design.md, "Whether to rerun the sweep"): the
+    sweep's verdict recomputed with every seed's nmse_dim at layer l multiplied by r_l, log r_l
+    linear in the layer between the layers where the study measured r (constant beyond them),
+    then with log r_l tilted by +-`spread` across the compared layers ((l - mid) / half-range).
+    `verdict_of(rows)` is the sweep's own verdict (geoprobe.workflows.sweep.summarise over its
+    run). Returns, per scaling, the primary test and the partial rho given depth."""
+    from geoprobe.verdict import ALPHA, PRIMARY, SOURCE_LAYERS
+
+    measured = sorted(ratios)
+    layers = sorted({r["layer"] for r in rows if r["layer"] not in SOURCE_LAYERS})
+    mid, half = (layers[0] + layers[-1]) / 2, (layers[-1] - layers[0]) / 2
+    log_r = {layer: float(np.interp(layer, measured, [math.log(ratios[m]) for m in measured])) for layer in layers}
+    checks = []
+    for name, sign in (("measured gains", 0), ("tilted up with depth", 1), ("tilted down with depth", -1)):
+        scale = {layer: math.exp(log_r[layer] + sign * spread * (layer - mid) / half) for layer in layers}
+        verdict = verdict_of([{**r, PRIMARY: r[PRIMARY] * scale.get(r["layer"], 1.0)} for r in rows])
+        test, partial = verdict["tests"][PRIMARY], verdict["controls"][PRIMARY]["partial_given_depth"]
+        checks.append({"scaling": name, "rho": test["rho"], "p": test["p"], "supports": bool(test["supports"]),
+                       "partial_rho": partial["rho"], "partial_p": partial["p"],
+                       "partial_holds": bool(partial["rho"] is not None and partial["rho"] < 0 and partial["p"] < ALPHA)})
+    return checks
 
 
 def write_page(results: list[dict], args) -> None:

@@ -336,3 +336,39 @@ def test_keep_pages_preloads_jemalloc_where_installed_and_passes_the_commands_st
     assert done.returncode == 3
     assert ("libjemalloc.so.2" in preload) == installed and ("retain:true" in conf) == installed
     assert subprocess.run(["sh", wrapper]).returncode == (0 if installed else 1)
+
+
+def test_the_width_decisions_check_rescales_each_layer_by_its_interpolated_gain(tmp_path):
+    """bench/bridge_design.gain_corrected on made-up rows: log r interpolated between the measured
+    layers and held beyond them, the tilts at the ends of the compared layers, a common gain that
+    leaves the rank test as it was (Spearman sees ranks only), and a tilt strong enough to undo a
+    depth-ordered loss's support (the check can fail)."""
+    import math
+
+    from bench.bridge_design import gain_corrected
+
+    write_sweep(tmp_path)
+    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    seen = []
+
+    def verdict_of(scaled):
+        seen.append({(r["layer"], r["seed"]): r["nmse_dim"] for r in scaled})
+        return sweep_verdict(scaled, {"score": {layer: -float(layer) for layer in LAYERS}}, {})
+
+    plain = verdict_of(rows)["tests"]["nmse_dim"]
+    common = gain_corrected(rows, {3: 0.9, 7: 0.9, 9: 0.9}, 0.0, verdict_of)
+    assert all(c["rho"] == pytest.approx(plain["rho"]) and c["p"] == pytest.approx(plain["p"]) for c in common)
+    assert seen[1][(5, 0)] == pytest.approx(0.9 * 0.05)
+
+    seen.clear()
+    checks = gain_corrected(rows, {3: 0.8, 9: 0.9}, 0.05, verdict_of)
+    measured, up, down = seen
+    assert measured[(1, 0)] == pytest.approx(0.8 * 0.01) and measured[(12, 0)] == pytest.approx(0.9 * 0.12)
+    assert measured[(6, 0)] == pytest.approx(math.sqrt(0.8 * 0.9) * 0.06)  # halfway between 3 and 9, in log r
+    assert up[(12, 0)] / measured[(12, 0)] == pytest.approx(math.exp(0.05))  # (12 - 6.5) / 5.5 = 1
+    assert down[(1, 0)] / measured[(1, 0)] == pytest.approx(math.exp(0.05))
+    assert [c["scaling"] for c in checks] == ["measured gains", "tilted up with depth", "tilted down with depth"]
+    assert checks[0]["supports"]  # the made-up loss rises with the layer as the score falls
+
+    reversed_ = gain_corrected(rows, {3: 1.0, 9: 1.0}, 2.0, verdict_of)[2]  # down-tilt e^-2 to e^2: order undone
+    assert not reversed_["supports"] and reversed_["rho"] > 0
