@@ -340,6 +340,18 @@ def write_page(results: list[dict], args) -> None:
                  "step-matched: the ratio of the two stopping-split curves' best values up to the earlier stop. "
                  "Where `default seeds` is 1, δ is the floor alone: the default has no seed spread there yet.", "",
                  pd.DataFrame(study).to_markdown(index=False, tablefmt="github", floatfmt=".4g"), ""]
+    wider = [r for r in study if r["variant"] == "shape width x1.6" and r.get("seed", 0) == 0 and "r" in r]
+    if len(wider) >= 2 and (args.run / "sweep.json").is_file():  # the width decision's check
+        from geoprobe.workflows.sweep import summarise
+
+        rows = json.loads((args.run / "sweep.json").read_text())["rows"]
+        spread = float(np.mean([math.log1p(r["δ"]) for r in wider]))  # the row holds e^δ - 1
+        checks = gain_corrected(rows, {r["layer"]: r["r"] for r in wider}, spread, lambda scaled: summarise(args.run, scaled))
+        text += ["## The sweep's verdict under width × 1.6's gains (docs/bridge-design.md, whether to rerun the sweep)", "",
+                 f"Every seed's nmse_dim at layer l times r_l, log r_l linear between layers "
+                 f"{', '.join(str(r['layer']) for r in sorted(wider, key=lambda r: r['layer']))}, then tilted by "
+                 f"± {spread:.3f} (the mean δ there) across the layers. The registered verdict is the unscaled one.", "",
+                 pd.DataFrame(checks).to_markdown(index=False, tablefmt="github", floatfmt=".4g"), ""]
     args.page.write_text("\n".join(text) + "\n")
     print(f"wrote {args.page}")
 
