@@ -4,7 +4,7 @@ protocol (registered before its runs), run.
     python -m experiments.baselines_sensitivity     # after make results-baselines; resumable, minutes
 
 It reads run 2's models and samples in runs/baselines, samples the three baselines with all of
-their timesteps, retrains Diffusion-LM without weight decay and SED with the cosine's own betas
+their timesteps, retrains Diffusion-LM and SED without weight decay and SED with the cosine's own betas
 (three seeds each, run 2's cap and stopping rule, in runs/baselines/sensitivity), scores every
 sample set with the exact HMM, and writes the page's results below its "## Results" line.
 """
@@ -26,6 +26,7 @@ ALL_STEPS = {"diffusion-lm": 2000, "sed": 1000, "codar": 1000}  # each baseline'
 RETRAINED = {  # variant: (baseline, its settings changed by name)
     "diffusion-lm no-wd": ("diffusion-lm", {"weight_decay": 0.0}),
     "sed unclipped": ("sed", {"beta_min": 0.0}),
+    "sed no-wd": ("sed", {"weight_decay": 0.0}),  # added 2026-12-05, before its run (the page says so)
 }
 
 
