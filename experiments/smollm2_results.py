@@ -392,6 +392,8 @@ def what_it_says(run: Path, out: Path) -> str:
                              "the mean state." if worse else "."))
     if "chosen_layer" in verdict:
         lines.append(dihal_line(verdict, sweep["rows"]))
+    if shape := shape_line(run):
+        lines.append(shape)
     if (run / "compare.csv").is_file():
         from geoprobe.workflows.compare import read_rows
         from geoprobe.workflows.page import generation_prose
@@ -403,6 +405,24 @@ def what_it_says(run: Path, out: Path) -> str:
         lines.append("- Generation was not rerun with this sweep: [results-generation.md](results-generation.md) "
                      "holds the previous run's section (its bridge rows used the bridges of that run).")
     return "\n".join(lines)
+
+
+def shape_line(run: Path) -> str | None:
+    """The bridges' width beside the shape study's width x 1.6 (docs/bridge-design.md): the sweep
+    is trained at its pinned width, and this says by how much the study's wider bridges beat it,
+    pair by pair (None before any such pair has trained)."""
+    from bench.bridge_design import RECORDS, finished, shape_study
+
+    pairs = [r for r in shape_study(finished(RECORDS), run) if r["variant"] == "shape width x1.6" and "r" in r]
+    if not pairs:
+        return None
+    width = SWEEP[SWEEP.index("--d-model") + 1]
+    ratios = "; ".join(f"layer {r['layer']} seed {r['seed']}: r {r['r']:.2f}, {r['verdict']}" for r in pairs)
+    return (f"- The bridges' shape: {width} wide, the width the sweep started with (pinned). The shape study "
+            "([bridge-design.md](bridge-design.md#the-shape-study-registered-2026-12-05-before-its-runs)) trained "
+            f"width × 1.6 beside the sweep's bridges of the same seed ({ratios}; r is its nmse_dim over theirs). "
+            "The verdict above is the registered one, at this width; whether the wider bridges' gains could change "
+            "it is on that page.")
 
 
 def dihal_line(verdict: dict, rows: list[dict]) -> str:

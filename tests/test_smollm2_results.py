@@ -372,3 +372,22 @@ def test_the_width_decisions_check_rescales_each_layer_by_its_interpolated_gain(
 
     reversed_ = gain_corrected(rows, {3: 1.0, 9: 1.0}, 2.0, verdict_of)[2]  # down-tilt e^-2 to e^2: order undone
     assert not reversed_["supports"] and reversed_["rho"] > 0
+
+
+def test_the_page_says_how_much_the_shape_studys_wider_bridges_beat_the_sweeps(tmp_path):
+    """The results page's line on the bridges' shape: every tracked width x 1.6 record with a sweep
+    bridge of its seed to pair with, its r computed here from the two records' metrics."""
+    from bench.bridge_design import RECORDS
+    from experiments.smollm2_results import RECORD, shape_line
+
+    write_sweep(tmp_path)  # the run's own bridges folder is empty: the pairs come from the records
+    line = shape_line(tmp_path)
+    pairs = 0
+    for path in sorted((RECORDS / "shape-width-x1.6" / "bridges").glob("layer-*/seed-*/metrics.json")):
+        layer, seed = path.parent.parent.name, path.parent.name
+        sweep = RECORD / "bridges" / layer / seed / "metrics.json"
+        if sweep.is_file():
+            r = json.loads(path.read_text())["nmse_dim"] / json.loads(sweep.read_text())["nmse_dim"]
+            assert f"layer {int(layer[6:])} seed {int(seed[5:])}: r {r:.2f}" in line
+            pairs += 1
+    assert pairs >= 2 and "320 wide" in line
