@@ -13,6 +13,7 @@ minutes each).
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
+    python -m experiments.smollm2_results --status    # where a running sweep stands, bridge by bridge
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
@@ -195,7 +196,12 @@ def main() -> None:
                         help="with --generation, only the steps that do not need the sweep (training the generators "
                              "and the layer-0 bridge), then stop: for a free core beside a running sweep")
     parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
+    parser.add_argument("--status", action="store_true",
+                        help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
+    if args.status:
+        print("\n".join(progress(args.out / "run", args.seeds)))
+        return
     for flag in ("without_finetune", "before_sweep"):
         if getattr(args, flag) and not args.generation:
             parser.error(f"--{flag.replace('_', '-')} is a part of --generation: pass --generation too")
@@ -228,6 +234,38 @@ def main() -> None:
     if args.generation:
         generation(out, run, step, dev, finetune=not args.without_finetune)
     write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)
+
+
+def progress(run: Path, seeds: str = SEEDS) -> list[str]:
+    """Where the sweep stands, read from its folders while it runs (the script's --status): each
+    finished bridge and ceiling control (its stop, steps and validation nmse_dim), each one
+    training (its last checkpoint's step and stopping-split score), then how many wait."""
+    from safetensors import safe_open
+
+    from geoprobe.workflows.sweep import bridge_dir, ceiling_dir, parse_seeds
+
+    layers = parse_seeds(SWEEP[SWEEP.index("--layers") + 1])  # the same range syntax
+    folders = [(f"layer {layer:2d}, seed {seed}", bridge_dir(run, layer, seed))
+               for seed in parse_seeds(seeds) for layer in layers]
+    folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in SWEEP]
+    lines, waiting = [], []
+    for name, folder in folders:
+        if (folder / "metrics.json").is_file():
+            m = json.loads((folder / "metrics.json").read_text())
+            lines.append(f"{name}: {m['stop']} at step {m['steps_run']:,}, validation nmse_dim {m['nmse_dim']:.4f}")
+        elif (folder / "checkpoint.safetensors").is_file():
+            with safe_open(folder / "checkpoint.safetensors", "pt") as handle:
+                meta = handle.metadata() or {}
+            curve = json.loads(meta.get("val_curve") or "[]")
+            score = f", stopping split {curve[-1][1]:.4f}" if curve else ""
+            lines.append(f"{name}: training, step {int(meta.get('step', 0)):,}{score}, "
+                         f"{float(meta.get('seconds', 0)) / 60:.0f} min so far")
+        else:
+            waiting.append(name)
+    finished = sum(": training" not in line for line in lines)
+    lines.append(f"{finished} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
+                                                             if waiting else ""))
+    return lines
 
 
 def swept(run: Path, seeds: str) -> bool:

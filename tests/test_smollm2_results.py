@@ -391,3 +391,25 @@ def test_the_page_says_how_much_the_shape_studys_wider_bridges_beat_the_sweeps(t
             assert f"layer {int(layer[6:])} seed {int(seed[5:])}: r {r:.2f}" in line
             pairs += 1
     assert pairs >= 2 and "320 wide" in line
+
+
+def test_status_lists_finished_and_training_bridges_and_counts_the_rest(tmp_path):
+    """--status, read from a made-up run: a finished bridge (its metrics), one training (its
+    checkpoint's metadata, as train.py writes it), and the rest counted as waiting in the sweep's
+    order (seed by seed, then the ceilings)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from experiments.smollm2_results import progress
+
+    done = tmp_path / "bridges" / "layer-01" / "seed-0"
+    done.mkdir(parents=True)
+    (done / "metrics.json").write_text(json.dumps({"stop": "plateau", "steps_run": 500, "nmse_dim": 0.0331}))
+    running = tmp_path / "bridges" / "layer-02" / "seed-0"
+    running.mkdir(parents=True)
+    save_file({"w": torch.zeros(1)}, running / "checkpoint.safetensors",
+              metadata={"step": "1200", "seconds": "600.0", "val_curve": json.dumps([[0, 0.3], [1200, 0.1234]])})
+    lines = progress(tmp_path, "0,1")
+    assert lines[0] == "layer  1, seed 0: plateau at step 500, validation nmse_dim 0.0331"
+    assert lines[1] == "layer  2, seed 0: training, step 1,200, stopping split 0.1234, 10 min so far"
+    assert lines[-1] == "1 of 36 finished; 34 waiting, next layer  3, seed 0"  # 12 layers x 2 seeds + 12 ceilings
