@@ -91,19 +91,24 @@ METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 
 def base_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
-    """The shape every variant is scaled from: bridge_shape's rule of 2026-12-03, the one the sweep
-    of `make results` was trained at (width d / 2 rounded up to 64 within 128..1024, depth 2 +
-    layer // 4 up to 6), pinned so that the study's later runs (confirmations, the layer-7 run) are
-    the variants they were registered as, whatever the default becomes (docs/bridge-design.md)."""
-    width = min(1024, max(128, 64 * math.ceil(hidden_size / 128)))
-    return width, min(6, 2 + layer // 4), width // 64
+    """The shape every variant is scaled from and every variant without a shape of its own takes:
+    the rule the sweep of `make results` was trained at (shape_of_2026_12_03), pinned so that the
+    study's later runs (confirmations, the layer-7 run) are the variants they were registered as,
+    whatever the default becomes (docs/bridge-design.md)."""
+    from geoprobe.bridges.hidden import shape_of_2026_12_03
+
+    return shape_of_2026_12_03(hidden_size, layer)
 
 
 def network_of(fields, layer: int, hidden_size: int) -> dict:
     width, depth, heads = base_shape(hidden_size, layer)
     if fields == "deeper":
         return dict(d_model=width, n_layers=2 * depth, n_heads=heads, **NO_CONV)
-    return fields(width, depth) if callable(fields) else fields
+    if callable(fields):
+        return fields(width, depth)
+    # a variant that leaves the width or the depth to the default gets the pinned one (its heads
+    # follow its width, as BridgeConfig derives them)
+    return {"d_model": width, "n_layers": depth, **fields}
 
 
 def main() -> None:

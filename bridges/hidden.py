@@ -56,17 +56,25 @@ from geoprobe.device import Precision, upload
 from geoprobe.errors import BadInput
 
 
-def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
-    """The default (width, depth, heads) of a bridge standing in for blocks 1..`layer` of a
-    d = `hidden_size` model: width d / 2 rounded up to a multiple of 64, within 128..1024 (no
-    64x input bottleneck at d = 4,096), depth 2 + layer // 4 blocks up to 6 (deeper states
-    need more update), heads of 64 channels. Chosen by reasoning, then tested by the shape study of
-    docs/bridge-design.md (bench/bridge_design.py, bridges at their plateau): at SmolLM2's layers 3
-    and 9, width x 0.6 and depth x 0.5 are both worse (8-23 % in nmse_dim); width x 1.6 is 9-12 %
-    better at both, which moves this width up once its seed-1 confirmation holds (depth x 2 not yet
-    run)."""
+def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
+    """The (width, depth, heads) rule the SmolLM2 sweep of `make results` started with on
+    2026-12-03: width d / 2 rounded up to a multiple of 64, within 128..1024 (no 64x input
+    bottleneck at d = 4,096), depth 2 + layer // 4 blocks up to 6 (deeper states need more
+    update), heads of 64 channels. Kept by name for the runs pinned to it (the sweep, the shape
+    study's variants), whatever bridge_shape becomes."""
     width = min(1024, max(128, 64 * math.ceil(hidden_size / 128)))
     return width, min(6, 2 + layer // 4), width // 64
+
+
+def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
+    """The default (width, depth, heads) of a bridge standing in for blocks 1..`layer` of a
+    d = `hidden_size` model: still the rule of 2026-12-03 (shape_of_2026_12_03), chosen by
+    reasoning, then tested by the shape study of docs/bridge-design.md (bench/bridge_design.py,
+    bridges at their plateau): at SmolLM2's layers 3 and 9, width x 0.6 and depth x 0.5 are both
+    worse (8-23 % in nmse_dim); width x 1.6 is 9-12 % better at both, and depth x 2 6 % better at
+    layer 3 (layer 9 running). The study's registered decision moves this rule once its seed-1
+    confirmation holds."""
+    return shape_of_2026_12_03(hidden_size, layer)
 
 
 @dataclass

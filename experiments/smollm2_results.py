@@ -74,10 +74,13 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
 CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # every bridge here: the sweep's and layer 0's
-# the width the sweep started with (2026-12-03; bridge_shape's default then, for d = 576), pinned so
-# that its remaining bridges train like its first ones whatever the CLI's default becomes
-# (docs/bridge-design.md, the shape study's decision); depth stays the default 2 + l // 4
-SWEEP = ["--layers", "1-12", *CAP_AND_RULE, "--d-model", 320, "--ceiling"]
+# the width the sweep started with (shape_of_2026_12_03 at d = 576), pinned for every bridge here
+# (the sweep's, its ceilings, layer 0's and the ones --generation trains again), so that they train
+# like the first ones whatever the CLI's default becomes (docs/bridge-design.md, the shape study's
+# decision); depth stays the default 2 + l // 4
+SHAPE = ["--d-model", 320]
+BRIDGE = [*CAP_AND_RULE, *SHAPE]
+SWEEP = ["--layers", "1-12", *BRIDGE, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
@@ -149,6 +152,26 @@ def restore(run: Path, into: Path = RECORD) -> int:
     return restored
 
 
+def flag(name: str, flags: list = SWEEP):
+    """The value that follows `name` in a list of command-line flags (SWEEP's by default)."""
+    return flags[flags.index(name) + 1]
+
+
+def add_timings(path: Path, ran: dict) -> dict:
+    """The timings file with `ran` merged in, read and written whole under a lock: a --before-sweep
+    invocation beside `make results` writes it too, and neither may lose the other's steps."""
+    import fcntl
+
+    from geoprobe.files import write_json_atomic
+
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log = json.loads(path.read_text()) if path.is_file() else {}
+        log.update(ran)
+        write_json_atomic(path, log)
+    return log
+
+
 def keep_going(during) -> None:
     """Run `during` (the records' copy); its failure is a warning, never the sweep's end."""
     if during is None:
@@ -199,35 +222,38 @@ def main() -> None:
     parser.add_argument("--status", action="store_true",
                         help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
-    if args.status:
-        print("\n".join(progress(args.out / "run", args.seeds)))
-        return
-    for flag in ("without_finetune", "before_sweep"):
-        if getattr(args, flag) and not args.generation:
-            parser.error(f"--{flag.replace('_', '-')} is a part of --generation: pass --generation too")
     out, run = args.out, args.out / "run"
+    if args.status:
+        if not run.is_dir():
+            parser.error(f"{run} does not exist: --status reads the run `make results` writes (--out)")
+        print("\n".join(progress(run, args.seeds)))
+        return
+    for name in ("without_finetune", "before_sweep"):
+        if getattr(args, name) and not args.generation:
+            parser.error(f"--{name.replace('_', '-')} is a part of --generation: pass --generation too")
+    if args.before_sweep and not (run / "ranking.csv").is_file():
+        parser.error(f"--before-sweep trains beside the sweep, after the scan: {run} has no ranking.csv yet "
+                     "(run make results first)")
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "timings.json"
-    log = json.loads(log_path.read_text()) if log_path.is_file() else {}
+    log = add_timings(log_path, {})
     began = time.perf_counter()
 
     def step(name, *argv, done, during=None):
         ran = {}
         try:
             geoprobe(*argv, done=done, log=ran, name=name, during=during)
-        finally:  # merged into the file as it is now: a --before-sweep run beside this one writes it too
-            log.update(json.loads(log_path.read_text()) if log_path.is_file() else {})
-            log.update(ran)
-            log_path.write_text(json.dumps(log, indent=2))
+        finally:
+            log.update(add_timings(log_path, ran))
 
     dev = ["--device", "cpu"]
-    step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
-    if restored := restore(run, RECORD):  # the module's RECORD when called (a test points it elsewhere)
-        print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
-    if args.before_sweep:
+    if args.before_sweep:  # the sweep's run is the other invocation's: nothing is written into it here
         train_generators(out, run, step, dev, finetune=not args.without_finetune)
         print("[done] the generators and the layer-0 bridge; the rest of --generation waits for the sweep", flush=True)
         return
+    step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
+    if restored := restore(run, RECORD):  # the module's RECORD when called (a test points it elsewhere)
+        print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
     step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
          done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run, RECORD))
     record(run, RECORD)  # also a sweep that finished before the records existed
@@ -244,7 +270,7 @@ def progress(run: Path, seeds: str = SEEDS) -> list[str]:
 
     from geoprobe.workflows.sweep import bridge_dir, ceiling_dir, parse_seeds
 
-    layers = parse_seeds(SWEEP[SWEEP.index("--layers") + 1])  # the same range syntax
+    layers = parse_seeds(flag("--layers"))  # the same range syntax
     folders = [(f"layer {layer:2d}, seed {seed}", bridge_dir(run, layer, seed))
                for seed in parse_seeds(seeds) for layer in layers]
     folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in SWEEP]
@@ -262,9 +288,9 @@ def progress(run: Path, seeds: str = SEEDS) -> list[str]:
                          f"{float(meta.get('seconds', 0)) / 60:.0f} min so far")
         else:
             waiting.append(name)
-    finished = sum(": training" not in line for line in lines)
-    lines.append(f"{finished} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
-                                                             if waiting else ""))
+    count = sum(": training" not in line for line in lines)
+    lines.append(f"{count} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
+                                                          if waiting else ""))
     return lines
 
 
@@ -279,16 +305,16 @@ def swept(run: Path, seeds: str) -> bool:
 
     rows = json.loads(path.read_text())["rows"]
     have = {(row.get("layer"), row.get("seed")) for row in rows}
-    wanted = {(layer, seed) for layer in parse_seeds(SWEEP[SWEEP.index("--layers") + 1])  # the same range syntax
+    wanted = {(layer, seed) for layer in parse_seeds(flag("--layers"))  # the same range syntax
               for seed in parse_seeds(seeds)}
     ceilings = "--ceiling" not in SWEEP or all(row.get("ceiling_nmse_dim") is not None for row in rows)
     return wanted <= have and ceilings
 
 
-def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = True) -> dict:
+def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = True) -> tuple[dict, Path]:
     """DSL, MDLM, DSL-from-SmolLM2 (unless not `finetune`) and the embedding-diffusion baselines at
     one budget, and the layer-0 bridge (the rounding row): what --generation needs and the sweep
-    does not. Returns the trained DSL-kind models' flags by name."""
+    does not. Returns the trained DSL-kind models' flags by name, and the layer-0 bridge's folder."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
               "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
@@ -307,18 +333,17 @@ def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = Tru
 
     # the layer-0 bridge decoded by rounding (Diffusion-LM's decoding; the baseline the hybrid is
     # set against, issue 31 section 4): the sweep leaves the source layer out, so it trains here,
-    # under the sweep's cap and rule, into out/bridges
+    # under the sweep's cap, rule and width, into out/bridges
     layer0 = out / "bridges" / "layer-00" / "seed-0"
-    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *CAP_AND_RULE, "--out", out, *dev,
+    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *BRIDGE, "--out", out, *dev,
          done=layer0 / "metrics.json")
-    return models
+    return models, layer0
 
 
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
     """The generators (train_generators); samples of every generator (the hybrid through the first
     seed's bridges at the chosen, worst and easiest layers); eval and compare."""
-    models = train_generators(out, run, step, dev, finetune)
-    layer0 = out / "bridges" / "layer-00" / "seed-0"
+    models, layer0 = train_generators(out, run, step, dev, finetune)
     sweep = json.loads((run / "sweep.json").read_text())["verdict"]
     rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
     for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row
@@ -326,7 +351,7 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
         folder = run / "bridges" / f"layer-{layer:02d}" / "seed-0"
         if not (folder / "model.safetensors").is_file():  # restored from its record (RECORD): no weights
             folder = out / "bridges" / f"layer-{layer:02d}" / "seed-0"  # the same bridge trained again, here
-            step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *CAP_AND_RULE, "--out", out, *dev,
+            step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *BRIDGE, "--out", out, *dev,
                  done=folder / "model.safetensors")
         rows[f"bridge-{layer:02d}"] = ["--model", folder, "--sampler", "hybrid"]
     for name in (n for n in ("dsl", "dsl-smollm2") if n in models):
@@ -393,7 +418,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
         f"order on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
         f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
         "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
-        "bridges' own training time is under Cost below." + (
+        "bridges' own training time is under Cost below. Steps of a `--generation --before-sweep` "
+        "invocation ran beside the sweep, so the minutes in all add more than the wall clock." + (
             "" if parse_seeds(seeds) == parse_seeds(SEEDS) else
             f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
             "`make results` trains the missing ones, resumably, and rewrites the page."), "",
@@ -454,7 +480,7 @@ def shape_line(run: Path) -> str | None:
     pairs = [r for r in shape_study(finished(RECORDS), run) if r["variant"] == "shape width x1.6" and "r" in r]
     if not pairs:
         return None
-    width = SWEEP[SWEEP.index("--d-model") + 1]
+    width = flag("--d-model")
     ratios = "; ".join(f"layer {r['layer']} seed {r['seed']}: r {r['r']:.2f}, {r['verdict']}" for r in pairs)
     return (f"- The bridges' shape: {width} wide, the width the sweep started with (pinned). The shape study "
             "([bridge-design.md](bridge-design.md#the-shape-study-registered-2026-12-05-before-its-runs)) trained "

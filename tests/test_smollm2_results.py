@@ -278,17 +278,21 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
 
     def fake(*args, done, log, name, during=None):
         ran.append(name)
-        if name == "train mdlm":  # the sweep beside it finishes a step meanwhile
-            timings.write_text(json.dumps({"sweep": {"seconds": 7.0, "command": "geoprobe sweep"}}))
+        if name == "train mdlm":  # the make results beside it finishes its sweep step meanwhile
+            script.add_timings(timings, {"sweep": {"seconds": 7.0, "command": "geoprobe sweep"}})
         log[name] = {"seconds": 1.0, "command": "geoprobe " + " ".join(map(str, args))}
 
     monkeypatch.setattr(script, "geoprobe", fake)
     monkeypatch.setattr(script, "RECORD", tmp_path / "records")
-    monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--generation", "--before-sweep",
-                                      "--without-finetune"])
+    argv = ["smollm2_results", "--out", str(tmp_path), "--generation", "--before-sweep", "--without-finetune"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit):  # no scan yet: it trains beside a sweep, which needs one
+        script.main()
+    assert ran == [] and not timings.exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ranking.csv").write_text("layer\n")
     script.main()
-    assert ran == ["scan", "train dsl", "train mdlm", "train diffusion-lm", "train sed", "train codar",
-                   "bridge layer 0"]
+    assert ran == ["train dsl", "train mdlm", "train diffusion-lm", "train sed", "train codar", "bridge layer 0"]
     log = json.loads(timings.read_text())
     assert log["sweep"]["seconds"] == 7.0 and set(ran) <= set(log)
     monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--before-sweep"])
@@ -302,20 +306,31 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
     remaining bridges like the first, whatever bridge_shape's default becomes; a change of the
     default depth fails here, and must be pinned too). The shape study scales its variants from
     the same shape."""
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from bench.bridge_design import base_shape
     from experiments.smollm2_results import RECORD, SWEEP
-    from geoprobe.bridges.hidden import BridgeConfig
+    from geoprobe.bridges.fit import OLDER_TRAINING
 
-    width = SWEEP[SWEEP.index("--d-model") + 1]
+    def recorded_seed(config):
+        return int(config.parent.name.split("-")[1])
+
+    from types import SimpleNamespace
+
+    from geoprobe.workflows.sweep import bridge_settings
+
+    pairs = [a for a in SWEEP if a not in ("--ceiling",)]  # every flag of SWEEP's but these takes a value
+    flags = {name[2:].replace("-", "_"): value for name, value in zip(pairs[::2], pairs[1::2]) if name != "--layers"}
+    settings = bridge_settings(**flags)
     compared = 0
     for config in sorted((RECORD / "bridges").glob("layer-*/seed-*/config.json")):
         recorded = json.loads(config.read_text())["network"]
-        pinned = asdict(BridgeConfig(layer=recorded["layer"], vocab_size=recorded["vocab_size"],
-                                     hidden_size=recorded["hidden_size"], d_model=width,
-                                     support_size=recorded["support_size"]))
+        backbone = SimpleNamespace(config=SimpleNamespace(vocab_size=recorded["vocab_size"]),
+                                   hidden_size=recorded["hidden_size"])
+        pinned = asdict(replace(settings.network_at(recorded["layer"], backbone), support_size=recorded["support_size"]))
         assert pinned == recorded, config
+        training = {**OLDER_TRAINING, **json.loads(config.read_text())["training"]}  # as check_bridge_dir reads it
+        assert training == {**asdict(settings.training()), "seed": recorded_seed(config)}, config
         assert base_shape(recorded["hidden_size"], recorded["layer"]) == (
             recorded["d_model"], recorded["n_layers"], recorded["n_heads"]), config
         compared += 1
