@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.smollm2_results import SEEDS, SWEEP
+from experiments.smollm2_results import SEEDS, SWEEP, flag
 from geoprobe.files import holding, is_lock
 from geoprobe.workflows.sweep import bridge_dir
 
@@ -69,7 +69,7 @@ def sweep(run: Path, layers: str, seeds: str, device: str, extra: list[str]) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a scanned run (make results' runs/results/run)")
-    parser.add_argument("--layers", default=SWEEP[SWEEP.index("--layers") + 1])
+    parser.add_argument("--layers", default=flag("--layers"))
     parser.add_argument("--seeds", default=SEEDS)
     parser.add_argument("--jobs", type=int, default=4, help="layer sweeps at a time")
     parser.add_argument("--device", default="auto")
