@@ -71,9 +71,9 @@ def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
     d = `hidden_size` model: still the rule of 2026-12-03 (shape_of_2026_12_03), chosen by
     reasoning, then tested by the shape study of docs/bridge-design.md (bench/bridge_design.py,
     bridges at their plateau): at SmolLM2's layers 3 and 9, width x 0.6 and depth x 0.5 are both
-    worse (8-23 % in nmse_dim); width x 1.6 is 9-12 % better at both, and depth x 2 6 % better at
-    layer 3 (layer 9 running). The study's registered decision moves this rule once its seed-1
-    confirmation holds."""
+    worse (8-23 % in nmse_dim); width x 1.6 is 9-12 % better at both, and depth x 2 6-7 % better at
+    both. The study's registered decision moves the width first, once its seed-1 confirmation
+    holds, and the depth after its own."""
     return shape_of_2026_12_03(hidden_size, layer)
 
 
