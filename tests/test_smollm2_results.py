@@ -243,6 +243,17 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(t
     unpaired = study(bridge(0.0988), {0: bridge(0.100)}, seed=1)  # the sweep's seed 1 has not trained there
     assert unpaired["verdict"].startswith("no sweep bridge of seed 1") and "r" not in unpaired
 
+    # the combined shape pairs with width x 1.6's run of its layer and seed, δ still the sweep's
+    combined = {**bridge(0.090), "layer": 3, "variant": "shape width x1.6 depth x2", "shape": "512x4", "seed": 0}
+    wider = {**bridge(0.095), "layer": 3, "variant": "shape width x1.6", "shape": "512x2", "seed": 0}
+    both = {row["variant"]: row for row in shape_study([wider, combined], tmp_path / "run2")}
+    assert both["shape width x1.6"]["paired with"] == "sweep" and both["shape width x1.6"]["r"] == pytest.approx(0.95)
+    assert both["shape width x1.6 depth x2"]["paired with"] == "shape width x1.6"
+    assert both["shape width x1.6 depth x2"]["r"] == pytest.approx(0.090 / 0.095)
+    assert both["shape width x1.6 depth x2"]["verdict"] == "better"  # log(0.947) = -0.054 < -log 1.04
+    alone, = shape_study([combined], tmp_path / "run2")
+    assert alone["verdict"].startswith("no shape width x1.6 bridge of seed 0") and "r" not in alone
+
 
 @pytest.mark.parametrize("finetune", [True, False])
 def test_without_finetune_the_generation_section_neither_trains_nor_samples_dsl_from_smollm2(tmp_path, finetune):
