@@ -230,19 +230,17 @@ def shape_study(results: list[dict], run: Path) -> list[dict]:
         if r["layer"] not in by_layer:  # read once per layer, not once per row
             by_layer[r["layer"]] = sweep_seeds(run, r["layer"])
         seeds, seed = by_layer[r["layer"]], r.get("seed", 0)
-        if seed not in seeds or 0 not in seeds:  # said, not dropped: its pair has not trained yet
-            rows.append({"layer": r["layer"], "variant": r["variant"], "seed": seed, "shape": r["shape"],
-                         "nmse_dim": r["nmse_dim"], "verdict": f"no sweep bridge of seed {seed} (and 0) to pair with yet"})
-            continue
-        default, against = seeds[seed], "sweep"
-        if r["variant"] in PAIRED_WITH:
-            against = PAIRED_WITH[r["variant"]]
+        against = PAIRED_WITH.get(r["variant"], "sweep")
+        if against == "sweep":
+            default = seeds.get(seed) if 0 in seeds else None
+        else:
             default = next((o for o in results if o["variant"] == against and o["layer"] == r["layer"]
                             and o.get("seed", 0) == seed), None)
-            if default is None:
-                rows.append({"layer": r["layer"], "variant": r["variant"], "seed": seed, "shape": r["shape"],
-                             "nmse_dim": r["nmse_dim"], "verdict": f"no {against} bridge of seed {seed} to pair with yet"})
-                continue
+        if default is None or 0 not in seeds:  # said, not dropped: its pair has not trained yet
+            pair = "sweep bridge of seed {} (and 0)" if against == "sweep" else against + " bridge of seed {}"
+            rows.append({"layer": r["layer"], "variant": r["variant"], "seed": seed, "shape": r["shape"],
+                         "nmse_dim": r["nmse_dim"], "verdict": f"no {pair.format(seed)} to pair with yet"})
+            continue
         delta = max([math.log(1.02)] + [abs(math.log(m["nmse_dim"] / seeds[0]["nmse_dim"]))
                                         for s, m in seeds.items() if s != 0])
         log_r = math.log(r["nmse_dim"] / default["nmse_dim"])
