@@ -123,6 +123,9 @@ def main() -> None:
     parser.add_argument("--layers", default="3,9")
     parser.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS (default: all)")
     parser.add_argument("--page-only", action="store_true", help="write the page from the finished variants")
+    parser.add_argument("--status", action="store_true",
+                        help="print where these variants stand at these layers and seed (beside a running study, "
+                             "reading only) and exit")
     parser.add_argument("--seed", type=int, default=0,
                         help="the bridges' seed (a shape study variant at seed s pairs with the sweep's seed s)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bridge-design")
@@ -131,12 +134,17 @@ def main() -> None:
     args = parser.parse_args()
     args.page = args.page or args.out / "bridge-design.md"
 
-    from experiments.smollm2_results import record, restore
+    from experiments.smollm2_results import progress_of, record, restore
     from geoprobe.files import holding, write_json_atomic
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
 
     names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
+    if args.status:  # before the restore below, which writes
+        print("\n".join(progress_of([(f"{name}, layer {layer}, seed {args.seed}",
+                                        bridge_dir(args.out / folder_of(name), int(layer), args.seed))
+                                       for name in names for layer in args.layers.split(",")])))
+        return
     for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
         restore(args.out / folder_of(name), RECORDS / folder_of(name))
     if args.page_only:

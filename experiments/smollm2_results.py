@@ -266,14 +266,20 @@ def progress(run: Path, seeds: str = SEEDS) -> list[str]:
     """Where the sweep stands, read from its folders while it runs (the script's --status): each
     finished bridge and ceiling control (its stop, steps and validation nmse_dim), each one
     training (its last checkpoint's step and stopping-split score), then how many wait."""
-    from safetensors import safe_open
-
     from geoprobe.workflows.sweep import bridge_dir, ceiling_dir, parse_seeds
 
     layers = parse_seeds(flag("--layers"))  # the same range syntax
     folders = [(f"layer {layer:2d}, seed {seed}", bridge_dir(run, layer, seed))
                for seed in parse_seeds(seeds) for layer in layers]
     folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in SWEEP]
+    return progress_of(folders)
+
+
+def progress_of(folders: list[tuple[str, Path]]) -> list[str]:
+    """One line per named bridge folder that finished or is training, in order, then the count of
+    finished ones and of those waiting (also bench/bridge_design.py --status)."""
+    from safetensors import safe_open
+
     lines, waiting = [], []
     for name, folder in folders:
         if (folder / "metrics.json").is_file():

@@ -439,3 +439,20 @@ def test_status_lists_finished_and_training_bridges_and_counts_the_rest(tmp_path
     assert lines[0] == "layer  1, seed 0: plateau at step 500, validation nmse_dim 0.0331"
     assert lines[1] == "layer  2, seed 0: training, step 1,200, stopping split 0.1234, 10 min so far"
     assert lines[-1] == "1 of 36 finished; 34 waiting, next layer  3, seed 0"  # 12 layers x 2 seeds + 12 ceilings
+
+
+def test_shape_study_status_reads_its_own_variant_folders(tmp_path, monkeypatch, capsys):
+    """bench/bridge_design.py --status: the same lines as the sweep's --status, for the variants,
+    layers and seed asked, read from --out without restoring or training anything."""
+    from bench import bridge_design
+
+    done = tmp_path / "shape-width-x1.6" / "bridges" / "layer-03" / "seed-1"
+    done.mkdir(parents=True)
+    (done / "metrics.json").write_text(json.dumps({"stop": "plateau", "steps_run": 2900, "nmse_dim": 0.1201}))
+    monkeypatch.setattr(sys, "argv", ["bridge_design.py", "--status", "--layers", "3,9", "--variants", "15",
+                                      "--seed", "1", "--out", str(tmp_path)])
+    bridge_design.main()
+    assert capsys.readouterr().out.splitlines() == [
+        "shape width x1.6, layer 3, seed 1: plateau at step 2,900, validation nmse_dim 0.1201",
+        "1 of 2 finished; 1 waiting, next shape width x1.6, layer 9, seed 1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shape-width-x1.6"]  # nothing restored into --out
