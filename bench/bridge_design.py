@@ -7,6 +7,7 @@ widths and depths, at two layers, beside the layer's closed-form controls.
 
     python bench/bridge_design.py --run runs/results/run           # layers 3 and 9 of a SmolLM2 scan
     python bench/bridge_design.py --run RUN --layers 3 --variants 1 --out /tmp/design   # one variant
+    python bench/bridge_design.py --status --layers 3,9 --variants 15 --seed 1   # where those runs stand
 
 Every variant trains one bridge with the sweep's own code (geoprobe.workflows.sweep: the teacher states
 of the run's splits computed once, the plateau rule on the stopping split, best EMA weights,
