@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -311,6 +310,8 @@ def write_page(results: list[dict], args) -> None:
     import pandas as pd
     import torch
 
+    from geoprobe.device import machine_name
+
     if not results:
         print(f"no finished variant under {args.out}")
         return
@@ -339,12 +340,10 @@ def write_page(results: list[dict], args) -> None:
                "train_seconds"]
     table = pd.DataFrame(results)[columns].to_markdown(index=False, tablefmt="github", floatfmt=".4g")
     control_table = pd.DataFrame(list(controls.values())).to_markdown(index=False, tablefmt="github", floatfmt=".4g")
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
     text = [
         "# The bridge's design, measured", "",
         f"Made by `python bench/bridge_design.py --run RUN --layers L` (every finished variant under --out is shown) "
-        f"on {os.cpu_count()} × {cpu}, torch {torch.__version__}. SmolLM2-135M-Instruct on the KJV (RUN: a scan "
+        f"on {machine_name()}, torch {torch.__version__}. SmolLM2-135M-Instruct on the KJV (RUN: a scan "
         "with 256-token blocks, the first block of each chapter); every variant is one bridge (seed 0; `--seed` for another) trained by "
         "the sweep's own code from the run's cached teacher states: the plateau rule on a stopping split of 8 "
         "held-out blocks, the best EMA weights kept, validated on 16 other held-out blocks. `before` is the design "

@@ -42,7 +42,7 @@ from safetensors.torch import load_file, safe_open
 from geoprobe.bridges.checkpoint import load_weights, save_weights, write_record, write_tensors
 from geoprobe.bridges.nn import native_bf16
 from geoprobe.bridges.optim import StochasticAdamW, step_generator as round_generator, update_ema
-from geoprobe.device import Precision
+from geoprobe.device import Precision, machine_name
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
 
@@ -436,6 +436,7 @@ def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: 
     if reload:
         load_weights(model, out)
     model.eval()
-    metrics = {**score(model, trained), **training_summary(trained)}
+    # the machine that finished the training: a record copied to another machine keeps its times' origin
+    metrics = {**score(model, trained), **training_summary(trained), "machine": machine_name(device)}
     write_record(out, metrics, trained, title)
     return metrics

@@ -390,13 +390,32 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
     step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
 
 
+def by_machine(rows: list[dict]) -> str:
+    """Where the sweep's training minutes were spent, when more than one machine (or a record that
+    names none: trained before records kept it, on another machine) trained its bridges: their
+    times are each machine's own, and a sum across machines is not one machine's cost."""
+    runs = [(r.get("machine"), r.get("train_seconds")) for r in rows]
+    runs += list({r["layer"]: (r.get("ceiling_machine"), r.get("ceiling_train_seconds")) for r in rows
+                  if r.get("ceiling_train_seconds")}.values())  # one ceiling per layer, on each of its rows
+    minutes: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for name, seconds in runs:
+        name = name or "a machine the record does not name (trained before 2026-12-05)"
+        minutes[name] = minutes.get(name, 0) + (seconds or 0) / 60
+        counts[name] = counts.get(name, 0) + 1
+    if len(minutes) < 2:
+        return ""
+    return "trained on more than one machine: " + "; ".join(
+        f"{counts[name]} runs, {total:.0f} min, on {name}" for name, total in minutes.items())
+
+
 def machine() -> str:
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else "?"
+    from geoprobe.device import machine_name
+
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    return (f"{os.cpu_count()} × {cpu}, {memory:.0f} GiB, no GPU; Python {platform.python_version()}, "
+    return (f"{machine_name()}, {memory:.0f} GiB, no GPU; Python {platform.python_version()}, "
             f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
 
 
@@ -452,7 +471,8 @@ def what_it_says(run: Path, out: Path) -> str:
     lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all"
                  + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the "
                  "script; validation adds about a fifth; a bridge resumed from a checkpoint written before "
-                 "2026-12-03 16:36 (commit 12b2ff9), which kept no clock, counts only the sessions after it).")
+                 "2026-12-03 16:36 (commit 12b2ff9), which kept no clock, counts only the sessions after it)"
+                 + (f"; {machines}" if (machines := by_machine(sweep["rows"])) else "") + ".")
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]

@@ -281,11 +281,9 @@ def write_page(out: Path, page: Path) -> None:
 
 
 def machine() -> str:
-    import platform
+    from geoprobe.device import machine_name
 
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else "?"
-    return f"{os.cpu_count()} cores of {cpu}, torch float32 on the CPU"
+    return f"{machine_name()}, torch float32 on the CPU"
 
 
 def tokens_of(name: str, seed: int, training: dict) -> float:

@@ -1,10 +1,12 @@
-"""Moving tensors between the host and the device, and the precision a network trains in (a leaf
-module: every layer may import it)."""
+"""Moving tensors between the host and the device, the precision a network trains in, and the
+name of the machine a run's times were measured on (a leaf module: every layer may import it)."""
 
 from __future__ import annotations
 
 import os
+import platform
 from enum import Enum
+from pathlib import Path
 
 import torch
 
@@ -62,3 +64,15 @@ def deterministic_cuda() -> None:
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def machine_name(device: torch.device | str = "cpu") -> str:
+    """What a run's times were measured on, for records and pages: the accelerator's name, or
+    the CPU's cores and model (records trained on different machines are not comparable in time)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")), None) if cpuinfo.is_file() else None
+    return f"{os.cpu_count()} × {cpu or platform.processor() or platform.machine()}"

@@ -17,6 +17,7 @@ from geoprobe.bridges.fit import fit_bridge
 from geoprobe.bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
 from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.device import machine_name
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
 from geoprobe.bridges.embedding_diffusion import PRESETS, EmbeddingDiffusion, preset
 from geoprobe.samplers import TOKEN_SAMPLERS, make_sampler
@@ -160,6 +161,7 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     on_device = json.loads((tmp_path / "s5" / "metrics.json").read_text())
     for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
         assert on_device[key] == pytest.approx(on_cpu[key], rel=1e-4), key
+    assert on_device["machine"] == on_cpu["machine"] == machine_name()  # a pretend device: the host named
     bridge, _ = load_bridge(tmp_path / "s5")
     with accelerator():
         llama.model.to(DEVICE)

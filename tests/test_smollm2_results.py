@@ -48,6 +48,25 @@ def test_the_cost_line_counts_every_bridge_and_each_layers_ceiling_once(tmp_path
     assert cost.startswith("- Cost: 36 bridges trained for at least 36 min in all, and 12 ceiling controls for 24 min")
 
 
+def test_the_cost_line_says_which_machines_trained_the_bridges_when_more_than_one_did(tmp_path):
+    from experiments.smollm2_results import by_machine
+
+    write_sweep(tmp_path)
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    rows = sweep["rows"]
+    assert by_machine(rows) == ""  # one machine (here: none named by any record): nothing to say
+    for row in rows:
+        if row["seed"] == 2:  # seed 2 and every ceiling on a second machine, named by the records
+            row["machine"] = "2 × Xeon"
+        row["ceiling_machine"] = "2 × Xeon"
+    assert by_machine(rows) == ("trained on more than one machine: 24 runs, 24 min, on a machine the record does "
+                                "not name (trained before 2026-12-05); 24 runs, 36 min, on 2 × Xeon")
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    cost = next(line for line in what_it_says(tmp_path, tmp_path).splitlines() if line.startswith("- Cost:"))
+    assert cost.endswith("; trained on more than one machine: 24 runs, 24 min, on a machine the record does not "
+                         "name (trained before 2026-12-05); 24 runs, 36 min, on 2 × Xeon.")
+
+
 def test_the_page_names_the_dihal_models_delta_ce_and_whether_its_sampled_bridge_converged(tmp_path):
     write_sweep(tmp_path)  # score -layer: the geometry chooses layer 1; delta_ce 0.010, 0.011, 0.012
     line = next(l for l in what_it_says(tmp_path, tmp_path).splitlines() if l.startswith("- The DiHAL model"))

@@ -382,7 +382,8 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
             for row in rows if metrics is not None else []:
                 if row["layer"] == layer:
                     row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"],
-                               ceiling_train_seconds=metrics.get("train_seconds"))
+                               ceiling_train_seconds=metrics.get("train_seconds"),
+                               ceiling_machine=metrics.get("machine"))
         rows.sort(key=lambda r: (r["layer"], r["seed"]))
         if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
             return None
