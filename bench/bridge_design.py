@@ -337,8 +337,9 @@ def write_page(results: list[dict], args) -> None:
     fig.tight_layout()
     fig.savefig(pictures / "curves.png", dpi=110)
     columns = ["layer", "variant", "seed", "shape", "network_parameters", *METRICS, "steps_run", "best_step", "stop",
-               "train_seconds"]
-    table = pd.DataFrame(results)[columns].to_markdown(index=False, tablefmt="github", floatfmt=".4g")
+               "train_seconds", "machine"]
+    # the seconds are each record's own machine's (records kept before f00b1b5 name none)
+    table = pd.DataFrame(results).reindex(columns=columns).fillna({"machine": "not recorded"}).to_markdown(index=False, tablefmt="github", floatfmt=".4g")
     control_table = pd.DataFrame(list(controls.values())).to_markdown(index=False, tablefmt="github", floatfmt=".4g")
     text = [
         "# The bridge's design, measured", "",

@@ -13,8 +13,9 @@ SHA-256 of them). Threads: torch's default, or OMP_NUM_THREADS.
     python bench/heap.py --model builtin:hmm-tiny --seq 64 --corpus "$(python -c 'from geoprobe.testbed import CORPUS; print(CORPUS)')"
 
 Why it helps: even so, glibc hands much of a step's freed memory back to the kernel and the next
-step faults it in again; jemalloc with retain and no decay keeps it. Only where memory comes
-from changes, so the bits do not.
+step faults it in again; jemalloc with retain keeps it (the wrapper's decay hands back only pages
+left unused for tens of seconds; the figures in bench/README.md were taken with no decay at all).
+Only where memory comes from changes, so the bits do not.
 """
 
 from __future__ import annotations

@@ -400,13 +400,14 @@ def by_machine(rows: list[dict]) -> str:
     minutes: dict[str, float] = {}
     counts: dict[str, int] = {}
     for name, seconds in runs:
-        name = name or "a machine the record does not name (trained before 2026-12-05)"
+        name = name or "a machine the record does not name (recorded before commit f00b1b5, 2026-12-05 13:51)"
         minutes[name] = minutes.get(name, 0) + (seconds or 0) / 60
         counts[name] = counts.get(name, 0) + 1
     if len(minutes) < 2:
         return ""
+    # a run resumed on another machine counts on the one that finished it
     return "trained on more than one machine: " + "; ".join(
-        f"{counts[name]} runs, {total:.0f} min, on {name}" for name, total in minutes.items())
+        f"{counts[name]} run{'s' * (counts[name] != 1)}, {total:.0f} min, on {name}" for name, total in minutes.items())
 
 
 def machine() -> str:
