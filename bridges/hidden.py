@@ -68,13 +68,16 @@ def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
 
 def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
     """The default (width, depth, heads) of a bridge standing in for blocks 1..`layer` of a
-    d = `hidden_size` model: still the rule of 2026-12-03 (shape_of_2026_12_03), chosen by
-    reasoning, then tested by the shape study of docs/bridge-design.md (bench/bridge_design.py,
-    bridges at their plateau): at SmolLM2's layers 3 and 9, width x 0.6 and depth x 0.5 are both
-    worse (8-23 % in nmse_dim); width x 1.6 is 9-12 % better at both, and depth x 2 6-7 % better at
-    both. The study's registered decision moves the width first, once its seed-1 confirmation
-    holds, and the depth after its own."""
-    return shape_of_2026_12_03(hidden_size, layer)
+    d = `hidden_size` model, chosen by the shape study of docs/bridge-design.md (bridges at their
+    plateau, SmolLM2 layers 3 and 9, paired with the sweep's): the width of 2026-12-03
+    (shape_of_2026_12_03) x 1.6, rounded to a multiple of 64 halves up as the study scaled it
+    (320 -> 512 at d = 576, 1,024 -> 1,664 at d = 4,096, 128 -> 192), because width x 1.6 was
+    better at both layers at seed 0 (r 0.88, 0.91) and again at seed 1 (r 0.90, 0.93), each by
+    more than the sweep's own seed spread, while every cheaper shape was worse; depth stays
+    2 + layer // 4 up to 6 (depth x 2 was better too, and waits for its own confirmation)."""
+    width, depth, _ = shape_of_2026_12_03(hidden_size, layer)
+    width = 64 * math.floor(1.6 * width / 64 + 0.5)
+    return width, depth, width // 64
 
 
 @dataclass

@@ -368,6 +368,25 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
     assert compared >= 12  # seed 0 of layers 1-12 at least
 
 
+def test_the_default_shape_is_the_study_width_x16_variant_that_was_confirmed():
+    """bridge_shape, the CLI's default since the shape study's decision (docs/bridge-design.md), is
+    the study's own width x 1.6 variant of the shape of 2026-12-03 (bench/bridge_design.scaled, the
+    networks that were measured) at every d and layer, not a re-derivation of it: the same
+    rounding (halves up), the same depth, heads of 64 channels. The sweep's pinned width stays 320."""
+    from bench.bridge_design import base_shape, scaled
+    from experiments.smollm2_results import SHAPE
+    from geoprobe.bridges.hidden import bridge_shape
+
+    wider = scaled(width=1.6)
+    for d in (16, 64, 200, 256, 320, 576, 960, 1024, 1536, 2048, 2304, 3584, 4096, 5120, 8192):
+        for layer in (0, 1, 3, 7, 9, 12, 16, 31):
+            width, depth, heads = base_shape(d, layer)
+            study = wider(width, depth)
+            assert bridge_shape(d, layer) == (study["d_model"], study["n_layers"], study["n_heads"]), (d, layer)
+    assert bridge_shape(576, 3) == (512, 2, 8) and bridge_shape(4096, 16) == (1664, 6, 26)
+    assert bridge_shape(64, 9)[0] == 192 and SHAPE == ["--d-model", 320]
+
+
 def test_keep_pages_preloads_jemalloc_where_installed_and_passes_the_commands_status_through():
     """experiments/keep-pages, the long runs' wrapper: the command runs with jemalloc keeping its
     pages where the library is installed (glibc otherwise), its exit status is the command's, and
