@@ -514,7 +514,7 @@ def shape_line(run: Path) -> str | None:
             f"width × 1.6 beside the sweep's bridges of the same seed ({ratios}; r is its nmse_dim over theirs). "
             "The verdict above is the registered one, at this width; whether the wider bridges' gains could change "
             "it is on that page. By the study's registered decision, `geoprobe bridge`'s default width is now "
-            "width × 1.6 (`bridge_shape`); this sweep keeps the width it started with.")
+            "the study's width × 1.6 (512 on SmolLM2; `bridge_shape`); this sweep keeps the width it started with.")
 
 
 def dihal_line(verdict: dict, rows: list[dict]) -> str:

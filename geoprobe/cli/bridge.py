@@ -17,8 +17,9 @@ Run = Annotated[Path | None, typer.Option("--run", help="A scanned run directory
 Model = Annotated[str | None, typer.Option("--model", help="Backbone, when there is no --run.")]
 CorpusOpt = Annotated[str | None, typer.Option("--corpus", help="Text source, when there is no --run.")]
 Lr = Annotated[float, typer.Option("--lr", help="Peak learning rate.")]
-DModel = Annotated[int, typer.Option("--d-model", min=0, help="Bridge transformer width (0: 1.6 x d/2, "
-                                     "in multiples of 64 within 192..1664; docs/bridge-design.md).")]
+DModel = Annotated[int, typer.Option("--d-model", min=0, help="Bridge transformer width (0: 1.6 x (d/2 "
+                                     "rounded up to 64, within 128..1024), to the nearest multiple of 64: "
+                                     "192..1664, 512 at d = 576; docs/bridge-design.md).")]
 NLayers = Annotated[int, typer.Option("--n-layers", min=0, help="Bridge transformer blocks (0: 2 + layer // 4, "
                                       "at most 6).")]
 NHeads = Annotated[int, typer.Option("--n-heads", min=0, help="Bridge attention heads (0: width / 64).")]
