@@ -416,8 +416,9 @@ def machine() -> str:
     from geoprobe.device import machine_name
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    threads = torch.get_num_threads()
     return (f"{machine_name()}, {memory:.0f} GiB, no GPU; Python {platform.python_version()}, "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+            f"torch {torch.__version__} ({threads} thread{'s' * (threads != 1)})")
 
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
