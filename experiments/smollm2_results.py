@@ -87,6 +87,9 @@ BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/ba
 
 
 RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished bridges of the sweep
+# hand-written bullets the page carries after the computed ones (how a step was run by hand, a
+# reading that is not a test), each marked as such: a rerun of the page keeps them
+NOTES = RECORD / "notes.md"
 RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")  # per bridge, metrics last (a record
 # is whole when metrics.json is there); the layer's controls.json beside them; network.json (the
 # parameter count) only bench/bridge_design.py writes
@@ -458,9 +461,10 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     print(f"wrote {page}")
 
 
-def what_it_says(run: Path, out: Path) -> str:
+def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
     ran, where the comparison's best rows are."""
+    from geoprobe.verdict import current_statement
 
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
@@ -468,7 +472,7 @@ def what_it_says(run: Path, out: Path) -> str:
     ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in sweep["rows"] if r.get("ceiling_train_seconds")}
     lines = ["## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
-    lines += [f"- {line}" for line in verdict["statement"]]
+    lines += [f"- {line}" for line in current_statement(verdict)]
     ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
     lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all"
                  + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the "
@@ -486,6 +490,7 @@ def what_it_says(run: Path, out: Path) -> str:
         lines.append(dihal_line(verdict, sweep["rows"]))
     if shape := shape_line(run):
         lines.append(shape)
+    lines += hand_written(notes)
     if (run / "compare.csv").is_file():
         from geoprobe.workflows.compare import read_rows
         from geoprobe.workflows.page import generation_prose
@@ -497,6 +502,21 @@ def what_it_says(run: Path, out: Path) -> str:
         lines.append("- Generation was not rerun with this sweep: [results-generation.md](results-generation.md) "
                      "holds the previous run's section (its bridge rows used the bridges of that run).")
     return "\n".join(lines)
+
+
+def hand_written(notes: Path) -> list[str]:
+    """The bullets of `notes` (lines starting "- "; a bullet may go on over the lines below it),
+    each marked as written by hand."""
+    if not notes.is_file():
+        return []
+    bullets = []
+    for line in notes.read_text().splitlines():
+        if line.startswith("- "):
+            bullets.append(line[2:].strip())
+        elif line.strip() and bullets:
+            bullets[-1] += " " + line.strip()
+    return [f"- {b} (written by hand: {notes.relative_to(ROOT) if notes.is_relative_to(ROOT) else notes})"
+            for b in bullets]
 
 
 def shape_line(run: Path) -> str | None:

@@ -496,3 +496,14 @@ def test_shape_study_status_reads_its_own_variant_folders(tmp_path, monkeypatch,
         "1 of 2 finished; 1 waiting, next shape width x1.6, layer 9, seed 1"]
     # nothing restored into --out (the tracked records hold layer 3's and layer 9's seed-0 runs)
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()] == [done.relative_to(tmp_path) / "metrics.json"]
+
+
+def test_hand_written_bullets_reach_the_page_marked_and_whole(tmp_path):
+    write_sweep(tmp_path)
+    notes = tmp_path / "notes.md"
+    notes.write_text("# heading, not a bullet\n\nprose, not a bullet\n\n- one bullet\n  that goes on\n- two\n")
+    page = what_it_says(tmp_path, tmp_path, notes=notes).splitlines()
+    marked = [l for l in page if "(written by hand" in l]
+    assert marked == [f"- one bullet that goes on (written by hand: {notes})", f"- two (written by hand: {notes})"]
+    assert page.index(marked[0]) > page.index(next(l for l in page if l.startswith("- Cost:")))  # after the computed
+    assert not any("written by hand" in l for l in what_it_says(tmp_path, tmp_path, notes=tmp_path / "none.md").splitlines())

@@ -118,6 +118,54 @@ def test_the_ceiling_control_says_whether_the_bridges_order_the_layers_as_the_re
     assert "ceiling" not in sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})["controls"][PRIMARY]
 
 
+def test_the_ceilings_gap_to_the_bridges_is_stated_and_a_regression_above_them_is_no_ceiling():
+    from geoprobe.verdict import ceiling_gap_line
+
+    means = {1: 0.2, 2: 0.3, 3: 0.25, 4: 0.5, 5: 0.4}
+    rows = rows_for({l: [m, m + 0.01, m - 0.01] for l, m in means.items()})
+    ceilings = {1: 0.18, 2: 0.24, 3: 0.2, 4: 0.45, 5: 0.3}  # 10, 20, 20, 10 and 25 % below the seed means
+    for row in rows:
+        row["ceiling_nmse_dim"] = ceilings[row["layer"]]
+    v = sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})
+    line = ceiling_gap_line(v)
+    assert "is 10–25 % below the bridges' seed-mean nmse_dim at every tested layer" in line
+    assert line in v["statement"]
+    for row in rows:
+        if row["layer"] in (2, 5):
+            row["ceiling_nmse_dim"] = 0.6  # the regression trained worse than the bridges there
+    v = sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})
+    assert "is above the bridges' seed-mean nmse_dim at layers 2, 5" in ceiling_gap_line(v)
+    for row in rows[:3]:  # layer 1 without its ceiling: nothing to say
+        row.pop("ceiling_nmse_dim")
+    assert ceiling_gap_line(sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})) is None
+
+
+def test_a_passing_secondary_is_shown_beside_its_own_controls_and_cannot_rescue_the_primary():
+    from geoprobe.metrics.correlation import partial_spearman_test
+    from geoprobe.verdict import current_statement
+
+    layers = list(range(1, 9))
+    rng = np.random.default_rng(0)
+    score = {l: float(s) for l, s in zip(layers, rng.permutation(8))}
+    rows = rows_for({l: [0.1 + 0.01 * rng.random() + 0.001 * e for e in (0, 1, 2)] for l in layers})  # primary: noise
+    for row in rows:  # nmse_noisy falls exactly as the score rises
+        row["nmse_noisy"] = 1 - 0.05 * score[row["layer"]] + 0.0001 * row["seed"]
+    share = {l: 0.1 * s for l, s in score.items()}  # the massive-channel share follows the score exactly
+    v = sweep_verdict(rows, {"score": score}, share)
+    assert not v["tests"][PRIMARY]["supports"] and v["tests"]["nmse_noisy"]["supports"]
+    line = next(l for l in v["statement"] if l.startswith("The secondary nmse_noisy passes"))
+    assert "which cannot rescue the primary (method.md)" in line
+    assert "massive-channel share rho -1.00" in line  # ranks opposite to the share, as to the score
+    y = [1 - 0.05 * score[l] + 0.0001 for l in layers]
+    want = partial_spearman_test(np.array([score[l] for l in layers]), y, np.array(layers, float), seed=0)
+    assert f"partial rho given depth {want['rho']:.2f}" in line
+    assert not any(l.startswith("The secondary nmse passes") for l in v["statement"])  # only the passing ones
+    # a verdict stored before these lines existed gets them when read back
+    stored = json.loads(json.dumps({**v, "statement": v["statement"][:2]}))
+    assert current_statement(stored) == v["statement"]
+    assert current_statement({"statement": ["only 2 layers compared: no test"]}) == ["only 2 layers compared: no test"]
+
+
 def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
     rng = np.random.default_rng(3)
     layers = list(range(1, 13))

@@ -3,7 +3,8 @@ sd of every loss), the tests and the controls."""
 
 from __future__ import annotations
 
-from geoprobe.verdict import CEILING_CONTROL, LAYER_CONTROLS, LOOKUP_CONTROLS, LOSSES, SCORE_VARIANTS
+from geoprobe.verdict import (CEILING_CONTROL, LAYER_CONTROLS, LOOKUP_CONTROLS, LOSSES, SCORE_VARIANTS,
+                              current_statement)
 from geoprobe.workflows.compare import markdown_table
 
 # the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped
@@ -90,7 +91,7 @@ def sweep_section(sweep: dict) -> list[str]:
              "channels dominate it), `delta_ce` is the upper stack's cross-entropy on the reconstruction minus on "
              "the true states (nats), `nmse_noisy` the nmse averaged over condition SNRs, `objective` the loss the "
              "bridge trains on. Values are seed mean ± sd; 1 = no better than predicting the mean state.", ""]
-    parts += [f"- {line}" for line in v.get("statement", [])]
+    parts += [f"- {line}" for line in current_statement(v)]
     rows = layer_rows(v)
     parts += ["", "Per layer: the bridges' losses (seed mean ± sd), beside the layer's closed-form controls' nmse_dim "
               "(mean state, token-identity lookup, ridge on a window of input embeddings, the lookup plus that "
