@@ -14,6 +14,7 @@ minutes each).
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
     python -m experiments.smollm2_results --status    # where a running sweep stands, bridge by bridge
+    python -m experiments.smollm2_results --status --generation --without-finetune   # ... and the generation
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
 was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
@@ -230,6 +231,8 @@ def main() -> None:
         if not run.is_dir():
             parser.error(f"{run} does not exist: --status reads the run `make results` writes (--out)")
         print("\n".join(progress(run, args.seeds)))
+        if args.generation:
+            print("\n".join(["", "--generation:", *generation_progress(out, run, not args.without_finetune)]))
         return
     for name in ("without_finetune", "before_sweep"):
         if getattr(args, name) and not args.generation:
@@ -278,28 +281,54 @@ def progress(run: Path, seeds: str = SEEDS) -> list[str]:
     return progress_of(folders)
 
 
-def progress_of(folders: list[tuple[str, Path]]) -> list[str]:
-    """One line per named bridge folder that finished or is training, in order, then the count of
-    finished ones and of those waiting (also bench/bridge_design.py --status)."""
+def progress_of(folders: list[tuple[str, Path]], cap: int | None = None) -> list[str]:
+    """One line per named bridge or generator folder that finished or is training, in order (with
+    the minutes left to the step `cap` at the rate so far, when given), then the count of finished
+    ones and of those waiting (also bench/bridge_design.py --status)."""
     from safetensors import safe_open
 
     lines, waiting = [], []
     for name, folder in folders:
         if (folder / "metrics.json").is_file():
             m = json.loads((folder / "metrics.json").read_text())
-            lines.append(f"{name}: {m['stop']} at step {m['steps_run']:,}, validation nmse_dim {m['nmse_dim']:.4f}")
+            if "nmse_dim" in m:  # a bridge
+                lines.append(f"{name}: {m['stop']} at step {m['steps_run']:,}, validation nmse_dim {m['nmse_dim']:.4f}")
+            else:  # a generator: its own metrics
+                lines.append(f"{name}: finished")
         elif (folder / "checkpoint.safetensors").is_file():
             with safe_open(folder / "checkpoint.safetensors", "pt") as handle:
                 meta = handle.metadata() or {}
             curve = json.loads(meta.get("val_curve") or "[]")
             score = f", stopping split {curve[-1][1]:.4f}" if curve else ""
-            lines.append(f"{name}: training, step {int(meta.get('step', 0)):,}{score}, "
-                         f"{float(meta.get('seconds', 0)) / 60:.0f} min so far")
+            step, seconds = int(meta.get("step", 0)), float(meta.get("seconds") or 0)
+            # the step cap's end at the rate so far: an upper bound where the plateau rule can stop it sooner
+            left = f", at most {(cap - step) * seconds / step / 60:.0f} min to its cap" if cap and step else ""
+            lines.append(f"{name}: training, step {step:,}{score}, {seconds / 60:.0f} min so far{left}")
         else:
             waiting.append(name)
     count = sum(": training" not in line for line in lines)
     lines.append(f"{count} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
                                                           if waiting else ""))
+    return lines
+
+
+def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str]:
+    """Where --generation stands (the script's --status --generation): each trained model it needs
+    (the generators, the layer-0 bridge, the sampled bridges trained again where the run's are
+    records without weights), then how many sample sets and evaluations are written."""
+    names = ["dsl", "mdlm", *(["dsl-smollm2"] if finetune else []), *BASELINES]
+    folders = [(f"train {name}", out / name) for name in names]
+    folders.append(("bridge layer 0", out / "bridges" / "layer-00" / "seed-0"))
+    if (run / "sweep.json").is_file():
+        verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+        for layer in dict.fromkeys(verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")):
+            if not (run / "bridges" / f"layer-{layer:02d}" / "seed-0" / "model.safetensors").is_file():
+                folders.append((f"bridge layer {layer}", out / "bridges" / f"layer-{layer:02d}" / "seed-0"))
+    lines = progress_of(folders, cap=BUDGET["steps"])
+    samples = sorted((out / "samples").glob("*/samples.jsonl"))
+    scored = [s for s in samples if s.with_suffix(".metrics.json").is_file()]
+    lines.append(f"{len(samples)} sample sets written, {len(scored)} evaluated"
+                 + ("; compare done" if (run / "compare.csv").is_file() else ""))
     return lines
 
 

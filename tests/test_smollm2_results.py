@@ -507,3 +507,34 @@ def test_hand_written_bullets_reach_the_page_marked_and_whole(tmp_path):
     assert marked == [f"- one bullet that goes on (written by hand: {notes})", f"- two (written by hand: {notes})"]
     assert page.index(marked[0]) > page.index(next(l for l in page if l.startswith("- Cost:")))  # after the computed
     assert not any("written by hand" in l for l in what_it_says(tmp_path, tmp_path, notes=tmp_path / "none.md").splitlines())
+
+
+def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap(tmp_path):
+    """--status --generation: finished generators, one training (minutes to the 4,000-step cap at its
+    rate so far), the sampled bridges to train again (the run's are records without weights), and
+    the sample sets written."""
+    import torch
+    from safetensors.torch import save_file
+
+    from experiments.smollm2_results import BASELINES, BUDGET, generation_progress
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)  # score -layer: chosen layer 1 (also the easiest), hardest 12
+    (tmp_path / "dsl").mkdir()
+    (tmp_path / "dsl" / "metrics.json").write_text(json.dumps({"train_loss": 3.2}))
+    (tmp_path / "mdlm").mkdir()
+    save_file({"w": torch.zeros(1)}, tmp_path / "mdlm" / "checkpoint.safetensors",
+              metadata={"step": "1000", "seconds": "600.0", "val_curve": "[]"})
+    sample = tmp_path / "samples" / "dsl-mdlm" / "samples.jsonl"
+    sample.parent.mkdir(parents=True)
+    sample.write_text("{}\n")
+    lines = generation_progress(tmp_path, run, finetune=False)
+    assert lines[0] == "train dsl: finished"
+    left = (BUDGET["steps"] - 1000) * 0.6 / 60  # 0.6 s a step so far
+    assert lines[1] == f"train mdlm: training, step 1,000, 10 min so far, at most {left:.0f} min to its cap"
+    waiting = len(BASELINES) + 3  # the baselines, then the layer-0 bridge and layers 1 and 12 again
+    assert lines[2] == f"1 of {waiting + 2} finished; {waiting} waiting, next train {BASELINES[0]}"
+    assert lines[3] == "1 sample sets written, 0 evaluated"
+    # with the fine-tune, it is the next to train after mdlm
+    assert generation_progress(tmp_path, run)[2].endswith(f"{waiting + 1} waiting, next train dsl-smollm2")
