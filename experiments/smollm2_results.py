@@ -74,13 +74,19 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # --ceiling: per layer the same network trained as the plain clean regression, after every seed's
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
-CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # every bridge here: the sweep's and layer 0's
+CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # the sweep's bridges and those --generation trains again
 # the width the sweep started with (shape_of_2026_12_03 at d = 576), pinned for every bridge here
 # (the sweep's, its ceilings, layer 0's and the ones --generation trains again), so that they train
 # like the first ones whatever the CLI's default becomes (docs/bridge-design.md, the shape study's
 # decision); depth stays the default 2 + l // 4
 SHAPE = ["--d-model", 320]
 BRIDGE = [*CAP_AND_RULE, *SHAPE]
+# the layer-0 bridge of the rounding row trains exactly the generators' budget, not to the plateau
+# rule: at layer 0 the clean reconstruction is the token lookup itself, which the bridge starts at,
+# so the rule (it watches the clean score) stopped it at step 250 with its step-0 weights (best step
+# 0, nmse_noisy 1.22: worse than the mean state under noise) before it learned the noisy conditions
+# generation samples from (2026-12-05; amended after that run, docs/results.md says so)
+ROUNDING = ["--steps", BUDGET["steps"], "--until", "steps", *SHAPE]
 SWEEP = ["--layers", "1-12", *BRIDGE, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
@@ -318,7 +324,7 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     records without weights), then how many sample sets and evaluations are written."""
     names = ["dsl", "mdlm", *(["dsl-smollm2"] if finetune else []), *BASELINES]
     folders = [(f"train {name}", out / name) for name in names]
-    folders.append(("bridge layer 0", out / "bridges" / "layer-00" / "seed-0"))
+    folders.append(("bridge layer 0", rounding_dir(out)))
     if (run / "sweep.json").is_file():
         verdict = json.loads((run / "sweep.json").read_text())["verdict"]
         for layer in dict.fromkeys(verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")):
@@ -371,11 +377,16 @@ def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = Tru
 
     # the layer-0 bridge decoded by rounding (Diffusion-LM's decoding; the baseline the hybrid is
     # set against, issue 31 section 4): the sweep leaves the source layer out, so it trains here,
-    # under the sweep's cap, rule and width, into out/bridges
-    layer0 = out / "bridges" / "layer-00" / "seed-0"
-    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *BRIDGE, "--out", out, *dev,
+    # at the sweep's width, for exactly the generators' budget
+    layer0 = rounding_dir(out)
+    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *ROUNDING, "--out", layer0.parents[2], *dev,
          done=layer0 / "metrics.json")
     return models, layer0
+
+
+def rounding_dir(out: Path) -> Path:
+    """Where --generation trains the layer-0 bridge that the rounding row samples through."""
+    return out / "rounding" / "bridges" / "layer-00" / "seed-0"
 
 
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:

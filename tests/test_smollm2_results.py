@@ -277,7 +277,7 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(t
 
 @pytest.mark.parametrize("finetune", [True, False])
 def test_without_finetune_the_generation_section_neither_trains_nor_samples_dsl_from_smollm2(tmp_path, finetune):
-    from experiments.smollm2_results import generation
+    from experiments.smollm2_results import BUDGET, generation
 
     run = tmp_path / "run"
     run.mkdir()
@@ -292,6 +292,13 @@ def test_without_finetune_the_generation_section_neither_trains_nor_samples_dsl_
                finetune=finetune)
     names = [name for name, _ in commands]
     assert {"train dsl", "train mdlm", "train diffusion-lm", "train sed", "train codar", "sample ar"} <= set(names)
+    # the rounding row's layer-0 bridge trains the generators' whole budget, not to the plateau rule
+    # (which stops it at its start: its clean score is the lookup's), into its own folder
+    layer0 = dict(commands)["bridge layer 0"]
+    assert "--until" in layer0 and layer0[layer0.index("--until") + 1] == "steps"
+    assert layer0[layer0.index("--steps") + 1] == BUDGET["steps"] and "--eval-every" not in layer0
+    out = Path(layer0[layer0.index("--out") + 1])
+    assert dict(commands)["sample round-00"][1:3] == ("--model", out / "bridges" / "layer-00" / "seed-0")
     mentions = [name for name, argv in commands if "dsl-smollm2" in name or any("dsl-smollm2" in str(a) for a in argv)]
     if finetune:
         assert "train dsl-smollm2" in names and "sample dsl-smollm2-hybrid" in names
