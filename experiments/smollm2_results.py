@@ -307,8 +307,12 @@ def progress_of(folders: list[tuple[str, Path]], cap: int | None = None) -> list
             curve = json.loads(meta.get("val_curve") or "[]")
             score = f", stopping split {curve[-1][1]:.4f}" if curve else ""
             step, seconds = int(meta.get("step", 0)), float(meta.get("seconds") or 0)
-            # the step cap's end at the rate so far: an upper bound where the plateau rule can stop it sooner
-            left = f", at most {(cap - step) * seconds / step / 60:.0f} min to its cap" if cap and step else ""
+            if meta.get("stop"):  # stopped, its last validation and metrics still to come
+                lines.append(f"{name}: stopped ({meta['stop']}) at step {step:,}{score}, finishing")
+                continue
+            # the cap's end at the rate so far (a plateau rule may stop it sooner; a resume that lost
+            # its clock makes the rate look faster than it is)
+            left = f", about {(cap - step) * seconds / step / 60:.0f} min to its cap at this rate" if cap and step else ""
             lines.append(f"{name}: training, step {step:,}{score}, {seconds / 60:.0f} min so far{left}")
         else:
             waiting.append(name)
@@ -322,18 +326,15 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     """Where --generation stands (the script's --status --generation): each trained model it needs
     (the generators, the layer-0 bridge, the sampled bridges trained again where the run's are
     records without weights), then how many sample sets and evaluations are written."""
-    names = ["dsl", "mdlm", *(["dsl-smollm2"] if finetune else []), *BASELINES]
-    folders = [(f"train {name}", out / name) for name in names]
+    folders = [(f"train {name}", out / name) for name in [*dsl_models(finetune), *BASELINES]]
     folders.append(("bridge layer 0", rounding_dir(out)))
     if (run / "sweep.json").is_file():
-        verdict = json.loads((run / "sweep.json").read_text())["verdict"]
-        for layer in dict.fromkeys(verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")):
-            if not (run / "bridges" / f"layer-{layer:02d}" / "seed-0" / "model.safetensors").is_file():
-                folders.append((f"bridge layer {layer}", out / "bridges" / f"layer-{layer:02d}" / "seed-0"))
+        folders += [(f"bridge layer {layer}", folder)
+                    for layer, (folder, again) in sampled_bridges(out, run).items() if again]
     lines = progress_of(folders, cap=BUDGET["steps"])
     samples = sorted((out / "samples").glob("*/samples.jsonl"))
     scored = [s for s in samples if s.with_suffix(".metrics.json").is_file()]
-    lines.append(f"{len(samples)} sample sets written, {len(scored)} evaluated"
+    lines.append(f"{len(samples)} sample set{'s' * (len(samples) != 1)} written, {len(scored)} evaluated"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
     return lines
 
@@ -360,12 +361,7 @@ def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = Tru
     one budget, and the layer-0 bridge (the rounding row): what --generation needs and the sweep
     does not. Returns the trained DSL-kind models' flags by name, and the layer-0 bridge's folder."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
-    models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
-              "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
-                       "--lr", 1e-3],
-              "dsl-smollm2": ["--init-from", MODEL, "--snr", "mixed", "--lr", 1e-4, "--warmup", 20]}
-    if not finetune:  # the 15-hour full fine-tune of the backbone; the DiHAL comparison does not need it
-        del models["dsl-smollm2"]
+    models = dsl_models(finetune)
     for name, flags in models.items():
         step(f"train {name}", "dsl", "train", "--corpus", CORPUS, *flags, *budget, "--out", out / name, *dev,
              done=out / name / "metrics.json")
@@ -384,6 +380,32 @@ def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = Tru
     return models, layer0
 
 
+def dsl_models(finetune: bool = True) -> dict:
+    """The DSL-kind generators --generation trains, by name: their `dsl train` flags (besides the
+    budget). Without `finetune`, no DSL-from-SmolLM2 (the 15-hour full fine-tune of the backbone;
+    the DiHAL comparison does not need it)."""
+    models = {"dsl": ["--tokenizer", "train:4096", "--snr", "mixed", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3],
+              "mdlm": ["--tokenizer", "train:4096", "--snr", "endpoint", "--d-model", 256, "--n-layers", 4,
+                       "--lr", 1e-3],
+              "dsl-smollm2": ["--init-from", MODEL, "--snr", "mixed", "--lr", 1e-4, "--warmup", 20]}
+    if not finetune:
+        del models["dsl-smollm2"]
+    return models
+
+
+def sampled_bridges(out: Path, run: Path) -> dict[int, tuple[Path, bool]]:
+    """The bridges --generation samples through, by layer (the sweep's chosen, worst and oracle
+    layers' seed 0; a layer playing two roles is one): their folder, and whether it is trained
+    again there (a bridge restored from its record, RECORD, has no weights)."""
+    verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+    found = {}
+    for layer in dict.fromkeys(verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")):
+        folder = run / "bridges" / f"layer-{layer:02d}" / "seed-0"
+        again = not (folder / "model.safetensors").is_file()
+        found[layer] = (out / "bridges" / f"layer-{layer:02d}" / "seed-0" if again else folder, again)
+    return found
+
+
 def rounding_dir(out: Path) -> Path:
     """Where --generation trains the layer-0 bridge that the rounding row samples through."""
     return out / "rounding" / "bridges" / "layer-00" / "seed-0"
@@ -393,13 +415,9 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
     """The generators (train_generators); samples of every generator (the hybrid through the first
     seed's bridges at the chosen, worst and easiest layers); eval and compare."""
     models, layer0 = train_generators(out, run, step, dev, finetune)
-    sweep = json.loads((run / "sweep.json").read_text())["verdict"]
     rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
-    for role in ("chosen", "worst", "oracle"):  # a layer playing two roles is one row
-        layer = sweep[role + "_layer"]
-        folder = run / "bridges" / f"layer-{layer:02d}" / "seed-0"
-        if not (folder / "model.safetensors").is_file():  # restored from its record (RECORD): no weights
-            folder = out / "bridges" / f"layer-{layer:02d}" / "seed-0"  # the same bridge trained again, here
+    for layer, (folder, again) in sampled_bridges(out, run).items():
+        if again:  # the same bridge trained again, here
             step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *BRIDGE, "--out", out, *dev,
                  done=folder / "model.safetensors")
         rows[f"bridge-{layer:02d}"] = ["--model", folder, "--sampler", "hybrid"]
@@ -484,12 +502,13 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
     text = [
         "# Results: SmolLM2-135M-Instruct on the KJV", "",
-        "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below in "
-        f"order on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
+        "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below "
+        f"on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
         f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
         "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
         "bridges' own training time is under Cost below. Steps of a `--generation --before-sweep` "
-        "invocation ran beside the sweep, so the minutes in all add more than the wall clock." + (
+        "invocation ran beside the sweep, and steps run by hand on a second core beside others (the page's "
+        "hand-written bullets say which), so the minutes in all add more than the wall clock." + (
             "" if parse_seeds(seeds) == parse_seeds(SEEDS) else
             f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
             "`make results` trains the missing ones, resumably, and rewrites the page."), "",
@@ -539,22 +558,26 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
         # pairs of rows whose intervals are disjoint
         lines += [f"- Generation: {line}" for line in generation_prose(read_rows(run / "compare.csv")) if line]
     else:
-        lines.append("- Generation was not rerun with this sweep: [results-generation.md](results-generation.md) "
-                     "holds the previous run's section (its bridge rows used the bridges of that run).")
+        lines.append("- Generation: the full comparison has not been run with this sweep's bridges "
+                     "(`--generation`); [results-generation.md](results-generation.md) holds the previous run's "
+                     "section (its bridge rows used the bridges of that run).")
     return "\n".join(lines)
 
 
 def hand_written(notes: Path) -> list[str]:
-    """The bullets of `notes` (lines starting "- "; a bullet may go on over the lines below it),
-    each marked as written by hand."""
+    """The bullets of `notes` (lines starting "- "; a bullet goes on over the indented lines below
+    it), each marked as written by hand."""
     if not notes.is_file():
         return []
-    bullets = []
+    bullets, open_ = [], False
     for line in notes.read_text().splitlines():
         if line.startswith("- "):
             bullets.append(line[2:].strip())
-        elif line.strip() and bullets:
+            open_ = True
+        elif open_ and line.startswith((" ", "\t")) and line.strip():  # an indented line goes on
             bullets[-1] += " " + line.strip()
+        else:  # a blank or unindented line ends it
+            open_ = False
     return [f"- {b} (written by hand: {notes.relative_to(ROOT) if notes.is_relative_to(ROOT) else notes})"
             for b in bullets]
 
@@ -591,7 +614,7 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
     return (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
             f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, the one "
-            f"`--generation` samples through, {stop}.")
+            f"`--generation` samples through (trained again where the run keeps only its record), {stop}.")
 
 
 if __name__ == "__main__":

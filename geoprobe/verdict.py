@@ -325,48 +325,61 @@ def lookup_line(c: dict) -> str:
             f"share of it the bridges leave (p {share['p']:.2g}) on its own.")
 
 
+CEILING = "the same network trained as the plain clean regression, one seed"  # sweep --ceiling
+
+
 def ceiling_gap_line(v: dict) -> str | None:
     """How far below (or above) the bridges' seed-mean primary loss the ceiling control is at each
-    compared layer: what the diffusion part costs on the primary metric. None without a ceiling at
-    every compared layer."""
+    compared layer: what training on the noisy conditions (and sampling, where the bridges sample
+    in more than one step) costs the clean score. None without a ceiling at every compared layer."""
     loss = v["primary_loss"]
     rows = [r for r in v["layers"] if r["layer"] in v["compared_layers"]]
     if not rows or any(r.get("ceiling_nmse_dim") is None or not r[loss] for r in rows):
         return None
     gap = {r["layer"]: 100 * (1 - r["ceiling_nmse_dim"] / r[loss]) for r in rows}  # % below the bridges
     above = [layer for layer, g in gap.items() if g < 0]
-    line = (f"The ceiling control (the same network trained as the plain clean regression) is {min(gap.values()):.0f}–"
-            f"{max(gap.values()):.0f} % below the bridges' seed-mean {loss}")
-    if not above:
-        return line + " at every tested layer: what the noisy conditions cost the clean score."
-    return (f"The ceiling control (the same network trained as the plain clean regression) is above the bridges' "
-            f"seed-mean {loss} at layer{'s' if len(above) > 1 else ''} {', '.join(map(str, above))}: there the "
-            "regression trained worse than the bridges, so it is no ceiling.")
+    if above:
+        return (f"The ceiling control ({CEILING}) is above the bridges' seed-mean {loss} at "
+                f"layer{'s' if len(above) > 1 else ''} {', '.join(map(str, above))}: there the regression trained "
+                "worse than the bridges, so it is no ceiling.")
+    low, high = f"{min(gap.values()):.0f}", f"{max(gap.values()):.0f}"
+    return (f"The ceiling control ({CEILING}) is {low if low == high else f'{low}–{high}'} % below the bridges' "
+            f"seed-mean {loss} at every tested layer: what the bridges' noisy conditions cost their clean score.")
 
 
 def secondary_line(v: dict, loss: str) -> str:
     """A secondary loss that passes its Holm-corrected test, beside its own controls: it cannot
-    rescue a failed primary (method.md), and whether it follows depth or the massive channels as
-    closely as the score says what else could drive it."""
+    rescue a failed primary (method.md), on unconverged bridges it is no evidence either, and
+    whether it follows depth or the massive channels as closely as the score says what else could
+    drive it."""
     t, c = v["tests"][loss], v["controls"][loss]
     partial = c["partial_given_depth"]
     parts = [f"depth rho {c['depth']['rho']:.2f}"]
     if "channel_share" in c:
         parts.append(f"massive-channel share rho {c['channel_share']['rho']:.2f}")
-    parts.append(f"partial rho given depth {partial['rho']:.2f} (Freedman-Lane p {partial['p']:.2g})"
-                 if partial["rho"] is not None else "partial rho given depth undefined")
-    if "score_channels_excluded" in c:
-        parts.append(f"score with massive channels excluded rho {c['score_channels_excluded']['rho']:.2f}")
-    primary = v["tests"][v["primary_loss"]]["supports"]
+    parts.append(f"partial rho(score, {loss} | depth) {partial['rho']:.2f} (Freedman-Lane p {partial['p']:.2g})"
+                 if partial["rho"] is not None else f"partial rho(score, {loss} | depth) undefined")
+    parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f}" for k in SCORE_VARIANTS if k in c]
+    caveats = []
+    if not v["convergence"]["converged"]:
+        caveats.append("on unconverged losses, which is no evidence")
+    if not v["tests"][v["primary_loss"]]["supports"]:
+        caveats.append("and cannot rescue the primary (method.md)" if caveats else "which cannot rescue the primary "
+                       "(method.md)")
     return (f"The secondary {loss} passes (rho {t['rho']:.2f}, Holm p {t['p_holm']:.2g})"
-            + ("" if primary else ", which cannot rescue the primary (method.md)")
-            + f"; its own controls: {'; '.join(parts)}.")
+            + (", " + " ".join(caveats) if caveats else "") + f"; its own controls: {'; '.join(parts)}.")
 
 
 def current_statement(v: dict) -> list[str]:
     """The verdict's lines in today's words: recomputed from a stored verdict's numbers (a sweep.json
-    written before a line was added gets it), the stored lines where there was no test."""
-    return statement(v) if "tests" in v else v.get("statement", [])
+    written before a line was added gets it); the stored lines where there was no test, or where
+    the verdict predates a field today's lines need."""
+    if "tests" not in v:
+        return v.get("statement", [])
+    try:
+        return statement(v)
+    except KeyError:  # e.g. no "convergence" (before 2026-12-01): its own lines, as it wrote them
+        return v.get("statement", [])
 
 
 def statement(v: dict) -> list[str]:

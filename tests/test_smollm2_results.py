@@ -30,6 +30,11 @@ def write_sweep(run, layers=LAYERS, seeds=(0, 1, 2), ceilings=True):
     (run / "sweep.json").write_text(json.dumps({"rows": rows, "verdict": verdict}))
 
 
+def page_of(run):
+    """What the page says of `run`, without the tracked hand-written notes."""
+    return what_it_says(run, run, notes=run / "none.md")
+
+
 def test_a_stored_sweep_is_done_only_with_every_layer_seed_and_ceiling(tmp_path):
     assert not swept(tmp_path, "0,1,2")  # nothing stored
     write_sweep(tmp_path)
@@ -43,7 +48,7 @@ def test_a_stored_sweep_is_done_only_with_every_layer_seed_and_ceiling(tmp_path)
 
 def test_the_cost_line_counts_every_bridge_and_each_layers_ceiling_once(tmp_path):
     write_sweep(tmp_path)
-    cost = next(line for line in what_it_says(tmp_path, tmp_path).splitlines() if line.startswith("- Cost:"))
+    cost = next(line for line in page_of(tmp_path).splitlines() if line.startswith("- Cost:"))
     # 36 bridges x 60 s = 36 min; 12 ceilings x 120 s = 24 min (each copied onto 3 seeds' rows)
     assert cost.startswith("- Cost: 36 bridges trained for at least 36 min in all, and 12 ceiling controls for 24 min")
 
@@ -62,7 +67,7 @@ def test_the_cost_line_says_which_machines_trained_the_bridges_when_more_than_on
     unnamed = "a machine the record does not name (recorded before commit f00b1b5, 2026-12-05 13:51)"
     assert by_machine(rows) == f"trained on more than one machine: 24 runs, 24 min, on {unnamed}; 24 runs, 36 min, on 2 × Xeon"
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
-    cost = next(line for line in what_it_says(tmp_path, tmp_path).splitlines() if line.startswith("- Cost:"))
+    cost = next(line for line in page_of(tmp_path).splitlines() if line.startswith("- Cost:"))
     assert cost.endswith(f"; trained on more than one machine: 24 runs, 24 min, on {unnamed}; 24 runs, 36 min, on 2 × Xeon.")
     rows[0]["machine"] = "1 × Epyc"  # the one run of a third machine
     assert "1 run, 1 min, on 1 × Epyc; 23 runs, 23 min, on a machine" in by_machine(rows)
@@ -70,14 +75,15 @@ def test_the_cost_line_says_which_machines_trained_the_bridges_when_more_than_on
 
 def test_the_page_names_the_dihal_models_delta_ce_and_whether_its_sampled_bridge_converged(tmp_path):
     write_sweep(tmp_path)  # score -layer: the geometry chooses layer 1; delta_ce 0.010, 0.011, 0.012
-    line = next(l for l in what_it_says(tmp_path, tmp_path).splitlines() if l.startswith("- The DiHAL model"))
+    line = next(l for l in page_of(tmp_path).splitlines() if l.startswith("- The DiHAL model"))
     assert line.startswith("- The DiHAL model at the geometry's chosen layer 1: delta_ce 0.011 ± 0.001 nats "
                            "(seed mean ± sd over 3 seeds")
-    assert line.endswith("its seed-0 bridge, the one `--generation` samples through, stopped by its plateau.")
+    assert line.endswith("its seed-0 bridge, the one `--generation` samples through (trained again where the run "
+                         "keeps only its record), stopped by its plateau.")
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     next(r for r in sweep["rows"] if r["layer"] == 1 and r["seed"] == 0)["stop"] = "cap"
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
-    assert "stopped at its cap: unconverged, its samples are not evidence." in what_it_says(tmp_path, tmp_path)
+    assert "stopped at its cap: unconverged, its samples are not evidence." in page_of(tmp_path)
 
 
 def test_the_page_puts_the_bridges_before_the_geometry_and_how_it_ran_last(tmp_path, monkeypatch):
@@ -508,10 +514,12 @@ def test_shape_study_status_reads_its_own_variant_folders(tmp_path, monkeypatch,
 def test_hand_written_bullets_reach_the_page_marked_and_whole(tmp_path):
     write_sweep(tmp_path)
     notes = tmp_path / "notes.md"
-    notes.write_text("# heading, not a bullet\n\nprose, not a bullet\n\n- one bullet\n  that goes on\n- two\n")
+    notes.write_text("# heading, not a bullet\n\nprose, not a bullet\n\n- one bullet\n  that goes on\n- two\n\n"
+                     "## a later heading\n\nlater prose\n- three\nunindented: not a part of it\n")
     page = what_it_says(tmp_path, tmp_path, notes=notes).splitlines()
     marked = [l for l in page if "(written by hand" in l]
-    assert marked == [f"- one bullet that goes on (written by hand: {notes})", f"- two (written by hand: {notes})"]
+    assert marked == [f"- one bullet that goes on (written by hand: {notes})", f"- two (written by hand: {notes})",
+                      f"- three (written by hand: {notes})"]
     assert page.index(marked[0]) > page.index(next(l for l in page if l.startswith("- Cost:")))  # after the computed
     assert not any("written by hand" in l for l in what_it_says(tmp_path, tmp_path, notes=tmp_path / "none.md").splitlines())
 
@@ -539,9 +547,9 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     lines = generation_progress(tmp_path, run, finetune=False)
     assert lines[0] == "train dsl: finished"
     left = (BUDGET["steps"] - 1000) * 0.6 / 60  # 0.6 s a step so far
-    assert lines[1] == f"train mdlm: training, step 1,000, 10 min so far, at most {left:.0f} min to its cap"
+    assert lines[1] == f"train mdlm: training, step 1,000, 10 min so far, about {left:.0f} min to its cap at this rate"
     waiting = len(BASELINES) + 3  # the baselines, then the layer-0 bridge and layers 1 and 12 again
     assert lines[2] == f"1 of {waiting + 2} finished; {waiting} waiting, next train {BASELINES[0]}"
-    assert lines[3] == "1 sample sets written, 0 evaluated"
+    assert lines[3] == "1 sample set written, 0 evaluated"
     # with the fine-tune, it is the next to train after mdlm
     assert generation_progress(tmp_path, run)[2].endswith(f"{waiting + 1} waiting, next train dsl-smollm2")

@@ -129,6 +129,7 @@ def test_the_ceilings_gap_to_the_bridges_is_stated_and_a_regression_above_them_i
     v = sweep_verdict(rows, {"score": {l: -float(l) for l in means}}, {})
     line = ceiling_gap_line(v)
     assert "is 10–25 % below the bridges' seed-mean nmse_dim at every tested layer" in line
+    assert line.count("plain clean regression") == 1
     assert line in v["statement"]
     for row in rows:
         if row["layer"] in (2, 5):
@@ -158,12 +159,23 @@ def test_a_passing_secondary_is_shown_beside_its_own_controls_and_cannot_rescue_
     assert "massive-channel share rho -1.00" in line  # ranks opposite to the share, as to the score
     y = [1 - 0.05 * score[l] + 0.0001 for l in layers]
     want = partial_spearman_test(np.array([score[l] for l in layers]), y, np.array(layers, float), seed=0)
-    assert f"partial rho given depth {want['rho']:.2f}" in line
-    assert not any(l.startswith("The secondary nmse passes") for l in v["statement"])  # only the passing ones
+    assert f"partial rho(score, nmse_noisy | depth) {want['rho']:.2f}" in line
+    assert "score massive channels excluded: rho" not in line  # no such score given: not made up
+    assert [l for l in v["statement"] if l.startswith("The secondary")] == [line]  # only the passing one
     # a verdict stored before these lines existed gets them when read back
     stored = json.loads(json.dumps({**v, "statement": v["statement"][:2]}))
     assert current_statement(stored) == v["statement"]
-    assert current_statement({"statement": ["only 2 layers compared: no test"]}) == ["only 2 layers compared: no test"]
+    older = {k: val for k, val in stored.items() if k != "convergence"}  # before 2026-12-01: its own lines
+    assert current_statement(older) == v["statement"][:2]
+    few = sweep_verdict(rows_for({1: [0.2, 0.21], 2: [0.3, 0.31], 3: [0.4, 0.41]}, seeds=(0, 1)),
+                        {"score": {1: 1.0, 2: 2.0, 3: 3.0}}, {})
+    assert "tests" not in few and current_statement(json.loads(json.dumps(few))) == few["statement"]
+    # unconverged bridges: a passing secondary is no evidence either
+    for row in rows:
+        row["stop"] = "cap"
+    v = sweep_verdict(rows, {"score": score}, share)
+    line = next(l for l in v["statement"] if l.startswith("The secondary nmse_noisy passes"))
+    assert "on unconverged losses, which is no evidence and cannot rescue the primary" in line
 
 
 def test_a_score_that_predicts_beyond_depth_is_robustly_supported():
