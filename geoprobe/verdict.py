@@ -194,6 +194,35 @@ def beats_lookup(nmse_dim: float, lookup: float | None, lookup_ridge: float | No
     return None if lookup is None else bool(nmse_dim < learned_below(lookup, lookup_ridge))
 
 
+def bridge_lines(m: dict) -> list[str]:
+    """What one bridge's metrics.json says of its training, in plain words: how it stopped, whether
+    it ever improved on its start, and whether it learned more than its token lookup."""
+    stop, steps, best = m.get("stop"), m.get("steps_run"), m.get("best_step")
+    if stop == "plateau":
+        lines = [f"Stopped by its plateau at step {steps:,}, with its best weights (step {best:,})."]
+    elif stop == "cap":
+        lines = [f"Reached its step cap ({steps:,}) before its plateau: unconverged, so its scores say how far "
+                 "training got, not how hard the layer is."]
+    elif stop == "budget":
+        lines = [f"Trained exactly {steps:,} steps (--until steps)."]
+    else:
+        lines = [f"Stopped: {stop}."]
+    if stop == "plateau" and best == 0:
+        lines.append("It never improved on its start (best step 0): these are its initial weights"
+                     + (". At the source layer the clean score the plateau rule watches is the token lookup's "
+                        "before any training, so the rule cannot see it learn the noisy conditions sampling needs: "
+                        "train it with --until steps." if m.get("layer") in SOURCE_LAYERS else "."))
+    learned, lookup = m.get("beats_lookup"), m.get("control_lookup_nmse_dim")
+    if learned is not None and lookup is not None:
+        bar = learned_below(lookup, m.get("control_lookup_ridge_nmse_dim"))
+        lines.append(f"nmse_dim {m['nmse_dim']:.4f} against its token lookup's {lookup:.4f}: "
+                     + ("it learned more than a table of per-token means." if learned else
+                        f"not below {bar:.4f}, the bar for having learned ({100 * (1 - LOOKUP_MARGIN):.0f} % under "
+                        "the lookup, or the lookup + ridge control where that is closer): it learned little beyond "
+                        "a table of per-token means."))
+    return lines
+
+
 def convergence(rows: list[dict], layers: list[int]) -> dict:
     """Whether the tested bridges (the compared layers, every seed) converged: at least
     CONVERGED_SHARE of them stopped by their plateau, and each one's nmse_dim is below its layer's

@@ -176,6 +176,7 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
     code, out, err = invoke("--format", "json", "bridge", *flags)
     assert code == 0, err
     first = json.loads(out)
+    assert first["summary"][0] == "Trained exactly 6 steps (--until steps)."  # what it says, in words
     # another step count or learning rate on a finished bridge: refused, naming what differs, before
     # the teacher pass (minutes on a real model)
     import geoprobe.workflows.sweep

@@ -535,3 +535,22 @@ def test_the_lookup_line_names_what_the_score_ranks():
     assert "per-token table, which needs no bridge" in lookup_line(c(0.001, 0.3))
     assert "predicts neither" in lookup_line(c(0.2, 0.3))
     assert "predicts neither" in lookup_line(c(0.001, 0.001, rho=0.9))  # the wrong sign is no prediction
+
+
+def test_a_bridges_own_lines_say_how_it_stopped_and_whether_it_learned():
+    from geoprobe.verdict import bridge_lines
+
+    base = {"layer": 3, "stop": "plateau", "steps_run": 2900, "best_step": 2850, "nmse_dim": 0.137,
+            "control_lookup_nmse_dim": 0.280, "beats_lookup": True}
+    lines = bridge_lines(base)
+    assert lines == ["Stopped by its plateau at step 2,900, with its best weights (step 2,850).",
+                     "nmse_dim 0.1370 against its token lookup's 0.2800: it learned more than a table of per-token means."]
+    capped = bridge_lines({**base, "stop": "cap", "steps_run": 4000})
+    assert capped[0].startswith("Reached its step cap (4,000) before its plateau: unconverged")
+    # SmolLM2's first layer-0 bridge (2026-12-05): stopped at once with its initial weights
+    source = bridge_lines({**base, "layer": 0, "steps_run": 250, "best_step": 0, "nmse_dim": 0.0152,
+                           "control_lookup_nmse_dim": 0.0152, "beats_lookup": False})
+    assert source[1].startswith("It never improved on its start (best step 0)") and "--until steps" in source[1]
+    assert "learned little beyond a table of per-token means" in source[2]
+    assert "--until steps" not in bridge_lines({**base, "best_step": 0})[1]  # not the source: no such advice
+    assert len(bridge_lines({"layer": 3, "stop": "budget", "steps_run": 6})) == 1  # no lookup recorded: no claim

@@ -98,9 +98,16 @@ def bridge(
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     if metrics is None:  # data-parallel ranks: rank 0 validates and reports
         return
-    show({**metrics, "dir": str(folder)}, lambda: print_table(
-        f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
-        [[k, v] for k, v in metrics.items() if not isinstance(v, dict)]))
+    from geoprobe.verdict import bridge_lines  # scipy: imported when a bridge has trained, not at start-up
+
+    said = bridge_lines(metrics)
+
+    def printed():
+        print_table(f"bridge at layer {metrics['layer']} → {folder}", ["key", "value"],
+                    [[k, v] for k, v in metrics.items() if not isinstance(v, dict)])
+        print("\n".join(said))
+
+    show({**metrics, "dir": str(folder), "summary": said}, printed)
 
 
 @app.command(epilog="Examples:\n\n  geoprobe sweep --run runs/demo       # every scanned layer, each to its plateau\n\n"
