@@ -198,8 +198,11 @@ def bridge_lines(m: dict) -> list[str]:
     """What one bridge's metrics.json says of its training, in plain words: how it stopped, whether
     it ever improved on its start, and whether it learned more than its token lookup."""
     stop, steps, best = m.get("stop"), m.get("steps_run"), m.get("best_step")
+    if stop is None or steps is None:  # a record from before these fields: nothing to say
+        return []
     if stop == "plateau":
-        lines = [f"Stopped by its plateau at step {steps:,}, with its best weights (step {best:,})."]
+        lines = [f"Stopped by its plateau at step {steps:,}"
+                 + (f", with its best weights (step {best:,})." if best is not None else ".")]
     elif stop == "cap":
         lines = [f"Reached its step cap ({steps:,}) before its plateau: unconverged, so its scores say how far "
                  "training got, not how hard the layer is."]

@@ -554,3 +554,4 @@ def test_a_bridges_own_lines_say_how_it_stopped_and_whether_it_learned():
     assert "learned little beyond a table of per-token means" in source[2]
     assert "--until steps" not in bridge_lines({**base, "best_step": 0})[1]  # not the source: no such advice
     assert len(bridge_lines({"layer": 3, "stop": "budget", "steps_run": 6})) == 1  # no lookup recorded: no claim
+    assert bridge_lines({"layer": 3, "nmse_dim": 0.2}) == []  # an old record without its stop
