@@ -85,7 +85,7 @@ BRIDGE = [*CAP_AND_RULE, *SHAPE]
 # rule: at layer 0 the clean reconstruction is the token lookup itself, which the bridge starts at,
 # so the rule (it watches the clean score) stopped it at step 250 with its step-0 weights (best step
 # 0, nmse_noisy 1.22: worse than the mean state under noise) before it learned the noisy conditions
-# generation samples from (2026-12-05; amended after that run, docs/results.md says so)
+# generation samples from (2026-12-05; amended after that run: docs/baselines.md, "On SmolLM2")
 ROUNDING = ["--steps", BUDGET["steps"], "--until", "steps", *SHAPE]
 SWEEP = ["--layers", "1-12", *BRIDGE, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
