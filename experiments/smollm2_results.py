@@ -293,9 +293,10 @@ def progress_of(folders: list[tuple[str, Path]], cap: int | None = None) -> list
     ones and of those waiting (also bench/bridge_design.py --status)."""
     from safetensors import safe_open
 
-    lines, waiting = [], []
+    lines, waiting, finished = [], [], 0
     for name, folder in folders:
         if (folder / "metrics.json").is_file():
+            finished += 1
             m = json.loads((folder / "metrics.json").read_text())
             if "nmse_dim" in m:  # a bridge
                 lines.append(f"{name}: {m['stop']} at step {m['steps_run']:,}, validation nmse_dim {m['nmse_dim']:.4f}")
@@ -316,8 +317,7 @@ def progress_of(folders: list[tuple[str, Path]], cap: int | None = None) -> list
             lines.append(f"{name}: training, step {step:,}{score}, {seconds / 60:.0f} min so far{left}")
         else:
             waiting.append(name)
-    count = sum(": training" not in line for line in lines)
-    lines.append(f"{count} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
+    lines.append(f"{finished} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
                                                           if waiting else ""))
     return lines
 
