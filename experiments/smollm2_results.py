@@ -556,7 +556,10 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
 
         # what the table allows one to say: the evaluator, its own-backbone rows, and only the
         # pairs of rows whose intervals are disjoint
-        lines += [f"- Generation: {line}" for line in generation_prose(read_rows(run / "compare.csv")) if line]
+        rows = read_rows(run / "compare.csv")
+        if "chosen_layer" in verdict:
+            lines.append(generation_line(verdict, rows))
+        lines += [f"- Generation: {line}" for line in generation_prose(rows) if line]
     else:
         lines.append("- Generation: the full comparison has not been run with this sweep's bridges "
                      "(`--generation`); [results-generation.md](results-generation.md) holds the previous run's "
@@ -615,6 +618,47 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
             f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, the one "
             f"`--generation` samples through (trained again where the run keeps only its record), {stop}.")
+
+
+def generation_line(verdict: dict, rows: list[dict]) -> str:
+    """DiHAL's generation on SmolLM2 in words (issue 31 section 4, issue 35's SmolLM2 table): the
+    hybrid through the chosen, worst and oracle layers' bridges, beside rounding and the
+    embedding-diffusion baselines, by Gen.PPL with its 95 % interval and MAUVE. Descriptive
+    (docs/baselines.md, "On SmolLM2"): a factor is given only where two intervals are disjoint, and
+    SmolLM2 is the bridges' own backbone, which favours their Gen.PPL."""
+
+    def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
+        return next((r for r in rows if ("/" + r["generator"]).endswith("/" + generator)), None)
+
+    def shown(row: dict) -> str:
+        return (f"Gen.PPL {row['gen_ppl']:,.0f} ({row['gen_ppl_lo']:,.0f}–{row['gen_ppl_hi']:,.0f}), "
+                f"MAUVE {row['mauve']:.3f}")
+
+    def against(row: dict, other: dict) -> str:
+        if row["gen_ppl_hi"] < other["gen_ppl_lo"]:
+            return f"{other['gen_ppl'] / row['gen_ppl']:,.0f}× lower, the intervals disjoint"
+        if other["gen_ppl_hi"] < row["gen_ppl_lo"]:
+            return f"{row['gen_ppl'] / other['gen_ppl']:,.0f}× higher, the intervals disjoint"
+        return "the intervals overlap: not ranked"
+
+    chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
+    if chosen is None:
+        return "- DiHAL's samples: the chosen layer's bridge has no row in the comparison."
+    parts = [f"the hybrid through the chosen layer {verdict['chosen_layer']}'s bridge has {shown(chosen)}"]
+    if (rounding := find("bridges/layer-00/seed-0 (round)")) is not None:
+        parts.append(f"the rounding row (the layer-0 bridge decoded by rounding) {shown(rounding)}: "
+                     f"the hybrid is {against(chosen, rounding)}")
+    for role in ("worst", "oracle"):
+        layer = verdict.get(f"{role}_layer")
+        if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
+            parts.append(f"the {role} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
+    baselines = [(kind, row) for kind in BASELINES if (row := find(kind)) is not None]
+    if baselines:
+        parts.append("the embedding-diffusion baselines " + "; ".join(
+            f"{kind} {shown(row)} (the chosen layer's is {against(chosen, row)})" for kind, row in baselines))
+    return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, scored by SmolLM2; descriptive, "
+            "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): " + "; ".join(parts) + ". SmolLM2 is the "
+            "bridges' own backbone: their upper stack writes the text it scores, which favours their Gen.PPL.")
 
 
 if __name__ == "__main__":

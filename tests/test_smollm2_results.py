@@ -553,3 +553,24 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     assert lines[3] == "1 sample set written, 0 evaluated"
     # with the fine-tune, it is the next to train after mdlm
     assert generation_progress(tmp_path, run)[2].endswith(f"{waiting + 1} waiting, next train dsl-smollm2")
+
+
+def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_disjoint():
+    from experiments.smollm2_results import generation_line
+
+    def row(generator, ppl, lo, hi, mauve=0.005):
+        return {"generator": generator, "gen_ppl": ppl, "gen_ppl_lo": lo, "gen_ppl_hi": hi, "mauve": mauve}
+
+    verdict = {"chosen_layer": 3, "worst_layer": 12, "oracle_layer": 3}
+    rows = [row("bridges/layer-03/seed-0", 3382, 3115, 3697), row("bridges/layer-00/seed-0 (round)", 107106, 100708, 113621),
+            row("bridges/layer-12/seed-0", 3500, 3300, 3800), row("results/sed", 1000, 900, 1100),
+            row("results/dsl", 10, 9, 11)]
+    line = generation_line(verdict, rows)
+    assert "chosen layer 3's bridge has Gen.PPL 3,382 (3,115–3,697)" in line
+    assert "the hybrid is 32× lower, the intervals disjoint" in line  # 107,106 / 3,382 = 31.7
+    assert "the worst layer 12's bridge Gen.PPL 3,500 (3,300–3,800), MAUVE 0.005 (the chosen layer's is the " \
+           "intervals overlap: not ranked)" in line
+    assert "oracle layer" not in line  # the oracle is the chosen layer: one row, said once
+    assert "sed Gen.PPL 1,000 (900–1,100), MAUVE 0.005 (the chosen layer's is 3× higher, the intervals disjoint)" in line
+    assert "dsl" not in line.split("baselines")[1]  # only the embedding-diffusion kinds are baselines
+    assert "has no row" in generation_line(verdict, rows[1:])
