@@ -445,7 +445,8 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
          done=ar / "samples.jsonl")
     files.append(ar / "samples.jsonl")
     everything = files + curve
-    step("eval", "eval", *everything, "--evaluator", MODEL, "--references", CORPUS, *dev,
+    # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
+    step("eval", "eval", *everything, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS, *dev,
          done=everything[-1].with_suffix(".metrics.json") if all(
              f.with_suffix(".metrics.json").is_file() for f in everything) else None)
     step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
@@ -623,23 +624,36 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
 def generation_line(verdict: dict, rows: list[dict]) -> str:
     """DiHAL's generation on SmolLM2 in words (issue 31 section 4, issue 35's SmolLM2 table): the
     hybrid through the chosen, worst and oracle layers' bridges, beside rounding and the
-    embedding-diffusion baselines, by Gen.PPL with its 95 % interval and MAUVE. Descriptive
-    (docs/baselines.md, "On SmolLM2"): a factor is given only where two intervals are disjoint, and
-    SmolLM2 is the bridges' own backbone, which favours their Gen.PPL."""
+    embedding-diffusion baselines, by Gen.PPL with its 95 % interval under each evaluator (SmolLM2,
+    then the KJV trigram, which is no generator's backbone) and MAUVE. Descriptive (docs/baselines.md,
+    "On SmolLM2"): a factor is given only where two intervals are disjoint."""
+    from geoprobe.workflows.compare import other_gen_ppl
 
     def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
         return next((r for r in rows if ("/" + r["generator"]).endswith("/" + generator)), None)
 
+    def scores(row: dict) -> dict:  # evaluator -> (Gen.PPL, low, high)
+        return {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
+                **other_gen_ppl(row.get("other_evaluators"))}
+
+    def label(evaluator: str) -> str:
+        return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
+
     def shown(row: dict) -> str:
-        return (f"Gen.PPL {row['gen_ppl']:,.0f} ({row['gen_ppl_lo']:,.0f}–{row['gen_ppl_hi']:,.0f}), "
-                f"MAUVE {row['mauve']:.3f}")
+        return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
+                                      + f" under {label(name)}" for name, (ppl, lo, hi) in scores(row).items()) \
+            + f", MAUVE {row['mauve']:.3f}"
 
     def against(row: dict, other: dict) -> str:
-        if row["gen_ppl_hi"] < other["gen_ppl_lo"]:
-            return f"{other['gen_ppl'] / row['gen_ppl']:,.0f}× lower, the intervals disjoint"
-        if other["gen_ppl_hi"] < row["gen_ppl_lo"]:
-            return f"{row['gen_ppl'] / other['gen_ppl']:,.0f}× higher, the intervals disjoint"
-        return "the intervals overlap: not ranked"
+        said = []
+        for name, (ppl, lo, hi) in scores(row).items():
+            if name not in scores(other) or lo is None or scores(other)[name][1] is None:
+                continue
+            them, their_lo, their_hi = scores(other)[name]
+            said.append(f"{them / ppl:,.0f}× lower" if hi < their_lo else f"{ppl / them:,.0f}× higher" if their_hi < lo
+                        else "within the interval (not ranked)")
+            said[-1] += f" under {label(name)}"
+        return ", ".join(said) or "not compared (no intervals)"
 
     chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
     if chosen is None:
@@ -647,7 +661,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     parts = [f"the hybrid through the chosen layer {verdict['chosen_layer']}'s bridge has {shown(chosen)}"]
     if (rounding := find("bridges/layer-00/seed-0 (round)")) is not None:
         parts.append(f"the rounding row (the layer-0 bridge decoded by rounding) {shown(rounding)}: "
-                     f"the hybrid is {against(chosen, rounding)}")
+                     f"the hybrid's is {against(chosen, rounding)} (a factor only where the intervals are disjoint)")
     for role in ("worst", "oracle"):
         layer = verdict.get(f"{role}_layer")
         if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
@@ -656,10 +670,11 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     if baselines:
         parts.append("the embedding-diffusion baselines " + "; ".join(
             f"{kind} {shown(row)} (the chosen layer's is {against(chosen, row)})" for kind, row in baselines))
-    return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, scored by SmolLM2; descriptive, "
-            "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): " + "; ".join(parts) + ". SmolLM2 is the "
-            "bridges' own backbone: their upper stack writes the text it scores, which favours their Gen.PPL.")
-
+    return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, "
+            "95 % bootstrap intervals; descriptive, [baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): "
+            + "; ".join(parts) + ". SmolLM2 is the bridges' own backbone: their upper stack writes the text it "
+            "scores, which favours their Gen.PPL there; the KJV trigram (`ngram:kjv`, fitted on the whole KJV) is "
+            "no generator's backbone, but it rewards copying the KJV and sees only three tokens at a time.")
 
 if __name__ == "__main__":
     main()

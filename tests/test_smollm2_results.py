@@ -558,19 +558,33 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
 def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_disjoint():
     from experiments.smollm2_results import generation_line
 
-    def row(generator, ppl, lo, hi, mauve=0.005):
-        return {"generator": generator, "gen_ppl": ppl, "gen_ppl_lo": lo, "gen_ppl_hi": hi, "mauve": mauve}
+    def row(generator, ppl, lo, hi, trigram=None, mauve=0.005):
+        return {"generator": generator, "evaluator": "builtin:smollm2", "gen_ppl": ppl, "gen_ppl_lo": lo,
+                "gen_ppl_hi": hi, "mauve": mauve, "other_evaluators": trigram}
 
     verdict = {"chosen_layer": 3, "worst_layer": 12, "oracle_layer": 3}
-    rows = [row("bridges/layer-03/seed-0", 3382, 3115, 3697), row("bridges/layer-00/seed-0 (round)", 107106, 100708, 113621),
-            row("bridges/layer-12/seed-0", 3500, 3300, 3800), row("results/sed", 1000, 900, 1100),
-            row("results/dsl", 10, 9, 11)]
+    rows = [row("bridges/layer-03/seed-0", 3382, 3115, 3697, "ngram:kjv: 1.585e+04 (1.4e+04–1.7e+04)"),
+            row("bridges/layer-00/seed-0 (round)", 107106, 100708, 113621, "ngram:kjv: 1.655e+05 (1.5e+05–1.8e+05)"),
+            row("bridges/layer-12/seed-0", 3500, 3300, 3800, "ngram:kjv: 1.6e+04 (1.55e+04–1.65e+04)"),
+            row("results/sed", 1000, 900, 1100), row("results/dsl", 10, 9, 11)]
     line = generation_line(verdict, rows)
-    assert "chosen layer 3's bridge has Gen.PPL 3,382 (3,115–3,697)" in line
-    assert "the hybrid is 32× lower, the intervals disjoint" in line  # 107,106 / 3,382 = 31.7
-    assert "the worst layer 12's bridge Gen.PPL 3,500 (3,300–3,800), MAUVE 0.005 (the chosen layer's is the " \
-           "intervals overlap: not ranked)" in line
+    assert "chosen layer 3's bridge has Gen.PPL 3,382 (3,115–3,697) under SmolLM2, 15,850 (14,000–17,000) " \
+           "under the KJV trigram, MAUVE 0.005" in line
+    # 107,106 / 3,382 = 31.7; 165,500 / 15,850 = 10.4
+    assert "the hybrid's is 32× lower under SmolLM2, 10× lower under the KJV trigram" in line
+    assert "the worst layer 12's bridge Gen.PPL 3,500 (3,300–3,800) under SmolLM2, 16,000 (15,500–16,500) under " \
+           "the KJV trigram, MAUVE 0.005 (the chosen layer's is within the interval (not ranked) under SmolLM2, " \
+           "within the interval (not ranked) under the KJV trigram)" in line
     assert "oracle layer" not in line  # the oracle is the chosen layer: one row, said once
-    assert "sed Gen.PPL 1,000 (900–1,100), MAUVE 0.005 (the chosen layer's is 3× higher, the intervals disjoint)" in line
+    assert "sed Gen.PPL 1,000 (900–1,100) under SmolLM2, MAUVE 0.005 (the chosen layer's is 3× higher under " \
+           "SmolLM2)" in line  # no trigram figure for sed: compared by SmolLM2 alone
     assert "dsl" not in line.split("baselines")[1]  # only the embedding-diffusion kinds are baselines
     assert "has no row" in generation_line(verdict, rows[1:])
+
+
+def test_the_other_evaluators_column_reads_back_with_and_without_an_interval():
+    from geoprobe.workflows.compare import other_gen_ppl
+
+    assert other_gen_ppl("ngram:kjv: 1.585e+04 (1.4e+04–1.7e+04); ./gpt2: 41.2") == {
+        "ngram:kjv": (15850.0, 14000.0, 17000.0), "./gpt2": (41.2, None, None)}
+    assert other_gen_ppl(None) == {}

@@ -18,13 +18,16 @@ EVAL = defaults_of(evaluate_samples)  # eval's flags default as the call does
 
 @app.command("eval", epilog="Examples:\n\n"
              "  geoprobe eval runs/dsl/samples.jsonl --evaluator builtin:smollm2 --references kjv\n\n"
-             "  geoprobe eval a.jsonl b.jsonl --evaluator ./gpt2-large --references held-out.txt --out metrics.json")
+             "  geoprobe eval a.jsonl b.jsonl --evaluator ./gpt2-large --references held-out.txt --out metrics.json\n\n"
+             "  geoprobe eval runs/bridge/samples.jsonl --evaluator builtin:smollm2,ngram:kjv --references kjv")
 def evaluate(
     samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files (rows with a 'text' field; "
                                                               "'token_ids' give the token entropy).")],
     evaluator: Annotated[str, typer.Option(help="Causal LM for Gen.PPL and MAUVE features (any model geoprobe "
                                                 "loads), or several separated by commas: each scores Gen.PPL, "
-                                                "the first gives MAUVE's features.")] = "builtin:smollm2",
+                                                "the first gives MAUVE's features. ngram:CORPUS after an LM: a "
+                                                "Kneser-Ney trigram of CORPUS in that LM's tokens, an evaluator "
+                                                "that is no generator's backbone.")] = "builtin:smollm2",
     references: Annotated[str | None, typer.Option(help="Reference corpus for MAUVE (and the HMM for "
                                                         "synthetic:hmm).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="One file for all the metrics (default: "

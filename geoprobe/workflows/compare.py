@@ -63,6 +63,26 @@ def intervals(values: dict) -> dict:
     return {"gen_ppl_lo": lo, "gen_ppl_hi": hi, "oracle_nll_lo": nll_lo, "oracle_nll_hi": nll_hi}
 
 
+def other_interval(values: dict, evaluator: str) -> str:
+    """" (lo–hi)": the 95% interval of another evaluator's Gen.PPL, where eval kept its per-sample
+    NLLs (since 2026-12-06); "" where not."""
+    scored = (values.get("nll_by_evaluator") or {}).get(evaluator) or {}
+    lo, hi = bootstrap_interval(scored.get("nll_per_sample") or [], scored.get("tokens_per_sample"), math.exp)
+    return "" if lo is None else f" ({lo:.4g}–{hi:.4g})"
+
+
+def other_gen_ppl(text: str | None) -> dict[str, tuple[float, float | None, float | None]]:
+    """A row's `other_evaluators` read back: each evaluator's (Gen.PPL, interval low, high)."""
+    found = {}
+    for entry in (text or "").split("; "):
+        if entry:
+            name, value = entry.rsplit(": ", 1)
+            ppl, _, interval = value.partition(" (")
+            lo, _, hi = interval.rstrip(")").partition("–")
+            found[name] = (float(ppl), float(lo) if lo else None, float(hi) if hi else None)
+    return found
+
+
 def distinguishable(rows: list[dict], key: str) -> tuple[list[tuple[dict, dict]], int]:
     """(pairs (better, worse) whose 95% intervals of `key` (lower is better) are disjoint, the
     number of pairs compared): rows whose intervals overlap are not ranked."""
@@ -98,7 +118,7 @@ def comparison_row(samples: Path) -> dict:
             "nfe_per_sample": meta.get("nfe_per_sample"),
             "seconds_per_sample": meta["seconds"] / max(1, meta.get("num") or values.get("samples") or 1),
             "train_tokens": budget, "used_tokens": used, "evaluator": evaluator,
-            "other_evaluators": "; ".join(f"{k}: {v:.4g}" for k, v in others.items()) or None,
+            "other_evaluators": "; ".join(f"{k}: {v:.4g}{other_interval(values, k)}" for k, v in others.items()) or None,
             "own_evaluator": ", ".join(values.get("evaluator_is_generator") or []) or None,
             **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity_within", "diversity_pooled",
                                           "unigram_entropy", "token_entropy", "mauve", "mauve_std",

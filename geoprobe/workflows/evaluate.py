@@ -136,13 +136,41 @@ def score(backbone, texts: list[str], context: int | None = None, eos: str | Non
             count[text] += int(weights[row].sum())
             if first:
                 feats[text] = last[row]
+    return perplexities(nll, count), feats
+
+
+def perplexities(nll: np.ndarray, count: np.ndarray) -> dict:
+    """Gen.PPL of the whole set and of each sample from their summed NLLs and scored tokens."""
     if not count.sum():
         raise BadInput("no text long enough to score (each sample needs at least one token after BOS)")
-    ppl = {"gen_ppl": math.exp(nll.sum() / count.sum()),
-           "gen_ppl_per_sample": [math.exp(n / c) for n, c in zip(nll, count) if c],
-           "nll_per_sample": nll.tolist(), "tokens_per_sample": count.tolist(),  # what an interval resamples
-           "scored_tokens": int(count.sum())}
-    return ppl, feats
+    return {"gen_ppl": math.exp(nll.sum() / count.sum()),
+            "gen_ppl_per_sample": [math.exp(n / c) for n, c in zip(nll, count) if c],
+            "nll_per_sample": nll.tolist(), "tokens_per_sample": count.tolist(),  # what an interval resamples
+            "scored_tokens": int(count.sum())}
+
+
+NGRAM = "ngram:"  # --evaluator ngram:CORPUS
+NGRAM_ORDER = 3  # trigrams: on the KJV's million tokens most 4-grams occur once
+SEPARATOR = "\x1e"  # ASCII's record separator: splits the corpus into its documents for `_ids`
+
+
+class NgramEvaluator:
+    """`ngram:CORPUS`: Gen.PPL under an interpolated Kneser-Ney trigram of CORPUS
+    (geoprobe.metrics.ngram), over the token ids of the LM evaluator listed before it, the corpus
+    read as `_ids` reads a sample (its documents joined by that evaluator's EOS): an evaluator that
+    is no generator's backbone. It has no features, so it cannot come first (MAUVE's)."""
+
+    def __init__(self, spec: str, tokenizer):
+        from geoprobe.metrics.ngram import KneserNey
+
+        self.tokenizer = tokenizer
+        documents = [d.replace(SEPARATOR, " ") for d in read_documents(spec[len(NGRAM):])]
+        ids, _ = _ids(self, SEPARATOR.join(documents), SEPARATOR)
+        self.model = KneserNey(ids, len(tokenizer), NGRAM_ORDER)
+
+    def score(self, texts: list[str], eos: str | None = None) -> dict:
+        nll, count = np.array([self.model.sequence_nll(*_ids(self, text, eos)) for text in texts]).T.reshape(2, -1)
+        return perplexities(nll, count.astype(np.int64))
 
 
 def gen_ppl(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> dict:
@@ -290,6 +318,12 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
     names = [e.strip() for e in evaluator.split(",")] if isinstance(evaluator, str) else list(evaluator)
     if not names or not all(names):
         raise BadInput(f"--evaluator needs one or more models separated by commas, got {evaluator!r}")
+    if names[0].startswith(NGRAM):
+        raise BadInput(f"--evaluator {names[0]} scores with the tokenizer of an LM evaluator listed before it "
+                       f"(and has no features for MAUVE): list one first, e.g. builtin:smollm2,{names[0]}")
+    for name in names:
+        if name.startswith(NGRAM):
+            check_source(name[len(NGRAM):])
     return names
 
 
@@ -330,15 +364,26 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
         check_writable(out.parent)
     results = {name: {"samples": len(texts), "evaluator": evaluators[0], "eos": eos[name],
                       **text_metrics(texts, eos[name]), **token_metrics(rows[name][1]),
-                      "gen_ppl_by_evaluator": {}, "evaluator_is_generator": []} for name, texts in sets.items()}
+                      "gen_ppl_by_evaluator": {}, "nll_by_evaluator": {}, "evaluator_is_generator": []}
+               for name, texts in sets.items()}
     owners = {name: generator_backbone(Path(name)) for name in sets}
+    tokenizer = None  # the first evaluator's, which an n-gram evaluator counts in
     for index, name in enumerate(evaluators):
-        backbone = load_backbone(name, device=device)
+        if name.startswith(NGRAM):
+            backbone = NgramEvaluator(name, tokenizer)
+        else:
+            backbone = load_backbone(name, device=device)
+            tokenizer = tokenizer or backbone.tokenizer
         reference_features = {}
         for path, texts in sets.items():
             row = results[path]
-            ppl, feats = score(backbone, texts, eos=eos[path])
+            if isinstance(backbone, NgramEvaluator):
+                ppl, feats = backbone.score(texts, eos[path]), None
+            else:
+                ppl, feats = score(backbone, texts, eos=eos[path])
             row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
+            # each evaluator's per-sample NLLs, for its interval (`geoprobe compare`)
+            row["nll_by_evaluator"][name] = {k: ppl[k] for k in ("nll_per_sample", "tokens_per_sample")}
             if same_model(owners[path], name):
                 row["evaluator_is_generator"].append(name)
                 note(f"warning: {Path(path).parent.name}: the evaluator {name} is the generator's own backbone; "
