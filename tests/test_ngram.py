@@ -12,18 +12,16 @@ from geoprobe.metrics.ngram import KneserNey
 
 def slow_kneser_ney(stream, vocab, order):
     """p(w | h) by dictionaries: raw counts at the top order, continuation counts below."""
-    start = vocab
-    s = [start] * (order - 1) + list(stream)
+    s = list(stream)
     grams = {k: Counter(tuple(s[i:i + k]) for i in range(len(s) - k + 1)) for k in range(1, order + 1)}
     counts = {order: grams[order]}
     for k in range(1, order):
         counts[k] = Counter(g[1:] for g in grams[k + 1])  # distinct tokens before each k-gram
-    counts = {k: Counter({g: v for g, v in c.items() if g[-1] != start}) for k, c in counts.items()}  # never predicted
 
     def discount(c):
         n1 = sum(v == 1 for v in c.values())
         n2 = sum(v == 2 for v in c.values())
-        return n1 / (n1 + 2 * n2) if n1 else 0.75
+        return n1 / (n1 + 2 * n2) if n1 and n2 else 0.75
 
     d = {k: discount(c) for k, c in counts.items()}
     totals, kinds = {}, {}
@@ -56,7 +54,7 @@ def test_kneser_ney_matches_the_formula_and_each_conditional_sums_to_one(order):
     model = KneserNey(stream, vocab, order)
     slow = slow_kneser_ney(stream, vocab, order)
     contexts = [tuple(rng.choice(vocab, order - 1)) for _ in range(6)]
-    contexts += [(vocab,) * (order - 1), (vocab,) * (order - 2) + (6,) if order > 1 else ()]  # start; unseen
+    contexts += [(vocab,) * (order - 1), (vocab,) * (order - 2) + (6,) if order > 1 else ()]  # none; unseen
     for context in contexts:
         rows = np.array([context] * vocab, dtype=np.int64).reshape(vocab, order - 1)
         p = np.exp(model.log_probs(rows, np.arange(vocab)))
@@ -65,15 +63,21 @@ def test_kneser_ney_matches_the_formula_and_each_conditional_sums_to_one(order):
         assert p[6] > 0  # an unseen token keeps the uniform share
 
 
-def test_a_sequences_nll_scores_only_its_weighted_positions_after_the_start_symbols():
+def test_a_sequences_nll_scores_only_its_weighted_positions_each_after_the_tokens_it_has():
     stream = [0, 1, 2, 0, 1, 2, 0, 1, 3]
     model = KneserNey(stream, 5, 3)
     nll, n = model.sequence_nll([0, 1, 2, 0], [0, 1, 1, 0])
-    start = model.start
-    expected = -model.log_probs(np.array([[start, 0], [0, 1]]), np.array([1, 2])).sum()
+    none = model.none  # position 1 has one token before it: the trigram backs off to the bigram
+    expected = -model.log_probs(np.array([[none, 0], [0, 1]]), np.array([1, 2])).sum()
     assert (nll, n) == (pytest.approx(expected), 2)
     # the repeated pattern is likelier than a permutation of it
     assert nll < model.sequence_nll([0, 2, 1, 0], [0, 1, 1, 0])[0]
+    with pytest.raises(ValueError, match="token ids must lie in 0..4"):
+        KneserNey([0, 1, 5], 5, 2)
+    with pytest.raises(ValueError, match="token ids must lie in 0..4"):
+        model.log_probs(np.array([[0, 1]]), np.array([5]))
+    with pytest.raises(ValueError, match="needs at least 3 tokens"):
+        KneserNey([0, 1], 5, 3)
 
 
 def test_eval_scores_gen_ppl_under_a_kneser_ney_trigram_of_a_corpus_in_the_first_evaluators_tokens(
@@ -89,7 +93,7 @@ def test_eval_scores_gen_ppl_under_a_kneser_ney_trigram_of_a_corpus_in_the_first
     corpus.write_text("\n\n".join(documents) + "\n")
     samples = tmp_path / "gen" / "samples.jsonl"
     samples.parent.mkdir()
-    texts = ["and the word was light<eos>let there", "light word the was and"]
+    texts = ["and the word was light<eos>let there<eos>", "light word the was and"]
     samples.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     (samples.parent / "samples.meta.jsonl").write_text(json.dumps(
         {"sampler": "x", "steps": 4, "nfe": 4, "seconds": 1.0, "num": 2, "model": str(tmp_path / "none"),
@@ -100,20 +104,23 @@ def test_eval_scores_gen_ppl_under_a_kneser_ney_trigram_of_a_corpus_in_the_first
     assert code == 0, err
     row = json.loads(out)[str(samples)]
 
-    # by hand: the corpus as one stream, BOS, the documents joined by the evaluator's EOS; each
-    # sample the same way, its first EOS scored, BOS not
+    # by hand: the corpus as one stream, each document after the evaluator's EOS (the leading
+    # BOS read as one); each sample the same way, its first EOS scored, later EOS and BOS not
     tok = llama.tokenizer
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    bos, eos = tok.bos_token_id, tok.eos_token_id
-    stream = [bos] + sum(([eos] + encode(d) for d in documents[1:]), encode(documents[0]))
+    eos = tok.eos_token_id
+    assert tok.bos_token_id is not None and tok.bos_token_id != eos
+    stream = sum(([eos] + encode(d) for d in documents), [])
     model = KneserNey(stream, len(tok), 3)
-    first = [bos] + encode("and the word was light") + [eos] + encode("let there")
-    second = [bos] + encode("light word the was and")
-    scored = [model.sequence_nll(ids, [0] + [1] * (len(ids) - 1)) for ids in (first, second)]
+    first = [eos] + encode("and the word was light") + [eos] + encode("let there") + [eos]
+    second = [eos] + encode("light word the was and")
+    scored = [model.sequence_nll(first, [0] + [1] * (len(first) - 2) + [0]),
+              model.sequence_nll(second, [0] + [1] * (len(second) - 1))]
     expected = math.exp(sum(n for n, _ in scored) / sum(c for _, c in scored))
     assert row["gen_ppl_by_evaluator"][name] == pytest.approx(expected, rel=1e-9)
     assert row["nll_by_evaluator"][name]["tokens_per_sample"] == [c for _, c in scored]
     assert row["gen_ppl"] == row["gen_ppl_by_evaluator"][str(tiny_models("llama"))]  # the LM stays the first
+    assert row["nll_by_evaluator"][str(tiny_models("llama"))]["tokens_per_sample"] == [c for _, c in scored]
     # the corpus's own sentence is likelier than its words shuffled
     assert scored[0][0] / scored[0][1] < scored[1][0] / scored[1][1]
     other = comparison_row(samples)["other_evaluators"]
@@ -125,3 +132,16 @@ def test_eval_scores_gen_ppl_under_a_kneser_ney_trigram_of_a_corpus_in_the_first
     assert_one_line_error(code, err, 2, "scores with the tokenizer of an LM evaluator listed before it")
     code, _, err = invoke("eval", samples, "--evaluator", f"{tiny_models('llama')},ngram:{tmp_path / 'no.txt'}")
     assert_one_line_error(code, err, 2, "no.txt")
+
+
+def test_position_zero_is_never_a_target_even_for_a_tokenizer_without_bos(llama):
+    import copy
+    from types import SimpleNamespace
+
+    from geoprobe.workflows.evaluate import _ids
+
+    tok = copy.deepcopy(llama.tokenizer)
+    tok.bos_token = None
+    assert tok.bos_token_id is None
+    ids, weights = _ids(SimpleNamespace(tokenizer=tok), "light water")
+    assert ids == tok("light water", add_special_tokens=False)["input_ids"] and weights[0] == 0 and all(weights[1:])

@@ -15,9 +15,10 @@ The model (Chen & Goodman 1999, interpolated Kneser–Ney, one discount per orde
 where h' drops h's first token, c_n are raw counts, c_k for k < n the continuation counts
 N(•hw) (how many distinct tokens precede hw), a context never seen at order k backs off to
 p_{k−1} whole, and D_k = n_1 / (n_1 + 2 n_2) from the counts of counts at that order (0.75 where
-no gram occurs once). Each p_k sums to 1 over the V tokens. The corpus is one stream, as `_ids`
-joins a sample's documents: n − 1 start symbols (an id past the vocabulary: context only, its grams dropped), the
-evaluator's BOS where it has one, then the documents joined by its EOS.
+no gram occurs once or none twice: a small corpus's degenerate estimate). Each p_k sums to 1 over
+the V tokens. The model is fitted on one stream of ids. A position with fewer than n − 1 tokens
+before it is scored with the context it has: the missing tokens are a symbol past the vocabulary
+(`NONE`) that no table holds, so those orders back off.
 """
 
 from __future__ import annotations
@@ -35,29 +36,29 @@ def _windows(stream: np.ndarray, k: int, base: int) -> np.ndarray:
 
 def _discount(counts: np.ndarray) -> float:
     once, twice = int(np.sum(counts == 1)), int(np.sum(counts == 2))
-    return once / (once + 2 * twice) if once else 0.75
+    return once / (once + 2 * twice) if once and twice else 0.75
 
 
 class KneserNey:
     """Interpolated Kneser–Ney of `order` over ids 0..vocab-1, fitted on one id stream."""
 
     def __init__(self, stream: list[int] | np.ndarray, vocab: int, order: int = 3):
+        stream = np.asarray(stream, dtype=np.int64)
         if order < 1:
             raise ValueError(f"order must be at least 1, got {order}")
-        self.vocab, self.order, self.start = vocab, order, vocab  # the start symbol: one id past the vocabulary
+        if len(stream) < order:
+            raise ValueError(f"a {order}-gram model needs at least {order} tokens, got {len(stream)}")
+        check_ids(stream, vocab)
+        self.vocab, self.order, self.none = vocab, order, vocab  # `none`: a missing token of a context
         self.base = vocab + 1
         if self.base ** order >= 2 ** 63:
             raise ValueError(f"a {order}-gram of a {vocab}-token vocabulary does not fit one int64 key")
-        stream = np.concatenate([np.full(order - 1, self.start), np.asarray(stream, dtype=np.int64)])
         types = {k: np.unique(_windows(stream, k, self.base), return_counts=True) for k in range(1, order + 1)}
         # order n: raw counts; each lower order: continuation counts, how many distinct tokens
         # precede the gram among the next order's types
         self.grams = {order: types[order]}
         for k in range(1, order):
             self.grams[k] = np.unique(types[k + 1][0] % self.base ** k, return_counts=True)
-        for k, (keys, counts) in self.grams.items():  # a start symbol is context only, never predicted
-            predicted = keys % self.base != self.start
-            self.grams[k] = (keys[predicted], counts[predicted])
         self.discounts = {k: _discount(counts) for k, (_, counts) in self.grams.items()}
         self.contexts = {}  # per order >= 2: (context keys, their count totals, their numbers of types)
         for k in range(2, order + 1):
@@ -77,9 +78,11 @@ class KneserNey:
         return where, table[where] == keys
 
     def log_probs(self, contexts: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """ln p(target | context) for each row: `contexts` (N, order - 1) ids (the start symbol
-        allowed), `targets` (N,) ids below the vocabulary."""
+        """ln p(target | context) for each row: `contexts` (N, order - 1) ids, `self.none` for a
+        missing token (the orders whose context holds one back off), `targets` (N,) ids."""
         contexts, targets = np.asarray(contexts, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+        check_ids(targets, self.vocab)
+        check_ids(contexts, self.vocab + 1)
         p = self.unigram[targets]
         for k in range(2, self.order + 1):
             history = contexts[:, self.order - k:]  # the last k - 1 tokens
@@ -96,12 +99,17 @@ class KneserNey:
         return np.log(p)
 
     def sequence_nll(self, ids: list[int], weights: list[int]) -> tuple[float, int]:
-        """(−Σ ln p over the positions whose weight is 1, how many) of one id sequence (as `_ids`
-        gives it: position 0 never a target), after the order − 1 start symbols."""
-        padded = np.concatenate([np.full(self.order - 1, self.start), np.asarray(ids, dtype=np.int64)])
+        """(−Σ ln p over the positions whose weight is 1, how many) of one id sequence, each
+        position after the (up to order − 1) tokens before it."""
+        padded = np.concatenate([np.full(self.order - 1, self.none), np.asarray(ids, dtype=np.int64)])
         scored = np.flatnonzero(np.asarray(weights)) + self.order - 1
         if not len(scored):
             return 0.0, 0
         contexts = np.stack([padded[scored - self.order + 1 + i] for i in range(self.order - 1)], axis=1) \
             if self.order > 1 else np.zeros((len(scored), 0), dtype=np.int64)
         return float(-self.log_probs(contexts, padded[scored]).sum()), len(scored)
+
+
+def check_ids(ids: np.ndarray, vocab: int) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"token ids must lie in 0..{vocab - 1}, got {ids.min()}..{ids.max()}")

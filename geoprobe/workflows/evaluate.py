@@ -68,8 +68,9 @@ def _ids(backbone, text: str, eos: str | None = None) -> tuple[list[int], list[i
         for doc in documents[1:]:
             body += [end] + encode(doc)
     ends = np.cumsum([t == end for t in body]) if body else np.zeros(0, dtype=np.int64)
-    scored = [int(t != end or e == 1) for t, e in zip(body, ends)]
-    return bos + body, [0] * len(bos) + scored  # position 0 is never a target
+    weights = [0] * len(bos) + [int(t != end or e == 1) for t, e in zip(body, ends)]
+    weights[:1] = [0] * len(weights[:1])  # position 0 has nothing before it: never a target, BOS or not
+    return bos + body, weights
 
 
 def context_length(backbone) -> int:
@@ -156,20 +157,31 @@ SEPARATOR = "\x1e"  # ASCII's record separator: splits the corpus into its docum
 
 class NgramEvaluator:
     """`ngram:CORPUS`: Gen.PPL under an interpolated Kneser-Ney trigram of CORPUS
-    (geoprobe.metrics.ngram), over the token ids of the LM evaluator listed before it, the corpus
-    read as `_ids` reads a sample (its documents joined by that evaluator's EOS): an evaluator that
-    is no generator's backbone. It has no features, so it cannot come first (MAUVE's)."""
+    (geoprobe.metrics.ngram), in the token ids of the first evaluator (an LM), the corpus read as
+    `_ids` reads a sample: its documents joined by that evaluator's EOS. An evaluator that is no
+    generator's backbone. It has no features, so it cannot come first (MAUVE's)."""
 
     def __init__(self, spec: str, tokenizer):
         from geoprobe.metrics.ngram import KneserNey
 
         self.tokenizer = tokenizer
+        # an id can lie past len(tokenizer) where the vocabulary has holes
+        vocab = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
         documents = [d.replace(SEPARATOR, " ") for d in read_documents(spec[len(NGRAM):])]
-        ids, _ = _ids(self, SEPARATOR.join(documents), SEPARATOR)
-        self.model = KneserNey(ids, len(tokenizer), NGRAM_ORDER)
+        self.model = KneserNey(self.ids(SEPARATOR.join(documents), SEPARATOR)[0], vocab, NGRAM_ORDER)
+
+    def ids(self, text: str, eos: str | None) -> tuple[list[int], list[int]]:
+        """`_ids`, its leading BOS read as the evaluator's EOS: both mark a document's start, and
+        the corpus, one stream, holds BOS once but EOS before each of its documents, so a sample
+        opens as the corpus's documents do."""
+        ids, weights = _ids(self, text, eos)
+        end = evaluator_eos(self.tokenizer)
+        if ids and end is not None and ids[0] == self.tokenizer.bos_token_id:
+            ids[0] = end
+        return ids, weights
 
     def score(self, texts: list[str], eos: str | None = None) -> dict:
-        nll, count = np.array([self.model.sequence_nll(*_ids(self, text, eos)) for text in texts]).T.reshape(2, -1)
+        nll, count = np.array([self.model.sequence_nll(*self.ids(text, eos)) for text in texts]).T.reshape(2, -1)
         return perplexities(nll, count.astype(np.int64))
 
 
