@@ -180,9 +180,10 @@ class NgramEvaluator:
             ids[0] = end
         return ids, weights
 
-    def score(self, texts: list[str], eos: str | None = None) -> dict:
+    def score(self, texts: list[str], eos: str | None = None) -> tuple[dict, None]:
+        """(the Gen.PPL figures `score` gives, no features)."""
         nll, count = np.array([self.model.sequence_nll(*self.ids(text, eos)) for text in texts]).T.reshape(2, -1)
-        return perplexities(nll, count.astype(np.int64))
+        return perplexities(nll, count.astype(np.int64)), None
 
 
 def gen_ppl(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> dict:
@@ -362,16 +363,7 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     eos = {name: sample_eos(Path(name)) for name in sets}  # each file's own EOS string (its documents)
     if references is not None:
         check_source(references)
-    oracle = None
-    if references is not None and references.startswith("synthetic:"):  # one HMM and one entropy rate per call
-        from geoprobe.synthetic import hmm_from_spec, parse_spec
-
-        oracle = hmm_from_spec(references)
-        length = parse_spec(references)["length"]
-        starts = {name: oracle_start_for(Path(name), length) if oracle_start == "auto" else oracle_start
-                  for name in sets}
-        for start in set(starts.values()):
-            oracle.start(start, length)  # a bad --oracle-start, before any model loads
+    oracle, starts, length = _oracle(references, list(sets), oracle_start)
     if out is not None:
         check_writable(out.parent)
     results = {name: {"samples": len(texts), "evaluator": evaluators[0], "eos": eos[name],
@@ -381,18 +373,13 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     owners = {name: generator_backbone(Path(name)) for name in sets}
     tokenizer = None  # the first evaluator's, which an n-gram evaluator counts in
     for index, name in enumerate(evaluators):
-        if name.startswith(NGRAM):
-            backbone = NgramEvaluator(name, tokenizer)
-        else:
-            backbone = load_backbone(name, device=device)
-            tokenizer = tokenizer or backbone.tokenizer
+        backbone = NgramEvaluator(name, tokenizer) if name.startswith(NGRAM) else load_backbone(name, device=device)
+        tokenizer = tokenizer or backbone.tokenizer
         reference_features = {}
         for path, texts in sets.items():
             row = results[path]
-            if isinstance(backbone, NgramEvaluator):
-                ppl, feats = backbone.score(texts, eos[path]), None
-            else:
-                ppl, feats = score(backbone, texts, eos=eos[path])
+            ppl, feats = (backbone.score(texts, eos[path]) if name.startswith(NGRAM)
+                          else score(backbone, texts, eos=eos[path]))
             row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
             # each evaluator's per-sample NLLs, for its interval (`geoprobe compare`)
             row["nll_by_evaluator"][name] = {k: ppl[k] for k in ("nll_per_sample", "tokens_per_sample")}
@@ -426,6 +413,21 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             write_json_atomic(Path(name).with_suffix(".metrics.json"), {**header, "results": {name: row}})
     target = out or Path(samples[0]).with_suffix(".metrics.json")
     return results, target
+
+
+def _oracle(references: str | None, names: list[str], oracle_start: str):
+    """(the HMM, where each file's samples start in it, its document length) for synthetic:hmm
+    references, each start checked before any model loads; (None, {}, None) otherwise."""
+    if references is None or not references.startswith("synthetic:"):
+        return None, {}, None
+    from geoprobe.synthetic import hmm_from_spec, parse_spec
+
+    oracle = hmm_from_spec(references)  # one HMM and one entropy rate per call
+    length = parse_spec(references)["length"]
+    starts = {name: oracle_start_for(Path(name), length) if oracle_start == "auto" else oracle_start for name in names}
+    for start in set(starts.values()):
+        oracle.start(start, length)  # a bad --oracle-start, before any model loads
+    return oracle, starts, length
 
 
 def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, seed: int, cache: dict) -> dict:
