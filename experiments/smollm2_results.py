@@ -623,8 +623,8 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
 
 def generation_line(verdict: dict, rows: list[dict]) -> str:
     """DiHAL's generation on SmolLM2 in words (issue 31 section 4, issue 35's SmolLM2 table): the
-    hybrid through the chosen, worst and oracle layers' bridges, beside rounding and the
-    embedding-diffusion baselines, by Gen.PPL with its 95 % interval under each evaluator (SmolLM2,
+    hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every other
+    generator trained at the budget (DSL, MDLM, the embedding-diffusion baselines), by Gen.PPL with its 95 % interval under each evaluator (SmolLM2,
     then the KJV trigram, which is no generator's backbone) and MAUVE. Descriptive (docs/baselines.md,
     "On SmolLM2"): a factor is given only where two intervals are disjoint."""
     from geoprobe.workflows.compare import other_gen_ppl
@@ -650,10 +650,27 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
             if name not in scores(other) or lo is None or scores(other)[name][1] is None:
                 continue
             them, their_lo, their_hi = scores(other)[name]
-            said.append(f"{them / ppl:,.0f}× lower" if hi < their_lo else f"{ppl / them:,.0f}× higher" if their_hi < lo
-                        else "within the interval (not ranked)")
+            said.append(f"{factor(them / ppl)} lower" if hi < their_lo else f"{factor(ppl / them)} higher"
+                        if their_hi < lo else "within the interval (not ranked)")
             said[-1] += f" under {label(name)}"
         return ", ".join(said) or "not compared (no intervals)"
+
+    def factor(ratio: float) -> str:
+        return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:,.0f}×"
+
+    def tally(row: dict, others: list[dict]) -> str:  # per evaluator: which rows it is below, above, within
+        said = []
+        for name, (ppl, lo, hi) in scores(row).items():
+            lower, higher, within = [], [], []
+            for other in others:
+                them, their_lo, their_hi = scores(other).get(name, (None, None, None))
+                if lo is None or their_lo is None:
+                    continue
+                short = f"{other['generator'].split('/')[-1]} · {other['sampler']}"
+                (lower if hi < their_lo else higher if their_hi < lo else within).append(short)
+            said.append(f"under {label(name)}, lower than {len(lower)} ({', '.join(lower) or 'none'}), higher than "
+                        f"{len(higher)} ({', '.join(higher) or 'none'}), within the interval of {len(within)}")
+        return "; ".join(said)
 
     chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
     if chosen is None:
@@ -666,10 +683,11 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         layer = verdict.get(f"{role}_layer")
         if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
             parts.append(f"the {role} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
-    baselines = [(kind, row) for kind in BASELINES if (row := find(kind)) is not None]
-    if baselines:
-        parts.append("the embedding-diffusion baselines " + "; ".join(
-            f"{kind} {shown(row)} (the chosen layer's is {against(chosen, row)})" for kind, row in baselines))
+    # every other generator trained at the budget: DSL's samplers, MDLM, the embedding-diffusion baselines
+    others = [r for r in rows if not r["generator"].startswith("bridges/") and r.get("train_tokens") is not None]
+    if others:
+        parts.append(f"against the {len(others)} rows of the other generators trained at the same budget, the "
+                     f"chosen layer's bridge has a Gen.PPL {tally(chosen, others)}")
     return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, "
             "95 % bootstrap intervals; descriptive, [baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): "
             + "; ".join(parts) + ". SmolLM2 is the bridges' own backbone: their upper stack writes the text it "

@@ -565,20 +565,24 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
     verdict = {"chosen_layer": 3, "worst_layer": 12, "oracle_layer": 3}
     rows = [row("bridges/layer-03/seed-0", 3382, 3115, 3697, "ngram:kjv: 1.585e+04 (1.4e+04–1.7e+04)"),
             row("bridges/layer-00/seed-0 (round)", 107106, 100708, 113621, "ngram:kjv: 1.655e+05 (1.5e+05–1.8e+05)"),
-            row("bridges/layer-12/seed-0", 3500, 3300, 3800, "ngram:kjv: 1.6e+04 (1.55e+04–1.65e+04)"),
-            row("results/sed", 1000, 900, 1100), row("results/dsl", 10, 9, 11)]
+            row("bridges/layer-12/seed-0", 2026, 1879, 2183, "ngram:kjv: 4393 (4083–4762)"),
+            {**row("results/sed", 1000, 900, 1100), "sampler": "ancestral", "train_tokens": 8e6},
+            {**row("results/dsl", 5000, 4000, 6000, "ngram:kjv: 800 (700–900)"), "sampler": "mdlm", "train_tokens": 8e6},
+            {**row("results/mdlm", 3000, 2500, 3500), "sampler": "mdlm", "train_tokens": 8e6},
+            {**row("builtin:smollm2 (AR ceiling)", 40, 37, 45), "sampler": "ar", "train_tokens": None}]
     line = generation_line(verdict, rows)
     assert "chosen layer 3's bridge has Gen.PPL 3,382 (3,115–3,697) under SmolLM2, 15,850 (14,000–17,000) " \
            "under the KJV trigram, MAUVE 0.005" in line
     # 107,106 / 3,382 = 31.7; 165,500 / 15,850 = 10.4
     assert "the hybrid's is 32× lower under SmolLM2, 10× lower under the KJV trigram" in line
-    assert "the worst layer 12's bridge Gen.PPL 3,500 (3,300–3,800) under SmolLM2, 16,000 (15,500–16,500) under " \
-           "the KJV trigram, MAUVE 0.005 (the chosen layer's is within the interval (not ranked) under SmolLM2, " \
-           "within the interval (not ranked) under the KJV trigram)" in line
+    assert "the worst layer 12's bridge Gen.PPL 2,026 (1,879–2,183) under SmolLM2, 4,393 (4,083–4,762) under the " \
+           "KJV trigram, MAUVE 0.005 (the chosen layer's is 1.7× higher under SmolLM2, 3.6× higher under the KJV " \
+           "trigram)" in line  # one decimal below 10
     assert "oracle layer" not in line  # the oracle is the chosen layer: one row, said once
-    assert "sed Gen.PPL 1,000 (900–1,100) under SmolLM2, MAUVE 0.005 (the chosen layer's is 3× higher under " \
-           "SmolLM2)" in line  # no trigram figure for sed: compared by SmolLM2 alone
-    assert "dsl" not in line.split("baselines")[1]  # only the embedding-diffusion kinds are baselines
+    # every other trained generator (not the AR ceiling), per evaluator; sed and mdlm have no trigram figure
+    assert "against the 3 rows of the other generators trained at the same budget, the chosen layer's bridge has a " \
+           "Gen.PPL under SmolLM2, lower than 1 (dsl · mdlm), higher than 1 (sed · ancestral), within the interval of 1; " \
+           "under the KJV trigram, lower than 0 (none), higher than 1 (dsl · mdlm), within the interval of 0" in line
     assert "has no row" in generation_line(verdict, rows[1:])
 
 
