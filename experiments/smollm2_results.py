@@ -558,7 +558,7 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
         # what the table allows one to say: the evaluator, its own-backbone rows, and only the
         # pairs of rows whose intervals are disjoint
         rows = read_rows(run / "compare.csv")
-        if "chosen_layer" in verdict:
+        if verdict.get("chosen_layer") is not None:
             lines.append(generation_line(verdict, rows))
         lines += [f"- Generation: {line}" for line in generation_prose(rows) if line]
     else:
@@ -632,9 +632,10 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
         return next((r for r in rows if ("/" + r["generator"]).endswith("/" + generator)), None)
 
-    def scores(row: dict) -> dict:  # evaluator -> (Gen.PPL, low, high)
-        return {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
-                **other_gen_ppl(row.get("other_evaluators"))}
+    def scores(row: dict) -> dict:  # evaluator -> (Gen.PPL, low, high), those it has
+        found = {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
+                 **other_gen_ppl(row.get("other_evaluators"))}
+        return {name: value for name, value in found.items() if value[0] is not None}
 
     def label(evaluator: str) -> str:
         return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
@@ -642,7 +643,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     def shown(row: dict) -> str:
         return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
                                       + f" under {label(name)}" for name, (ppl, lo, hi) in scores(row).items()) \
-            + f", MAUVE {row['mauve']:.3f}"
+            + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
 
     def against(row: dict, other: dict) -> str:
         said = []
@@ -651,7 +652,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
                 continue
             them, their_lo, their_hi = scores(other)[name]
             said.append(f"{factor(them / ppl)} lower" if hi < their_lo else f"{factor(ppl / them)} higher"
-                        if their_hi < lo else "within the interval (not ranked)")
+                        if their_hi < lo else "with intervals overlapping (not ranked)")
             said[-1] += f" under {label(name)}"
         return ", ".join(said) or "not compared (no intervals)"
 
@@ -661,21 +662,22 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     def tally(row: dict, others: list[dict]) -> str:  # per evaluator: which rows it is below, above, within
         said = []
         for name, (ppl, lo, hi) in scores(row).items():
-            lower, higher, within = [], [], []
+            groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
             for other in others:
                 them, their_lo, their_hi = scores(other).get(name, (None, None, None))
-                if lo is None or their_lo is None:
-                    continue
                 short = f"{other['generator'].split('/')[-1]} · {other['sampler']}"
-                (lower if hi < their_lo else higher if their_hi < lo else within).append(short)
-            said.append(f"under {label(name)}, lower than {len(lower)} ({', '.join(lower) or 'none'}), higher than "
-                        f"{len(higher)} ({', '.join(higher) or 'none'}), within the interval of {len(within)}")
+                key = ("not compared with" if lo is None or their_lo is None else "lower than" if hi < their_lo
+                       else "higher than" if their_hi < lo else "with intervals overlapping")
+                groups[key].append(short)
+            said.append(f"under {label(name)} it is " + ", ".join(
+                f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
         return "; ".join(said)
 
     chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
     if chosen is None:
         return "- DiHAL's samples: the chosen layer's bridge has no row in the comparison."
-    parts = [f"the hybrid through the chosen layer {verdict['chosen_layer']}'s bridge has {shown(chosen)}"]
+    parts = [f"the hybrid through the chosen layer {verdict['chosen_layer']}'s bridge has {shown(chosen)} (worst and "
+             "oracle below: the layers with the highest and lowest seed-mean nmse_dim)"]
     if (rounding := find("bridges/layer-00/seed-0 (round)")) is not None:
         parts.append(f"the rounding row (the layer-0 bridge decoded by rounding) {shown(rounding)}: "
                      f"the hybrid's is {against(chosen, rounding)} (a factor only where the intervals are disjoint)")
@@ -684,10 +686,13 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
             parts.append(f"the {role} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
     # every other generator trained at the budget: DSL's samplers, MDLM, the embedding-diffusion baselines
-    others = [r for r in rows if not r["generator"].startswith("bridges/") and r.get("train_tokens") is not None]
+    others = [r for r in rows if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None]
     if others:
-        parts.append(f"against the {len(others)} rows of the other generators trained at the same budget, the "
-                     f"chosen layer's bridge has a Gen.PPL {tally(chosen, others)}")
+        parts.append(f"by Gen.PPL against the {len(others)} rows of the other generators trained at the same "
+                     f"budget, {tally(chosen, others)}")
+    if (ar := next((r for r in rows if r.get("sampler") == "ar"), None)) is not None:
+        parts.append(f"SmolLM2's own samples (the AR ceiling) have {shown(ar)}: the trigram scores how KJV-like the "
+                     "tokens are, not quality alone")
     return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, "
             "95 % bootstrap intervals; descriptive, [baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): "
             + "; ".join(parts) + ". SmolLM2 is the bridges' own backbone: their upper stack writes the text it "

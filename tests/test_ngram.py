@@ -124,9 +124,9 @@ def test_eval_scores_gen_ppl_under_a_kneser_ney_trigram_of_a_corpus_in_the_first
     # the corpus's own sentence is likelier than its words shuffled
     assert scored[0][0] / scored[0][1] < scored[1][0] / scored[1][1]
     other = comparison_row(samples)["other_evaluators"]
-    assert other.startswith(f"{name}: {expected:.4g} (") and other.endswith(")")  # with its 95% interval
+    assert other.startswith(f"{name}: {expected:.6g} (") and other.endswith(")")  # with its 95% interval
     ppl, lo, hi = other_gen_ppl(other)[name]  # and it reads back
-    assert ppl == pytest.approx(expected, rel=1e-3) and lo < ppl < hi
+    assert ppl == pytest.approx(expected, rel=1e-5) and lo < ppl < hi
 
     code, _, err = invoke("eval", samples, "--evaluator", f"{name},{tiny_models('llama')}", "--device", "cpu")
     assert_one_line_error(code, err, 2, "scores with the tokenizer of an LM evaluator listed before it")

@@ -580,9 +580,14 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
            "trigram)" in line  # one decimal below 10
     assert "oracle layer" not in line  # the oracle is the chosen layer: one row, said once
     # every other trained generator (not the AR ceiling), per evaluator; sed and mdlm have no trigram figure
-    assert "against the 3 rows of the other generators trained at the same budget, the chosen layer's bridge has a " \
-           "Gen.PPL under SmolLM2, lower than 1 (dsl · mdlm), higher than 1 (sed · ancestral), within the interval of 1; " \
-           "under the KJV trigram, lower than 0 (none), higher than 1 (dsl · mdlm), within the interval of 0" in line
+    assert "by Gen.PPL against the 3 rows of the other generators trained at the same budget, under SmolLM2 it is " \
+           "lower than 1 (dsl · mdlm), higher than 1 (sed · ancestral), with intervals overlapping 1 (mdlm · mdlm); " \
+           "under the KJV trigram it is higher than 1 (dsl · mdlm), not compared with 2 (sed · ancestral, " \
+           "mdlm · mdlm)" in line
+    assert "SmolLM2's own samples (the AR ceiling) have Gen.PPL 40 (37–45) under SmolLM2" in line
+    # a row without MAUVE or a Gen.PPL (no references, nothing scored) is written without them
+    bare = {**row("results/codar", None, None, None), "mauve": None, "sampler": "ancestral", "train_tokens": 8e6}
+    assert "not compared with 1 (codar · ancestral)" in generation_line(verdict, rows[:3] + [bare])
     assert "has no row" in generation_line(verdict, rows[1:])
 
 
@@ -591,4 +596,4 @@ def test_the_other_evaluators_column_reads_back_with_and_without_an_interval():
 
     assert other_gen_ppl("ngram:kjv: 1.585e+04 (1.4e+04–1.7e+04); ./gpt2: 41.2") == {
         "ngram:kjv": (15850.0, 14000.0, 17000.0), "./gpt2": (41.2, None, None)}
-    assert other_gen_ppl(None) == {}
+    assert other_gen_ppl(None) == {} and other_gen_ppl("an edited cell") == {}

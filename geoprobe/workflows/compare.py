@@ -68,18 +68,20 @@ def other_interval(values: dict, evaluator: str) -> str:
     NLLs (since 2026-12-06); "" where not."""
     scored = (values.get("nll_by_evaluator") or {}).get(evaluator) or {}
     lo, hi = bootstrap_interval(scored.get("nll_per_sample") or [], scored.get("tokens_per_sample"), math.exp)
-    return "" if lo is None else f" ({lo:.4g}–{hi:.4g})"
+    return "" if lo is None else f" ({lo:.6g}–{hi:.6g})"
 
 
 def other_gen_ppl(text: str | None) -> dict[str, tuple[float, float | None, float | None]]:
     """A row's `other_evaluators` read back: each evaluator's (Gen.PPL, interval low, high)."""
     found = {}
     for entry in (text or "").split("; "):
-        if entry:
-            name, value = entry.rsplit(": ", 1)
-            ppl, _, interval = value.partition(" (")
-            lo, _, hi = interval.rstrip(")").partition("–")
+        name, _, value = entry.rpartition(": ")
+        ppl, _, interval = value.partition(" (")
+        lo, _, hi = interval.rstrip(")").partition("–")
+        try:
             found[name] = (float(ppl), float(lo) if lo else None, float(hi) if hi else None)
+        except ValueError:  # not an entry compare wrote (an older or edited table): left out
+            continue
     return found
 
 
@@ -118,7 +120,7 @@ def comparison_row(samples: Path) -> dict:
             "nfe_per_sample": meta.get("nfe_per_sample"),
             "seconds_per_sample": meta["seconds"] / max(1, meta.get("num") or values.get("samples") or 1),
             "train_tokens": budget, "used_tokens": used, "evaluator": evaluator,
-            "other_evaluators": "; ".join(f"{k}: {v:.4g}{other_interval(values, k)}" for k, v in others.items()) or None,
+            "other_evaluators": "; ".join(f"{k}: {v:.6g}{other_interval(values, k)}" for k, v in others.items()) or None,
             "own_evaluator": ", ".join(values.get("evaluator_is_generator") or []) or None,
             **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity_within", "diversity_pooled",
                                           "unigram_entropy", "token_entropy", "mauve", "mauve_std",
