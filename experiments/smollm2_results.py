@@ -624,9 +624,10 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
 def generation_line(verdict: dict, rows: list[dict]) -> str:
     """DiHAL's generation on SmolLM2 in words (issue 31 section 4, issue 35's SmolLM2 table): the
     hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every other
-    generator trained at the budget (DSL, MDLM, the embedding-diffusion baselines), by Gen.PPL with its 95 % interval under each evaluator (SmolLM2,
-    then the KJV trigram, which is no generator's backbone) and MAUVE. Descriptive (docs/baselines.md,
-    "On SmolLM2"): a factor is given only where two intervals are disjoint."""
+    generator trained at the budget (DSL, MDLM, the embedding-diffusion baselines), by Gen.PPL with
+    its 95 % interval under each evaluator (SmolLM2, then the KJV trigram, which is no generator's
+    backbone) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a factor is given only where
+    two intervals are disjoint."""
     from geoprobe.workflows.compare import other_gen_ppl
 
     def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
@@ -645,30 +646,32 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
                                       + f" under {label(name)}" for name, (ppl, lo, hi) in scores(row).items()) \
             + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
 
-    def against(row: dict, other: dict) -> str:
-        said = []
-        for name, (ppl, lo, hi) in scores(row).items():
-            if name not in scores(other) or lo is None or scores(other)[name][1] is None:
-                continue
-            them, their_lo, their_hi = scores(other)[name]
-            said.append(f"{factor(them / ppl)} lower" if hi < their_lo else f"{factor(ppl / them)} higher"
-                        if their_hi < lo else "with intervals overlapping (not ranked)")
-            said[-1] += f" under {label(name)}"
-        return ", ".join(said) or "not compared (no intervals)"
+    def rank(row: dict, other: dict, name: str) -> str | None:  # by `name`'s Gen.PPL; None: an interval missing
+        (_, lo, hi), (_, their_lo, their_hi) = (scores(r).get(name, (None, None, None)) for r in (row, other))
+        if lo is None or their_lo is None:
+            return None
+        return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
 
     def factor(ratio: float) -> str:
         return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:,.0f}×"
 
-    def tally(row: dict, others: list[dict]) -> str:  # per evaluator: which rows it is below, above, within
+    def against(row: dict, other: dict) -> str:
         said = []
-        for name, (ppl, lo, hi) in scores(row).items():
+        for name, (ppl, _, _) in scores(row).items():
+            if (order := rank(row, other, name)) is not None:
+                them = scores(other)[name][0]
+                said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
+                             "overlapping": "with intervals overlapping (not ranked)"}[order] + f" under {label(name)}")
+        return ", ".join(said) or "not compared (no intervals)"
+
+    def tally(row: dict, others: list[dict]) -> str:  # per evaluator: which rows it is below, above, beside
+        said = []
+        for name in scores(row):
             groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
             for other in others:
-                them, their_lo, their_hi = scores(other).get(name, (None, None, None))
-                short = f"{other['generator'].split('/')[-1]} · {other['sampler']}"
-                key = ("not compared with" if lo is None or their_lo is None else "lower than" if hi < their_lo
-                       else "higher than" if their_hi < lo else "with intervals overlapping")
-                groups[key].append(short)
+                key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
+                       None: "not compared with"}[rank(row, other, name)]
+                groups[key].append(f"{other['generator'].split('/')[-1]} · {other['sampler']}")
             said.append(f"under {label(name)} it is " + ", ".join(
                 f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
         return "; ".join(said)
