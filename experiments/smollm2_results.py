@@ -80,13 +80,15 @@ CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # the sweep's b
 # like the first ones whatever the CLI's default becomes (docs/bridge-design.md, the shape study's
 # decision); depth stays the default 2 + l // 4
 SHAPE = ["--d-model", 320]
-BRIDGE = [*CAP_AND_RULE, *SHAPE]
+# the regression sweep: the deterministic bridge every record here was trained as (the default
+# until 2026-12-06, pinned since the default became the diffusion bridge)
+BRIDGE = [*CAP_AND_RULE, *SHAPE, "--regression"]
 # the layer-0 bridge of the rounding row trains exactly the generators' budget, not to the plateau
 # rule: at layer 0 the clean reconstruction is the token lookup itself, which the bridge starts at,
 # so the rule (it watches the clean score) stopped it at step 250 with its step-0 weights (best step
 # 0, nmse_noisy 1.22: worse than the mean state under noise) before it learned the noisy conditions
 # generation samples from (2026-12-05; amended after that run: docs/baselines.md, "On SmolLM2")
-ROUNDING = ["--steps", BUDGET["steps"], "--until", "steps", *SHAPE]
+ROUNDING = ["--steps", BUDGET["steps"], "--until", "steps", *SHAPE, "--regression"]
 SWEEP = ["--layers", "1-12", *BRIDGE, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")

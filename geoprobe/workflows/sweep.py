@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from geoprobe.bridges.controls import layer_controls as fit_controls
-from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
+from geoprobe.bridges.hidden import CEILING, REGRESSION, BridgeConfig, Teacher, check_bridge_flags
 from geoprobe.bridges.states import plan_room, teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
@@ -197,7 +197,9 @@ def bridge_settings(**flags) -> BridgeSettings:
     """BridgeSettings from the flags of `bridge`/`sweep` by name (BridgeConfig's network fields
     and BridgeSettings' training fields); everything not given keeps its class default."""
 
+    regression = flags.pop("regression", False)
     network, training = split_flags(flags, BridgeConfig, BridgeSettings)
+    network = {**network, **(REGRESSION if regression else {})}
     return BridgeSettings(replace(NETWORK, **network), **training)
 
 
@@ -294,7 +296,7 @@ def ceiling_dir(run: Path, layer: int) -> Path:
 def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
     """The ceiling control: the same network and budget trained as the plain clean regression
     (every sequence at clean condition and tau = 0, one sampler step), seed 0."""
-    return replace(settings, seed=0, network=replace(settings.network, regression_frac=1.0, bridge_steps=1))
+    return replace(settings, seed=0, network=replace(settings.network, **CEILING))
 
 
 def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
@@ -400,10 +402,11 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
     stopping-split curve up to where its plateau rule stopped it)."""
     from geoprobe.report.plots import curves_plot, sweep_plot
     from geoprobe.workflows.compare import write_rows
-    from geoprobe.verdict import LAYER_CONTROLS, LOSSES  # scipy: imported when a sweep is written, not at start-up
+    from geoprobe.verdict import ALL_LOSSES, LAYER_CONTROLS  # scipy: imported when a sweep is written, not at start-up
 
-    columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "nmse_dim_1step", *LAYER_CONTROLS,
-               "ceiling_stop", "beats_lookup", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step", "stop"]
+    columns = ["layer", "seed", "score_tested", "score", "rank", *ALL_LOSSES, *LAYER_CONTROLS,
+               "ceiling_stop", "beats_lookup", "bridge_kind", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step",
+               "stop"]
     write_rows(Path(run) / "sweep.csv", rows, columns)
     curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
                 Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}")
