@@ -17,18 +17,19 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   network adds is what context adds (docs/bridge-design.md: with the least-squares carry from
   layer 0 a 2-block bridge was still above the lookup after 1,100 steps).
 * bridge, in standardised coordinates (each channel by its own mean and spread): the interpolant
-  y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
-  D(y_tau, tau, a~, c~) with adaLN on tau predicts the update h~ - c~; loss = MSE over positions >= 1. tau is 0 for a
-  `tau_zero` share of the sequences and U[0, 1] otherwise. With sigma_b = 0 (the default) the
-  bridge is deterministic: a tau > 0 row is solved exactly by rearranging y_tau for h~, and a
-  network that does so makes the K-step sample its tau = 0 prediction (tested), so the later steps
-  add nothing and the tau > 0 rows only compete with the regression validation scores (at
-  SmolLM2's layer 3 they undid it: docs/bridge-design.md). The default therefore trains every
-  sequence at tau = 0 and samples in one step: the deterministic bridge is the regression of h_l
-  on the (noisy) condition, E[h_l | z]; the diffusion is the DSL channel's. sigma_b > 0 makes the
-  bridge stochastic, and then it needs tau > 0 rows and several steps.
-* sampling: K steps from tau = 0 with the Brownian-bridge posterior towards the predicted
-  endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y) + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps.
+  y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps, a Brownian bridge from the carry
+  to the true state; a bidirectional transformer D(y_tau, tau, a~, c~) with adaLN on tau predicts
+  the endpoint h~ (its update over c~); loss = MSE over positions >= 1. By default sigma_b = 1,
+  tau ~ U[0, 1] and K = 16 sampler steps: the bridge diffuses in the hidden-state space, its
+  tau = 0 prediction is the posterior mean E[h_l | z] and its K-step samples draw from the
+  posterior (docs/bridge-design.md chose the three). `--regression` (REGRESSION) is the
+  deterministic bridge: sigma_b = 0, every row at tau = 0, one step. Then a tau > 0 row is solved
+  exactly by rearranging y_tau, so the K-step sample is the tau = 0 prediction (tested) and the
+  bridge is the regression E[h_l | z].
+* sampling (`bridge_path_sample`): K steps from tau = 0 with the Brownian bridge's posterior
+  towards the predicted endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y)
+  + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps. With the exact posterior mean as the network
+  its samples tend to the exact conditional law as K grows (tests/test_diffusion_bridge.py).
   Position 0 (BOS) is not generated: its state is the backbone's.
 
 `HybridDenoiser` = converter -> bridge (K steps) -> backbone.run_from(l, h^) -> LM head, logits

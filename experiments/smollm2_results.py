@@ -99,6 +99,14 @@ RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished b
 # hand-written bullets the page carries after the computed ones (how a step was run by hand, a
 # reading that is not a test), each marked as such: a rerun of the page keeps them
 NOTES = RECORD / "notes.md"
+# the diffusion bridge's sweep (docs/method.md, amendment 13): the same scan, network, cap and rule,
+# the default (diffusion) objective, 2 seeds; its records and page are its own. Its ceiling controls
+# are the regression sweep's (the same network as the plain clean regression): restored from RECORD
+DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
+             "sweep": ["--layers", "1-12", *CAP_AND_RULE, *SHAPE, "--ceiling"], "seeds": "0,1",
+             "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
+             "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
+TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
 RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")  # per bridge, metrics last (a record
 # is whole when metrics.json is there); the layer's controls.json beside them; network.json (the
 # parameter count) only bench/bridge_design.py writes
@@ -146,10 +154,11 @@ def finished(metrics: Path) -> str:
     return "/".join(metrics.parent.parts[-2:]) + ": " + ", ".join(facts)
 
 
-def restore(run: Path, into: Path = RECORD) -> int:
-    """Copy the recorded bridges back into a run that lacks them; returns how many."""
+def restore(run: Path, into: Path = RECORD, only: str = "*") -> int:
+    """Copy the recorded bridges back into a run that lacks them (`only`: the folders of that
+    name, e.g. "ceiling"); returns how many."""
     restored = 0
-    for metrics in sorted(into.glob("bridges/layer-*/*/metrics.json")):
+    for metrics in sorted(into.glob(f"bridges/layer-*/{only}/metrics.json")):
         bridge = run / metrics.parent.relative_to(into)
         if (bridge / "metrics.json").is_file() or (bridge / "config.json").is_file():
             continue  # the run has this bridge (finished, or resuming from its own checkpoint)
@@ -220,20 +229,49 @@ def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> Non
     log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
 
 
+def share_scan(scanned: Path, run: Path) -> None:
+    """Hard-link the regression sweep's finished scan into the diffusion sweep's run (the same scan
+    command: a rerun would write the same files), leaving its bridges and sweep behind."""
+    if (run / "ranking.csv").is_file() or not (scanned / "ranking.csv").is_file():
+        return
+    skip = shutil.ignore_patterns("bridges", "sweep.*", "sweep*.png", "report.md", ".geoprobe.lock")
+    shutil.copytree(scanned, run, ignore=skip, copy_function=os.link, dirs_exist_ok=True)
+    print(f"[run ] the scan hard-linked from {scanned}", flush=True)
+
+
+def use_diffusion() -> None:
+    """Point the script at the diffusion bridge's sweep (--bridge diffusion): its flags, seeds,
+    records and title; its notes live beside its records."""
+    global SWEEP, RECORD, NOTES, SEEDS, TITLE
+    SWEEP, RECORD, SEEDS, TITLE = DIFFUSION["sweep"], DIFFUSION["record"], DIFFUSION["seeds"], DIFFUSION["title"]
+    NOTES = RECORD / "notes.md"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "results")
-    parser.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md")
+    parser.add_argument("--bridge", choices=("regression", "diffusion"), default="regression",
+                        help="which sweep: the regression sweep (docs/results.md) or the diffusion bridge's "
+                             "(docs/results-diffusion.md, amendment 13)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--page", type=Path)
     parser.add_argument("--generation", action="store_true", help="also train, sample and evaluate the generators")
     parser.add_argument("--without-finetune", action="store_true",
                         help="with --generation, leave out DSL-from-SmolLM2 (15 of its about 20 hours on 2 cores)")
     parser.add_argument("--before-sweep", action="store_true",
                         help="with --generation, only the steps that do not need the sweep (training the generators "
                              "and the layer-0 bridge), then stop: for a free core beside a running sweep")
-    parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
+    parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
     parser.add_argument("--status", action="store_true",
                         help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
+    regression_record = RECORD
+    if args.bridge == "diffusion":
+        if args.generation:
+            parser.error("--generation belongs to the regression sweep's page for now: run it without --bridge")
+        use_diffusion()
+    args.out = args.out or (DIFFUSION["out"] if args.bridge == "diffusion" else ROOT / "runs" / "results")
+    args.page = args.page or (DIFFUSION["page"] if args.bridge == "diffusion" else ROOT / "docs" / "results.md")
+    args.seeds = args.seeds or SEEDS
     out, run = args.out, args.out / "run"
     if args.status:
         if not run.is_dir():
@@ -265,9 +303,13 @@ def main() -> None:
         train_generators(out, run, step, dev, finetune=not args.without_finetune)
         print("[done] the generators and the layer-0 bridge; the rest of --generation waits for the sweep", flush=True)
         return
+    if args.bridge == "diffusion":
+        share_scan(ROOT / "runs" / "results" / "run", run)
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
     if restored := restore(run, RECORD):  # the module's RECORD when called (a test points it elsewhere)
         print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
+    if RECORD != regression_record and (ceilings := restore(run, regression_record, only="ceiling")):
+        print(f"[run ] {ceilings} ceiling controls restored from {regression_record.relative_to(ROOT)}", flush=True)
     step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
          done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run, RECORD))
     record(run, RECORD)  # also a sweep that finished before the records existed
@@ -504,7 +546,7 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     total = sum(step["seconds"] for step in log.values())
     timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
     text = [
-        "# Results: SmolLM2-135M-Instruct on the KJV", "",
+        f"# {TITLE}", "",
         "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below "
         f"on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
         f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
