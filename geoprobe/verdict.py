@@ -330,11 +330,12 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed, prim
 
 def after_onset(compared, layers, score, channel_share, primary: str, seed) -> dict | None:
     """The primary test over the layers from the massive channels' onset on (the first compared
-    layer with a massive-channel share above 0): a sensitivity analysis, chosen after the
-    regression sweep's page was seen (method.md, amendment 13), never the registered test. The
-    score keeps its z-scores over every compared layer. None where every compared layer (or fewer
-    than MIN_LAYERS) has massive channels."""
-    onset = next((l for l in layers if channel_share.get(l, 0.0) > 0), None)
+    layer whose massive-channel share is at least half the largest over the compared layers): a
+    sensitivity analysis, chosen after the regression sweep's page was seen (method.md, amendment
+    13), never the registered test. The score keeps its z-scores over every compared layer. None
+    where the onset is the first compared layer, or fewer than MIN_LAYERS layers follow it."""
+    top = max((channel_share.get(l, 0.0) for l in layers), default=0.0)
+    onset = next((l for l in layers if top > 0 and channel_share.get(l, 0.0) >= top / 2), None)
     kept = [i for i, l in enumerate(layers) if onset is not None and l >= onset]
     if not MIN_LAYERS <= len(kept) < len(layers):
         return None
