@@ -97,6 +97,15 @@ def config_hash(config) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def find_blocks(model) -> torch.nn.ModuleList:
+    """A causal LM's decoder blocks: the one ModuleList of num_hidden_layers under its base model."""
+    n = model.config.num_hidden_layers
+    for module in model.base_model.children():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            return module
+    raise GeoprobeError(f"cannot find the {n} decoder blocks of {type(model).__name__}")
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where weights come from: what `from_pretrained` is called with."""
@@ -203,11 +212,7 @@ class Backbone:
         self.lm_head = model.get_output_embeddings()
 
     def _find_blocks(self):
-        n = self.config.num_hidden_layers
-        for module in self.base.children():
-            if isinstance(module, torch.nn.ModuleList) and len(module) == n:
-                return module
-        raise GeoprobeError(f"cannot find the {n} decoder blocks of {type(self.model).__name__}")
+        return find_blocks(self.model)
 
     def _find_final_norm(self):
         children = list(self.base.children())

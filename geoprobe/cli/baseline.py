@@ -12,7 +12,7 @@ from geoprobe.bridges.embedding_diffusion import PRESETS, BaselineTrainSettings,
     baseline_settings, fit_baseline
 from geoprobe.backbone import resolve_device
 from geoprobe.cli.dsl import _report
-from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps, defaults_of
+from geoprobe.cli.options import BatchSize, Corpus, Device, Force, LogTo, Precision, Seed, SeqLen, Steps, defaults_of
 from geoprobe.cli.output import progress
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -54,6 +54,7 @@ def train_cmd(
     n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = SHAPE.n_layers,
     n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = SHAPE.n_heads,
     seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
+    log_to: LogTo = "none",
 ):
     """Train an embedding-diffusion baseline (a fixed budget, or until its held-out loss plateaus; resumable)."""
 
@@ -63,6 +64,6 @@ def train_cmd(
                                           precision=precision, seq_len=seq_len, **shape)
     resolve_device(device)
     metrics = fit_baseline(out, kind, corpus, tokenizer, settings, network, force=force, device=device,
-                           progress=progress(f"baseline train {kind}", "step"), world=world_from())
+                           progress=progress(f"baseline train {kind}", "step"), world=world_from(), log_to=log_to)
     if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"baseline train {kind} → {out}")

@@ -20,6 +20,7 @@ from geoprobe.files import clear, holding, read_json, write_json_atomic
 from geoprobe.ranking import has_massive_channels, layer_scores
 from geoprobe.settings import split_flags
 from geoprobe.store import check_shards, read_manifest
+from geoprobe.tracking import check_log_to, tracking
 
 
 def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
@@ -173,6 +174,7 @@ class BridgeSettings:
     plateau_rel: float = 0.02  # the plateau rule's threshold (bridges/train.py)
     plateau_scale: str = "window"  # what the threshold is a share of (bridges/train.py)
     min_steps: int | None = None  # never stop before this step (None: bridges/fit.bridge_training's rule)
+    log_to: str = "none"  # where each bridge's training logs (geoprobe.tracking); not part of a bridge's identity
 
     def training(self):
         """The training settings (geoprobe.bridges.fit.bridge_training); every flag is checked here,
@@ -180,6 +182,7 @@ class BridgeSettings:
         from geoprobe.bridges.fit import bridge_training
 
         check_bridge_flags(self.network)
+        check_log_to(self.log_to)
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
@@ -270,8 +273,9 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     world.barrier()
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
-        return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer), progress=bar,
-                          world=world, massive_factor=source.massive_factor, controls=controls), out
+        with tracking(settings.log_to, train_cfg.batch_size * source.seq_len):
+            return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer),
+                              progress=bar, world=world, massive_factor=source.massive_factor, controls=controls), out
     finally:
         if bar is not None:
             bar.stop()
