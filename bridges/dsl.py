@@ -33,7 +33,7 @@ from geoprobe.bridges.checkpoint import CONFIG, build_network, load_weights, rea
 from geoprobe.bridges.converter import Converter
 from geoprobe.bridges.likelihood import mdlm_elbo
 from geoprobe.bridges.nn import Transformer, TransformerConfig
-from geoprobe.bridges.parallel import Execution
+from geoprobe.bridges.parallel import SHARDED_CHECKPOINT, Execution
 from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
 from geoprobe.backbone import (find_blocks, load_backbone, load_config, load_tokenizer, resolve_device,
     resolve_source)
@@ -512,7 +512,7 @@ def _resumed_model(old: dict, out: Path, tok, tokenizer: str, table_init: str, i
     """The model of a directory's run: its weights come from the checkpoint when there is one;
     a run stopped before its first checkpoint starts as a new one (from its pretrained LM too)."""
     shape = build_network(DSLConfig, old, out)
-    if (out / CHECKPOINT).is_file():
+    if (out / CHECKPOINT).is_file() or (out / SHARDED_CHECKPOINT).is_dir():
         return DSLModel(shape, seed=seed, dtype=dtype, lm_weights_follow=shape.backbone is not None)
     return _new_model(tok, tokenizer, shape, table_init, init, init_from, seed, dtype)
 

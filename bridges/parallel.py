@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,8 @@ def join_group(device: torch.device) -> None:
     """A process group of one when none was started (FSDP needs one even on a single device)."""
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 **({"device_id": device} if device.type == "cuda" else {}))
 
@@ -114,6 +117,8 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> None:
         raise BadInput("--fsdp keeps float32 master weights on the shards: use --precision auto (bf16 compute "
                        "on CUDA) or float32, not bfloat16")
     join_group(device)
+    # the DSL's logits are a slice of the head's output; nothing writes into them in place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = mixed_policy(device, precision)
     block_policy = policy or MixedPrecisionPolicy()
