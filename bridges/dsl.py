@@ -432,7 +432,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
         raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
     check_table_init(table_init)
     settings.validate()
-    execution.validate(settings.train.batch_size, world.size)
+    execution.validate(settings.train.batch_size, world.size, settings.train.precision)
     check_log_to(log_to)
     target = resolve_device(world.device(device))
     planned = None

@@ -54,7 +54,10 @@ class Execution:
     grad_accum: int = 1
     activation_checkpointing: bool = False
 
-    def validate(self, batch_size: int, ranks: int) -> None:
+    def validate(self, batch_size: int, ranks: int, precision: str = "auto") -> None:
+        if self.fsdp and precision == "bfloat16":
+            raise BadInput("--fsdp keeps float32 master weights on the shards: use --precision auto (bf16 compute "
+                           "on CUDA) or float32, not bfloat16")
         if self.grad_accum < 1:
             raise BadInput(f"--grad-accum must be at least 1, got {self.grad_accum}")
         if batch_size % (ranks * self.grad_accum):
@@ -113,9 +116,6 @@ def shard(model: nn.Module, device: torch.device, precision: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if precision == "bfloat16":
-        raise BadInput("--fsdp keeps float32 master weights on the shards: use --precision auto (bf16 compute "
-                       "on CUDA) or float32, not bfloat16")
     join_group(device)
     # the DSL's logits are a slice of the head's output; nothing writes into them in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")

@@ -242,7 +242,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> Tra
                        "delete it to train from the start, or use --force") from exc
     for k in ema:
         ema[k].copy_(tensors[f"ema.{k}"])
-    state = _restored(meta, scheduler, best, any(k.startswith("best.") for k in tensors))
+    resumed = _restored(meta, scheduler, best, any(k.startswith("best.") for k in tensors))
     if best.step is not None:
         best.weights = {k: tensors[f"best.{k}"] for k in ema}  # kept on the host, as Best.offer keeps them
     params = trainable(model)
@@ -254,7 +254,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> Tra
             optimizer.state[p] = state
     for group, saved in zip(optimizer.param_groups, json.loads(meta["param_groups"])):
         group.update(saved)
-    return state
+    return resumed
 
 
 def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -464,7 +464,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     evaluation (a run that got worse after its best keeps the best), else the last. Under
     `geoprobe.tracking.tracking("tensorboard")` the losses, rates and scores go to event files."""
     cfg.validate()
-    execution.validate(cfg.batch_size, world.size)
+    execution.validate(cfg.batch_size, world.size, cfg.precision)
     shard = Shard(world.rank, world.size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,10 @@ class ScalarLog:
         if settings.to == "tensorboard" and main:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(str(Path(folder) / FOLDER), purge_step=start or None, flush_secs=30)
+            # named by the step it starts at too: a session resumed within the same second as the last
+            # one began (the files are named by the second) gets a file of its own, read after it
+            self.writer = SummaryWriter(str(Path(folder) / FOLDER), purge_step=start or None, flush_secs=30,
+                                        filename_suffix=f".from-{start:09d}")
         self.since = (start, time.perf_counter())
 
     @property
