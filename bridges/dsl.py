@@ -38,7 +38,7 @@ from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, 
 from geoprobe.backbone import (find_blocks, load_backbone, load_config, load_tokenizer, resolve_device,
     resolve_source)
 from geoprobe.corpus import is_validation, read_documents
-from geoprobe.device import Precision, upload
+from geoprobe.device import Precision, choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, human, is_empty
@@ -417,14 +417,15 @@ def dsl_tokenizer(spec: str, documents: list[str] | None = None):
 def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLConfig,
             table_init: str = "random", init: Path | None = None, init_from: str | None = None, force: bool = False,
             device: str = "auto", progress=None, world: World = SINGLE, execution: Execution = Execution(),
-            log_to: str = "none") -> dict | None:
+            log_to: str = "none", deterministic: bool = False) -> dict | None:
     """Train (or resume) a DSL model in `out`: from scratch, from a DSL checkpoint (`init`) or
     from a pretrained causal LM (`init_from`, which sets the network's size itself); evaluate it
     on the held-out documents and write metrics.json and the curve. `shape` is the network of a
     new run (its vocab_size is the tokenizer's, whatever it says; a resumed run keeps its own).
     Returns the metrics (None on data-parallel ranks other than 0). A directory holding another
     run is refused in one line, as is every bad setting, before anything loads. `execution`:
-    FSDP, accumulation, activation checkpointing; `log_to`: geoprobe.tracking's destination."""
+    FSDP, accumulation, activation checkpointing; `log_to`: geoprobe.tracking's destination;
+    `deterministic`: deterministic CUDA kernels (geoprobe.device)."""
 
     if settings.snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {settings.snr!r} (use {', '.join(SNR_SCHEMES)})")
@@ -434,6 +435,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
     settings.validate()
     execution.validate(settings.train.batch_size, world.size, settings.train.precision)
     check_log_to(log_to)
+    choose_determinism(deterministic)
     target = resolve_device(world.device(device))
     planned = None
     if init_from is not None:

@@ -46,7 +46,7 @@ from geoprobe.bridges.dsl import (budget, dsl_oracle_start, dsl_tokenizer, repor
 from geoprobe.bridges.nn import Transformer, TransformerConfig, apply_rotary, rotary_tables, timestep_embedding
 from geoprobe.bridges.train import TrainConfig, fit_model
 from geoprobe.backbone import resolve_device
-from geoprobe.device import upload
+from geoprobe.device import choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, is_empty
@@ -348,17 +348,18 @@ def baseline_settings(kind: str, **flags) -> tuple[BaselineTrainSettings, Embedd
 
 def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, settings: BaselineTrainSettings,
                  shape: EmbeddingDiffusionConfig, force: bool = False, device: str = "auto", progress=None,
-                 world: World = SINGLE, log_to: str = "none") -> dict | None:
+                 world: World = SINGLE, log_to: str = "none", deterministic: bool = False) -> dict | None:
     """Train (or resume) a `kind` baseline in `out` on `corpus`; score the kept weights' loss terms
     on held-out rows (metrics.json). The plateau rule, when `settings.train.eval_every` > 0,
     watches the same loss on other held-out rows at fixed draws. A directory holding another run,
     and every bad setting, is refused in one line before anything loads. `log_to`:
-    geoprobe.tracking's destination."""
+    geoprobe.tracking's destination; `deterministic`: deterministic CUDA kernels (geoprobe.device)."""
     if kind not in PRESETS:
         raise BadInput(f"unknown baseline {kind!r} (use {', '.join(PRESETS)})")
     settings.validate()
     shape.validate()
     check_log_to(log_to)
+    choose_determinism(deterministic)
     target = resolve_device(world.device(device))
     tokenizer = tokenizer or "train:4096"
     out = Path(out)

@@ -187,21 +187,51 @@ def test_geometry_runs_on_the_device_and_equals_the_cpu_result():
             assert on_device[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
-def test_a_cuda_device_turns_on_deterministic_kernels(monkeypatch):
+def test_deterministic_kernels_are_a_choice_applied_when_a_cuda_device_is_resolved(monkeypatch):
+    """--deterministic (issue 63; before it every CUDA command turned them on): chosen by the
+    command, applied when it resolves a CUDA device, without PyTorch's NaN fill of new memory."""
     from geoprobe.backbone import resolve_device
+    from geoprobe.device import choose_determinism
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.utils.deterministic.fill_uninitialized_memory)
     try:
+        choose_determinism(True)
         resolve_device("cpu")
         assert not torch.are_deterministic_algorithms_enabled()  # a CPU run is left as it is
         assert resolve_device("auto").type == "cuda"
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        choose_determinism(False)
+        resolve_device("cuda")
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
     finally:
+        choose_determinism(False)
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.deterministic = before[1]
+        torch.utils.deterministic.fill_uninitialized_memory = before[2]
+
+
+def test_scan_family_commands_choose_deterministic_kernels_and_training_does_not(scanned_run, corpus_txt, tmp_path):
+    """The default of each command, and --no-deterministic / --deterministic, as the process records it."""
+    import geoprobe.device
+    from tests.helpers import copy_run, invoke
+
+    run = copy_run(scanned_run, tmp_path / "run")
+    chosen = lambda: geoprobe.device._deterministic[0]  # noqa: E731
+    try:
+        geometry = ["-q", "geometry", run, "--device", "cpu", "--anchors", 64, "--k", 8, "--pairs", 256, "--bootstrap", 20]
+        assert invoke(*geometry)[0] == 0 and chosen() is True
+        assert invoke(*geometry, "--no-deterministic")[0] == 0 and chosen() is False
+        dsl = ["-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 1, "--batch-size", 2,
+               "--seq-len", 8, "--d-model", 16, "--n-layers", 1, "--device", "cpu"]
+        assert invoke(*dsl, "--out", tmp_path / "a", "--deterministic")[0] == 0 and chosen() is True
+        assert invoke(*dsl, "--out", tmp_path / "b")[0] == 0 and chosen() is False
+    finally:
+        geoprobe.device.choose_determinism(False)
 
 
 @pytest.mark.parametrize("n, d, chunk, massive_rows, repeated", [

@@ -76,6 +76,10 @@ GradAccum = Annotated[int, typer.Option("--grad-accum", min=1, help="Micro-batch
 ActivationCheckpointing = Annotated[bool, typer.Option("--activation-checkpointing", help="Each decoder block keeps "
                                                        "only its input and recomputes the rest in backward (less "
                                                        "memory, about one more forward per step).")]
+Deterministic = Annotated[bool, typer.Option("--deterministic/--no-deterministic", help="Deterministic CUDA "
+                                            "kernels (cuDNN, cuBLAS, PyTorch's), so that reruns on one GPU give "
+                                            "the same bits; on for scan, extract and geometry, whose bytes are "
+                                            "compared, off elsewhere. No effect on a CPU.")]
 LogTo = Annotated[str, typer.Option("--log-to", help="none, or tensorboard: the training loss, learning rate, "
                                     "steps/s, tokens/s and validation scores as event files in tensorboard/ under "
                                     "each trained model's directory (`tensorboard --logdir DIR`).")]

@@ -14,6 +14,7 @@ from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
 from geoprobe.bridges.states import plan_room, teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.device import choose_determinism
 from geoprobe.distributed import world_from
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, read_json, write_json_atomic
@@ -175,6 +176,7 @@ class BridgeSettings:
     plateau_scale: str = "window"  # what the threshold is a share of (bridges/train.py)
     min_steps: int | None = None  # never stop before this step (None: bridges/fit.bridge_training's rule)
     log_to: str = "none"  # where each bridge's training logs (geoprobe.tracking); not part of a bridge's identity
+    deterministic: bool = False  # deterministic CUDA kernels (geoprobe.device); not part of a bridge's identity
 
     def training(self):
         """The training settings (geoprobe.bridges.fit.bridge_training); every flag is checked here,
@@ -318,6 +320,7 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
         raise BadInput(f"--layer must be >= 0, got {layer}")
     settings.training()
     check_device_map(device_map)
+    choose_determinism(settings.deterministic)
     world = world_from()
     root = out or run
     with holding(bridge_dir(root, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
@@ -352,6 +355,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     `include_source`. Returns rows, verdict and the plot (None on data-parallel ranks other than 0)."""
 
     settings.training()
+    choose_determinism(settings.deterministic)
     seeds = seeds or [settings.seed]
     scores = {r["layer"]: r for r in ranking_rows(run)}
     world = world_from()
