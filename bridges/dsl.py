@@ -46,8 +46,8 @@ from geoprobe.memory import (DSL_BYTES_PER_PARAMETER, dsl_training_bytes, fewest
     parameter_count)
 from geoprobe.settings import split_flags
 from geoprobe.tracking import check_log_to, tracking
-from geoprobe.tokens import (char_tokenizer, load_saved_tokenizer, save_tokenizer, token_stream, train_bpe,
-    word_tokenizer)
+from geoprobe.tokens import (char_tokenizer, load_saved_tokenizer, save_tokenizer, start_token, token_stream,
+    train_bpe, untrained_ids, word_tokenizer)
 
 
 @dataclass
@@ -62,6 +62,9 @@ class DSLConfig:
     s_max: float = S_MAX
     backbone: dict | None = None  # a pretrained causal LM's config: its blocks are the denoiser
     bos_id: int = 0  # the clean first position prepended for a pretrained backbone
+    # the ids the tokenizer produces, where fewer than vocab_size (a checkpoint's padding rows): the
+    # logits of the others are the dtype's minimum, so no sampler draws them; None: every id
+    tokenizer_size: int | None = None
 
 
 class DSLModel(nn.Module):
@@ -150,9 +153,12 @@ class DSLModel(nn.Module):
         if self.norm_proj is not None:
             x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)))
         x = x.to(self.embed.weight.dtype)  # the network's dtype (bfloat16 under --precision bfloat16)
-        if self.lm is not None:
-            return self.pretrained_logits(x)
-        return self.head(self.transformer(x))
+        logits = self.pretrained_logits(x) if self.lm is not None else self.head(self.transformer(x))
+        known = self.cfg.tokenizer_size
+        if known is not None and known < logits.shape[-1]:  # out of place: the logits may be a view
+            padding = torch.arange(known, logits.shape[-1], device=logits.device)
+            logits = logits.index_fill(-1, padding, torch.finfo(logits.dtype).min)
+        return logits
 
     def loss(self, tokens: torch.Tensor, snr: torch.Tensor, generator: torch.Generator | None = None,
              noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -198,15 +204,26 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
                        f"--init-from {spec} ({len(own):,}); leave --tokenizer out to use the model's")
     backbone = load_backbone(spec, device="cpu", dtype=str(dtype).removeprefix("torch."))
     lm, hf = backbone.model, backbone.model.config
-    special = [t for t in (backbone.tokenizer.bos_token_id, backbone.tokenizer.eos_token_id) if t is not None]
     embeddings = lm.get_input_embeddings().weight.detach()
+    padding = untrained_ids(backbone.tokenizer, len(embeddings))
     cfg = DSLConfig(vocab_size=len(embeddings), d_tok=d_tok, d_model=hf.hidden_size,
                     n_layers=backbone.num_layers, n_heads=hf.num_attention_heads, learn_table=learn_table,
-                    backbone=hf.to_dict(), bos_id=special[0] if special else 0)
+                    backbone=hf.to_dict(), bos_id=start_of(spec, backbone.tokenizer, hf),
+                    tokenizer_size=padding.start if len(padding) else None)
     table = TokenTable.pca_init(embeddings, d_tok) if check_table_init(table_init) == "pca" else None
     model = DSLModel(cfg, table_init=table, seed=seed, dtype=dtype, lm_weights_follow=True)
     model.init_from(lm)
     return model
+
+
+def start_of(spec: str, tokenizer, config) -> int:
+    """The clean first position a DSL on `spec`'s blocks prepends (geoprobe.tokens.start_token),
+    or one line: the model has none."""
+    start = start_token(tokenizer, config)
+    if start is None:
+        raise BadInput(f"--init-from {spec} has no start token (its tokenizer's bos_token_id and its config's are "
+                       "None): the DSL prepends one clean first position; use a model that names one")
+    return start
 
 
 def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device,

@@ -321,6 +321,38 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
         raise BadInput(f"model {spec!r} has no usable tokenizer ({str(exc).splitlines()[0][:120]})") from exc
 
 
+def hub_cache() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+
+
+def locate_backbone(spec: str, config_sha256: str, record: str) -> str:
+    """Where the backbone a record names is now: `spec` as the record stores it (as given when it
+    was trained) when it still loads with that architecture's config hash, else the first model
+    of that hash in the local Hugging Face cache (a moved folder that was also downloaded), else
+    one line saying where it looked. `record`: the trained model's folder, for the message."""
+    from transformers import AutoConfig
+
+    try:
+        if config_hash(load_config(resolve_source(spec))) == config_sha256:
+            return spec
+        why = "it has another architecture now"
+    except BadInput as exc:
+        why = str(exc)
+    looked = sorted(hub_cache().glob("models--*/snapshots/*/config.json"))
+    for path in looked:
+        try:
+            if config_hash(AutoConfig.from_pretrained(path.parent, local_files_only=True)) == config_sha256:
+                return str(path.parent)
+        except (OSError, ValueError):
+            continue
+    raise BadInput(f"{record} was trained on {spec} (config sha256 {config_sha256[:12]}…), not found: not as given "
+                   f"({why}), nor among the {len(looked)} models of the Hugging Face cache {hub_cache()}; "
+                   f"put the model back at {spec} or into that cache")
+
+
 def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
                   trust_remote_code: bool = False, revision: str | None = None,
                   batch: tuple[int, int] = (8, 512)) -> Backbone:
