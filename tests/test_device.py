@@ -173,6 +173,64 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     assert tokens.shape == (2, 5)
 
 
+def pooled_copy(states, device):
+    """A copy of the run's teacher states pooled on `device` (bridges/states.py: the bridge step's pool)."""
+    import copy
+
+    from geoprobe.bridges.states import pool_on_device
+
+    pooled = copy.deepcopy(states)
+    if torch.device(device).type == "cpu":  # pool_on_device leaves a CPU's states where they are
+        for split in (pooled.train, pooled.stop, pooled.val):
+            split.to_device(device)
+    else:
+        assert pool_on_device(pooled, device)
+    return pooled
+
+
+def test_a_batch_gathered_from_the_device_pool_equals_the_host_pools_exactly(blocks):
+    pooled = pooled_copy(blocks, "cpu")
+    assert pooled.train.pooled and not blocks.train.pooled
+    lengths = [len(b.tokens) for b in blocks.train.blocks]
+    for indices, length in (([3, 0, 5, 3], None), ([1, 7], max(lengths) + 5), (list(range(len(lengths))), None)):
+        host = blocks.train.batch(indices, (0, 1), 0, "cpu", length)
+        device = pooled.train.batch(indices, (0, 1), 0, "cpu", length)
+        assert torch.equal(host[0], device[0]) and torch.equal(host[1], device[1])
+        for layer in (0, 1):
+            assert torch.equal(host[2][layer], device[2][layer]), (indices, layer)
+            assert device[2][layer].abs().sum() > 0
+
+
+def test_the_device_pool_uploads_no_states_and_trains_the_same_bridge(llama, blocks, tmp_path, float32_everywhere):
+    with accelerator() as acc:
+        pooled = pooled_copy(blocks, DEVICE)
+        for layers in ((1,), (0, 1)):
+            acc.reset()
+            got = pooled.train.batch([2, 4], layers, 0, DEVICE)
+            pooled_uploads = acc.uploads
+            assert not acc.syncs, acc.where  # nothing waits for the device
+            acc.reset()
+            want = blocks.train.batch([2, 4], layers, 0, DEVICE)
+            assert acc.uploads == 2 + len(layers)  # ids, mask, then each layer's (B, L, d) states
+            assert pooled_uploads == 3  # ids, mask and one (B, L) row index, whatever the layers
+            for layer in layers:
+                assert torch.equal(got[2][layer].inner, want[2][layer].inner)
+    cfg = BridgeConfig(layer=1, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
+                       d_model=32, n_layers=1, n_heads=2)
+    metrics = {}
+    for name, use_pool in (("host", False), ("pool", True)):
+        with accelerator():
+            llama.model.to(DEVICE)
+            try:
+                states = pooled_copy(blocks, DEVICE) if use_pool else blocks
+                metrics[name] = fit_bridge(llama, 1, states, cfg, TrainConfig(steps=4, batch_size=2, save_every=4),
+                                           tmp_path / name, {"test": name})
+            finally:
+                llama.model.to("cpu")
+    for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
+        assert metrics["pool"][key] == pytest.approx(metrics["host"][key], rel=1e-6), key
+
+
 def test_geometry_runs_on_the_device_and_equals_the_cpu_result():
     g = torch.Generator().manual_seed(0)
     states = torch.randn(300, 16, generator=g, dtype=torch.float64)
@@ -324,3 +382,22 @@ def test_precision_has_one_owner_and_refuses_another_value_in_one_line():
     assert Precision.BFLOAT16.weights_dtype == torch.bfloat16
     with pytest.raises(BadInput, match=r"^--precision must be one of auto, float32, bfloat16, got 'fp8'$"):
         TrainConfig(precision="fp8").validate()
+
+
+def test_the_layer_controls_from_a_device_pool_equal_the_host_pools(llama, blocks):
+    """A sweep fits each layer's closed-form controls from the same states its bridges train on:
+    pooled on the device, the same numbers as on the host."""
+    from geoprobe.bridges.controls import layer_controls
+    from geoprobe.bridges.hidden import Teacher
+
+    on_host = layer_controls(blocks, 1, Teacher(llama, 1).embeddings, None)
+    with accelerator():
+        llama.model.to(DEVICE)
+        try:
+            pooled = layer_controls(pooled_copy(blocks, DEVICE), 1, Teacher(llama, 1).embeddings, None)
+        finally:
+            llama.model.to("cpu")
+    assert pooled.keys() == on_host.keys()
+    for key, value in on_host.items():
+        if isinstance(value, float):
+            assert pooled[key] == pytest.approx(value, rel=1e-9), key

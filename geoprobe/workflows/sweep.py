@@ -11,7 +11,7 @@ from pathlib import Path
 
 from geoprobe.bridges.controls import layer_controls as fit_controls
 from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
-from geoprobe.bridges.states import plan_room, teacher_states
+from geoprobe.bridges.states import plan_room, pool_on_device, teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.device import choose_determinism
@@ -224,13 +224,16 @@ class OnFirstUse:
 
 def cached_states(source: Source, layers: list[int], bars: Bars = None) -> OnFirstUse:
     """The teacher states of the source's three splits at layer 0 and `layers`: the frozen prefix
-    run once (its room checked first, when first needed), for every bridge of the run."""
+    run once (its room checked first, when first needed), for every bridge of the run; on a GPU
+    they move onto it where they fit (bridges/states.py `pool_on_device`)."""
 
     def make():
         bar = bars("teacher states") if bars else None
         try:
-            return teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks, layers,
-                                  progress=bar)
+            states = teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks,
+                                    layers, progress=bar)
+            pool_on_device(states, source.backbone.input_device)
+            return states
         finally:
             if bar is not None:
                 bar.stop()
