@@ -122,13 +122,15 @@ def _activation_bytes(config, width: int, batch_size: int, positions: int, check
 
 def fewest_ranks(need: Callable[[int, int, bool], int], free: int, batch_size: int, grad_accum: int = 1,
                  checkpointing: bool = False, most: int = 4096) -> tuple[int, bool] | None:
-    """(ranks, activation checkpointing) of the smallest FSDP layout that fits `free` bytes per
-    rank: `need(ranks, per-rank micro-batch, checkpointing)` is the plan, and the ranks must
-    divide the global batch with the accumulation (so that the run is accepted as advised).
-    Without activation checkpointing first; None when no layout up to `most` ranks fits."""
-    for ckpt in (checkpointing,) if checkpointing else (False, True):
-        for n in range(1, most + 1):
-            if batch_size % (n * grad_accum) == 0 and need(n, batch_size // (n * grad_accum), ckpt) <= free:
+    """(ranks, activation checkpointing) of the FSDP layout with the fewest ranks that fits `free`
+    bytes per rank, activation checkpointing only where that count needs it: `need(ranks, per-rank
+    micro-batch, checkpointing)` is the plan, and the ranks must divide the global batch with the
+    accumulation (so that the run is accepted as advised). None when none up to `most` ranks fits."""
+    for n in range(1, most + 1):
+        if batch_size % (n * grad_accum):
+            continue
+        for ckpt in (checkpointing,) if checkpointing else (False, True):
+            if need(n, batch_size // (n * grad_accum), ckpt) <= free:
                 return n, ckpt
     return None
 

@@ -111,12 +111,14 @@ def test_fsdp_memory_per_rank_shards_the_training_state_and_ddp_adds_its_buckets
     assert plan(fsdp=True, ranks=2, mixed=True) < plan(fsdp=True, ranks=2)  # bf16 activations
 
 
-@pytest.mark.parametrize("share, layout", [(0.6, (4, False)), (0.295, (8, True)), (0.2, None)])
+@pytest.mark.parametrize("share, layout", [(0.7, (2, False)), (0.6, (2, True)), (0.4, (4, True)), (0.295, (8, True)),
+                                           (0.2, None)])
 def test_a_refusal_on_a_gpu_names_a_fsdp_layout_that_the_plan_then_accepts(llama, monkeypatch, share, layout):
-    """On a pretend GPU with a share of what one process needs (the tiny Llama: 1.18 of it on one
-    FSDP rank, 0.31 on 8, 0.29 on 8 with activation checkpointing, its vocabulary-wide units held
-    whole bounding it): the refusal's --fsdp advice, run as advised (that many ranks, that flag),
-    passes the same check, and fewer ranks do not; where no layout fits, none is advised."""
+    """On a pretend GPU with a share of what one process needs (the tiny Llama, FSDP per rank: 0.68
+    of it on 2 ranks, 0.60 with activation checkpointing; 0.43 and 0.39 on 4; 0.31 and 0.29 on 8,
+    its vocabulary-wide units held whole bounding it): the refusal's --fsdp advice, run as
+    advised (that many ranks, that flag), passes the same check, and fewer ranks do not, nor that
+    count without checkpointing where it is advised; where no layout fits, none is advised."""
     import geoprobe.bridges.dsl
 
     folder, cuda = llama.model.name_or_path, torch.device("cuda", 0)
@@ -139,12 +141,19 @@ def test_a_refusal_on_a_gpu_names_a_fsdp_layout_that_the_plan_then_accepts(llama
     for n in [n for n in range(1, ranks) if 8 % n == 0]:  # the advice is the fewest ranks that fit
         with pytest.raises(BadInput, match="per rank on cuda:0"):
             check_init_fits(folder, 8, 8, 16, cuda, "float32", n, execution)
+    if ckpt:  # and checkpointing only where that count needs it
+        with pytest.raises(BadInput, match="per rank on cuda:0"):
+            check_init_fits(folder, 8, 8, 16, cuda, "float32", ranks, Execution(fsdp=True))
 
 
-def test_fewest_ranks_divides_the_global_batch_and_tries_checkpointing_last():
+def test_fewest_ranks_divides_the_global_batch_and_checkpoints_only_where_that_count_needs_it():
     need = lambda n, micro, ckpt: 100 // n + micro * (1 if ckpt else 10)  # noqa: E731
-    assert fewest_ranks(need, 60, batch_size=8) == (4, False)  # 2 ranks: 50 + 40; 3 do not divide 8; 4: 25 + 20
-    assert fewest_ranks(need, 60, batch_size=6) == (3, False)  # 33 + 20
+    assert fewest_ranks(need, 60, batch_size=8) == (2, True)  # 2 ranks: 50 + 40, or 50 + 4 checkpointed
+    assert fewest_ranks(need, 60, batch_size=8, checkpointing=True) == (2, True)
+    assert fewest_ranks(need, 90, batch_size=8) == (2, False)  # 50 + 40 fits without checkpointing
+    assert fewest_ranks(need, 46, batch_size=8) == (4, False)  # 2: 50 + 4 > 46; 3 do not divide 8; 4: 25 + 20
+    assert fewest_ranks(need, 53, batch_size=6) == (2, True)  # 50 + 3
+    assert fewest_ranks(need, 52, batch_size=6) == (3, True)  # 3 divide 6: 33 + 20 > 52, 33 + 2
     assert fewest_ranks(need, 60, batch_size=8, grad_accum=4) == (2, False)  # micro-batch 1: 50 + 10
     # without checkpointing nothing fits (at 4 ranks 50 + 100), with it one rank does (50 + 4)
     assert fewest_ranks(lambda n, micro, ckpt: 50 + micro * (1 if ckpt else 100), 60, batch_size=4) == (1, True)
