@@ -151,7 +151,7 @@ class DSLModel(nn.Module):
         probs = self.converter(z, self.table())
         x = Converter.mix(probs, self.embed.weight, self.mask_vector)
         if self.norm_proj is not None:
-            x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)))
+            x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)).to(self.norm_proj.weight.dtype))
         x = x.to(self.embed.weight.dtype)  # the network's dtype (bfloat16 under --precision bfloat16)
         logits = self.pretrained_logits(x) if self.lm is not None else self.head(self.transformer(x))
         known = self.cfg.tokenizer_size

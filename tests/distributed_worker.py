@@ -119,14 +119,14 @@ def train_dsl_problem(out: str, backbone: str | None, execution, world, stop_at:
 
 
 def fsdp_worker(rank: int, world_size: int, port: int, out: str, backbone: str | None, stop_at: int,
-                grad_accum: int = 1) -> None:
-    """dsl_problem trained with --fsdp on every rank; rank 0 writes what ran to out/trained.pkl."""
+                grad_accum: int = 1, fsdp: bool = True) -> None:
+    """dsl_problem trained with --fsdp (or DDP) on every rank; rank 0 writes what ran to out/trained.pkl."""
     from geoprobe.bridges.parallel import Execution
     from geoprobe.distributed import world_from
 
     join(rank, world_size, port)
     try:
-        trained = train_dsl_problem(out, backbone, Execution(fsdp=True, grad_accum=grad_accum), world_from(),
+        trained = train_dsl_problem(out, backbone, Execution(fsdp=fsdp, grad_accum=grad_accum), world_from(),
                                     stop_at)
         if rank == 0 and trained is not None:
             (Path(out) / "trained.pkl").write_bytes(pickle.dumps(trained))

@@ -73,6 +73,17 @@ def test_a_crashed_fsdp_run_resumes_exactly_and_on_one_rank(tmp_path):
     assert runs[0].val_curve == runs[1].val_curve and runs[1].session_steps == 2
 
 
+def test_ddp_with_accumulated_micro_batches_equals_one_rank(tmp_path):
+    """DDP synchronises once per step (no_sync for the first micro-batches): 2 ranks x 2
+    micro-batches give one process's weights and scores."""
+    one = distributed_worker.train_dsl_problem(str(tmp_path / "one"), None, Execution(), SINGLE)
+    spawn(distributed_worker.fsdp_worker, 2, str(tmp_path / "two"), None, 0, 2, False)
+    two = pickle.loads((tmp_path / "two" / "trained.pkl").read_bytes())
+    close(load_file(tmp_path / "one" / "checkpoint.safetensors"), load_file(tmp_path / "two" / "checkpoint.safetensors"))
+    for (_, a), (_, b) in zip(one.val_curve, two.val_curve):
+        assert a == pytest.approx(b, rel=1e-6)
+
+
 def test_dsl_train_with_fsdp_under_torchrun_equals_one_process(tmp_path, tiny_models, corpus_txt):
     args = ["dsl", "train", "--corpus", corpus_txt, "--tokenizer", tiny_models("llama"), "--steps", 4,
             "--precision", "float32", "--batch-size", 4, "--seq-len", 16, "--d-model", 16, "--d-tok", 8,
