@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, Steps
+from geoprobe.cli.options import (BatchSize, Deterministic, Device, DeviceMap, Dtype, Force, Layers, LogTo, Precision,
+    Seed, Steps)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -88,7 +89,8 @@ def bridge(
     eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
-    dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
+    dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None, log_to: LogTo = TRAINING.log_to,
+    deterministic: Deterministic = TRAINING.deterministic,
 ):
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
     It stops by its plateau on its validation objective; --regression trains the deterministic
@@ -100,7 +102,8 @@ def bridge(
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
-                         train_tokens=train_tokens, regression=regression)
+                         train_tokens=train_tokens, regression=regression, log_to=log_to,
+                         deterministic=deterministic)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     if metrics is None:  # data-parallel ranks: rank 0 validates and reports
         return
@@ -134,7 +137,8 @@ def sweep(
     eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
-    dtype: Dtype = "auto", force: Force = False, ceiling: Ceiling = False,
+    dtype: Dtype = "auto", force: Force = False, ceiling: Ceiling = False, log_to: LogTo = TRAINING.log_to,
+    deterministic: Deterministic = TRAINING.deterministic,
 ):
     """One bridge per layer and seed, each trained to its plateau under one step cap; then the
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
@@ -145,7 +149,8 @@ def sweep(
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
-                         train_tokens=train_tokens, regression=regression)
+                         train_tokens=train_tokens, regression=regression, log_to=log_to,
+                         deterministic=deterministic)
     chosen_seeds = parse_seeds(seeds) if seeds else [seed]
     result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source, ceiling)
     if result is not None:  # data-parallel ranks: rank 0 reports

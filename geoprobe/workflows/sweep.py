@@ -11,15 +11,17 @@ from pathlib import Path
 
 from geoprobe.bridges.controls import layer_controls as fit_controls
 from geoprobe.bridges.hidden import CEILING, REGRESSION, BridgeConfig, Teacher, check_bridge_flags
-from geoprobe.bridges.states import plan_room, teacher_states
+from geoprobe.bridges.states import plan_room, pool_on_device, teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.device import choose_determinism
 from geoprobe.distributed import world_from
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, read_json, write_json_atomic
 from geoprobe.ranking import has_massive_channels, layer_scores
 from geoprobe.settings import split_flags
 from geoprobe.store import check_shards, read_manifest
+from geoprobe.tracking import check_log_to, tracking
 
 
 def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
@@ -173,6 +175,8 @@ class BridgeSettings:
     plateau_rel: float = 0.02  # the plateau rule's threshold (bridges/train.py)
     plateau_scale: str = "window"  # what the threshold is a share of (bridges/train.py)
     min_steps: int | None = None  # never stop before this step (None: bridges/fit.bridge_training's rule)
+    log_to: str = "none"  # where each bridge's training logs (geoprobe.tracking); not part of a bridge's identity
+    deterministic: bool = False  # deterministic CUDA kernels (geoprobe.device); not part of a bridge's identity
 
     def training(self):
         """The training settings (geoprobe.bridges.fit.bridge_training); every flag is checked here,
@@ -180,6 +184,7 @@ class BridgeSettings:
         from geoprobe.bridges.fit import bridge_training
 
         check_bridge_flags(self.network)
+        check_log_to(self.log_to)
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
@@ -221,13 +226,16 @@ class OnFirstUse:
 
 def cached_states(source: Source, layers: list[int], bars: Bars = None) -> OnFirstUse:
     """The teacher states of the source's three splits at layer 0 and `layers`: the frozen prefix
-    run once (its room checked first, when first needed), for every bridge of the run."""
+    run once (its room checked first, when first needed), for every bridge of the run; on a GPU
+    they move onto it where they fit (bridges/states.py `pool_on_device`)."""
 
     def make():
         bar = bars("teacher states") if bars else None
         try:
-            return teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks, layers,
-                                  progress=bar)
+            states = teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks,
+                                    layers, progress=bar)
+            pool_on_device(states, source.backbone.input_device)
+            return states
         finally:
             if bar is not None:
                 bar.stop()
@@ -272,8 +280,9 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     world.barrier()
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
-        return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer), progress=bar,
-                          world=world, massive_factor=source.massive_factor, controls=controls), out
+        with tracking(settings.log_to, train_cfg.batch_size * source.seq_len):
+            return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer),
+                              progress=bar, world=world, massive_factor=source.massive_factor, controls=controls), out
     finally:
         if bar is not None:
             bar.stop()
@@ -316,6 +325,7 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
         raise BadInput(f"--layer must be >= 0, got {layer}")
     settings.training()
     check_device_map(device_map)
+    choose_determinism(settings.deterministic)
     world = world_from()
     root = out or run
     with holding(bridge_dir(root, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
@@ -350,6 +360,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     `include_source`. Returns rows, verdict and the plot (None on data-parallel ranks other than 0)."""
 
     settings.training()
+    choose_determinism(settings.deterministic)
     seeds = seeds or [settings.seed]
     scores = {r["layer"]: r for r in ranking_rows(run)}
     world = world_from()
