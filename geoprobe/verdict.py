@@ -172,12 +172,7 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
                                f"cannot reach {ALPHA}; at least {MIN_LAYERS} layers are needed)",
                                convergence_line(result["convergence"])]
         return result
-    tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")
-             for loss in (primary, *secondary)}
-    for loss, p in holm({loss: tests[loss]["p"] for loss in secondary}).items():  # always the four
-        tests[loss]["p_holm"] = p
-    for loss, test in tests.items():
-        test["supports"] = bool(test["rho"] < 0 and test.get("p_holm", test["p"]) < ALPHA)
+    tests = _tests(score, compared, primary, secondary, seed)
     result["tests"] = tests
     result["reliability"] = {loss: reliability(_by_seed(rows, layers, loss)) for loss in tests}
     result["controls"] = _controls(compared, layers, score, scores, channel_share, list(tests), seed, primary)
@@ -190,6 +185,18 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     result["outcome"] = outcome(result)
     result["statement"] = statement(result)
     return result
+
+
+def _tests(score, compared: list[dict], primary: str, secondary: tuple, seed: int) -> dict:
+    """The one-sided test of every registered loss, the secondaries Holm-corrected over exactly
+    their four, and whether each supports the claim."""
+    tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")
+             for loss in (primary, *secondary)}
+    for loss, p in holm({loss: tests[loss]["p"] for loss in secondary}).items():  # always the four
+        tests[loss]["p_holm"] = p
+    for loss, test in tests.items():
+        test["supports"] = bool(test["rho"] < 0 and test.get("p_holm", test["p"]) < ALPHA)
+    return tests
 
 
 def _check_losses(rows: list[dict], layers: list[int], losses: tuple = LOSSES) -> None:
@@ -465,6 +472,35 @@ def current_statement(v: dict) -> list[str]:
         return v.get("statement", [])
 
 
+def controls_line(c: dict, loss: str) -> str:
+    """The primary loss's controls in one line: depth, the partial rhos, the massive channels,
+    the other scores, the token lookup and the ceiling."""
+    partial = c["partial_given_depth"]
+    parts = [f"depth rho(layer, {loss}) = {c['depth']['rho']:.2f} (two-sided p {c['depth']['p']:.2g})",
+             f"partial rho(score, {loss} | depth) = {partial['rho']:.2f} (Freedman-Lane one-sided p {partial['p']:.2g})"
+             if partial["rho"] is not None else
+             f"partial rho(score, {loss} | depth) undefined: the ranks of one follow depth exactly"]
+    if "channel_share" in c:
+        parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f} "
+                     f"(two-sided p {c['channel_share']['p']:.2g})")
+    if (by_share := c.get("partial_given_share")) is not None:
+        parts.append(f"partial rho(score, {loss} | massive-channel share) = {by_share['rho']:.2f} "
+                     f"(Freedman-Lane one-sided p {by_share['p']:.2g})" if by_share["rho"] is not None else
+                     f"partial rho(score, {loss} | massive-channel share) undefined")
+    parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
+    if "lookup" in c:
+        parts += [f"rho(token lookup's {loss}, {loss}) = {c['lookup']['rho']:.2f} (two-sided p {c['lookup']['p']:.2g})",
+                  f"the same test on the token lookup's {loss}, no bridge trained: rho {c['score_vs_lookup']['rho']:.2f} "
+                  f"(p {c['score_vs_lookup']['p']:.2g})",
+                  f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
+                  f"(p {c['relative_to_lookup']['p']:.2g})"]
+    if "ceiling" in c:
+        parts.append(f"rho(ceiling's {loss}, {loss}) = {c['ceiling']['rho']:.2f} (two-sided p {c['ceiling']['p']:.2g}: "
+                     "whether the bridges order the layers as the same network trained as the plain clean "
+                     "regression does)")
+    return "Controls: " + "; ".join(parts) + "."
+
+
 def statement(v: dict) -> list[str]:
     """The verdict in plain words, one line each: the bridges' convergence (first when they did
     not converge: then that is the verdict), the primary test, the secondary ones, the seed noise,
@@ -501,30 +537,8 @@ def statement(v: dict) -> list[str]:
                      "larger than seed noise would make them)"
                      + ("." if rel >= 0.5 else "; below 0.5 the layers' order by this loss is mostly noise."))
     c = v["controls"].get(loss, {})
-    partial = c["partial_given_depth"]
-    parts = [f"depth rho(layer, {loss}) = {c['depth']['rho']:.2f} (two-sided p {c['depth']['p']:.2g})",
-             f"partial rho(score, {loss} | depth) = {partial['rho']:.2f} (Freedman-Lane one-sided p {partial['p']:.2g})"
-             if partial["rho"] is not None else
-             f"partial rho(score, {loss} | depth) undefined: the ranks of one follow depth exactly"]
-    if "channel_share" in c:
-        parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f} "
-                     f"(two-sided p {c['channel_share']['p']:.2g})")
-    if (by_share := c.get("partial_given_share")) is not None:
-        parts.append(f"partial rho(score, {loss} | massive-channel share) = {by_share['rho']:.2f} "
-                     f"(Freedman-Lane one-sided p {by_share['p']:.2g})" if by_share["rho"] is not None else
-                     f"partial rho(score, {loss} | massive-channel share) undefined")
-    parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
-    if "lookup" in c:
-        parts += [f"rho(token lookup's {loss}, {loss}) = {c['lookup']['rho']:.2f} (two-sided p {c['lookup']['p']:.2g})",
-                  f"the same test on the token lookup's {loss}, no bridge trained: rho {c['score_vs_lookup']['rho']:.2f} "
-                  f"(p {c['score_vs_lookup']['p']:.2g})",
-                  f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
-                  f"(p {c['relative_to_lookup']['p']:.2g})"]
-    if "ceiling" in c:
-        parts.append(f"rho(ceiling's {loss}, {loss}) = {c['ceiling']['rho']:.2f} (two-sided p {c['ceiling']['p']:.2g}: "
-                     "whether the bridges order the layers as the same network trained as the plain clean "
-                     "regression does)")
-    lines.append("Controls: " + "; ".join(parts) + ".")
+    lines.append(controls_line(c, loss))
+
     if line := ceiling_gap_line(v):
         lines.append(line)
     if "lookup" in c and p["supports"] and v["convergence"]["converged"]:
