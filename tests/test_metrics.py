@@ -225,6 +225,8 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
                 "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"):
         assert math.isfinite(row[key]), key
     assert row["oracle_nll_per_word"] == pytest.approx(row["oracle_entropy_rate"], rel=0.25)
+    # MAUVE's references are cut to the samples' median length in the evaluator's ids
+    assert row["mauve_reference_tokens"] > 20 and row["gen_ppl_first_token"] == "unscored"
     assert (tmp_path / "samples.metrics.json").is_file()
     assert row["evaluator"] == str(tiny_models("llama")) and row["evaluator_is_generator"] == []
 
