@@ -11,6 +11,16 @@ posterior does not depend on s), trained with cross-entropy on all positions aga
 tokens under a mixture of SNR distributions (`geoprobe.bridges.channel`). It implements the
 `TokenDenoiser` protocol of `geoprobe.samplers.base`.
 
+The MDLM baseline is the same network under `--snr endpoint` (s = 0 masked, s_max revealed),
+trained on MDLM's own objective (`--mdlm-objective mdlm`, the default): t drawn antithetically
+in [1e-3, 1], each token masked with the log-linear schedule's probability (1 - 1e-3) t, and
+the cross-entropy of the masked tokens only, weighted by dσ/expm1(σ) = 1/t, summed and divided
+by every position. That is MDLM's SUBS parameterisation in continuous time: its logits never
+put mass on the mask (here the output has no mask class), and a revealed token is carried
+over, so it adds no loss. `--mdlm-objective legacy` keeps geoprobe's earlier endpoint objective
+(t ~ U(0, 1) per row, unweighted cross-entropy over all positions, revealed ones included);
+records written before the flag existed read as legacy.
+
 A checkpoint directory holds `config.json` (kind "dsl", model and training settings),
 `model.safetensors` (EMA weights), `checkpoint.safetensors` (resumable state) and the
 tokenizer files.
@@ -37,7 +47,7 @@ from geoprobe.bridges.parallel import SHARDED_CHECKPOINT, Execution
 from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
 from geoprobe.backbone import (find_blocks, load_backbone, load_config, load_tokenizer, resolve_device,
     resolve_source)
-from geoprobe.corpus import is_validation, read_documents
+from geoprobe.corpus import split_documents
 from geoprobe.device import Precision, choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
@@ -166,6 +176,47 @@ class DSLModel(nn.Module):
         logits = self(z)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))
 
+    def mdlm_loss(self, tokens: torch.Tensor, masked: torch.Tensor, weight: torch.Tensor,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+        """MDLM's objective (`mdlm_objective`) for rows whose `masked` (B, L) positions sit at
+        s = 0 and the rest at s_max, each row weighted by `weight` (B,)."""
+        masked, weight = upload(masked, tokens.device), upload(weight, tokens.device)
+        snr = torch.where(masked, 0.0, self.s_max)
+        logits = self(channel(self.table(), tokens, snr, noise=noise))
+        return mdlm_objective(logits, tokens, masked, weight)
+
+
+# --- MDLM's objective (kuleshov-group/mdlm, diffusion.py: SUBS, continuous time, log-linear) ---
+
+MDLM_OBJECTIVES = ("mdlm", "legacy")
+SAMPLING_EPS = 1e-3  # MDLM's training.sampling_eps: t in [1e-3, 1]
+LOGLINEAR_EPS = 1e-3  # MDLM's LogLinearNoise eps: sigma(t) = -log(1 - (1 - eps) t)
+
+
+def antithetic_times(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """n mask times, one in each stratum [k/n, (k+1)/n) (MDLM's antithetic sampling: one uniform
+    per row, shrunk into its stratum), then mapped onto [SAMPLING_EPS, 1]."""
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    t = (u / n + torch.arange(n, dtype=torch.float64) / n) % 1
+    return ((1 - SAMPLING_EPS) * t + SAMPLING_EPS).float()
+
+
+def loglinear(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the probability a token is masked at time t, the loss weight dσ/expm1(σ)) of the
+    log-linear schedule σ(t) = -log(1 - (1 - eps) t): (1 - eps) t and 1/t."""
+    t = t.double()
+    sigma = -torch.log1p(-(1 - LOGLINEAR_EPS) * t)
+    dsigma = (1 - LOGLINEAR_EPS) / (1 - (1 - LOGLINEAR_EPS) * t)
+    return (-torch.expm1(-sigma)).float(), (dsigma / torch.expm1(sigma)).float()
+
+
+def mdlm_objective(logits: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor,
+                   weight: torch.Tensor) -> torch.Tensor:
+    """MDLM's loss per token: sum over masked positions of weight x (-log p(x_i)), over B x L.
+    A revealed position adds exactly 0 (SUBS carries it over), whatever its logits."""
+    ce = F.cross_entropy(logits.float().transpose(1, 2), tokens, reduction="none")
+    return torch.where(masked, ce * weight[:, None].to(ce.dtype), torch.zeros_like(ce)).sum() / tokens.numel()
+
 
 def causal_lm(config: dict, dtype: torch.dtype = torch.float32, initialise: bool = True) -> nn.Module:
     """A causal LM of this config (a `PretrainedConfig.to_dict()`) with random `dtype` weights (its
@@ -286,12 +337,20 @@ class DSLTrainSettings:
     snr: str = "mixed"
     roar_frac: float = 0.1
     seq_len: int = 128
+    mdlm_objective: str = "mdlm"  # --snr endpoint's loss: MDLM's own, or geoprobe's legacy one
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> None:
         if not 0 <= self.roar_frac <= 1:  # also refuses NaN
             raise BadInput(f"--roar-frac must be in [0, 1], got {self.roar_frac}")
+        if self.mdlm_objective not in MDLM_OBJECTIVES:
+            raise BadInput(f"unknown --mdlm-objective {self.mdlm_objective!r} (use {', '.join(MDLM_OBJECTIVES)})")
         self.train.validate()
+
+    @property
+    def mdlm(self) -> bool:
+        """Whether this run trains on MDLM's objective (endpoint SNRs, `mdlm_objective` mdlm)."""
+        return self.snr == "endpoint" and self.mdlm_objective == "mdlm"
 
 
 def with_loop_defaults(training: dict | None) -> dict | None:
@@ -300,6 +359,25 @@ def with_loop_defaults(training: dict | None) -> dict | None:
     if not training or "train" not in training:
         return training
     return {**training, "train": {**json.loads(json.dumps(asdict(TrainConfig()))), **training["train"]}}
+
+
+def mdlm_objective_of(training: dict | None) -> str:
+    """The endpoint objective a recorded DSL training dict names; a record written before
+    `--mdlm-objective` existed trained the legacy one."""
+    return (training or {}).get("mdlm_objective", "legacy")
+
+
+def run_identity(training: dict | None) -> dict | None:
+    """What makes two DSL training dicts the same run: the recorded settings with the loop's
+    later defaults (`with_loop_defaults`), an older record's objective read as legacy, and the
+    objective left out where the SNR is not endpoint (it has no effect there)."""
+    training = with_loop_defaults(training)
+    if not training:
+        return training
+    training = {**training, "mdlm_objective": mdlm_objective_of(training)}
+    if training.get("snr") != "endpoint":
+        training.pop("mdlm_objective")
+    return training
 
 
 def dsl_settings(**flags) -> tuple[DSLTrainSettings, DSLConfig]:
@@ -352,6 +430,11 @@ def dsl_objective(model: DSLModel, data: torch.Tensor, settings: DSLTrainSetting
         # the global batch's draws, then this rank's rows: any world size trains on the same numbers
         size, length = settings.train.batch_size, data.shape[1]
         rows = shard.rows(torch.randint(0, len(data), (size,), generator=generator))
+        if settings.mdlm:  # MDLM's objective: antithetic t, log-linear masking, masked tokens weighted 1/t
+            masking, weight = loglinear(antithetic_times(size, generator))
+            masked = torch.rand((size, length), generator=generator) < masking[:, None]
+            noise = shard.rows(torch.randn((size, length, m.cfg.d_tok), generator=generator))
+            return m.mdlm_loss(data[upload(rows, device)], shard.rows(masked), shard.rows(weight), noise=noise)
         snr = shard.rows(draw_snr(settings.snr, (size, length), generator=generator, roar_frac=settings.roar_frac))
         noise = shard.rows(torch.randn((size, length, m.cfg.d_tok), generator=generator))
         return m.loss(data[upload(rows, device)], snr, noise=noise)
@@ -402,18 +485,6 @@ def dsl_oracle_start(config: dict, document_length: int) -> str:
 
 
 # --- one training run in a checkpoint directory (what `geoprobe dsl train` calls) -------------
-
-VAL_FRACTION = 0.05
-
-
-def split_documents(corpus: str, seed: int) -> tuple[list[str], list[str]]:
-    """(training, held-out) documents: a seeded VAL_FRACTION of the documents is held out."""
-
-    documents = read_documents(corpus)
-    train_docs = [d for i, d in enumerate(documents) if not is_validation(i, seed, VAL_FRACTION)]
-    val_docs = [d for i, d in enumerate(documents) if is_validation(i, seed, VAL_FRACTION)] or documents[-1:]
-    return train_docs, val_docs
-
 
 def dsl_tokenizer(spec: str, documents: list[str] | None = None):
     """`char`, `words`, `train:V` (both need the documents), a model/tokenizer folder, a hub id, or
@@ -471,7 +542,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
             world.barrier()
             if (out / CONFIG).is_file():
                 old = read_config(out)
-                if with_loop_defaults(old.get("training")) != json.loads(json.dumps(asdict(settings))) \
+                if run_identity(old.get("training")) != run_identity(json.loads(json.dumps(asdict(settings)))) \
                         or old.get("identity") != identity:
                     raise BadInput(f"{out} holds another training run; use another --out or --force")
                 tok = load_saved_tokenizer(out)

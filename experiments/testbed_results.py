@@ -12,7 +12,14 @@ where it stopped. Three stages, each a plain loop over library calls:
 2. every sampler at every number of steps on every converged model, scored by the exact HMM;
    the hybrid's switch SNR swept once;
 3. the DiHAL rows: a bridge at every layer of the testbed (the sweep's protocol), sampled with
-   the hybrid sampler, and the layer-0 rounding baseline, scored the same way.
+   the hybrid sampler, and the layer-0 rounding baseline, scored the same way;
+4. (`--stages 4`, not in the default run) the DSL paper's recipe at a matched budget: MDLM for N
+   steps then a DSL fine-tune for M, against MDLM for N + M (`recipe_comparison`).
+
+MDLM trains on MDLM's own objective (`dsl train --mdlm-objective mdlm`, bridges/dsl.py); a
+folder holding an MDLM trained on the legacy objective, and the MDLM -> DSL model and the
+samples made from it, are moved to `legacy-objective/` before stage 1 retrains them
+(`retire_legacy`).
 
 The page's protocol (what is compared, how, and what counts as a difference) is written in
 docs/testbed.md above the generated results; this script only fills in the results.
@@ -69,6 +76,30 @@ def log(message: str) -> None:
 
 # --- stage 1: training ------------------------------------------------------------------------
 
+def retire_legacy(out: Path) -> list[str]:
+    """Move every MDLM model trained on the legacy objective (a record from before
+    `--mdlm-objective`), the models fine-tuned from it and all their sample sets to
+    OUT/legacy-objective/, so that stage 1 retrains them on MDLM's objective; the names moved."""
+    import shutil
+
+    from geoprobe.bridges.dsl import mdlm_objective_of
+
+    moved = []
+    for seed in SEEDS:
+        record = out / "models" / f"mdlm-seed{seed}" / "config.json"
+        if not record.is_file() or mdlm_objective_of(json.loads(record.read_text()).get("training")) != "legacy":
+            continue
+        for name in [n for n, v in VARIANTS.items() if n == "mdlm" or v[2] == "mdlm"]:
+            for kind in ("models", "samples"):
+                folder = out / kind / f"{name}-seed{seed}"
+                if folder.exists():
+                    target = out / "legacy-objective" / kind / folder.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(folder), str(target))
+                    moved.append(f"{kind}/{folder.name}")
+    return moved
+
+
 def train_variant(out: Path, name: str, seed: int) -> dict:
     from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 
@@ -118,7 +149,7 @@ def held_out_bound(folder: Path) -> dict:
 # --- stage 2: samplers -----------------------------------------------------------------------
 
 def score_samples(folder: Path, model: Path, sampler: str, steps: int, switch_snr: float = 5.0,
-                  decode: str = "stack", length: int = LENGTH, start: str = "document") -> dict:
+                  decode: str = "stack", length: int = LENGTH, start: str = "document", num: int = NUM) -> dict:
     from geoprobe.workflows.generate import SampleSettings, generate
     from geoprobe.metrics.text import text_metrics, token_metrics, word_text
     from geoprobe.synthetic import hmm_from_spec, oracle_scores
@@ -130,13 +161,13 @@ def score_samples(folder: Path, model: Path, sampler: str, steps: int, switch_sn
         import shutil
 
         shutil.rmtree(folder)
-    settings = SampleSettings(num=NUM, length=length, steps=steps, switch_snr=switch_snr, decode=decode)
+    settings = SampleSettings(num=num, length=length, steps=steps, switch_snr=switch_snr, decode=decode)
     result = generate(model, sampler, settings, folder, "cpu")
     texts, eos = [r["text"] for r in result["samples"]], result["meta"]["eos"]  # documents end at eos
     scores = {**oracle_scores(hmm_from_spec(CORPUS), texts, start, DOCUMENT, eos), **text_metrics(texts, eos),
               **token_metrics([r["token_ids"] for r in result["samples"]]),
               "nfe": result["meta"]["nfe"], "nfe_per_sample": result["meta"]["nfe_per_sample"],
-              "seconds_per_sample": result["meta"]["seconds"] / NUM,
+              "seconds_per_sample": result["meta"]["seconds"] / num,
               "words_per_sample": float(np.mean([len(word_text(t, eos).split()) for t in texts]))}
     cached.write_text(json.dumps(scores))
     return scores
@@ -197,11 +228,83 @@ def dihal_rows(out: Path) -> tuple[list[dict], dict]:
     return rows, json.loads((run / "sweep.json").read_text())
 
 
+# --- stage 4: the DSL paper's recipe at a matched budget ----------------------------------------
+
+RECIPE_STEPS = (1500, 500)  # (N, M): MDLM for N steps, then DSL fine-tuned from it for M; against MDLM for N + M
+RECIPE_SAMPLE_STEPS = 32  # every sampler of SAMPLERS at this many steps, on both arms
+RECIPE_LR = {"mdlm": 2e-3, "dsl": 1e-3}  # the peak rates of `mdlm` and `mdlm-dsl` above
+
+
+def recipe_model(out: Path, name: str, seed: int, snr: str, steps: int, lr: float, init: Path | None) -> Path:
+    """One model of the recipe comparison, trained for exactly `steps` (no plateau rule: the
+    budget is the comparison's), its held-out bound cached beside it."""
+    from geoprobe.bridges.dsl import dsl_settings, fit_dsl
+
+    folder = out / "recipe" / "models" / f"{name}-seed{seed}"
+    if not (folder / "metrics.json").is_file():
+        fixed = {**TRAINING, "eval_every": 0, "save_every": max(1, steps // 4), "warmup": min(TRAINING["warmup"], steps // 10)}
+        settings, shape = dsl_settings(**{**fixed, "lr": lr}, snr=snr, steps=steps, seed=seed, **SMALL)
+        began = time.perf_counter()
+        fit_dsl(folder, CORPUS, MODEL, settings, shape, init=init, device="cpu")
+        log(f"recipe: trained {name} seed {seed} ({steps} steps), {time.perf_counter() - began:.0f} s")
+    held_out_bound(folder)
+    return folder
+
+
+def recipe_comparison(out: Path, steps: tuple[int, int] = RECIPE_STEPS, seeds=SEEDS,
+                      sample_steps: int = RECIPE_SAMPLE_STEPS, num: int = NUM) -> list[dict]:
+    """The DSL paper's recipe (DSL fine-tuned from an MDLM checkpoint) against MDLM alone at the
+    same number of training steps: per seed, MDLM for N steps then DSL (mixed SNR) from it for M
+    (`recipe`), and MDLM for N + M (`mdlm-long`); each arm's held-out bound and every sampler's
+    oracle NLL at `sample_steps`. Resumable: each model and sample set is a folder of its own
+    under OUT/recipe/. Returns one row per (arm, seed, sampler)."""
+    n, m = steps
+    rows = []
+    for seed in seeds:
+        start = recipe_model(out, f"mdlm-{n}", seed, "endpoint", n, RECIPE_LR["mdlm"], None)
+        arms = {"recipe": recipe_model(out, f"mdlm-{n}-dsl-{m}", seed, "mixed", m, RECIPE_LR["dsl"], start),
+                "mdlm-long": recipe_model(out, f"mdlm-{n + m}", seed, "endpoint", n + m, RECIPE_LR["mdlm"], None)}
+        for arm, model in arms.items():
+            bound = held_out_bound(model)["bound_nats_per_word"]
+            for sampler in SAMPLERS:
+                folder = out / "recipe" / "samples" / f"{model.name}" / f"{sampler}-{sample_steps}"
+                rows.append({"arm": arm, "model": model.name, "seed": seed, "steps": n + m, "bound": bound,
+                             "sampler": sampler, **score_samples(folder, model, sampler, sample_steps, num=num)})
+    log(f"recipe: {len(rows)} sample sets scored")
+    (out / "recipe" / "recipe.json").write_text(json.dumps({"steps": list(steps), "num": num,
+                                                            "sample_steps": sample_steps, "rows": rows}))
+    return rows
+
+
+def recipe_section(recipe: dict) -> list[str]:
+    """The page's lines for the recipe comparison: each arm's bound, and each sampler's oracle NLL,
+    mean ± sd over seeds; one-sided Welch p of "the recipe's bound is lower" (descriptive)."""
+    from scipy import stats
+
+    (n, m), rows = recipe["steps"], recipe["rows"]
+    bound = {a: list({r["seed"]: r["bound"] for r in rows if r["arm"] == a}.values()) for a in ("recipe", "mdlm-long")}
+    p = float(stats.ttest_ind(bound["recipe"], bound["mdlm-long"], equal_var=False, alternative="less").pvalue) \
+        if min(map(len, bound.values())) > 1 else math.nan
+    parts = ["### 4. The DSL paper's recipe at a matched budget", "",
+             f"MDLM for {n:,} steps then DSL (mixed SNR) fine-tuned from it for {m:,} (`recipe`), against MDLM for "
+             f"{n + m:,} (`mdlm-long`), the same network, rows and samplers; {len(bound['recipe'])} seeds, "
+             f"{recipe['num']} samples per cell at {recipe['sample_steps']} steps; mean ± sd over seeds.", "",
+             "| arm | held-out bound, nats/word | " + " | ".join(f"{s} oracle NLL" for s in SAMPLERS) + " |",
+             "|---|---|" + "---|" * len(SAMPLERS)]
+    for arm in ("recipe", "mdlm-long"):
+        cells = [cell([r.get("oracle_nll_per_word") for r in rows if r["arm"] == arm and r["sampler"] == s], 2)
+                 for s in SAMPLERS]
+        parts.append(f"| `{arm}` | {cell(bound[arm])} | " + " | ".join(cells) + " |")
+    return parts + ["", f"Recipe's bound below MDLM's (one-sided Welch, descriptive): p = {p:.3g}.", ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/testbed"))
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "testbed.md")
-    parser.add_argument("--stages", default="1,2,3", help="which stages to run (the page shows what exists)")
+    parser.add_argument("--stages", default="1,2,3", help="which stages to run (the page shows what exists); 4: "
+                                                          "the DSL recipe at a matched budget")
+    parser.add_argument("--recipe-steps", default=",".join(map(str, RECIPE_STEPS)), help="stage 4's N,M")
     args = parser.parse_args()
     stages = set(args.stages.split(","))
     out = args.out
@@ -209,6 +312,8 @@ def main() -> None:
     began = time.perf_counter()
     trained = {}
     if "1" in stages:
+        for name in retire_legacy(out):
+            log(f"moved {name} to legacy-objective/: trained on the legacy MDLM objective")
         for name in VARIANTS:  # MDLM before MDLM -> DSL, which starts from it
             for seed in SEEDS:
                 trained[(name, seed)] = {**train_variant(out, name, seed),
@@ -221,6 +326,8 @@ def main() -> None:
     bridges, sweep = dihal_rows(out) if "3" in stages else ([], None)
     if bridges:
         (out / "bridges.json").write_text(json.dumps(bridges))
+    if "4" in stages:
+        recipe_comparison(out, tuple(int(k) for k in args.recipe_steps.split(",")))
     seconds = time.perf_counter() - began
     if stages >= {"1", "2", "3"}:  # a resumed run adds its invocations' times: the work the page took
         timing = out / "timing.json"
@@ -274,6 +381,8 @@ def write_page(out: Path, page: Path) -> None:
         parts += sampler_section(json.loads((out / "samples.json").read_text()), refs, figures)
     if (out / "bridges.json").is_file():
         parts += bridges_section(json.loads((out / "bridges.json").read_text()), out)
+    if (out / "recipe" / "recipe.json").is_file():
+        parts += recipe_section(json.loads((out / "recipe" / "recipe.json").read_text()))
     text = page.read_text() if page.is_file() else ""
     head = text.split(RESULTS_HEADING)[0].rstrip() + "\n\n" if RESULTS_HEADING in text else text
     page.write_text(head + "\n".join(parts) + "\n")

@@ -168,6 +168,19 @@ def is_validation(doc_id: int, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
+VAL_FRACTION = 0.05  # the share of documents a trained generator holds out (dsl train, baseline train)
+
+
+def split_documents(spec: str, seed: int, fraction: float = VAL_FRACTION) -> tuple[list[str], list[str]]:
+    """(training, held-out) documents of a source: a seeded `fraction` of the documents is held
+    out (`is_validation`); a source too small to hold one out holds out its last document."""
+
+    documents = read_documents(spec)
+    train_docs = [d for i, d in enumerate(documents) if not is_validation(i, seed, fraction)]
+    val_docs = [d for i, d in enumerate(documents) if is_validation(i, seed, fraction)] or documents[-1:]
+    return train_docs, val_docs
+
+
 @dataclass(frozen=True)
 class Block:
     """One packed sequence: `tokens` (length <= seq_len), block `seq_id` of document `doc_id`.

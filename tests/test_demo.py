@@ -50,19 +50,19 @@ def test_tiny_demo_writes_a_report_with_every_row_filled(tiny_demo):
             for column, cell in zip(table[0], row):
                 for number in re.findall(r"-?\d+\.?\d*(?:e[-+]?\d+)?", cell):
                     assert math.isfinite(float(number)), (row, cell)
-                if column in ("train_tokens", "used_tokens") and "AR ceiling" in row[0]:
+                if column in ("train_tokens", "used_tokens") and "(AR)" in row[0]:
                     continue  # a pretrained backbone: its training tokens are not ours to count
                 if column in ("other_evaluators", "own_evaluator"):
                     continue  # empty where there is none
                 assert cell not in ("—", "nan", "inf", ""), (column, row)
     header, *rows = tables[2]
     generators = [row[0] for row in rows]
-    assert any("AR ceiling" in g for g in generators) and any("(round)" in g for g in generators)
+    assert any("(AR)" in g for g in generators) and any("(round)" in g for g in generators)
     assert sum(g.endswith("/dsl") for g in generators) == 4 and sum(g.endswith("/mdlm") for g in generators) == 1
     sweep = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
     for role in ("chosen", "worst", "oracle"):  # every role's bridge is in the table, once per layer
         assert f"bridges/layer-{sweep[role + '_layer']:02d}/seed-0" in generators
-    trained = {row[header.index("train_tokens")] for row in rows if "AR ceiling" not in row[0]}
+    trained = {row[header.index("train_tokens")] for row in rows if "(AR)" not in row[0]}
     assert len(trained) == 1 and {row[header.index("budget")] for row in rows} == {"matched"}
     steps_header, *curve = tables[3]
     for sampler in ("mdlm", "remdm-loop", "roar", "hybrid"):  # three step counts per sampler
@@ -148,13 +148,13 @@ def test_every_generator_is_scored_by_the_true_hmm_and_the_ar_ceiling_checks_the
         assert r["gen_ppl_lo"] < r["gen_ppl_hi"] and r["evaluator"] == "builtin:hmm-tiny"
         assert 0 <= r["bigram_tv_hmm"] < 1 and 0 <= r["bigram_tv"] <= 1
         # the testbed scores the AR ceiling and the bridges (its own upper stack writes their text)
-        own = "AR ceiling" in r["generator"] or ("bridges/" in r["generator"] and "(round)" not in r["generator"])
+        own = "(AR)" in r["generator"] or ("bridges/" in r["generator"] and "(round)" not in r["generator"])
         assert (r["own_evaluator"] == "builtin:hmm-tiny") == own, r
     report = (tiny_demo / "run" / "report.md").read_text()
     assert "the evaluator is the generator's own backbone for" in report
     assert "not ranked" in report
     rate = hmm_from_spec(CORPUS).entropy_rate()
-    ceiling = next(r for r in rows if "AR ceiling" in r["generator"])
+    ceiling = next(r for r in rows if "(AR)" in r["generator"])
     assert ceiling["oracle_nll_per_word"] <= 1.10 * rate, (ceiling["oracle_nll_per_word"], rate)
 
 

@@ -516,3 +516,99 @@ def test_a_power_law_never_meets_the_window_rule_but_meets_the_rule_on_the_start
     assert stops[0] == stops[1] < 4_000
     with pytest.raises(BadInput, match="plateau scale"):
         TrainConfig(plateau_scale="best").validate()
+
+
+def test_mdlm_objective_against_a_hand_computation_on_three_tokens():
+    """MDLM's loss (kuleshov-group/mdlm `_forward_pass_diffusion`, SUBS, continuous time) on one row
+    of 3 tokens over V = 3: positions 0 and 2 masked at t = 1/4, position 1 revealed. The log-linear
+    weight dsigma/expm1(sigma) is 1/t = 4 and the mask probability (1 - 1e-3) t = 0.24975; with
+    p(x_0) = 1/2 and p(x_2) = 1/4 the loss is 4 (ln 2 + ln 4) / 3 = 4 ln 2 = 2.7725887."""
+    from geoprobe.bridges.dsl import loglinear, mdlm_objective
+
+    masking, weight = loglinear(torch.tensor([0.25, 0.5, 1.0]))
+    assert weight.tolist() == pytest.approx([4.0, 2.0, 1.0], rel=1e-6)
+    assert masking.tolist() == pytest.approx([0.24975, 0.4995, 0.999], rel=1e-6)
+    tokens = torch.tensor([[0, 1, 2]])
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.3, 0.5], [0.5, 0.25, 0.25]]]))
+    masked = torch.tensor([[True, False, True]])
+    loss = mdlm_objective(logits, tokens, masked, weight[:1])
+    assert loss.item() == pytest.approx(2.7725887, abs=1e-6)
+    # the legacy objective (every position, unweighted) is another number: (ln 2 + ln(10/3) + ln 4) / 3
+    legacy = torch.nn.functional.cross_entropy(logits[0], tokens[0]).item()
+    assert legacy == pytest.approx(1.0944715, abs=1e-6)
+
+
+def test_revealed_positions_carry_no_mdlm_loss_whatever_their_logits():
+    from geoprobe.bridges.dsl import mdlm_objective
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 5, (2, 6), generator=g)
+    masked = torch.rand(2, 6, generator=g) < 0.5
+    masked[0, 0], masked[0, 1] = True, False  # both kinds present
+    weight = torch.tensor([3.0, 1.5])
+    logits = torch.randn(2, 6, 5, generator=g, requires_grad=True)
+    loss = mdlm_objective(logits, tokens, masked, weight)
+    loss.backward()
+    assert (logits.grad[~masked] == 0).all() and (logits.grad[masked].abs().sum(-1) > 0).all()
+    scrambled = logits.detach().clone()
+    scrambled[~masked] = torch.randn(int((~masked).sum()), 5, generator=g) * 100
+    assert mdlm_objective(scrambled, tokens, masked, weight).item() == pytest.approx(loss.item(), rel=1e-6)
+    # by hand: each masked position's cross-entropy times its row's weight, over all 12 positions
+    ce = -torch.log_softmax(logits.detach(), -1).gather(-1, tokens[..., None])[..., 0]
+    expected = sum(float(ce[b, i]) * float(weight[b]) for b in range(2) for i in range(6) if masked[b, i]) / 12
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_antithetic_times_put_one_draw_in_each_stratum():
+    from geoprobe.bridges.dsl import SAMPLING_EPS, antithetic_times
+
+    for n in (1, 7, 32):
+        t = antithetic_times(n, torch.Generator().manual_seed(n)).double()
+        u = (t - SAMPLING_EPS) / (1 - SAMPLING_EPS)  # back onto [0, 1)
+        assert ((u >= 0) & (u < 1)).all() and t.min() >= SAMPLING_EPS - 1e-7
+        assert sorted(torch.floor(u * n + 1e-6).long().clamp(max=n - 1).tolist()) == list(range(n)), n
+
+
+def test_mdlm_runs_train_on_mdlms_objective_and_older_records_read_as_legacy(tmp_path):
+    """--snr endpoint trains on `mdlm_loss` by default (the legacy `loss` only with
+    --mdlm-objective legacy); a record without the field is the legacy objective, and resuming it
+    under the default objective is refused as another run, while a mixed-SNR record resumes."""
+    from dataclasses import asdict
+
+    from geoprobe.bridges.dsl import dsl_objective, mdlm_objective_of, run_identity
+    from geoprobe.bridges.train import Shard
+
+    data = markov_sequences(64, 16, seed=4)
+    calls = []
+    original = {name: getattr(DSLModel, name) for name in ("loss", "mdlm_loss")}
+
+    def spy(name):
+        def call(self, *args, **kwargs):
+            calls.append(name)
+            return original[name](self, *args, **kwargs)
+        return call
+
+    for objective, expected in (("mdlm", "mdlm_loss"), ("legacy", "loss")):
+        settings = DSLTrainSettings(snr="endpoint", seq_len=16, mdlm_objective=objective,
+                                    train=TrainConfig(steps=2, batch_size=8))
+        loss_fn, _ = dsl_objective(small_model(), data, settings, torch.device("cpu"))
+        calls.clear()
+        for name in original:
+            setattr(DSLModel, name, spy(name))
+        try:
+            value = loss_fn(small_model(), torch.Generator().manual_seed(0), Shard())
+        finally:
+            for name, fn in original.items():
+                setattr(DSLModel, name, fn)
+        assert calls == [expected] and math.isfinite(value.item())
+    mixed = DSLTrainSettings(snr="mixed", mdlm_objective="mdlm")
+    assert not mixed.mdlm and DSLTrainSettings(snr="endpoint").mdlm
+    new = json.loads(json.dumps(asdict(DSLTrainSettings(snr="endpoint"))))
+    old = {k: v for k, v in new.items() if k != "mdlm_objective"}  # a record from before the flag
+    assert mdlm_objective_of(old) == "legacy" and mdlm_objective_of({"mdlm_objective": "mdlm"}) == "mdlm"
+    assert run_identity(old) != run_identity(new)
+    assert run_identity(old) == run_identity({**new, "mdlm_objective": "legacy"})
+    old_mixed = {**old, "snr": "mixed"}
+    assert run_identity(old_mixed) == run_identity({**new, "snr": "mixed"})
+    with pytest.raises(BadInput, match="unknown --mdlm-objective 'sedd'"):
+        DSLTrainSettings(mdlm_objective="sedd").validate()

@@ -66,8 +66,9 @@ def test_gen_ppl_is_lower_on_the_evaluators_own_greedy_text(llama):
 
 def _reference_gen_nll(backbone, ids: list[int], eos_id: int) -> tuple[float, int]:
     """The MDLM/ReMDM Gen.PPL of one id sequence, computed directly: the model's logits over the
-    whole sequence, log_softmax, the NLL of each next token summed over their mask
-    (token != eos) | (cumsum(token == eos) == 1), taken over the text's tokens (after BOS)."""
+    whole sequence, log_softmax, the NLL of each next token ids[1:] summed over their mask
+    (token != eos) | (cumsum(token == eos) == 1) (`compute_generative_perplexity`: position 0,
+    the text's first token or a BOS, is never a target)."""
     with torch.no_grad():
         logits = backbone.model(input_ids=torch.tensor([ids])).logits[0].float()
     logp = torch.log_softmax(logits, -1)
@@ -82,22 +83,25 @@ def test_gen_ppl_scores_every_token_but_eos_and_the_first_eos(llama):
     enc = lambda piece: tok(piece, add_special_tokens=False)["input_ids"]  # noqa: E731
     end = tok.eos_token_id
     assert tok.eos_token == "<eos>" and tok.bos_token_id is not None
-    ids = [tok.bos_token_id] + enc("a b") + [end] + enc("c d") + [end] + enc("e")
-    nll, count = _reference_gen_nll(llama, ids, end)
-    assert count == len(ids) - 2  # BOS and the second EOS are not scored
-    # the file's EOS is the evaluator's own string, or another generator's: the same ids either way
-    for text, eos in (("a b<eos>c d<eos>e", "<eos>"), ("a b<|endoftext|>c d<|endoftext|>e", "<|endoftext|>")):
-        got = gen_ppl(llama, [text], eos=eos)
-        assert got["tokens_per_sample"] == [count] and got["scored_tokens"] == count, text
-        assert got["nll_per_sample"][0] == pytest.approx(nll, rel=1e-4), text
-        assert got["gen_ppl"] == pytest.approx(math.exp(nll / count), rel=1e-4)
-        # chunked to a short context, the same tokens are scored (the first EOS once)
-        assert gen_ppl(llama, [text], context=4, eos=eos)["scored_tokens"] == count
+    body = enc("a b") + [end] + enc("c d") + [end] + enc("e")
+    # as the references: no BOS, so the text's first token and the second EOS are not scored;
+    # --gen-ppl-bos (geoprobe's earlier reading): BOS first, the text's first token scored after it
+    for bos, ids in ((False, body), (True, [tok.bos_token_id] + body)):
+        nll, count = _reference_gen_nll(llama, ids, end)
+        assert count == len(ids) - 2
+        # the file's EOS is the evaluator's own string, or another generator's: the same ids either way
+        for text, eos in (("a b<eos>c d<eos>e", "<eos>"), ("a b<|endoftext|>c d<|endoftext|>e", "<|endoftext|>")):
+            got = gen_ppl(llama, [text], eos=eos, bos=bos)
+            assert got["tokens_per_sample"] == [count] and got["scored_tokens"] == count, text
+            assert got["nll_per_sample"][0] == pytest.approx(nll, rel=1e-4), text
+            assert got["gen_ppl"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+            # chunked to a short context, the same tokens are scored (the first EOS once)
+            assert gen_ppl(llama, [text], context=4, eos=eos, bos=bos)["scored_tokens"] == count
     # a trailing run of EOS (an MDLM sample's padding) adds one scored token, the first EOS
-    assert gen_ppl(llama, ["a b<eos><eos><eos>"], eos="<eos>")["scored_tokens"] == len(enc("a b")) + 1
+    assert gen_ppl(llama, ["a b<eos><eos><eos>"], eos="<eos>")["scored_tokens"] == len(enc("a b")) - 1 + 1
     # without an EOS string the text is one document: the foreign string is tokenised as text
     plain = gen_ppl(llama, ["a b<|endoftext|>c d<|endoftext|>e"])
-    assert plain["scored_tokens"] == len(enc("a b<|endoftext|>c d<|endoftext|>e"))
+    assert plain["scored_tokens"] == len(enc("a b<|endoftext|>c d<|endoftext|>e")) - 1
 
 
 def test_word_metrics_read_eos_as_a_word_break_and_keep_other_specials():
@@ -209,7 +213,8 @@ def test_mauve_of_references_against_themselves_and_against_shuffled_words(smoll
 
 
 def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
-    spec = "synthetic:hmm?states=4&vocab=40&docs=60&length=20&seed=1"
+    # 400 documents: their 5 % held out give MAUVE more references than the 12 samples
+    spec = "synthetic:hmm?states=4&vocab=40&docs=400&length=20&seed=1"
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"text": t}) + "\n" for t in documents(spec)[:12]))
     code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
@@ -220,6 +225,8 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
                 "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"):
         assert math.isfinite(row[key]), key
     assert row["oracle_nll_per_word"] == pytest.approx(row["oracle_entropy_rate"], rel=0.25)
+    # MAUVE's references are cut to the samples' median length in the evaluator's ids
+    assert row["mauve_reference_tokens"] > 20 and row["gen_ppl_first_token"] == "unscored"
     assert (tmp_path / "samples.metrics.json").is_file()
     assert row["evaluator"] == str(tiny_models("llama")) and row["evaluator_is_generator"] == []
 
@@ -369,3 +376,82 @@ def test_bootstrap_interval_matches_the_normal_theory_and_overlapping_rows_are_n
     pairs, compared = distinguishable(rows, "oracle_nll")
     assert compared == 3  # the row without an interval is not compared
     assert sorted((a["generator"], b["generator"]) for a, b in pairs) == [("a", "c"), ("b", "c")]
+
+
+class _BigramEvaluator:
+    """An evaluator with known log-probabilities: p(next | previous) = TABLE[previous, next], read
+    from a one-hot state of the previous token (what `score` needs of a Backbone)."""
+
+    def __init__(self, tokenizer, table: torch.Tensor):
+        from types import SimpleNamespace
+
+        self.tokenizer, self.table = tokenizer, table
+        self.hidden_size, self.input_device = table.shape[0], torch.device("cpu")
+        self.config = SimpleNamespace(max_position_embeddings=64)
+        self.base = lambda input_ids, attention_mask, use_cache: SimpleNamespace(
+            last_hidden_state=torch.nn.functional.one_hot(input_ids, self.hidden_size).float())
+
+    def token_losses(self, final: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return -torch.log(self.table[final.argmax(-1), targets])
+
+
+def _hand_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, "<bos>": 1, "a": 2, "b": 3, "c": 4, "<unk>": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+
+
+def test_gen_ppl_mask_on_a_hand_built_sequence_with_known_log_probs():
+    """"a b<eos>c<eos><eos>" reads as the ids a b EOS c EOS EOS. As MDLM/ReMDM score it (no BOS),
+    the targets are positions 1-5; the first token a is never one, the first EOS is, the later two
+    are not: p(b|a) = 1/2, p(EOS|b) = 1/4, p(c|EOS) = 1/8, so NLL = 6 ln 2 over 3 tokens and
+    Gen.PPL = 4. With --gen-ppl-bos, BOS first and p(a|BOS) = 1/16: 10 ln 2 over 4, Gen.PPL 2^2.5."""
+    tok = _hand_tokenizer()
+    table = torch.full((6, 6), 1e-3)
+    for previous, following, p in ((2, 3, 1 / 2), (3, 0, 1 / 4), (0, 4, 1 / 8), (1, 2, 1 / 16)):
+        table[previous, following] = p
+    table[0, 0] = 1e-6  # a second EOS would cost ln 10^6 if it were scored
+    evaluator = _BigramEvaluator(tok, table)
+    text = "a b<eos>c<eos><eos>"
+    from geoprobe.workflows.evaluate import _ids
+
+    ids, weights = _ids(evaluator, text, "<eos>")
+    assert ids == [2, 3, 0, 4, 0, 0] and weights == [0, 1, 1, 1, 0, 0]
+    got = gen_ppl(evaluator, [text], eos="<eos>")
+    assert got["scored_tokens"] == 3 and got["nll_per_sample"][0] == pytest.approx(6 * math.log(2), rel=1e-6)
+    assert got["gen_ppl"] == pytest.approx(4.0, rel=1e-6)
+    ids, weights = _ids(evaluator, text, "<eos>", bos=True)
+    assert ids == [1, 2, 3, 0, 4, 0, 0] and weights == [0, 1, 1, 1, 1, 0, 0]
+    old = gen_ppl(evaluator, [text], eos="<eos>", bos=True)
+    assert old["scored_tokens"] == 4 and old["gen_ppl"] == pytest.approx(2 ** 2.5, rel=1e-6)
+
+
+def test_mauve_references_come_only_from_held_out_documents_cut_as_samples_are(tmp_path):
+    from geoprobe.corpus import split_documents
+    from geoprobe.tokens import token_stream, word_tokenizer
+    from geoprobe.workflows.evaluate import references_like
+
+    # document i is its own tag word then filler: a reference's tags say which documents it holds
+    docs = [f"doc{i} " + " ".join(["w"] * (3 + i % 5)) for i in range(200)]
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(docs) + "\n")
+    tok = word_tokenizer(docs)
+    for seed in (0, 3):
+        train, held_out = split_documents(str(corpus), seed)
+        assert 0 < len(held_out) < 30 and not set(train) & set(held_out)
+        refs = references_like(str(corpus), tok, 7, seed)
+        tags = {w for r in refs for w in r.replace("<eos>", " ").split() if w.startswith("doc")}
+        assert tags <= {d.split()[0] for d in held_out}  # never a training document
+        assert len(tags) > 0.8 * len(held_out)
+        # each piece is 7 ids of the held-out stream (EOS after each document), decoded whole:
+        # pieces cross document breaks, as samples do
+        stream = token_stream(held_out, tok)
+        pieces = [tok(r, add_special_tokens=False)["input_ids"] for r in refs]
+        assert all(len(p) == 7 for p in pieces) and len(pieces) == len(stream) // 7
+        assert sorted(pieces) == sorted(stream[i:i + 7] for i in range(0, len(stream) - 6, 7))
+        assert any(tok.eos_token_id in p[:-1] for p in pieces)  # a document break inside a piece
+    assert references_like(str(corpus), tok, 7, 0) != references_like(str(corpus), tok, 7, 3)

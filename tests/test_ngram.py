@@ -105,19 +105,34 @@ def test_eval_scores_gen_ppl_under_a_kneser_ney_trigram_of_a_corpus_in_the_first
     row = json.loads(out)[str(samples)]
 
     # by hand: the corpus as one stream, each document after the evaluator's EOS (the leading
-    # BOS read as one); each sample the same way, its first EOS scored, later EOS and BOS not
+    # BOS read as one); each sample as the LM reads it: no BOS, its first token unscored, its
+    # first EOS scored and later ones not; with --gen-ppl-bos after an EOS (the BOS read as one),
+    # its first token scored
     tok = llama.tokenizer
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     eos = tok.eos_token_id
     assert tok.bos_token_id is not None and tok.bos_token_id != eos
     stream = sum(([eos] + encode(d) for d in documents), [])
     model = KneserNey(stream, len(tok), 3)
-    first = [eos] + encode("and the word was light") + [eos] + encode("let there") + [eos]
-    second = [eos] + encode("light word the was and")
-    scored = [model.sequence_nll(first, [0] + [1] * (len(first) - 2) + [0]),
-              model.sequence_nll(second, [0] + [1] * (len(second) - 1))]
-    expected = math.exp(sum(n for n, _ in scored) / sum(c for _, c in scored))
+
+    def by_hand(start: list[int]) -> tuple[list[tuple[float, int]], float]:
+        first = start + encode("and the word was light") + [eos] + encode("let there") + [eos]
+        second = start + encode("light word the was and")
+        scored = [model.sequence_nll(first, [0] + [1] * (len(first) - 2) + [0]),
+                  model.sequence_nll(second, [0] + [1] * (len(second) - 1))]
+        return scored, math.exp(sum(n for n, _ in scored) / sum(c for _, c in scored))
+
+    scored, expected = by_hand([])
     assert row["gen_ppl_by_evaluator"][name] == pytest.approx(expected, rel=1e-9)
+    code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", f"{tiny_models('llama')},{name}",
+                            "--device", "cpu", "--gen-ppl-bos")
+    assert code == 0, err
+    old = json.loads(out)[str(samples)]
+    assert old["gen_ppl_by_evaluator"][name] == pytest.approx(by_hand([eos])[1], rel=1e-9)
+    assert old["nll_by_evaluator"][name]["tokens_per_sample"] == [c + 1 for _, c in scored]
+    assert old["gen_ppl_first_token"] == "scored after BOS" and row["gen_ppl_first_token"] == "unscored"
+    code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", f"{tiny_models('llama')},{name}",
+                            "--device", "cpu")  # rewritten under the default, which comparison_row reads
     assert row["nll_by_evaluator"][name]["tokens_per_sample"] == [c for _, c in scored]
     assert row["gen_ppl"] == row["gen_ppl_by_evaluator"][str(tiny_models("llama"))]  # the LM stays the first
     assert row["nll_by_evaluator"][str(tiny_models("llama"))]["tokens_per_sample"] == [c for _, c in scored]

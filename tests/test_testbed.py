@@ -119,3 +119,37 @@ def test_oracle_scores_bigram_distance_by_hand_and_repetition_cannot_win_it():
     assert len(real["oracle_nll_per_sample"]) == 32 and real["oracle_invalid"] == 0
     with pytest.raises(Exception, match="unknown oracle start"):
         oracle_scores(hmm, own, "middle", 64)
+
+
+def test_the_testbed_script_retires_legacy_mdlm_models_and_writes_the_recipe_section(tmp_path):
+    """experiments/testbed_results.py: an MDLM folder recorded before --mdlm-objective (legacy) is
+    moved aside with the MDLM -> DSL model and both models' samples, a current one stays; the
+    recipe section shows each arm's bound and a sampler's oracle NLL as mean ± sd over seeds."""
+    import json
+
+    from experiments.testbed_results import SAMPLERS, recipe_section, retire_legacy
+
+    def model(name, seed, training):
+        folder = tmp_path / "models" / f"{name}-seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"kind": "dsl", "training": training}))
+        (tmp_path / "samples" / f"{name}-seed{seed}" / "mdlm-4").mkdir(parents=True)
+
+    model("mdlm", 0, {"snr": "endpoint"})  # legacy: no objective recorded
+    model("mdlm-dsl", 0, {"snr": "mixed"})
+    model("dsl", 0, {"snr": "mixed"})
+    model("mdlm", 1, {"snr": "endpoint", "mdlm_objective": "mdlm"})
+    model("mdlm-dsl", 1, {"snr": "mixed"})
+    moved = retire_legacy(tmp_path)
+    assert sorted(moved) == ["models/mdlm-dsl-seed0", "models/mdlm-seed0", "samples/mdlm-dsl-seed0",
+                             "samples/mdlm-seed0"]
+    assert (tmp_path / "legacy-objective" / "models" / "mdlm-seed0" / "config.json").is_file()
+    assert {p.name for p in (tmp_path / "models").iterdir()} == {"dsl-seed0", "mdlm-seed1", "mdlm-dsl-seed1"}
+    assert retire_legacy(tmp_path) == []
+
+    rows = [{"arm": arm, "seed": seed, "bound": bound + 0.01 * seed, "sampler": s, "oracle_nll_per_word": 4.0 + seed}
+            for arm, bound in (("recipe", 3.6), ("mdlm-long", 3.7)) for seed in (0, 1, 2) for s in SAMPLERS]
+    text = "\n".join(recipe_section({"steps": [1500, 500], "num": 32, "sample_steps": 32, "rows": rows}))
+    assert "MDLM for 1,500 steps then DSL (mixed SNR) fine-tuned from it for 500" in text and "MDLM for 2,000" in text
+    assert "| `recipe` | 3.610 ± 0.010 | 5.00 ± 1.00 |" in text and "| `mdlm-long` | 3.710 ± 0.010 |" in text
+    assert "p = " in text and "p = nan" not in text

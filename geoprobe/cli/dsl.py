@@ -39,6 +39,10 @@ def train_cmd(
     snr: Annotated[str, typer.Option(help="mixed (log-normal + random-order endpoint), lognormal, or endpoint "
                                           "(MDLM baseline).")] = RUN.snr,
     roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = RUN.roar_frac,
+    mdlm_objective: Annotated[str, typer.Option(help="--snr endpoint's loss: mdlm (MDLM's: masked tokens only, "
+                                                     "weighted 1/t, antithetic t) or legacy (every position, "
+                                                     "unweighted: geoprobe's before 2026-12-06).")]
+    = RUN.mdlm_objective,
     steps: Steps = TRAIN.steps, batch_size: BatchSize = TRAIN.batch_size, seq_len: SeqLen = RUN.seq_len,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = TRAIN.lr,
     warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = TRAIN.warmup,
@@ -73,8 +77,8 @@ def train_cmd(
 
     settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                                    eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
-                                   save_every=save_every,
-                                   precision=precision, snr=snr, roar_frac=roar_frac, seq_len=seq_len, d_tok=d_tok,
+                                   save_every=save_every, precision=precision, snr=snr, roar_frac=roar_frac,
+                                   mdlm_objective=mdlm_objective, seq_len=seq_len, d_tok=d_tok,
                                    d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
                                    learn_table=not freeze_table)
     resolve_device(device)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import Device, Seed, defaults_of
+from geoprobe.cli.options import Device, defaults_of
 from geoprobe.cli.output import show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -28,19 +28,28 @@ def evaluate(
                                                 "the first gives MAUVE's features. ngram:CORPUS after an LM: a "
                                                 "Kneser-Ney trigram of CORPUS in that LM's tokens, an evaluator "
                                                 "that is no generator's backbone.")] = "builtin:smollm2",
-    references: Annotated[str | None, typer.Option(help="Reference corpus for MAUVE (and the HMM for "
-                                                        "synthetic:hmm).")] = None,
+    references: Annotated[str | None, typer.Option(help="Reference corpus for MAUVE: its held-out documents "
+                                                        "(5 %, split by --seed) as one token stream, cut to the "
+                                                        "samples' length (and the HMM for synthetic:hmm).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="One file for all the metrics (default: "
                                                                   "SAMPLES.metrics.json beside each file).")] = None,
     oracle_start: Annotated[str, typer.Option(help="synthetic:hmm only: where the HMM starts a sample: auto (from "
                                                    "how each generator's training rows began), document (a "
                                                    "document's first word), anywhere (a random word of a "
                                                    "document) or blocks:K (words 0, K, 2K, ...).")] = EVAL.oracle_start,
-    seed: Seed = EVAL.seed, device: Device = EVAL.device,
+    gen_ppl_bos: Annotated[bool, typer.Option("--gen-ppl-bos", help="Prepend the evaluator's BOS and score each "
+                                              "text's first token after it (geoprobe's Gen.PPL before 2026-12-06). "
+                                              "Default: as the MDLM/ReMDM code, no BOS and the first token "
+                                              "unscored.")] = EVAL.gen_ppl_bos,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Which held-out documents MAUVE's references come "
+                                                            "from (the split of a generator trained at this seed) "
+                                                            "and their order.")] = EVAL.seed,
+    device: Device = EVAL.device,
 ):
     """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
 
-    results, target = evaluate_samples(samples, evaluator, references, out, seed, device, oracle_start=oracle_start)
+    results, target = evaluate_samples(samples, evaluator, references, out, seed, device, oracle_start=oracle_start,
+                                       gen_ppl_bos=gen_ppl_bos)
     names = next(iter(results.values()))["gen_ppl_by_evaluator"]
     keys = ["samples", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "rep_4", "mauve",
             "mauve_std", "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"]

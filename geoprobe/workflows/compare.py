@@ -111,7 +111,7 @@ def comparison_row(samples: Path) -> dict:
     # bridges/layer-NN/seed-S keeps its three parts: which layer and which replicate
     depth = 3 if model.name.startswith("seed-") else 2
     name = "/".join(model.parts[-depth:]) if model.is_dir() else meta["model"]
-    suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
+    suffix = {"round": " (round)", "causal": " (AR)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
     evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}

@@ -1,15 +1,20 @@
 """What an evaluator LM says about texts: Gen.PPL and MAUVE features.
 
-Gen.PPL: each text is re-tokenised with the evaluator's tokenizer (BOS first where it has
-one), cut into chunks of the evaluator's context, and every token after the first is scored,
-except as the MDLM/ReMDM code (`compute_generative_perplexity`) does at an end of document: a
-sample's text keeps its generator's special tokens, it is split at the samples file's EOS
-string into documents, the documents are joined by the evaluator's own EOS id, and of those EOS
-tokens only the first is scored (their mask: token != eos OR cumsum(token == eos) == 1);
-the corpus value is exp(total NLL / total scored tokens), the per-sample values exp(mean NLL).
+Gen.PPL, as the MDLM/ReMDM code (`compute_generative_perplexity`) computes it: each text is
+re-tokenised with the evaluator's tokenizer, with no BOS (GPT-2's tokenizer adds none), cut into
+chunks of the evaluator's context, and every token after the text's first is scored: the first
+token is never a target. At an end of document it does as that code does too: a sample's text
+keeps its generator's special tokens, it is split at the samples file's EOS string into
+documents, the documents are joined by the evaluator's own EOS id, and of those EOS tokens only
+the first is scored (their mask: token != eos OR cumsum(token == eos) == 1); the corpus value
+is exp(total NLL / total scored tokens), the per-sample values exp(mean NLL). `bos=True` is
+geoprobe's earlier reading (`geoprobe eval --gen-ppl-bos`): the evaluator's BOS first where it
+has one, so the text's first token is scored after it; a text that starts mid-sentence (a
+diffusion sample) pays for its first token there, a document start (the AR row's) hardly.
 MAUVE features: the evaluator's last-layer hidden state (after the final norm, as
 `hidden_states[-1]`) at the last token of each text (truncated to the context), the pooling
-MAUVE's authors use with GPT-2.
+MAUVE's authors use with GPT-2, from the same ids (no BOS by default, as mauve-text's GPT-2
+tokenisation).
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ import torch
 
 from geoprobe.bridges.kinds import open_checkpoint
 from geoprobe.backbone import load_backbone
-from geoprobe.corpus import check_source, iter_jsonl, read_documents
+from geoprobe.corpus import check_source, iter_jsonl, read_documents, split_documents
 from geoprobe.errors import BadInput
 from geoprobe.events import note
 from geoprobe.files import write_json_atomic
-from geoprobe.metrics.text import text_metrics, token_metrics, word_text
+from geoprobe.metrics.text import text_metrics, token_metrics
 from geoprobe.store import check_writable
 from geoprobe.workflows.generate import end_of_text, sample_meta
 
@@ -45,12 +50,14 @@ def evaluator_eos(tok) -> int | None:
     return int(tok.eos_token_id)
 
 
-def _ids(backbone, text: str, eos: str | None = None) -> tuple[list[int], list[int]]:
+def _ids(backbone, text: str, eos: str | None = None, bos: bool = False) -> tuple[list[int], list[int]]:
     """(the evaluator's ids of a text, a 0/1 weight per position: whether that token is scored
-    as a target). Ids: [BOS where the evaluator has one] + ids(doc0) + [EOS] + ids(doc1) + ...,
-    the documents being the text split at `eos` (the samples file's EOS string; None: one
-    document). Weights, as the MDLM/ReMDM Gen.PPL mask (token != eos) | (cumsum(token == eos)
-    == 1) over the text's tokens: every token but the evaluator's EOS, and the first EOS."""
+    as a target). Ids: ids(doc0) + [EOS] + ids(doc1) + ..., the documents being the text split
+    at `eos` (the samples file's EOS string; None: one document), after the evaluator's BOS
+    where `bos` and it has one. Weights, as the MDLM/ReMDM Gen.PPL mask (token != eos) |
+    (cumsum(token == eos) == 1) over the text's tokens: every token but the evaluator's EOS, and
+    the first EOS; position 0 has nothing before it and is never a target (without BOS: the
+    text's first token)."""
     tok = backbone.tokenizer
     if tok is None:
         raise BadInput("the evaluator has no tokenizer")
@@ -58,7 +65,7 @@ def _ids(backbone, text: str, eos: str | None = None) -> tuple[list[int], list[i
     def encode(piece: str) -> list[int]:
         return tok(piece, add_special_tokens=False)["input_ids"]
 
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    start = [tok.bos_token_id] if bos and tok.bos_token_id is not None else []
     end = evaluator_eos(tok)
     documents = text.split(eos) if eos else [text]
     if end is None:  # an evaluator without an EOS token: documents are joined by a paragraph break
@@ -68,9 +75,9 @@ def _ids(backbone, text: str, eos: str | None = None) -> tuple[list[int], list[i
         for doc in documents[1:]:
             body += [end] + encode(doc)
     ends = np.cumsum([t == end for t in body]) if body else np.zeros(0, dtype=np.int64)
-    weights = [0] * len(bos) + [int(t != end or e == 1) for t, e in zip(body, ends)]
+    weights = [0] * len(start) + [int(t != end or e == 1) for t, e in zip(body, ends)]
     weights[:1] = [0] * len(weights[:1])  # position 0 has nothing before it: never a target, BOS or not
-    return bos + body, weights
+    return start + body, weights
 
 
 def context_length(backbone) -> int:
@@ -101,15 +108,16 @@ def _batches(sequences: list[list[int]]):
 
 
 @torch.no_grad()
-def score(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> tuple[dict, np.ndarray]:
+def score(backbone, texts: list[str], context: int | None = None, eos: str | None = None,
+          bos: bool = False) -> tuple[dict, np.ndarray]:
     """Gen.PPL figures and MAUVE features of `texts` from the same batched forward passes, each
-    text split into documents at `eos` (the samples file's EOS string; None: plain texts), see
-    `_ids`. Features: the final-normed last-layer state (`hidden_states[-1]`) at the last token
-    of each text's first context-length chunk."""
+    text split into documents at `eos` (the samples file's EOS string; None: plain texts), after
+    the evaluator's BOS where `bos`, see `_ids`. Features: the final-normed last-layer state
+    (`hidden_states[-1]`) at the last token of each text's first context-length chunk."""
     context = min(context or context_length(backbone), context_length(backbone))
     chunks, targets, owner = [], [], []  # each text cut into chunks of the evaluator's context
     for index, text in enumerate(texts):
-        ids, weights = _ids(backbone, text, eos)
+        ids, weights = _ids(backbone, text, eos, bos)
         for start in range(0, max(1, len(ids) - 1), context - 1):
             scored = weights[start + 1:start + context]
             # a later chunk with nothing to score (a tail of unscored EOS tokens) is not run
@@ -143,7 +151,7 @@ def score(backbone, texts: list[str], context: int | None = None, eos: str | Non
 def perplexities(nll: np.ndarray, count: np.ndarray) -> dict:
     """Gen.PPL of the whole set and of each sample from their summed NLLs and scored tokens."""
     if not count.sum():
-        raise BadInput("no text long enough to score (each sample needs at least one token after BOS)")
+        raise BadInput("no text long enough to score (each sample needs a token after its first)")
     return {"gen_ppl": math.exp(nll.sum() / count.sum()),
             "gen_ppl_per_sample": [math.exp(n / c) for n, c in zip(nll, count) if c],
             "nll_per_sample": nll.tolist(), "tokens_per_sample": count.tolist(),  # what an interval resamples
@@ -158,8 +166,10 @@ SEPARATOR = "\x1e"  # ASCII's record separator: splits the corpus into its docum
 class NgramEvaluator:
     """`ngram:CORPUS`: Gen.PPL under an interpolated Kneser-Ney trigram of CORPUS
     (geoprobe.metrics.ngram), in the token ids of the first evaluator (an LM), the corpus read as
-    `_ids` reads a sample: its documents joined by that evaluator's EOS. An evaluator that is no
-    generator's backbone. It has no features, so it cannot come first (MAUVE's)."""
+    `_ids` reads a sample with `bos`: its documents joined by that evaluator's EOS, the first
+    after one too. Samples are read as the LM evaluator reads them (`bos`: no BOS, the first token
+    unscored, by default). An evaluator that is no generator's backbone. It has no features, so
+    it cannot come first (MAUVE's)."""
 
     def __init__(self, spec: str, tokenizer):
         from geoprobe.metrics.ngram import KneserNey
@@ -168,30 +178,32 @@ class NgramEvaluator:
         # an id can lie past len(tokenizer) where the vocabulary has holes
         vocab = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
         documents = [d.replace(SEPARATOR, " ") for d in read_documents(spec[len(NGRAM):])]
-        self.model = KneserNey(self.ids(SEPARATOR.join(documents), SEPARATOR)[0], vocab, NGRAM_ORDER)
+        self.model = KneserNey(self.ids(SEPARATOR.join(documents), SEPARATOR, bos=True)[0], vocab, NGRAM_ORDER)
 
-    def ids(self, text: str, eos: str | None) -> tuple[list[int], list[int]]:
-        """`_ids`, its leading BOS read as the evaluator's EOS: both mark a document's start, and
-        the corpus, one stream, holds BOS once but EOS before each of its documents, so a sample
-        opens as the corpus's documents do."""
-        ids, weights = _ids(self, text, eos)
+    def ids(self, text: str, eos: str | None, bos: bool = False) -> tuple[list[int], list[int]]:
+        """`_ids`; with `bos` its leading BOS read as the evaluator's EOS: both mark a document's
+        start, and the corpus, one stream, holds BOS once but EOS before each of its documents, so
+        a sample opens as the corpus's documents do."""
+        ids, weights = _ids(self, text, eos, bos)
         end = evaluator_eos(self.tokenizer)
-        if ids and end is not None and ids[0] == self.tokenizer.bos_token_id:
+        if bos and ids and end is not None and ids[0] == self.tokenizer.bos_token_id:
             ids[0] = end
         return ids, weights
 
-    def score(self, texts: list[str], eos: str | None = None) -> tuple[dict, None]:
+    def score(self, texts: list[str], eos: str | None = None, bos: bool = False) -> tuple[dict, None]:
         """(the Gen.PPL figures `score` gives, no features)."""
-        nll, count = np.array([self.model.sequence_nll(*self.ids(text, eos)) for text in texts]).T.reshape(2, -1)
+        nll, count = np.array([self.model.sequence_nll(*self.ids(text, eos, bos)) for text in texts]).T.reshape(2, -1)
         return perplexities(nll, count.astype(np.int64)), None
 
 
-def gen_ppl(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> dict:
-    return score(backbone, texts, context, eos)[0]
+def gen_ppl(backbone, texts: list[str], context: int | None = None, eos: str | None = None,
+            bos: bool = False) -> dict:
+    return score(backbone, texts, context, eos, bos)[0]
 
 
-def features(backbone, texts: list[str], context: int | None = None, eos: str | None = None) -> np.ndarray:
-    return score(backbone, texts, context, eos)[1]
+def features(backbone, texts: list[str], context: int | None = None, eos: str | None = None,
+             bos: bool = False) -> np.ndarray:
+    return score(backbone, texts, context, eos, bos)[1]
 
 
 @contextlib.contextmanager
@@ -266,19 +278,18 @@ def sample_eos(path: Path) -> str | None:
     return eos if isinstance(eos, str) and eos.strip() else None
 
 
-def references_like(spec: str, samples: list[str], seed: int) -> list[str]:
-    """Held-out reference texts cut to the samples' median length in words."""
-    import numpy as np
+def references_like(spec: str, tokenizer, length: int, seed: int) -> list[str]:
+    """MAUVE's reference texts, cut as the samples are: the held-out documents of `spec` (those a
+    generator trained at split seed `seed` never saw: `geoprobe.corpus.split_documents`) as one
+    stream of `tokenizer`'s ids with its EOS after each document (`geoprobe.tokens.token_stream`),
+    cut into pieces of `length` ids that cross document breaks as samples do, each decoded with
+    its special tokens, in a seeded order."""
+    from geoprobe.tokens import token_stream
 
-
-    docs = read_documents(spec)
-    words = int(np.median([len(t.split()) for t in samples]))
-    pieces = []
-    for doc in docs:
-        tokens = doc.split()
-        pieces += [" ".join(tokens[i:i + words]) for i in range(0, len(tokens) - words + 1, words)]
+    stream = token_stream(split_documents(spec, seed)[1], tokenizer)
+    pieces = [stream[i:i + length] for i in range(0, len(stream) - length + 1, length)] if length > 0 else []
     order = np.random.default_rng(seed).permutation(len(pieces))
-    return [pieces[i] for i in order]
+    return [tokenizer.decode(pieces[i], skip_special_tokens=False) for i in order]
 
 
 def generator_of(samples: Path):
@@ -341,14 +352,18 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
 
 
 def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
-                     seed: int = 0, device: str = "auto", oracle_start: str = "auto") -> tuple[dict, Path]:
+                     seed: int = 0, device: str = "auto", oracle_start: str = "auto",
+                     gen_ppl_bos: bool = False) -> tuple[dict, Path]:
     """Gen.PPL, diversity, word and token entropy, repetition and (with `references`) MAUVE of
     each samples file, plus the exact NLL under the HMM for a synthetic corpus (from
     `oracle_start`, see geoprobe.synthetic.HMM.start; `auto`: each file's own,
     `oracle_start_for`). Each file's text is split into documents at its meta row's EOS string
     (`sample_eos`, recorded as `eos`): Gen.PPL scores the first EOS only (`_ids`), the word
     metrics read EOS as a line break, the HMM scores each later document from a document
-    start. Every file is checked before the evaluator loads. With several
+    start. Gen.PPL gives the evaluator no BOS and never scores a text's first token, as the
+    MDLM/ReMDM code; `gen_ppl_bos` prepends the BOS and scores it (geoprobe's earlier reading).
+    MAUVE's references are `references`' held-out documents at split seed `seed`
+    (`references_like`). Every file is checked before the evaluator loads. With several
     evaluators each scores Gen.PPL (`gen_ppl_by_evaluator`); the first also gives `gen_ppl` and
     MAUVE's features. An evaluator that is the generator's own backbone is named in
     `evaluator_is_generator` (and warned about). Writes `out`, or SAMPLES.metrics.json beside
@@ -366,9 +381,11 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     oracle, starts, length = _oracle(references, list(sets), oracle_start)
     if out is not None:
         check_writable(out.parent)
+    first_token = "scored after BOS" if gen_ppl_bos else "unscored"
     results = {name: {"samples": len(texts), "evaluator": evaluators[0], "eos": eos[name],
-                      **text_metrics(texts, eos[name]), **token_metrics(rows[name][1]),
-                      "gen_ppl_by_evaluator": {}, "nll_by_evaluator": {}, "evaluator_is_generator": []}
+                      "gen_ppl_first_token": first_token, **text_metrics(texts, eos[name]),
+                      **token_metrics(rows[name][1]), "gen_ppl_by_evaluator": {}, "nll_by_evaluator": {},
+                      "evaluator_is_generator": []}
                for name, texts in sets.items()}
     owners = {name: generator_backbone(Path(name)) for name in sets}
     tokenizer = None  # the first evaluator's, which an n-gram evaluator counts in
@@ -378,21 +395,15 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
         reference_features = {}
         for path, texts in sets.items():
             row = results[path]
-            ppl, feats = (backbone.score(texts, eos[path]) if name.startswith(NGRAM)
-                          else score(backbone, texts, eos=eos[path]))
-            row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
-            # each evaluator's per-sample NLLs, for its interval (`geoprobe compare`)
-            row["nll_by_evaluator"][name] = {k: ppl[k] for k in ("nll_per_sample", "tokens_per_sample")}
-            if same_model(owners[path], name):
-                row["evaluator_is_generator"].append(name)
-                note(f"warning: {Path(path).parent.name}: the evaluator {name} is the generator's own backbone; "
-                     "its Gen.PPL measures agreement with itself, not quality")
+            ppl, feats = (backbone.score(texts, eos[path], gen_ppl_bos) if name.startswith(NGRAM)
+                          else score(backbone, texts, eos=eos[path], bos=gen_ppl_bos))
+            _record_evaluator(row, name, ppl, owners[path], path)
             if index:
                 continue
             row.update(ppl)
             if references is not None:
-                words = [word_text(t, eos[path]) for t in texts]  # the references' length, in words
-                row.update(_mauve_row(backbone, words, feats, references, seed, reference_features))
+                row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, gen_ppl_bos,
+                                      reference_features))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -404,7 +415,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
         for path, texts in sets.items():
             results[path].update(oracle_scores(oracle, texts, starts[path], length, eos[path]),
                                  oracle_entropy_rate=entropy_rate)
-    header = {"evaluator": evaluators[0], "evaluators": evaluators, "references": references, "seed": seed}
+    header = {"evaluator": evaluators[0], "evaluators": evaluators, "references": references, "seed": seed,
+              "gen_ppl_first_token": first_token}
     # whole files (no lock: eval writes one file of its own beside what it reads, replaced whole)
     if out is not None:
         write_json_atomic(out, {**header, "results": results})
@@ -413,6 +425,17 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             write_json_atomic(Path(name).with_suffix(".metrics.json"), {**header, "results": {name: row}})
     target = out or Path(samples[0]).with_suffix(".metrics.json")
     return results, target
+
+
+def _record_evaluator(row: dict, name: str, ppl: dict, owner: str | None, path: str) -> None:
+    """One evaluator's Gen.PPL and per-sample NLLs (for its interval, `geoprobe compare`) in a
+    file's row, and whether that evaluator is the generator's own backbone (warned about)."""
+    row["gen_ppl_by_evaluator"][name] = ppl["gen_ppl"]
+    row["nll_by_evaluator"][name] = {k: ppl[k] for k in ("nll_per_sample", "tokens_per_sample")}
+    if same_model(owner, name):
+        row["evaluator_is_generator"].append(name)
+        note(f"warning: {Path(path).parent.name}: the evaluator {name} is the generator's own backbone; "
+             "its Gen.PPL measures agreement with itself, not quality")
 
 
 def _oracle(references: str | None, names: list[str], oracle_start: str):
@@ -430,17 +453,22 @@ def _oracle(references: str | None, names: list[str], oracle_start: str):
     return oracle, starts, length
 
 
-def _mauve_row(backbone, texts: list[str], feats: np.ndarray, references: str, seed: int, cache: dict) -> dict:
-    """MAUVE of one file's features against held-out references of its length in words (`texts`
-    as the word metrics see them, `word_text`; `cache`: files of the same length share their
-    references' features: one pass)."""
-    refs = references_like(references, texts, seed)
+def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int,
+               bos: bool, cache: dict) -> dict:
+    """MAUVE of one file's features against held-out references cut to the samples' median length
+    in the evaluator's ids (`references_like`; `texts` as Gen.PPL reads them, split at `eos`);
+    `cache`: files of the same length share their references' features (one pass)."""
+    length = int(np.median([len(_ids(backbone, t, eos)[0]) for t in texts]))
+    tok = backbone.tokenizer
+    refs = references_like(references, tok, length, seed)
     if len(refs) < len(texts):
-        raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references "
-                       f"of the samples' length from {references}, {len(texts)} samples")
+        raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references of the "
+                       f"samples' {length} tokens in {references}'s held-out documents (split seed {seed}), "
+                       f"{len(texts)} samples")
     if len(texts) < MAUVE_MIN_SAMPLES:  # a note: the CLI shows it, a notebook gets a log record
         note(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
-    key = tuple(refs[: len(texts)])
-    if key not in cache:
-        cache[key] = features(backbone, list(key))
-    return mauve_score(feats, cache[key])
+    key = (tuple(refs[: len(texts)]), bos)
+    if key not in cache:  # the references' documents split at the evaluator's own EOS string
+        cache[key] = features(backbone, list(key[0]), eos=tok.eos_token if evaluator_eos(tok) is not None else None,
+                              bos=bos)
+    return {**mauve_score(feats, cache[key]), "mauve_reference_tokens": length}

@@ -64,7 +64,7 @@ def write_report(run: Path) -> Path:
                 from geoprobe.synthetic import hmm_from_spec, reference_sample_scores
 
                 hmm = hmm_from_spec(corpus)
-                length = int(min((r["steps"] for r in rows if "AR ceiling" in r["generator"]), default=32))
+                length = int(min((r["steps"] for r in rows if "(AR)" in r["generator"]), default=32))
                 ref = reference_sample_scores(hmm, length)
                 parts += [f"Reference points for `oracle_nll_per_word` ({length}-word samples): the HMM's own samples "
                           f"score {ref['hmm']:.3f} nats/word (its entropy rate is {hmm.entropy_rate():.3f}), samples of "
@@ -204,8 +204,8 @@ def key_comparisons(rows: list[dict]) -> list[str]:
              ("the best bridge (hidden state) vs rounding to the nearest embedding",
               lambda r: "bridges/" in r["generator"] and "(round)" not in r["generator"],
               lambda r: "(round)" in r["generator"]),
-             ("the AR ceiling vs the best diffusion row", lambda r: "AR ceiling" in r["generator"],
-              lambda r: "AR ceiling" not in r["generator"])]
+             ("the AR ceiling vs the best diffusion row", lambda r: "(AR)" in r["generator"],
+              lambda r: "(AR)" not in r["generator"])]
     lines = []
     for label, a_test, b_test in pairs:
         a, b = find(a_test), find(b_test)
