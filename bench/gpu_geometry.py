@@ -37,9 +37,11 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     from geoprobe.backbone import resolve_device
+    from geoprobe.device import choose_determinism
     from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry, peak_bytes
 
     # as a scan resolves it: on CUDA, the deterministic kernels (the 2026-12-04 run timed without them)
+    choose_determinism(True)
     device = resolve_device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     n, d = (4000, 64) if args.tiny else (200_000, 4096)
     settings = GeometrySettings(anchors=256, pairs=1024, bootstrap=50) if args.tiny else GeometrySettings()

@@ -33,17 +33,21 @@ from geoprobe.bridges.checkpoint import CONFIG, build_network, load_weights, rea
 from geoprobe.bridges.converter import Converter
 from geoprobe.bridges.likelihood import mdlm_elbo
 from geoprobe.bridges.nn import Transformer, TransformerConfig
+from geoprobe.bridges.parallel import SHARDED_CHECKPOINT, Execution
 from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
-from geoprobe.backbone import load_backbone, load_config, load_tokenizer, resolve_device, resolve_source
+from geoprobe.backbone import (find_blocks, load_backbone, load_config, load_tokenizer, resolve_device,
+    resolve_source)
 from geoprobe.corpus import is_validation, read_documents
-from geoprobe.device import Precision, upload
+from geoprobe.device import Precision, choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, human, is_empty
-from geoprobe.memory import DSL_BYTES_PER_PARAMETER, dsl_training_bytes, memory_available, parameter_count
+from geoprobe.memory import (DSL_BYTES_PER_PARAMETER, dsl_training_bytes, fewest_ranks, memory_available,
+    parameter_count)
 from geoprobe.settings import split_flags
-from geoprobe.tokens import (char_tokenizer, load_saved_tokenizer, save_tokenizer, token_stream, train_bpe,
-    word_tokenizer)
+from geoprobe.tracking import check_log_to, tracking
+from geoprobe.tokens import (char_tokenizer, load_saved_tokenizer, save_tokenizer, start_token, token_stream,
+    train_bpe, untrained_ids, word_tokenizer)
 
 
 @dataclass
@@ -58,6 +62,9 @@ class DSLConfig:
     s_max: float = S_MAX
     backbone: dict | None = None  # a pretrained causal LM's config: its blocks are the denoiser
     bos_id: int = 0  # the clean first position prepended for a pretrained backbone
+    # the ids the tokenizer produces, where fewer than vocab_size (a checkpoint's padding rows): the
+    # logits of the others are the dtype's minimum, so no sampler draws them; None: every id
+    tokenizer_size: int | None = None
 
 
 class DSLModel(nn.Module):
@@ -120,6 +127,14 @@ class DSLModel(nn.Module):
         hidden = self.lm.base_model(inputs_embeds=x, attention_mask=mask, use_cache=False).last_hidden_state
         return self.lm.get_output_embeddings()(hidden)[:, :-1]
 
+    def decoder_blocks(self) -> list[nn.Module]:
+        """The blocks FSDP shards one by one and activation checkpointing recomputes."""
+        return list(self.transformer.blocks if self.lm is None else find_blocks(self.lm))
+
+    def replicated_parts(self) -> list[nn.Module]:
+        """What FSDP leaves whole and float32 on every rank: the channel's table and the converter."""
+        return [self.table, self.converter]
+
     # --- the TokenDenoiser protocol ---
     @property
     def vocab_size(self) -> int:
@@ -136,11 +151,14 @@ class DSLModel(nn.Module):
         probs = self.converter(z, self.table())
         x = Converter.mix(probs, self.embed.weight, self.mask_vector)
         if self.norm_proj is not None:
-            x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)))
+            x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)).to(self.norm_proj.weight.dtype))
         x = x.to(self.embed.weight.dtype)  # the network's dtype (bfloat16 under --precision bfloat16)
-        if self.lm is not None:
-            return self.pretrained_logits(x)
-        return self.head(self.transformer(x))
+        logits = self.pretrained_logits(x) if self.lm is not None else self.head(self.transformer(x))
+        known = self.cfg.tokenizer_size
+        if known is not None and known < logits.shape[-1]:  # out of place: the logits may be a view
+            padding = torch.arange(known, logits.shape[-1], device=logits.device)
+            logits = logits.index_fill(-1, padding, torch.finfo(logits.dtype).min)
+        return logits
 
     def loss(self, tokens: torch.Tensor, snr: torch.Tensor, generator: torch.Generator | None = None,
              noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -186,45 +204,81 @@ def pretrained_dsl(spec: str, tokenizer, d_tok: int, learn_table: bool = True, t
                        f"--init-from {spec} ({len(own):,}); leave --tokenizer out to use the model's")
     backbone = load_backbone(spec, device="cpu", dtype=str(dtype).removeprefix("torch."))
     lm, hf = backbone.model, backbone.model.config
-    special = [t for t in (backbone.tokenizer.bos_token_id, backbone.tokenizer.eos_token_id) if t is not None]
     embeddings = lm.get_input_embeddings().weight.detach()
+    padding = untrained_ids(backbone.tokenizer, len(embeddings))
     cfg = DSLConfig(vocab_size=len(embeddings), d_tok=d_tok, d_model=hf.hidden_size,
                     n_layers=backbone.num_layers, n_heads=hf.num_attention_heads, learn_table=learn_table,
-                    backbone=hf.to_dict(), bos_id=special[0] if special else 0)
+                    backbone=hf.to_dict(), bos_id=start_of(spec, backbone.tokenizer, hf),
+                    tokenizer_size=padding.start if len(padding) else None)
     table = TokenTable.pca_init(embeddings, d_tok) if check_table_init(table_init) == "pca" else None
     model = DSLModel(cfg, table_init=table, seed=seed, dtype=dtype, lm_weights_follow=True)
     model.init_from(lm)
     return model
 
 
+def start_of(spec: str, tokenizer, config) -> int:
+    """The clean first position a DSL on `spec`'s blocks prepends (geoprobe.tokens.start_token),
+    or one line: the model has none."""
+    start = start_token(tokenizer, config)
+    if start is None:
+        raise BadInput(f"--init-from {spec} has no start token (its tokenizer's bos_token_id and its config's are "
+                       "None): the DSL prepends one clean first position; use a model that names one")
+    return start
+
+
 def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device: torch.device,
-                    precision: str = "auto") -> int:
-    """The device memory `--init-from spec` will train in (geoprobe.memory.dsl_training_bytes), or
-    one line before any weight loads when it will not fit the device or its loading the host (two
-    copies of the weights: the loaded model and the DSL's), naming --precision bfloat16 when that
-    would fit."""
+                    precision: str = "auto", ranks: int = 1, execution: Execution = Execution()) -> int:
+    """The device memory per rank `--init-from spec` will train in (geoprobe.memory.dsl_training_bytes;
+    `batch_size` the global batch over `ranks`, laid out as `execution` says), or one line before
+    any weight loads when it will not fit the device or its loading the host (two copies of the
+    weights per process: the loaded model and the DSL's). The line names what would fit:
+    --precision bfloat16, or on CUDA the fewest GPUs of this size with --fsdp (the plan's own count)."""
 
     config = load_config(resolve_source(spec), False)
     count = parameter_count(config)  # once: counting builds an empty model
-
-    def need(kind: str) -> int:
-        return dsl_training_bytes(config, d_tok, batch_size, seq_len, count, precision=kind)
-
     kind, free = Precision.parse(precision).weights, memory_available(device)
-    if need(kind) > free:
+    mixed = device.type == "cuda" and Precision.parse(precision) is not Precision.FLOAT32
+
+    def need(n: int, micro: int, checkpointing: bool, fsdp: bool = execution.fsdp, weights: str = kind) -> int:
+        return dsl_training_bytes(config, d_tok, micro, seq_len, count, precision=weights, ranks=n, fsdp=fsdp,
+                                  checkpointing=checkpointing, mixed=mixed)
+
+    planned = need(ranks, batch_size // (ranks * execution.grad_accum), execution.activation_checkpointing)
+    if planned > free:
         what = ("bfloat16 weights, gradients and EMA, float32 AdamW moments" if kind == "bfloat16"
                 else "float32 weights, gradients, AdamW moments and EMA")
-        hint = (f"--precision bfloat16 (about {human(need('bfloat16'))}), "
-                if kind == "float32" and need("bfloat16") <= free else "")
-        raise BadInput(f"dsl train --init-from {spec} needs about {human(need(kind))} on {device} ({what}: "
-                       f"{DSL_BYTES_PER_PARAMETER[kind]} bytes x {count / 1e9:.2f} B parameters, and one batch's "
-                       f"activations) but {human(free)} is free; use {hint}a smaller model or --batch-size")
+        share = f" / {ranks} ranks" if execution.fsdp else ""
+        raise BadInput(f"dsl train --init-from {spec} needs about {human(planned)} per rank on {device} ({what}: "
+                       f"{DSL_BYTES_PER_PARAMETER[kind]} bytes x {count / 1e9:.2f} B parameters{share}, and one "
+                       f"batch's activations) but {human(free)} is free; use "
+                       f"{_way_out(need, free, batch_size, ranks, device, kind, execution)}")
     weights = Precision.parse(precision).weights_dtype
     host, ram = 2 * torch.finfo(weights).bits // 8 * count, memory_available(torch.device("cpu"))
     if host > ram:
         raise BadInput(f"loading --init-from {spec} holds two {kind} copies of its weights ({human(host)}) "
                        f"but {human(ram)} of RAM is available")
-    return need(kind)
+    return planned
+
+
+def _way_out(need, free: int, batch_size: int, ranks: int, device: torch.device, kind: str,
+             execution: Execution) -> str:
+    """The advice of check_init_fits's refusal, each option computed by the same plan."""
+    options = []
+    if kind == "float32" and not execution.fsdp:
+        bf16 = need(ranks, batch_size // (ranks * execution.grad_accum), execution.activation_checkpointing,
+                    weights="bfloat16")
+        if bf16 <= free:
+            options.append(f"--precision bfloat16 (about {human(bf16)})")
+    if device.type == "cuda":
+        layout = fewest_ranks(lambda n, micro, ckpt: need(n, micro, ckpt, fsdp=True, weights="float32"), free,
+                              batch_size, execution.grad_accum, execution.activation_checkpointing)
+        if layout is not None:
+            n, ckpt = layout
+            each = need(n, batch_size // (n * execution.grad_accum), ckpt, fsdp=True, weights="float32")
+            options.append(f"--fsdp on {n} GPU{'s' if n > 1 else ''} of this size (about {human(each)} each"
+                           f"{', with --activation-checkpointing' if ckpt and not execution.activation_checkpointing else ''}"
+                           f"{', --precision auto' if kind == 'bfloat16' else ''})")
+    return ", ".join(options + ["a smaller model or --batch-size (or --grad-accum)"])
 
 
 @dataclass
@@ -266,7 +320,8 @@ def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
 
 
 def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, out: Path, device: torch.device,
-              progress=None, world: World = SINGLE, stop_rows: torch.Tensor | None = None) -> Trained:
+              progress=None, world: World = SINGLE, stop_rows: torch.Tensor | None = None,
+              execution: Execution = Execution()) -> Trained:
     """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed.
     With `settings.train.eval_every` > 0 the plateau rule watches the MDLM bound of the EMA
     weights on `stop_rows` (fixed Monte-Carlo draws, so the curve moves only with the weights)
@@ -275,18 +330,22 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
     if not (Path(out) / CONFIG).is_file() and world.is_main:
         Path(out).mkdir(parents=True, exist_ok=True)
         save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), {})
-    loss_fn, watch = dsl_objective(model, data, settings, device, stop_rows)
-    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=watch)
+    loss_fn, watch = dsl_objective(model, data, settings, device, stop_rows, sharded=execution.fsdp)
+    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=watch,
+                 execution=execution)
 
 
 def dsl_objective(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, device: torch.device,
-                  stop_rows: torch.Tensor | None = None):
+                  stop_rows: torch.Tensor | None = None, sharded: bool = False):
     """(loss_fn, watch) of the one training loop for a DSL model, moved to `device` in its
     weights' precision: the channel's loss on random rows at drawn SNRs, and the MDLM bound on
-    `stop_rows` the plateau rule watches (None without evaluations)."""
+    `stop_rows` the plateau rule watches (None without evaluations). `sharded` (--fsdp): only
+    the replicated parts move here; fully_shard moves each unit as it shards it, so the whole
+    model is never on the device at once."""
     # a caller's float32 model trains as asked
     model.network_to(Precision.parse(settings.train.precision).weights_dtype)
-    model.to(device)
+    for part in model.replicated_parts() if sharded else [model]:
+        part.to(device)
     data = data.to(device)
 
     def loss_fn(m, generator, shard):
@@ -374,13 +433,16 @@ def dsl_tokenizer(spec: str, documents: list[str] | None = None):
 
 def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLConfig,
             table_init: str = "random", init: Path | None = None, init_from: str | None = None, force: bool = False,
-            device: str = "auto", progress=None, world: World = SINGLE) -> dict | None:
+            device: str = "auto", progress=None, world: World = SINGLE, execution: Execution = Execution(),
+            log_to: str = "none", deterministic: bool = False) -> dict | None:
     """Train (or resume) a DSL model in `out`: from scratch, from a DSL checkpoint (`init`) or
     from a pretrained causal LM (`init_from`, which sets the network's size itself); evaluate it
     on the held-out documents and write metrics.json and the curve. `shape` is the network of a
     new run (its vocab_size is the tokenizer's, whatever it says; a resumed run keeps its own).
     Returns the metrics (None on data-parallel ranks other than 0). A directory holding another
-    run is refused in one line, as is every bad setting, before anything loads."""
+    run is refused in one line, as is every bad setting, before anything loads. `execution`:
+    FSDP, accumulation, activation checkpointing; `log_to`: geoprobe.tracking's destination;
+    `deterministic`: deterministic CUDA kernels (geoprobe.device)."""
 
     if settings.snr not in SNR_SCHEMES:
         raise BadInput(f"unknown --snr {settings.snr!r} (use {', '.join(SNR_SCHEMES)})")
@@ -388,11 +450,14 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
         raise BadInput("--init (a DSL checkpoint) and --init-from (a pretrained LM) exclude each other")
     check_table_init(table_init)
     settings.validate()
+    execution.validate(settings.train.batch_size, world.size, settings.train.precision)
+    check_log_to(log_to)
+    choose_determinism(deterministic)
     target = resolve_device(world.device(device))
     planned = None
     if init_from is not None:
-        planned = check_init_fits(init_from, shape.d_tok, settings.train.batch_size // world.size,
-                                  settings.seq_len, target, settings.train.precision)
+        planned = check_init_fits(init_from, shape.d_tok, settings.train.batch_size, settings.seq_len, target,
+                                  settings.train.precision, world.size, execution)
     tokenizer = tokenizer or init_from or "train:4096"
     out = Path(out)
     train_docs, val_docs = split_documents(corpus, settings.train.seed)
@@ -423,7 +488,7 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                     save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), identity)
             data = sequences(token_stream(train_docs, tok), settings.seq_len)
             watched, disjoint = stopping_rows(val_docs, tok, settings.seq_len)
-            loss_fn, watch = dsl_objective(model, data, settings, target, stop_rows=watched)
+            loss_fn, watch = dsl_objective(model, data, settings, target, stop_rows=watched, sharded=execution.fsdp)
 
             def score(_model, _trained) -> dict:  # the saved weights in float32, as sampling loads them
                 peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else None  # training's
@@ -434,8 +499,9 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                     metrics["stop_rows_disjoint"] = disjoint
                 return metrics
 
-            return fit_model(model, loss_fn, settings.train, out, target, score, "DSL model", progress=progress,
-                             world=world, watch=watch, reload=False)
+            with tracking(log_to, settings.train.batch_size * settings.seq_len):
+                return fit_model(model, loss_fn, settings.train, out, target, score, "DSL model", progress=progress,
+                                 world=world, watch=watch, reload=False, execution=execution)
         finally:
             if progress is not None:
                 progress.stop()
@@ -465,7 +531,7 @@ def _resumed_model(old: dict, out: Path, tok, tokenizer: str, table_init: str, i
     """The model of a directory's run: its weights come from the checkpoint when there is one;
     a run stopped before its first checkpoint starts as a new one (from its pretrained LM too)."""
     shape = build_network(DSLConfig, old, out)
-    if (out / CHECKPOINT).is_file():
+    if (out / CHECKPOINT).is_file() or (out / SHARDED_CHECKPOINT).is_dir():
         return DSLModel(shape, seed=seed, dtype=dtype, lm_weights_follow=shape.backbone is not None)
     return _new_model(tok, tokenizer, shape, table_init, init, init_from, seed, dtype)
 

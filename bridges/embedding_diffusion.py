@@ -46,7 +46,7 @@ from geoprobe.bridges.dsl import (budget, dsl_oracle_start, dsl_tokenizer, repor
 from geoprobe.bridges.nn import Transformer, TransformerConfig, apply_rotary, rotary_tables, timestep_embedding
 from geoprobe.bridges.train import TrainConfig, fit_model
 from geoprobe.backbone import resolve_device
-from geoprobe.device import upload
+from geoprobe.device import choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, is_empty
@@ -54,6 +54,7 @@ from geoprobe.samplers.ancestral import nearest_embedding
 from geoprobe.samplers.base import gumbel_sample, nucleus
 from geoprobe.settings import split_flags
 from geoprobe.tokens import load_saved_tokenizer, save_tokenizer, token_stream
+from geoprobe.tracking import check_log_to, tracking
 
 SCHEDULES = ("sqrt", "cosine")
 EMBEDDINGS = ("learned", "sphere")  # trained with the model; frozen random directions of norm sqrt(d_emb)
@@ -347,15 +348,18 @@ def baseline_settings(kind: str, **flags) -> tuple[BaselineTrainSettings, Embedd
 
 def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, settings: BaselineTrainSettings,
                  shape: EmbeddingDiffusionConfig, force: bool = False, device: str = "auto", progress=None,
-                 world: World = SINGLE) -> dict | None:
+                 world: World = SINGLE, log_to: str = "none", deterministic: bool = False) -> dict | None:
     """Train (or resume) a `kind` baseline in `out` on `corpus`; score the kept weights' loss terms
     on held-out rows (metrics.json). The plateau rule, when `settings.train.eval_every` > 0,
     watches the same loss on other held-out rows at fixed draws. A directory holding another run,
-    and every bad setting, is refused in one line before anything loads."""
+    and every bad setting, is refused in one line before anything loads. `log_to`:
+    geoprobe.tracking's destination; `deterministic`: deterministic CUDA kernels (geoprobe.device)."""
     if kind not in PRESETS:
         raise BadInput(f"unknown baseline {kind!r} (use {', '.join(PRESETS)})")
     settings.validate()
     shape.validate()
+    check_log_to(log_to)
+    choose_determinism(deterministic)
     target = resolve_device(world.device(device))
     tokenizer = tokenizer or "train:4096"
     out = Path(out)
@@ -404,8 +408,9 @@ def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, setti
                 return {"val_sequences": len(reported), **{f"val_{k}": v for k, v in held_out.items()},
                         **({"stop_rows_disjoint": disjoint} if watch is not None else {})}
 
-            return fit_model(model, loss_fn, settings.train, out, target, score, TITLES[kind], progress=progress,
-                             world=world, watch=watch)
+            with tracking(log_to, settings.train.batch_size * settings.seq_len):
+                return fit_model(model, loss_fn, settings.train, out, target, score, TITLES[kind],
+                                 progress=progress, world=world, watch=watch)
         finally:
             if progress is not None:
                 progress.stop()

@@ -114,7 +114,7 @@ def draw_conditions(cfg: BridgeConfig, batch: int, length: int, generator: torch
     regression = torch.rand(batch, generator=generator) < cfg.regression_frac
     clean, tau = clean | regression, torch.where(regression, torch.zeros_like(tau), tau)
     eps = torch.randn((batch, length, cfg.hidden_size), generator=generator) if cfg.sigma_b > 0 else None
-    return {"snr": snr, "clean": clean, "noise": noise, "tau": tau, "eps": eps}
+    return {"snr": snr, "clean": clean, "noise": noise, "tau": tau, "eps": eps, "regression": regression}
 
 
 def objective(model: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: torch.Tensor, target: torch.Tensor,
@@ -127,6 +127,51 @@ def objective(model: HiddenBridge, teacher: Teacher, ids: torch.Tensor, mask: to
         z = channel(model.table(), ids, upload(draws["snr"], ids.device), noise=draws["noise"])
         a = model.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"])
     return model.loss(a, target, positions_weight(mask), tau=draws["tau"], eps=draws["eps"], denominator=denominator)
+
+
+TAU_GRID = 8  # the validation objective's path times: the midpoints of 8 equal bins of (0, 1)
+
+
+def stochastic(cfg: BridgeConfig) -> bool:
+    """Whether a bridge diffuses in the hidden-state space (sigma_b > 0): its plateau rule watches
+    its validation objective and its posterior mean (tau = 0) is what must beat the lookup."""
+    return cfg.sigma_b > 0
+
+
+@torch.no_grad()
+def grid_objective(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int = 0,
+                   grid: int = TAU_GRID) -> float:
+    """The bridge's training objective on a held-out split, with tau integrated on a fixed grid.
+
+    The expectation over tau of the training loss, by the midpoint rule on `grid` bins of (0, 1)
+    plus the point mass at tau = 0 the objective puts on a sequence (`tau_zero`, or 1 for a
+    regression row), under fixed draws of everything else: each batch's condition SNRs, clean
+    flags, channel noise and bridge noise come from a generator seeded by (seed, batch index)
+    alone. Two evaluations of the same weights therefore agree exactly, whatever ran before.
+    Positions >= 1, massive target rows left out as in training."""
+    cfg, layer = bridge.cfg, bridge.cfg.layer
+    taus = (torch.arange(grid, dtype=torch.float32) + 0.5) / grid
+    total = count = 0.0
+    device = teacher.backbone.input_device
+    for index, (ids, mask, got) in enumerate(split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), device)):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        draws = draw_conditions(cfg, *ids.shape, g)
+        # the weight of tau = 0 in each row's expectation: 1 for a regression row, tau_zero for the others
+        at_zero = torch.where(draws["regression"], 1.0, cfg.tau_zero)
+        with full_precision(ids.device):
+            z = channel(bridge.table(), ids, upload(draws["snr"], ids.device), noise=draws["noise"])
+            a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"])
+        target = got[layer]
+        weight = bridge.scored(target, positions_weight(mask))
+        still = torch.zeros_like(target) if cfg.sigma_b > 0 else None  # at tau = 0 the bridge noise is 0
+        seq = upload(at_zero, ids.device)[:, None] * bridge.position_errors(a, target, torch.zeros(len(ids)), still)
+        for tau in taus:
+            eps = torch.randn(target.shape, generator=g) if cfg.sigma_b > 0 else None
+            err = bridge.position_errors(a, target, tau.expand(len(ids)), eps)
+            seq = seq + upload((1 - at_zero) / grid, ids.device)[:, None] * err
+        total += float((seq * weight).sum())
+        count += float(weight.sum())
+    return total / max(count, 1.0)
 
 
 def training_loss(bridge: HiddenBridge, teacher: Teacher, states: TeacherStates, batch_size: int):
@@ -167,24 +212,25 @@ MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for 
 def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int = 0,
              full: bool = True, massive_factor: float | None = MASSIVE_FACTOR, ref_ce: float | None = None) -> dict:
     """Validation losses on a fixed held-out split of cached states, with a fixed seed.
-    `full=False` computes the clean-condition nmse and nmse_dim of the K-step sampler only (what
-    the stopping rule watches); `full` adds the rest, `ref_ce` (the frozen model's own loss,
-    computed once per run) given.
 
-    The state losses (nmse, nmse_dim, their `_1step` versions: the tau = 0 prediction alone, and
-    nmse_noisy) score the positions >= 1 whose true state is not massive (norm above
-    `massive_factor` times the median norm: the scan's rule, so the bridge is scored on the
-    states the geometry measured; None scores every position, as a scan with massive rows kept).
-    ce and the objective are over every position >= 1. nmse = sum |h^ - h|^2 / sum |h - mean|^2
-    (scalar standardisation: a channel with most of the variance dominates both sums); nmse_dim =
-    the mean over channels of that ratio taken per channel (each channel standardised by its own
-    variance, so no single channel dominates); objective = the training loss itself (over tau and
-    condition SNR, seeded draws)."""
+    `full=False` gives the clean-condition nmse and nmse_dim of the K-step sample only; `full`
+    adds the rest (`ref_ce`, the frozen model's own loss, computed once per run). The state
+    losses score the positions >= 1 whose true state is not massive (the scan's rule,
+    `massive_factor`; None scores every position):
+    * nmse = sum |h^ - h|^2 / sum |h - mean|^2 (a channel with most of the variance dominates it);
+      nmse_dim = that ratio per channel, averaged over channels; both for the K-step sample and,
+      as `_1step`, for the tau = 0 prediction (a stochastic bridge's posterior mean);
+    * crps_dim (stochastic bridges): the K-step samples' CRPS per channel over its spread;
+    * nmse_noisy: nmse at condition SNRs 0.5-16;
+    * objective: the training objective with tau on a fixed grid (`grid_objective`);
+    * ce: the upper stack's next-token loss on the reconstruction, over every position >= 1.
+    """
     g = torch.Generator().manual_seed(seed)
     layer = bridge.cfg.layer
     one_step = full and bridge.cfg.bridge_steps > 1
-    targets, errors, errors_1, noisy, rounded = [], [], [], {s: [] for s in NOISY_SNRS}, []
-    sums = {"ce": 0.0, "ce_count": 0.0, "objective": 0.0, "objective_count": 0.0}
+    spread = full and stochastic(bridge.cfg)  # a second K-step sample per batch: the CRPS needs two
+    targets, errors, errors_1, noisy, rounded, crps = [], [], [], {s: [] for s in NOISY_SNRS}, [], []
+    sums = {"ce": 0.0, "ce_count": 0.0}
     device = teacher.backbone.input_device
     for ids, mask, got in split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), device):
         hl = got[layer]
@@ -197,9 +243,9 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
             continue
         if one_step:
             errors_1.append(((reconstruct(bridge, teacher, ids, hl, g, steps=1)[0] - hl) ** 2)[keep].cpu())
-        draws = draw_conditions(bridge.cfg, *ids.shape, g)
-        sums["objective"] += float(objective(bridge, teacher, ids, mask, hl, draws) * weight.sum())
-        sums["objective_count"] += float(weight.sum())
+        if spread:  # per channel: E|X - h| - |X - X'| / 2 from two samples, the CRPS's unbiased estimate
+            other = reconstruct(bridge, teacher, ids, hl, g)[0]
+            crps.append(((h_hat - hl).abs() + (other - hl).abs() - (h_hat - other).abs())[keep].cpu() / 2)
         if layer == 0:  # the rounding baseline's decoder: nearest token embedding
             e = teacher.embeddings
             plain = h_hat - offsets
@@ -227,11 +273,43 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
     total_var = float(((target - target.mean(0)) ** 2).sum())
     ce = sums["ce"] / sums["ce_count"]
     by_snr = {str(s): float(torch.cat(v).double()[scored].sum()) / total_var for s, v in noisy.items()}
+    if spread:
+        losses["crps_dim"] = crps_dim(target, torch.cat(crps).double()[scored])
     return {"layer": layer, **losses, "ce": ce, "ref_ce": ref_ce, "delta_ce": None if ref_ce is None else ce - ref_ce,
             "nmse_noisy": sum(by_snr.values()) / len(by_snr), "nmse_by_snr": by_snr,
-            "objective": sums["objective"] / sums["objective_count"],
+            "objective": grid_objective(bridge, teacher, split, batch_size, seed),
             "val_positions": int(scored.sum()), "val_massive_rows": int((~scored).sum()), "val_seed": seed,
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
+
+
+@torch.no_grad()
+def sample_scores(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, steps: int, seed: int = 0,
+                  massive_factor: float | None = MASSIVE_FACTOR) -> dict:
+    """nmse_dim and crps_dim of the bridge's `steps`-step samples at clean condition on a split
+    (two samples per block, a fixed seed): how K changes the samples of one trained bridge."""
+    g = torch.Generator().manual_seed(seed)
+    layer = bridge.cfg.layer
+    targets, errors, crps = [], [], []
+    for ids, mask, got in split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), teacher.backbone.input_device):
+        hl, keep = got[layer], positions_weight(mask).bool()
+        first, second = (reconstruct(bridge, teacher, ids, hl, g, steps=steps)[0] for _ in range(2))
+        targets.append(hl[keep].cpu())
+        errors.append(((first - hl) ** 2)[keep].cpu())
+        crps.append(((first - hl).abs() + (second - hl).abs() - (first - second).abs())[keep].cpu() / 2)
+    target = torch.cat(targets).double()
+    scored = scored_rows(target, massive_factor)
+    return {"steps": steps, "nmse_dim": state_losses(target[scored], torch.cat(errors).double()[scored])["nmse_dim"],
+            "crps_dim": crps_dim(target[scored], torch.cat(crps).double()[scored])}
+
+
+def crps_dim(target: torch.Tensor, crps: torch.Tensor) -> float:
+    """The samples' continuous ranked probability score per channel, over that channel's standard
+    deviation, averaged over the varying channels (float64 (n, d) targets and per-position CRPS
+    estimates). A proper score: the exact conditional law minimises it, and a sampler that
+    collapses to the mean scores its mean absolute error, which a calibrated spread lowers."""
+    std = target.std(0, unbiased=False)
+    varying = std > 1e-6 * float(std.max())
+    return float((crps.mean(0)[varying] / std[varying]).mean())
 
 
 # the training settings of records written before a field existed: what those runs did
@@ -306,13 +384,19 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
         metrics = validate(model, teacher, states.val, train_cfg.batch_size, massive_factor=massive_factor,
                            ref_ce=states.ref_ce)
         metrics.update(seed=train_cfg.seed, stop_positions=sum(len(b.tokens) - 1 for b in states.stop.blocks))
+        metrics["bridge_kind"] = "diffusion" if stochastic(cfg) else "regression"
         if controls:
             metrics.update(controls)
-            metrics["beats_lookup"] = beats_lookup(metrics["nmse_dim"], controls.get("control_lookup_nmse_dim"),
+            # a sample's error includes the posterior's spread: the posterior mean (tau = 0) must beat the lookup
+            learned = metrics["nmse_dim_1step" if stochastic(cfg) else "nmse_dim"]
+            metrics["beats_lookup"] = beats_lookup(learned, controls.get("control_lookup_nmse_dim"),
                                                    controls.get("control_lookup_ridge_nmse_dim"))
         return metrics
 
+    def watch(model) -> float:  # the plateau rule's score: the objective of a diffusion bridge, else nmse_dim
+        if stochastic(cfg):
+            return grid_objective(model, teacher, watched, train_cfg.batch_size)
+        return validate(model, teacher, watched, train_cfg.batch_size, full=False, massive_factor=massive_factor)["nmse_dim"]
+
     return fit_model(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out, device,
-                     score, f"bridge at layer {layer}", progress=progress, world=world,
-                     watch=lambda model: validate(model, teacher, watched, train_cfg.batch_size, full=False,
-                                                  massive_factor=massive_factor)["nmse_dim"])
+                     score, f"bridge at layer {layer}", progress=progress, world=world, watch=watch)

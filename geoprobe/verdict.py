@@ -45,6 +45,17 @@ from geoprobe.metrics.correlation import holm, partial_spearman_test, reliabilit
 PRIMARY = "nmse_dim"
 SECONDARY = ("nmse", "delta_ce", "nmse_noisy", "objective")
 LOSSES = (PRIMARY, *SECONDARY)
+# each kind of bridge's registered test (docs/method.md): the primary loss, the Holm family of four,
+# and the loss that must beat the token lookup. The regression sweep's is the one above; the
+# diffusion bridge's (amendment 13) ranks its own validation objective, and its posterior mean
+# (the tau = 0 prediction) must beat the lookup, since a sample's error includes the posterior's spread
+PROTOCOLS = {
+    "regression": {"primary": PRIMARY, "secondary": SECONDARY, "learned": "nmse_dim"},
+    "diffusion": {"primary": "objective", "secondary": ("nmse_dim_1step", "nmse_dim", "delta_ce", "nmse_noisy"),
+                  "learned": "nmse_dim_1step"},
+}
+# every loss a sweep's rows may carry, for the per-layer table
+ALL_LOSSES = (*LOSSES, "nmse_dim_1step", "crps_dim")
 ALPHA = 0.05
 # the fewest compared layers whose one-sided permutation test can reach ALPHA: its smallest
 # possible p is 1/n! (the one ordering of n distinct values that agrees perfectly)
@@ -76,7 +87,17 @@ LOOKUP_CONTROLS = {"lookup": "ρ(lookup's loss)", "score_vs_lookup": "ρ, score 
 CEILING_CONTROL = {"ceiling": "ρ(ceiling's loss)"}
 
 
-def layer_table(rows: list[dict], losses=(*LOSSES, "nmse_dim_1step")) -> list[dict]:
+def protocol_of(rows: list[dict]) -> str:
+    """Which protocol a sweep's rows are tested under: "diffusion" when its bridges are stochastic
+    (metrics.json's `bridge_kind`), "regression" otherwise (records from before the field are
+    regressions). A sweep that mixes the two is refused: the test would rank different objectives."""
+    kinds = {r.get("bridge_kind", "regression") for r in rows}
+    if len(kinds) > 1:
+        raise ValueError(f"the sweep's rows mix bridge kinds ({', '.join(sorted(kinds))}): one sweep tests one kind")
+    return kinds.pop() if kinds else "regression"
+
+
+def layer_table(rows: list[dict], losses=ALL_LOSSES) -> list[dict]:
     """One row per layer: the seed count, each loss's seed mean and standard deviation (ddof=1),
     the layer's controls (the same on every seed) and how many of its bridges stopped by their
     plateau, with their mean steps."""
@@ -122,14 +143,17 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     sources = [] if include_source else [r["layer"] for r in table if r["layer"] in SOURCE_LAYERS]
     compared = [r for r in table if r["layer"] not in sources]
     layers = [r["layer"] for r in compared]
-    _check_losses(rows, layers)
+    protocol = protocol_of(rows)
+    primary, secondary, learned = (PROTOCOLS[protocol][k] for k in ("primary", "secondary", "learned"))
+    _check_losses(rows, layers, (primary, *secondary))
     registered = {"weights": list(REGISTERED_WEIGHTS), "log": REGISTERED_LOG}
-    result = {"primary_loss": PRIMARY, "alpha": ALPHA, "compared_layers": layers, "source_layers": sources,
+    result = {"protocol": protocol, "primary_loss": primary, "secondary_losses": list(secondary),
+              "learned_loss": learned, "alpha": ALPHA, "compared_layers": layers, "source_layers": sources,
               "seeds": sorted({r.get("seed", 0) for r in rows}), "layers": table,
               # the seeds behind each tested seed mean (layer 0 may have more): "provisional" counts these
               "tested_seeds": min((r["seeds"] for r in compared), default=0),
               "registered_score": registered,
-              "convergence": convergence(rows, layers)}
+              "convergence": convergence(rows, layers, learned)}
     if ranking_weights is not None and (list(ranking_weights["weights"]) != registered["weights"]
                                         or bool(ranking_weights["log"]) != REGISTERED_LOG):
         result["ranking_weights"] = {"weights": list(ranking_weights["weights"]), "log": bool(ranking_weights["log"])}
@@ -137,10 +161,10 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     # the primary loss): known with or without a test
     score = np.array([scores["score"][l] for l in layers])
     if compared:
-        best = min(compared, key=lambda r: r[PRIMARY])["layer"]
-        worst = max(compared, key=lambda r: r[PRIMARY])["layer"]
+        best = min(compared, key=lambda r: r[primary])["layer"]
+        worst = max(compared, key=lambda r: r[primary])["layer"]
         result.update(chosen_layer=int(layers[int(np.argmax(score))]), oracle_layer=best, worst_layer=worst,
-                      oracle_tied=tied_with(compared, PRIMARY, best), worst_tied=tied_with(compared, PRIMARY, worst))
+                      oracle_tied=tied_with(compared, primary, best), worst_tied=tied_with(compared, primary, worst))
     if len(compared) < MIN_LAYERS:
         smallest = 1 / math.factorial(len(compared))
         result["statement"] = [f"only {len(compared)} layers compared: no test (over {len(compared)} layers the "
@@ -149,14 +173,18 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
                                convergence_line(result["convergence"])]
         return result
     tests = {loss: spearman_with_uncertainty(score, [r[loss] for r in compared], seed=seed, alternative="less")
-             for loss in LOSSES}
-    for loss, p in holm({loss: tests[loss]["p"] for loss in SECONDARY}).items():  # always the four
+             for loss in (primary, *secondary)}
+    for loss, p in holm({loss: tests[loss]["p"] for loss in secondary}).items():  # always the four
         tests[loss]["p_holm"] = p
     for loss, test in tests.items():
         test["supports"] = bool(test["rho"] < 0 and test.get("p_holm", test["p"]) < ALPHA)
     result["tests"] = tests
     result["reliability"] = {loss: reliability(_by_seed(rows, layers, loss)) for loss in tests}
-    result["controls"] = _controls(compared, layers, score, scores, channel_share, list(tests), seed)
+    result["controls"] = _controls(compared, layers, score, scores, channel_share, list(tests), seed, primary)
+    result["after_onset"] = after_onset(compared, layers, score, channel_share, primary, seed)
+    shares = [channel_share.get(l, 0.0) for l in layers]
+    if np.ptp(shares) > 0:  # how closely the score itself follows the massive channels (no loss involved)
+        result["score_vs_share"] = spearman_with_uncertainty(score, shares, seed=seed, interval=False)
     result["capped"] = sorted({(r["layer"], r.get("seed", 0)) for r in rows
                                if r.get("stop") == "cap" and r["layer"] in layers})
     result["outcome"] = outcome(result)
@@ -164,16 +192,16 @@ def sweep_verdict(rows: list[dict], scores: dict[str, dict[int, float]], channel
     return result
 
 
-def _check_losses(rows: list[dict], layers: list[int]) -> None:
+def _check_losses(rows: list[dict], layers: list[int], losses: tuple = LOSSES) -> None:
     """Every tested row has every registered loss: the primary, and the four secondaries that make
     up the Holm family. Dropping one would shrink the family after the fact, so it is an error."""
-    for loss in LOSSES:
+    for loss in losses:
         lacking = sorted({r["layer"] for r in rows if r["layer"] in layers
                           and (r.get(loss) is None or not math.isfinite(r[loss]))})
         if lacking:
             raise ValueError(f"the sweep's rows of layer{'s' if len(lacking) > 1 else ''} "
                              f"{', '.join(map(str, lacking))} have no finite {loss}: the test "
-                             f"needs the primary loss and all four secondaries ({', '.join(SECONDARY)})")
+                             f"needs the primary loss and all four secondaries ({', '.join(losses[1:])})")
 
 
 def learned_below(lookup: float, lookup_ridge: float | None = None) -> float:
@@ -226,13 +254,14 @@ def bridge_lines(m: dict) -> list[str]:
     return lines
 
 
-def convergence(rows: list[dict], layers: list[int]) -> dict:
+def convergence(rows: list[dict], layers: list[int], judged_by: str = PRIMARY) -> dict:
     """Whether the tested bridges (the compared layers, every seed) converged: at least
     CONVERGED_SHARE of them stopped by their plateau, and each one's nmse_dim is below its layer's
     `learned_below` (LOOKUP_MARGIN times the token-identity lookup control's, or the lookup + ridge
     control's where that is closer to the lookup: `beats_lookup`). A bridge that cannot beat a table of per-token
     mean states has not learned its layer, so its loss measures training, not the layer. A row
-    without the control (a sweep from before it was recorded) leaves convergence unestablished."""
+    without the control (a sweep from before it was recorded) leaves convergence unestablished.
+    `judged_by` is the loss held against the lookup: nmse_dim, or a diffusion bridge's posterior mean's."""
     tested = [r for r in rows if r["layer"] in layers]
     plateau = sum(r.get("stop") == "plateau" for r in tested)
     share = plateau / len(tested) if tested else 0.0
@@ -241,7 +270,7 @@ def convergence(rows: list[dict], layers: list[int]) -> dict:
     learned = [r for r in tested if r["layer"] not in SOURCE_LAYERS]
     unknown = sorted({r["layer"] for r in learned if r.get("control_lookup_nmse_dim") is None})
     worse = sorted([r["layer"], r.get("seed", 0)] for r in learned if r.get("control_lookup_nmse_dim") is not None
-                   and not beats_lookup(r[PRIMARY], r["control_lookup_nmse_dim"], r.get("control_lookup_ridge_nmse_dim")))
+                   and not beats_lookup(r[judged_by], r["control_lookup_nmse_dim"], r.get("control_lookup_ridge_nmse_dim")))
     reasons = []
     if share < CONVERGED_SHARE - 1e-12:  # the tolerance keeps e.g. 12 of 15 on the passing side
         reasons.append(f"{plateau} of {len(tested)} tested bridges stopped by their plateau, "
@@ -256,15 +285,16 @@ def convergence(rows: list[dict], layers: list[int]) -> dict:
         reasons.append(f"layer{'s' if len(seeds) > 1 else ''} {named} do{'es' if len(seeds) == 1 else ''} not beat "
                        f"the token lookup by {(1 - LOOKUP_MARGIN) * 100:.0f} % (or the lookup + ridge control, "
                        "where that is closer to the lookup)")
-    return {"plateau": plateau, "tested": len(tested), "share": share, "needed": CONVERGED_SHARE,
+    return {"plateau": plateau, "tested": len(tested), "share": share, "needed": CONVERGED_SHARE, "learned": judged_by,
             "worse_than_lookup": worse, "converged": not reasons, "reasons": reasons}
 
 
 def convergence_line(c: dict) -> str:
     """The convergence facts in one plain line."""
     if c["converged"]:
+        judged = " by its posterior mean" if c.get("learned") == "nmse_dim_1step" else ""
         return (f"Convergence: {c['plateau']} of {c['tested']} tested bridges stopped by their plateau "
-                f"({c['needed'] * 100:.0f} % needed) and every one beats the token lookup at its layer by "
+                f"({c['needed'] * 100:.0f} % needed) and every one beats the token lookup at its layer{judged} by "
                 f"{(1 - LOOKUP_MARGIN) * 100:.0f} % (or the lookup + ridge control, where that is closer to the lookup).")
     return f"Inconclusive: the bridges did not converge — {'; '.join(c['reasons'])}; the test below says nothing " \
            "about the claim."
@@ -277,7 +307,7 @@ def _by_seed(rows: list[dict], layers: list[int], loss: str):
     return [[value[l, s] for s in seeds] for l in layers]
 
 
-def _controls(compared, layers, score, scores, channel_share, losses, seed) -> dict:
+def _controls(compared, layers, score, scores, channel_share, losses, seed, primary: str = PRIMARY) -> dict:
     depth = np.array(layers, dtype=float)
     share = np.array([channel_share.get(l, 0.0) for l in layers])
     two = dict(seed=seed, interval=False)
@@ -289,18 +319,35 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed) -> d
              "partial_given_depth": partial_spearman_test(score, y, depth, seed=seed)}
         if np.ptp(share) > 0:
             c["channel_share"] = spearman_with_uncertainty(share, y, **two)
+            c["partial_given_share"] = partial_spearman_test(score, y, share, seed=seed)
         for name in SCORE_VARIANTS:
             if name in scores:
                 c[name] = spearman_with_uncertainty([scores[name][l] for l in layers], y, **one)
         controls[loss] = c
-    controls[PRIMARY].update(_lookup_controls(compared, score, one, two))
+    controls[primary].update(_lookup_controls(compared, score, one, two, primary))
     ceiling = [r.get("ceiling_nmse_dim") for r in compared]
     if all(v is not None for v in ceiling) and np.ptp(ceiling) > 0:  # every layer's, and not all equal
-        controls[PRIMARY]["ceiling"] = spearman_with_uncertainty(ceiling, [r[PRIMARY] for r in compared], **two)
+        controls[primary]["ceiling"] = spearman_with_uncertainty(ceiling, [r[primary] for r in compared], **two)
     return controls
 
 
-def _lookup_controls(compared, score, one: dict, two: dict) -> dict:
+def after_onset(compared, layers, score, channel_share, primary: str, seed) -> dict | None:
+    """The primary test over the layers from the massive channels' onset on (the first compared
+    layer whose massive-channel share is at least half the largest over the compared layers): a
+    sensitivity analysis, chosen after the regression sweep's page was seen (method.md, amendment
+    13), never the registered test. The score keeps its z-scores over every compared layer. None
+    where the onset is the first compared layer, or fewer than MIN_LAYERS layers follow it."""
+    top = max((channel_share.get(l, 0.0) for l in layers), default=0.0)
+    onset = next((l for l in layers if top > 0 and channel_share.get(l, 0.0) >= top / 2), None)
+    kept = [i for i, l in enumerate(layers) if onset is not None and l >= onset]
+    if not MIN_LAYERS <= len(kept) < len(layers):
+        return None
+    test = spearman_with_uncertainty(np.asarray(score)[kept], [compared[i][primary] for i in kept], seed=seed,
+                                     alternative="less", interval=False)
+    return {"layers": [layers[i] for i in kept], **test}
+
+
+def _lookup_controls(compared, score, one: dict, two: dict, primary: str = PRIMARY) -> dict:
     """Against the token lookup (method.md, amendment 12): every bridge starts at its layer's
     lookup, so its nmse_dim carries the lookup's, and a score that ranks the layers' lookups ranks
     their bridges with no bridge trained. Reported, not tested: rho(lookup, loss) (how much of the
@@ -311,7 +358,7 @@ def _lookup_controls(compared, score, one: dict, two: dict) -> dict:
     lookup = [r.get("control_lookup_nmse_dim") for r in compared]
     if any(v is None or not v > 0 for v in lookup) or np.ptp(lookup) == 0:
         return {}
-    y = np.array([r[PRIMARY] for r in compared])
+    y = np.array([r[primary] for r in compared])
     return {"lookup": spearman_with_uncertainty(lookup, y, **two),
             "score_vs_lookup": spearman_with_uncertainty(score, lookup, **one),
             "relative_to_lookup": spearman_with_uncertainty(score, y / np.array(lookup), **one)}
@@ -337,6 +384,10 @@ def outcome(v: dict) -> str:
         failed.append("the layers' order by the primary loss is within the seed noise")
     if partial["rho"] is None or not (partial["rho"] < 0 and partial["p"] < ALPHA):
         failed.append("it does not hold beyond depth (partial rho given depth not significant)")
+    by_share = v["controls"][loss].get("partial_given_share")
+    if v.get("protocol") == "diffusion" and by_share is not None and not (
+            by_share["rho"] is not None and by_share["rho"] < 0 and by_share["p"] < ALPHA):
+        failed.append("it does not hold beyond the massive channels (partial rho given their share not significant)")
     return ("robustly supported" if not failed else "supported, but " + " and ".join(failed)) + provisional
 
 
@@ -364,9 +415,9 @@ def ceiling_gap_line(v: dict) -> str | None:
     """How far below (or above) the bridges' seed-mean primary loss the ceiling control is at each
     compared layer: what training on the noisy conditions (and sampling, where the bridges sample
     in more than one step) costs the clean score. None without a ceiling at every compared layer."""
-    loss = v["primary_loss"]
+    loss = v.get("learned_loss", v["primary_loss"])  # the ceiling's nmse_dim, beside the same kind of loss
     rows = [r for r in v["layers"] if r["layer"] in v["compared_layers"]]
-    if not rows or any(r.get("ceiling_nmse_dim") is None or not r[loss] for r in rows):
+    if not rows or any(r.get("ceiling_nmse_dim") is None or not r.get(loss) for r in rows):
         return None
     gap = {r["layer"]: 100 * (1 - r["ceiling_nmse_dim"] / r[loss]) for r in rows}  # % below the bridges
     above = [layer for layer, g in gap.items() if g < 0]
@@ -438,7 +489,8 @@ def statement(v: dict) -> list[str]:
     # converged: its line follows the test; not converged: it is the verdict, so it comes first
     convergence = convergence_line(v["convergence"])
     lines = lines + [convergence] if v["convergence"]["converged"] else [convergence] + lines
-    secondary = [f"{k} {t[k]['rho']:.2f} (Holm p {t[k]['p_holm']:.2g})" for k in SECONDARY]
+    family = v.get("secondary_losses", SECONDARY)
+    secondary = [f"{k} {t[k]['rho']:.2f} (Holm p {t[k]['p_holm']:.2g})" for k in family]
     lines.append(f"Secondary losses, rho with Holm-corrected one-sided p: {'; '.join(secondary)}.")
     rel = v["reliability"].get(loss)
     if rel is None:
@@ -457,6 +509,10 @@ def statement(v: dict) -> list[str]:
     if "channel_share" in c:
         parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f} "
                      f"(two-sided p {c['channel_share']['p']:.2g})")
+    if (by_share := c.get("partial_given_share")) is not None:
+        parts.append(f"partial rho(score, {loss} | massive-channel share) = {by_share['rho']:.2f} "
+                     f"(Freedman-Lane one-sided p {by_share['p']:.2g})" if by_share["rho"] is not None else
+                     f"partial rho(score, {loss} | massive-channel share) undefined")
     parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
     if "lookup" in c:
         parts += [f"rho(token lookup's {loss}, {loss}) = {c['lookup']['rho']:.2f} (two-sided p {c['lookup']['p']:.2g})",
@@ -473,7 +529,11 @@ def statement(v: dict) -> list[str]:
         lines.append(line)
     if "lookup" in c and p["supports"] and v["convergence"]["converged"]:
         lines.append(lookup_line(c))
-    lines += [secondary_line(v, k) for k in SECONDARY if t[k]["supports"]]
+    lines += [secondary_line(v, k) for k in family if t[k]["supports"]]
+    if onset := v.get("after_onset"):
+        lines.append(f"Sensitivity, chosen after seeing the regression sweep (not the registered test): over layers "
+                     f"{onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset on, rho(score, "
+                     f"{loss}) = {onset['rho']:.2f} (one-sided p {onset['p']:.2g}, n = {onset['n']}).")
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]
         word = "easiest" if role == "oracle" else "hardest"

@@ -74,3 +74,64 @@ def train_worker(rank: int, world_size: int, port: int, out: str, stop_at: int) 
         raise
     finally:
         dist.destroy_process_group()
+
+
+def dsl_problem(backbone: str | None):
+    """(model, data, settings) of a tiny DSL training: on the tiny Llama's blocks (`backbone`, a
+    model folder) or from scratch; float32, clipping active, the plateau rule scoring every 2 steps."""
+    from geoprobe.bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, pretrained_dsl
+    from geoprobe.bridges.train import TrainConfig
+
+    if backbone:
+        from geoprobe.backbone import load_tokenizer
+
+        model = pretrained_dsl(backbone, load_tokenizer(backbone), d_tok=8)
+    else:
+        model = DSLModel(DSLConfig(vocab_size=40, d_tok=8, d_model=32, n_layers=2, n_heads=2), seed=0)
+    data = torch.randint(0, model.cfg.vocab_size, (48, 12), generator=torch.Generator().manual_seed(0))
+    settings = DSLTrainSettings(seq_len=12, train=TrainConfig(steps=6, batch_size=8, lr=3e-3, warmup=2, save_every=2,
+                                                              eval_every=2, clip=0.5, precision="float32"))
+    return model, data, settings
+
+
+def train_dsl_problem(out: str, backbone: str | None, execution, world, stop_at: int = 0):
+    """Train dsl_problem in `out` (resuming its checkpoint); stop_at > 0 makes every rank fail at
+    that step, as a crash would. Returns what ran (None after the crash)."""
+    from geoprobe.bridges.dsl import dsl_objective
+    from geoprobe.bridges.train import train
+
+    model, data, settings = dsl_problem(backbone)
+    loss_fn, watch = dsl_objective(model, data, settings, torch.device("cpu"), stop_rows=data[:4],
+                                   sharded=execution.fsdp)
+
+    def crashing(m, generator, shard):
+        if stop_at and generator.initial_seed() == stop_at:  # step_generator(seed 0, step) = step
+            raise RuntimeError("simulated crash")
+        return loss_fn(m, generator, shard)
+
+    try:
+        return train(model, crashing, settings.train, Path(out), torch.device("cpu"), world=world, evaluate=watch,
+                     execution=execution)
+    except RuntimeError as exc:
+        if "simulated crash" not in str(exc):
+            raise
+        return None
+
+
+def fsdp_worker(rank: int, world_size: int, port: int, out: str, backbone: str | None, stop_at: int,
+                grad_accum: int = 1, fsdp: bool = True) -> None:
+    """dsl_problem trained with --fsdp (or DDP) on every rank; rank 0 writes what ran to out/trained.pkl."""
+    from geoprobe.bridges.parallel import Execution
+    from geoprobe.distributed import world_from
+
+    join(rank, world_size, port)
+    try:
+        trained = train_dsl_problem(out, backbone, Execution(fsdp=fsdp, grad_accum=grad_accum), world_from(),
+                                    stop_at)
+        if rank == 0 and trained is not None:
+            (Path(out) / "trained.pkl").write_bytes(pickle.dumps(trained))
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geoprobe.bridges.fit import fit_bridge
-from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
+from geoprobe.bridges.hidden import REGRESSION, BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
 from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
 from tests.helpers import assert_one_line_error, copy_run, invoke
@@ -543,7 +543,7 @@ def test_a_deterministic_bridge_samples_its_first_prediction(llama):
     + tau h for h. A network that does so, whatever it predicts at tau = 0, makes the K-step sample
     that tau = 0 prediction: the later steps add nothing (docs/bridge-design.md), so the tau > 0
     rows of a deterministic bridge teach nothing the sampler uses."""
-    bridge = HiddenBridge(small(2, llama, bridge_steps=8)).eval()
+    bridge = HiddenBridge(small(2, llama, **{**REGRESSION, "bridge_steps": 8})).eval()  # the deterministic bridge
     bridge.target_mean.normal_()
     bridge.target_scale.uniform_(0.5, 2.0)
     a = torch.randn(2, 7, bridge.source_width)

@@ -173,6 +173,64 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     assert tokens.shape == (2, 5)
 
 
+def pooled_copy(states, device):
+    """A copy of the run's teacher states pooled on `device` (bridges/states.py: the bridge step's pool)."""
+    import copy
+
+    from geoprobe.bridges.states import pool_on_device
+
+    pooled = copy.deepcopy(states)
+    if torch.device(device).type == "cpu":  # pool_on_device leaves a CPU's states where they are
+        for split in (pooled.train, pooled.stop, pooled.val):
+            split.to_device(device)
+    else:
+        assert pool_on_device(pooled, device)
+    return pooled
+
+
+def test_a_batch_gathered_from_the_device_pool_equals_the_host_pools_exactly(blocks):
+    pooled = pooled_copy(blocks, "cpu")
+    assert pooled.train.pooled and not blocks.train.pooled
+    lengths = [len(b.tokens) for b in blocks.train.blocks]
+    for indices, length in (([3, 0, 5, 3], None), ([1, 7], max(lengths) + 5), (list(range(len(lengths))), None)):
+        host = blocks.train.batch(indices, (0, 1), 0, "cpu", length)
+        device = pooled.train.batch(indices, (0, 1), 0, "cpu", length)
+        assert torch.equal(host[0], device[0]) and torch.equal(host[1], device[1])
+        for layer in (0, 1):
+            assert torch.equal(host[2][layer], device[2][layer]), (indices, layer)
+            assert device[2][layer].abs().sum() > 0
+
+
+def test_the_device_pool_uploads_no_states_and_trains_the_same_bridge(llama, blocks, tmp_path, float32_everywhere):
+    with accelerator() as acc:
+        pooled = pooled_copy(blocks, DEVICE)
+        for layers in ((1,), (0, 1)):
+            acc.reset()
+            got = pooled.train.batch([2, 4], layers, 0, DEVICE)
+            pooled_uploads = acc.uploads
+            assert not acc.syncs, acc.where  # nothing waits for the device
+            acc.reset()
+            want = blocks.train.batch([2, 4], layers, 0, DEVICE)
+            assert acc.uploads == 2 + len(layers)  # ids, mask, then each layer's (B, L, d) states
+            assert pooled_uploads == 3  # ids, mask and one (B, L) row index, whatever the layers
+            for layer in layers:
+                assert torch.equal(got[2][layer].inner, want[2][layer].inner)
+    cfg = BridgeConfig(layer=1, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
+                       d_model=32, n_layers=1, n_heads=2)
+    metrics = {}
+    for name, use_pool in (("host", False), ("pool", True)):
+        with accelerator():
+            llama.model.to(DEVICE)
+            try:
+                states = pooled_copy(blocks, DEVICE) if use_pool else blocks
+                metrics[name] = fit_bridge(llama, 1, states, cfg, TrainConfig(steps=4, batch_size=2, save_every=4),
+                                           tmp_path / name, {"test": name})
+            finally:
+                llama.model.to("cpu")
+    for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
+        assert metrics["pool"][key] == pytest.approx(metrics["host"][key], rel=1e-6), key
+
+
 def test_geometry_runs_on_the_device_and_equals_the_cpu_result():
     g = torch.Generator().manual_seed(0)
     states = torch.randn(300, 16, generator=g, dtype=torch.float64)
@@ -187,21 +245,51 @@ def test_geometry_runs_on_the_device_and_equals_the_cpu_result():
             assert on_device[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
-def test_a_cuda_device_turns_on_deterministic_kernels(monkeypatch):
+def test_deterministic_kernels_are_a_choice_applied_when_a_cuda_device_is_resolved(monkeypatch):
+    """--deterministic (issue 63; before it every CUDA command turned them on): chosen by the
+    command, applied when it resolves a CUDA device, without PyTorch's NaN fill of new memory."""
     from geoprobe.backbone import resolve_device
+    from geoprobe.device import choose_determinism
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.utils.deterministic.fill_uninitialized_memory)
     try:
+        choose_determinism(True)
         resolve_device("cpu")
         assert not torch.are_deterministic_algorithms_enabled()  # a CPU run is left as it is
         assert resolve_device("auto").type == "cuda"
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        choose_determinism(False)
+        resolve_device("cuda")
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
     finally:
+        choose_determinism(False)
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.deterministic = before[1]
+        torch.utils.deterministic.fill_uninitialized_memory = before[2]
+
+
+def test_scan_family_commands_choose_deterministic_kernels_and_training_does_not(scanned_run, corpus_txt, tmp_path):
+    """The default of each command, and --no-deterministic / --deterministic, as the process records it."""
+    import geoprobe.device
+    from tests.helpers import copy_run, invoke
+
+    run = copy_run(scanned_run, tmp_path / "run")
+    chosen = lambda: geoprobe.device._deterministic[0]  # noqa: E731
+    try:
+        geometry = ["-q", "geometry", run, "--device", "cpu", "--anchors", 64, "--k", 8, "--pairs", 256, "--bootstrap", 20]
+        assert invoke(*geometry)[0] == 0 and chosen() is True
+        assert invoke(*geometry, "--no-deterministic")[0] == 0 and chosen() is False
+        dsl = ["-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 1, "--batch-size", 2,
+               "--seq-len", 8, "--d-model", 16, "--n-layers", 1, "--device", "cpu"]
+        assert invoke(*dsl, "--out", tmp_path / "a", "--deterministic")[0] == 0 and chosen() is True
+        assert invoke(*dsl, "--out", tmp_path / "b")[0] == 0 and chosen() is False
+    finally:
+        geoprobe.device.choose_determinism(False)
 
 
 @pytest.mark.parametrize("n, d, chunk, massive_rows, repeated", [
@@ -294,3 +382,22 @@ def test_precision_has_one_owner_and_refuses_another_value_in_one_line():
     assert Precision.BFLOAT16.weights_dtype == torch.bfloat16
     with pytest.raises(BadInput, match=r"^--precision must be one of auto, float32, bfloat16, got 'fp8'$"):
         TrainConfig(precision="fp8").validate()
+
+
+def test_the_layer_controls_from_a_device_pool_equal_the_host_pools(llama, blocks):
+    """A sweep fits each layer's closed-form controls from the same states its bridges train on:
+    pooled on the device, the same numbers as on the host."""
+    from geoprobe.bridges.controls import layer_controls
+    from geoprobe.bridges.hidden import Teacher
+
+    on_host = layer_controls(blocks, 1, Teacher(llama, 1).embeddings, None)
+    with accelerator():
+        llama.model.to(DEVICE)
+        try:
+            pooled = layer_controls(pooled_copy(blocks, DEVICE), 1, Teacher(llama, 1).embeddings, None)
+        finally:
+            llama.model.to("cpu")
+    assert pooled.keys() == on_host.keys()
+    for key, value in on_host.items():
+        if isinstance(value, float):
+            assert pooled[key] == pytest.approx(value, rel=1e-9), key

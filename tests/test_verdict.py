@@ -213,7 +213,7 @@ def test_converged_bridges_leave_the_outcome_to_the_test():
     v = sweep_verdict(converging_rows(), SCORE, {})
     c = v["convergence"]
     assert c == {"plateau": 10, "tested": 10, "share": 1.0, "needed": 0.8, "worse_than_lookup": [],
-                 "converged": True, "reasons": []}
+                 "converged": True, "reasons": [], "learned": "nmse_dim"}
     assert not v["outcome"].startswith("inconclusive") and v["outcome"].startswith("supported")
     assert v["statement"][0].startswith("Primary test")
 
@@ -555,3 +555,75 @@ def test_a_bridges_own_lines_say_how_it_stopped_and_whether_it_learned():
     assert "--until steps" not in bridge_lines({**base, "best_step": 0})[1]  # not the source: no such advice
     assert len(bridge_lines({"layer": 3, "stop": "budget", "steps_run": 6})) == 1  # no lookup recorded: no claim
     assert bridge_lines({"layer": 3, "nmse_dim": 0.2}) == []  # an old record without its stop
+
+
+def diffusion_rows(objective_by_layer: dict, seeds=(0, 1), lookup=10.0, posterior=None):
+    """A diffusion sweep's rows: the objective per layer and seed, the other losses following it,
+    the posterior mean's nmse_dim `posterior` (default: half the objective)."""
+    rows = []
+    for layer, values in objective_by_layer.items():
+        for seed, v in zip(seeds, values):
+            rows.append({"layer": layer, "seed": seed, "stop": "plateau", "control_lookup_nmse_dim": lookup,
+                         "bridge_kind": "diffusion", "objective": v, "nmse_dim": 1.5 * v, "nmse": v, "delta_ce": v,
+                         "nmse_noisy": v, "nmse_dim_1step": v / 2 if posterior is None else posterior})
+    return rows
+
+
+def test_a_diffusion_sweep_ranks_its_objective_and_controls_for_depth_and_the_massive_channels():
+    """Amendment 13: the primary is the objective, the Holm family the posterior mean's and the
+    sample's nmse_dim, delta_ce and nmse_noisy; robust support needs both partial rhos."""
+    layers = range(1, 9)
+    # the loss falls with the score; the score is unrelated to depth and to the share
+    score = {1: 3.0, 2: 8.0, 3: 1.0, 4: 6.0, 5: 2.0, 6: 7.0, 7: 4.0, 8: 5.0}
+    share = {1: 0.5, 2: 0.1, 3: 0.3, 4: 0.8, 5: 0.2, 6: 0.4, 7: 0.7, 8: 0.6}
+    table = {l: [1 - 0.1 * score[l] + e for e in (0.0, 0.005)] for l in layers}
+    v = sweep_verdict(diffusion_rows(table), {"score": score}, share)
+    assert v["protocol"] == "diffusion" and v["primary_loss"] == "objective"
+    assert set(v["tests"]) == {"objective", "nmse_dim_1step", "nmse_dim", "delta_ce", "nmse_noisy"}
+    assert all("p_holm" in v["tests"][k] for k in v["secondary_losses"]) and "p_holm" not in v["tests"]["objective"]
+    c = v["controls"]["objective"]
+    assert c["partial_given_depth"]["p"] < 0.05 and c["partial_given_share"]["p"] < 0.05
+    assert v["outcome"] == "robustly supported"
+    assert any("massive-channel share) = " in line for line in v["statement"])
+
+
+def test_a_score_that_copies_the_massive_channel_share_does_not_pass_beyond_it():
+    """The score is the massive-channel share itself and the loss follows the share: the primary
+    test passes, the partial rho given the share is undefined (the score has nothing beyond the
+    share), and the outcome says it does not hold beyond the massive channels."""
+    layers = range(1, 9)
+    share = {1: 0.5, 2: 0.1, 3: 0.3, 4: 0.8, 5: 0.2, 6: 0.4, 7: 0.7, 8: 0.6}
+    table = {l: [1 - share[l] + e for e in (0.0, 0.005)] for l in layers}
+    v = sweep_verdict(diffusion_rows(table), {"score": dict(share)}, share)
+    assert v["tests"]["objective"]["supports"]
+    assert v["controls"]["objective"]["partial_given_share"]["rho"] is None
+    assert v["outcome"].startswith("supported, but") and "beyond the massive channels" in v["outcome"]
+    # the loss off the share by two swapped pairs of layers: the score, still the share, is what the
+    # share predicts and nothing more (its residual on the share is 0: the partial stays undefined)
+    swapped = {**table, 1: table[6], 6: table[1], 7: table[8], 8: table[7]}
+    w = sweep_verdict(diffusion_rows(swapped), {"score": dict(share)}, share)
+    assert w["controls"]["objective"]["partial_given_share"]["rho"] is None
+    assert "beyond the massive channels" in w["outcome"] or w["outcome"] == "not supported"
+
+
+def test_a_diffusion_bridge_is_judged_against_the_lookup_by_its_posterior_mean_and_kinds_do_not_mix():
+    table = {l: [0.5, 0.5] for l in range(1, 6)}
+    # posterior mean 0.2 beats a lookup of 0.3 (0.95 x 0.3 = 0.285) though the sample (0.75) does not
+    ok = sweep_verdict(diffusion_rows(table, lookup=0.3, posterior=0.2), {"score": {l: l for l in range(1, 6)}}, {})
+    assert ok["convergence"]["converged"] and "by its posterior mean" in ok["statement"][1]
+    bad = sweep_verdict(diffusion_rows(table, lookup=0.3, posterior=0.29), {"score": {l: l for l in range(1, 6)}}, {})
+    assert not bad["convergence"]["converged"]
+    mixed = diffusion_rows(table) + rows_for({1: [0.1]}, seeds=(5,))
+    with pytest.raises(ValueError, match="mix bridge kinds"):
+        sweep_verdict(mixed, {"score": {l: l for l in range(1, 6)}}, {})
+
+
+def test_the_sensitivity_after_the_massive_channels_onset_is_reported_not_tested():
+    share = {1: 0.1, 2: 0.14, **{l: 0.3 for l in range(3, 9)}}  # the onset: the first share >= 0.3 / 2
+    score = {l: float(l) for l in range(1, 9)}
+    # layers 1-2 break the order; from layer 3 on the loss falls with the score
+    table = {1: [0.1, 0.1], 2: [0.2, 0.2], **{l: [1 - 0.1 * l, 1 - 0.1 * l] for l in range(3, 9)}}
+    v = sweep_verdict(diffusion_rows(table), {"score": score}, share)
+    assert v["after_onset"]["layers"] == [3, 4, 5, 6, 7, 8] and v["after_onset"]["rho"] == pytest.approx(-1.0)
+    assert v["tests"]["objective"]["rho"] > -1.0  # the registered test over every layer is another number
+    assert any(line.startswith("Sensitivity, chosen after") for line in v["statement"])

@@ -12,7 +12,8 @@ from geoprobe.bridges.embedding_diffusion import PRESETS, BaselineTrainSettings,
     baseline_settings, fit_baseline
 from geoprobe.backbone import resolve_device
 from geoprobe.cli.dsl import _report
-from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps, defaults_of
+from geoprobe.cli.options import (BatchSize, Corpus, Deterministic, Device, Force, LogTo, Precision, Seed, SeqLen, Steps,
+    defaults_of)
 from geoprobe.cli.output import progress
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -20,6 +21,7 @@ from geoprobe.distributed import world_from
 RUN = BaselineTrainSettings()
 TRAIN = RUN.train
 SHAPE = defaults_of(EmbeddingDiffusionConfig)  # the network's size: the kinds' presets set the rest
+FIT = defaults_of(fit_baseline)  # --log-to's and --deterministic's defaults: fit_baseline's signature
 
 baseline_app = typer.Typer(help="Embedding-diffusion baselines (Diffusion-LM, SED, CoDAR) for the DiHAL comparison.",
                            no_args_is_help=True)
@@ -54,6 +56,7 @@ def train_cmd(
     n_layers: Annotated[int, typer.Option(min=1, help="Transformer blocks.")] = SHAPE.n_layers,
     n_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = SHAPE.n_heads,
     seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
+    log_to: LogTo = FIT.log_to, deterministic: Deterministic = FIT.deterministic,
 ):
     """Train an embedding-diffusion baseline (a fixed budget, or until its held-out loss plateaus; resumable)."""
 
@@ -63,6 +66,7 @@ def train_cmd(
                                           precision=precision, seq_len=seq_len, **shape)
     resolve_device(device)
     metrics = fit_baseline(out, kind, corpus, tokenizer, settings, network, force=force, device=device,
-                           progress=progress(f"baseline train {kind}", "step"), world=world_from())
+                           progress=progress(f"baseline train {kind}", "step"), world=world_from(), log_to=log_to,
+                           deterministic=deterministic)
     if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"baseline train {kind} → {out}")

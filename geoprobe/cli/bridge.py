@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import BatchSize, Device, DeviceMap, Dtype, Force, Layers, Precision, Seed, Steps
+from geoprobe.cli.options import (BatchSize, Deterministic, Device, DeviceMap, Dtype, Force, Layers, LogTo, Precision,
+    Seed, Steps)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -35,7 +36,8 @@ Carry = Annotated[str, typer.Option("--carry", help="What the bridge's update is
                                     "0 carried channel by channel).")]
 ConvWindow = Annotated[int, typer.Option("--conv-window", min=0, max=64, help="Previous positions a causal "
                                         "convolution over the bridge network's input reads (0: none).")]
-SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise (0 = deterministic path).")]
+SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise in standardised units "
+                                      "(0: a deterministic path).")]
 TauZero = Annotated[float, typer.Option("--tau-zero", min=0.0, max=1.0, help="Share of training sequences at "
                                         "tau = 0, the regression from the source alone that sampling starts from.")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", min=2, help="Tokens per training and validation block "
@@ -52,6 +54,9 @@ Until = Annotated[str, typer.Option("--until", help="plateau: train until the va
                                     "--steps.")]
 Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: corpus (those the corpus contains, "
                                    "and the specials: exact, ~5x faster on a 49k vocabulary) or all.")]
+RegressionFlag = Annotated[bool, typer.Option("--regression", help="Train the deterministic regression "
+                                              "E[h_l | z] instead of the diffusion bridge (sets --sigma-b 0 "
+                                              "--tau-zero 1 --bridge-steps 1 --regression-frac 0.5).")]
 EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40, at most 50).")]
 
 
@@ -79,14 +84,17 @@ def bridge(
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
     conv_window: ConvWindow = DEFAULT.conv_window,
     tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
-    carry: Carry = DEFAULT.carry,
+    carry: Carry = DEFAULT.carry, regression: RegressionFlag = False,
     train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
     eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
-    dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
+    dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None, log_to: LogTo = TRAINING.log_to,
+    deterministic: Deterministic = TRAINING.deterministic,
 ):
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
+    It stops by its plateau on its validation objective; --regression trains the deterministic
+    regression instead.
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
 
@@ -94,7 +102,8 @@ def bridge(
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
-                         train_tokens=train_tokens)
+                         train_tokens=train_tokens, regression=regression, log_to=log_to,
+                         deterministic=deterministic)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     if metrics is None:  # data-parallel ranks: rank 0 validates and reports
         return
@@ -123,12 +132,13 @@ def sweep(
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
     conv_window: ConvWindow = DEFAULT.conv_window,
     tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
-    carry: Carry = DEFAULT.carry,
+    carry: Carry = DEFAULT.carry, regression: RegressionFlag = False,
     train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
     eval_every: EvalEvery = TRAINING.eval_every,
     vocab: Vocab = DEFAULT.vocab, precision: Precision = DEFAULT.precision,
     device: Device = "auto",
-    dtype: Dtype = "auto", force: Force = False, ceiling: Ceiling = False,
+    dtype: Dtype = "auto", force: Force = False, ceiling: Ceiling = False, log_to: LogTo = TRAINING.log_to,
+    deterministic: Deterministic = TRAINING.deterministic,
 ):
     """One bridge per layer and seed, each trained to its plateau under one step cap; then the
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
@@ -139,7 +149,8 @@ def sweep(
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
-                         train_tokens=train_tokens)
+                         train_tokens=train_tokens, regression=regression, log_to=log_to,
+                         deterministic=deterministic)
     chosen_seeds = parse_seeds(seeds) if seeds else [seed]
     result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source, ceiling)
     if result is not None:  # data-parallel ranks: rank 0 reports

@@ -9,13 +9,17 @@ import typer
 
 from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 from geoprobe.backbone import resolve_device
-from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Precision, Seed, SeqLen, Steps
+from geoprobe.bridges.parallel import Execution
+from geoprobe.cli.options import (ActivationCheckpointing, BatchSize, Corpus, Deterministic, Device, Force, Fsdp,
+    GradAccum, LogTo, Precision, Seed, SeqLen, Steps, defaults_of)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
 
 RUN, SHAPE = dsl_settings()  # the defaults live in the settings classes
 TRAIN = RUN.train
+LAYOUT = Execution()
+FIT = defaults_of(fit_dsl)  # --log-to's and --deterministic's defaults: fit_dsl's signature
 
 dsl_app = typer.Typer(help="Discrete stochastic localization: train the SNR-agnostic denoiser.", no_args_is_help=True)
 app.add_typer(dsl_app, name="dsl")
@@ -61,6 +65,9 @@ def train_cmd(
                                                  "id, builtin:smollm2): its blocks run bidirectionally, its head, its "
                                                  "input embedding as the converter's matrix.")] = None,
     seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
+    fsdp: Fsdp = LAYOUT.fsdp, grad_accum: GradAccum = LAYOUT.grad_accum,
+    activation_checkpointing: ActivationCheckpointing = LAYOUT.activation_checkpointing, log_to: LogTo = FIT.log_to,
+    deterministic: Deterministic = FIT.deterministic,
 ):
     """Train a DSL denoiser (a fixed budget, or until its held-out bound plateaus; resumable)."""
 
@@ -72,7 +79,9 @@ def train_cmd(
                                    learn_table=not freeze_table)
     resolve_device(device)
     metrics = fit_dsl(out, corpus, tokenizer, settings, shape, table_init=table_init, init=init, init_from=init_from,
-                      force=force, device=device, progress=progress("dsl train", "step"), world=world_from())
+                      force=force, device=device, progress=progress("dsl train", "step"), world=world_from(),
+                      execution=Execution(fsdp, grad_accum, activation_checkpointing), log_to=log_to,
+                      deterministic=deterministic)
     if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"dsl train → {out}")
 

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import (EXTRACT, BatchSize, Corpus, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Out,
+from geoprobe.cli.options import (EXTRACT, BatchSize, Corpus, Deterministic, Device, DeviceMap, DocBlocks, Dtype, Force,
+    Layers, Out,
     Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Storage, TextField, Tokens, TrustRemoteCode, WorldSize)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
@@ -40,6 +41,7 @@ def extract(
     batch_size: BatchSize = EXTRACT.batch_size,
     device_map: DeviceMap = EXTRACT.device_map,
     trust_remote_code: TrustRemoteCode = EXTRACT.trust_remote_code,
+    deterministic: Deterministic = EXTRACT.deterministic,
     force: Force = False,
     rank: Rank = None,
     world_size: WorldSize = None,
@@ -50,7 +52,8 @@ def extract(
     cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
                         positions=positions, doc_blocks=doc_blocks or 0, skip_first=skip_first, seed=seed, storage=storage,
                         text_field=text_field, shard_rows=shard_rows, dtype=dtype, batch_size=batch_size,
-                        device=device, device_map=device_map, trust_remote_code=trust_remote_code)
+                        device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+                        deterministic=deterministic)
     bar = progress("extract", "tok")
     try:
         manifest = run_extract(cfg, out, force=force, progress=bar, world=world_from(rank, world_size))

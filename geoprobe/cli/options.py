@@ -67,3 +67,19 @@ Precision = Annotated[str, typer.Option("--precision", help="auto: bf16 autocast
                                       "never (slower; runs comparable bit for bit); bfloat16 (dsl train only): "
                                       "bfloat16 weights, gradients and EMA with stochastically rounded updates, "
                                       "14 bytes per parameter instead of 20 (an 8B model on one H200).")]
+Fsdp = Annotated[bool, typer.Option("--fsdp", help="Shard the weights, gradients, AdamW state and EMA over the "
+                                   "ranks (FSDP2: each decoder block, then the root; bf16 compute and float32 "
+                                   "reduction on CUDA under --precision auto). Run under torchrun; resumes only "
+                                   "with --fsdp.")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", min=1, help="Micro-batches per step: each rank's share of "
+                                        "--batch-size (still the global batch) runs in N pieces, gradients summed.")]
+ActivationCheckpointing = Annotated[bool, typer.Option("--activation-checkpointing", help="Each decoder block keeps "
+                                                       "only its input and recomputes the rest in backward (less "
+                                                       "memory, about one more forward per step).")]
+Deterministic = Annotated[bool, typer.Option("--deterministic/--no-deterministic", help="Deterministic CUDA "
+                                            "kernels (cuDNN, cuBLAS, PyTorch's), so that reruns on one GPU give "
+                                            "the same bits; on for scan, extract and geometry, whose bytes are "
+                                            "compared, off elsewhere. No effect on a CPU.")]
+LogTo = Annotated[str, typer.Option("--log-to", help="none, or tensorboard: the training loss, learning rate, "
+                                    "steps/s, tokens/s and validation scores as event files in tensorboard/ under "
+                                    "each trained model's directory (`tensorboard --logdir DIR`).")]

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import (EXTRACT, BatchSize, Device, DeviceMap, DocBlocks, Dtype, Force, Layers, Positions,
-    Rank, Seed, SeqLen, ShardRows, SkipFirst, Tokens, TrustRemoteCode, WorldSize, state)
+from geoprobe.cli.options import (EXTRACT, BatchSize, Deterministic, Device, DeviceMap, DocBlocks, Dtype, Force, Layers,
+    Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Tokens, TrustRemoteCode, WorldSize, state)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.files import human
@@ -95,12 +95,14 @@ def geometry(run: RunDir, k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors
              alpha: Alpha = GEOMETRY.alpha, normalize: Normalize = GEOMETRY.normalize,
              keep_massive: KeepMassive = not GEOMETRY.drop_massive, bootstrap: Bootstrap = GEOMETRY.bootstrap,
              reseeds: Reseeds = GEOMETRY.reseeds, seed: Seed = GEOMETRY.seed, device: Device = "auto",
-             drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels):
+             drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels,
+             deterministic: Deterministic = EXTRACT.deterministic):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
     from geoprobe.pipeline import measure, warning_for
 
     result = measure(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
-                                    drop_massive_channels, reseeds), device, progress("geometry", "layer"))
+                                    drop_massive_channels, reseeds), device, progress("geometry", "layer"),
+                     deterministic=deterministic)
     _warn(warning_for(run, result))
     norm = result["settings"]["normalize"]
     show(result, lambda: print_table(
@@ -139,7 +141,7 @@ def scan(
     seed: Seed = EXTRACT.seed, device: Device = EXTRACT.device, dtype: Dtype = EXTRACT.dtype,
     batch_size: BatchSize = EXTRACT.batch_size,
     device_map: DeviceMap = EXTRACT.device_map, trust_remote_code: TrustRemoteCode = EXTRACT.trust_remote_code,
-    force: Force = False,
+    deterministic: Deterministic = EXTRACT.deterministic, force: Force = False,
     plan: Annotated[bool, typer.Option("--plan", help="Print the memory and disk this scan needs (from the config "
                                                       "alone, no weights loaded) and stop; refuse if they do not "
                                                       "fit.")] = False,
@@ -154,7 +156,8 @@ def scan(
                          reseeds)
     cfg = scan_config(model, corpus, doc_blocks, tokens=tokens, seq_len=seq_len, layers=layers, positions=positions,
                       skip_first=skip_first, seed=seed, dtype=dtype, shard_rows=shard_rows, batch_size=batch_size,
-                      device=device, device_map=device_map, trust_remote_code=trust_remote_code)
+                      device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+                      deterministic=deterministic)
     if plan:
         settings.validate()
         parse_weights(weights)

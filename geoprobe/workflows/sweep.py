@@ -10,16 +10,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from geoprobe.bridges.controls import layer_controls as fit_controls
-from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
-from geoprobe.bridges.states import plan_room, teacher_states
+from geoprobe.bridges.hidden import CEILING, REGRESSION, BridgeConfig, Teacher, check_bridge_flags
+from geoprobe.bridges.states import plan_room, pool_on_device, teacher_states
 from geoprobe.backbone import check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
+from geoprobe.device import choose_determinism
 from geoprobe.distributed import world_from
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, read_json, write_json_atomic
 from geoprobe.ranking import has_massive_channels, layer_scores
 from geoprobe.settings import split_flags
 from geoprobe.store import check_shards, read_manifest
+from geoprobe.tracking import check_log_to, tracking
 
 
 def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
@@ -173,6 +175,8 @@ class BridgeSettings:
     plateau_rel: float = 0.02  # the plateau rule's threshold (bridges/train.py)
     plateau_scale: str = "window"  # what the threshold is a share of (bridges/train.py)
     min_steps: int | None = None  # never stop before this step (None: bridges/fit.bridge_training's rule)
+    log_to: str = "none"  # where each bridge's training logs (geoprobe.tracking); not part of a bridge's identity
+    deterministic: bool = False  # deterministic CUDA kernels (geoprobe.device); not part of a bridge's identity
 
     def training(self):
         """The training settings (geoprobe.bridges.fit.bridge_training); every flag is checked here,
@@ -180,6 +184,7 @@ class BridgeSettings:
         from geoprobe.bridges.fit import bridge_training
 
         check_bridge_flags(self.network)
+        check_log_to(self.log_to)
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
         return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
@@ -197,7 +202,9 @@ def bridge_settings(**flags) -> BridgeSettings:
     """BridgeSettings from the flags of `bridge`/`sweep` by name (BridgeConfig's network fields
     and BridgeSettings' training fields); everything not given keeps its class default."""
 
+    regression = flags.pop("regression", False)
     network, training = split_flags(flags, BridgeConfig, BridgeSettings)
+    network = {**network, **(REGRESSION if regression else {})}
     return BridgeSettings(replace(NETWORK, **network), **training)
 
 
@@ -219,13 +226,16 @@ class OnFirstUse:
 
 def cached_states(source: Source, layers: list[int], bars: Bars = None) -> OnFirstUse:
     """The teacher states of the source's three splits at layer 0 and `layers`: the frozen prefix
-    run once (its room checked first, when first needed), for every bridge of the run."""
+    run once (its room checked first, when first needed), for every bridge of the run; on a GPU
+    they move onto it where they fit (bridges/states.py `pool_on_device`)."""
 
     def make():
         bar = bars("teacher states") if bars else None
         try:
-            return teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks, layers,
-                                  progress=bar)
+            states = teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks,
+                                    layers, progress=bar)
+            pool_on_device(states, source.backbone.input_device)
+            return states
         finally:
             if bar is not None:
                 bar.stop()
@@ -270,8 +280,9 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     world.barrier()
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
-        return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer), progress=bar,
-                          world=world, massive_factor=source.massive_factor, controls=controls), out
+        with tracking(settings.log_to, train_cfg.batch_size * source.seq_len):
+            return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer),
+                              progress=bar, world=world, massive_factor=source.massive_factor, controls=controls), out
     finally:
         if bar is not None:
             bar.stop()
@@ -294,7 +305,7 @@ def ceiling_dir(run: Path, layer: int) -> Path:
 def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
     """The ceiling control: the same network and budget trained as the plain clean regression
     (every sequence at clean condition and tau = 0, one sampler step), seed 0."""
-    return replace(settings, seed=0, network=replace(settings.network, regression_frac=1.0, bridge_steps=1))
+    return replace(settings, seed=0, network=replace(settings.network, **CEILING))
 
 
 def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
@@ -314,6 +325,7 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
         raise BadInput(f"--layer must be >= 0, got {layer}")
     settings.training()
     check_device_map(device_map)
+    choose_determinism(settings.deterministic)
     world = world_from()
     root = out or run
     with holding(bridge_dir(root, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
@@ -348,6 +360,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     `include_source`. Returns rows, verdict and the plot (None on data-parallel ranks other than 0)."""
 
     settings.training()
+    choose_determinism(settings.deterministic)
     seeds = seeds or [settings.seed]
     scores = {r["layer"]: r for r in ranking_rows(run)}
     world = world_from()
@@ -400,10 +413,11 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
     stopping-split curve up to where its plateau rule stopped it)."""
     from geoprobe.report.plots import curves_plot, sweep_plot
     from geoprobe.workflows.compare import write_rows
-    from geoprobe.verdict import LAYER_CONTROLS, LOSSES  # scipy: imported when a sweep is written, not at start-up
+    from geoprobe.verdict import ALL_LOSSES, LAYER_CONTROLS  # scipy: imported when a sweep is written, not at start-up
 
-    columns = ["layer", "seed", "score_tested", "score", "rank", *LOSSES, "nmse_dim_1step", *LAYER_CONTROLS,
-               "ceiling_stop", "beats_lookup", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step", "stop"]
+    columns = ["layer", "seed", "score_tested", "score", "rank", *ALL_LOSSES, *LAYER_CONTROLS,
+               "ceiling_stop", "beats_lookup", "bridge_kind", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step",
+               "stop"]
     write_rows(Path(run) / "sweep.csv", rows, columns)
     curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
                 Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}")

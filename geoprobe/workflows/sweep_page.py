@@ -37,7 +37,8 @@ def layer_rows(verdict: dict) -> list[dict]:
         source = r["layer"] in verdict["source_layers"]
         rows.append({"layer": r["layer"], "role": "source (not tested)" if source else "tested",
                      "score": "not tested" if source else f"{scores[str(r['layer'])]:.3g}", "seeds": r["seeds"],
-                     **{loss: _pm(r, loss) for loss in LOSSES}, "nmse_dim 1 step": _pm(r, "nmse_dim_1step"),
+                     **{loss: _pm(r, loss) for loss in (*LOSSES, "crps_dim")},
+                     "nmse_dim 1 step": _pm(r, "nmse_dim_1step"),
                      **{CONTROL_HEADERS[k]: _control(r, k) for k in LAYER_CONTROLS},
                      "plateau": "—" if r.get("plateau") is None else f"{r['plateau']}/{r['seeds']}",
                      "steps": "—" if r.get("steps_mean") is None else f"{r['steps_mean']:.0f}"})
@@ -45,8 +46,12 @@ def layer_rows(verdict: dict) -> list[dict]:
 
 
 def layer_columns(rows: list[dict]) -> list[str]:
-    """The per-layer table's columns: every loss, then the controls a sweep recorded (nmse_dim)."""
+    """The per-layer table's columns: every loss, then the controls a sweep recorded (nmse_dim).
+    A diffusion sweep's rows (they have crps_dim) lead with its objective and its posterior mean."""
     controls = [h for h in CONTROL_HEADERS.values() if any(r[h] != "—" for r in rows)]
+    if any(r.get("crps_dim", "—") != "—" for r in rows):
+        return ["layer", "role", "score", "seeds", "objective", "nmse_dim 1 step", "nmse_dim", "crps_dim", *controls,
+                "plateau", "steps", "nmse", "delta_ce", "nmse_noisy"]
     return ["layer", "role", "score", "seeds", "nmse_dim", "nmse_dim 1 step", *controls, "plateau", "steps",
             *LOSSES[1:]]
 
@@ -70,7 +75,9 @@ def control_rows(verdict: dict) -> list[dict]:
     for loss, c in verdict.get("controls", {}).items():
         row = {"loss": loss, "ρ(depth)": c["depth"]["rho"], "partial ρ given depth": c["partial_given_depth"]["rho"],
                "partial ρ, Freedman-Lane p": c["partial_given_depth"]["p"],
-               "ρ(massive-channel share)": c.get("channel_share", {}).get("rho")}
+               "ρ(massive-channel share)": c.get("channel_share", {}).get("rho"),
+               "partial ρ given share": c.get("partial_given_share", {}).get("rho"),
+               "partial ρ | share, Freedman-Lane p": c.get("partial_given_share", {}).get("p")}
         row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
         row.update({label: c[name]["rho"] for name, label in {**LOOKUP_CONTROLS, **CEILING_CONTROL}.items() if name in c})
         rows.append(row)
