@@ -35,6 +35,9 @@ Carry = Annotated[str, typer.Option("--carry", help="What the bridge's update is
                                     "0 carried channel by channel).")]
 ConvWindow = Annotated[int, typer.Option("--conv-window", min=0, max=64, help="Previous positions a causal "
                                         "convolution over the bridge network's input reads (0: none).")]
+Attention = Annotated[str, typer.Option("--attention", help="The bridge network's attention: bidirectional "
+                                        "(each position reads every other) or causal (positions to the left only: "
+                                        "left-to-right decoding, `sample --sampler ltr`, then keeps the prefix).")]
 SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise (0 = deterministic path).")]
 TauZero = Annotated[float, typer.Option("--tau-zero", min=0.0, max=1.0, help="Share of training sequences at "
                                         "tau = 0, the regression from the source alone that sampling starts from.")]
@@ -77,7 +80,7 @@ def bridge(
     lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    conv_window: ConvWindow = DEFAULT.conv_window,
+    conv_window: ConvWindow = DEFAULT.conv_window, attention: Attention = DEFAULT.attention,
     tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
     carry: Carry = DEFAULT.carry,
     train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
@@ -94,7 +97,7 @@ def bridge(
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
-                         train_tokens=train_tokens)
+                         attention=attention, train_tokens=train_tokens)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     if metrics is None:  # data-parallel ranks: rank 0 validates and reports
         return
@@ -121,7 +124,7 @@ def sweep(
     lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    conv_window: ConvWindow = DEFAULT.conv_window,
+    conv_window: ConvWindow = DEFAULT.conv_window, attention: Attention = DEFAULT.attention,
     tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
     carry: Carry = DEFAULT.carry,
     train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
@@ -139,7 +142,7 @@ def sweep(
                          n_layers=n_layers, n_heads=n_heads, sigma_b=sigma_b, bridge_steps=bridge_steps, seed=seed,
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
-                         train_tokens=train_tokens)
+                         attention=attention, train_tokens=train_tokens)
     chosen_seeds = parse_seeds(seeds) if seeds else [seed]
     result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source, ceiling)
     if result is not None:  # data-parallel ranks: rank 0 reports
