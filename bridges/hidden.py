@@ -32,7 +32,10 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   Position 0 (BOS) is not generated: its state is the backbone's.
 
 `HybridDenoiser` = converter -> bridge (K steps) -> backbone.run_from(l, h^) -> LM head, logits
-shifted so that position i scores token x_i: any DSL sampler can generate with it.
+shifted so that position i scores token x_i, plus the channel's evidence <e_v, z_i>: any DSL
+sampler can generate with it, and `ltr` decodes with it left to right (bridges/decode.py).
+`attention` "causal" makes position i of the bridge read positions <= i only, as the input
+convolution does, so a prefix's reconstruction does not change when tokens follow it.
 """
 
 from __future__ import annotations
