@@ -4,6 +4,7 @@ to the right, a causal bridge reads only its left and its cached decoding is the
 and z_i enters the hybrid's logits at i by exactly <e_v, z_i>."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -194,14 +195,32 @@ def test_a_corpus_support_keeps_the_hybrids_tokens_inside_it(llama):
     assert ((drawn >= 10) & (drawn < 110)).all()
 
 
+def train_flags(tiny_models, corpus_txt, out):
+    return ["bridge", "--model", tiny_models("llama"), "--corpus", corpus_txt, "--layer", 1, "--steps", 2,
+            "--batch-size", 2, "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--attention", "causal",
+            "--out", out, "--device", "cpu"]
+
+
 @pytest.fixture(scope="module")
 def causal_bridge(tiny_models, corpus_txt, tmp_path_factory):
     out = tmp_path_factory.mktemp("ltr")
-    code, _, err = invoke("-q", "bridge", "--model", tiny_models("llama"), "--corpus", corpus_txt, "--layer", 1,
-                          "--steps", 2, "--batch-size", 2, "--seq-len", 32, "--d-model", 32, "--n-layers", 1,
-                          "--attention", "causal", "--out", out, "--device", "cpu")
+    code, _, err = invoke("-q", *train_flags(tiny_models, corpus_txt, out))
     assert code == 0, err
     return out / "bridges" / "layer-01" / "seed-0"
+
+
+def test_a_bridge_recorded_before_attention_existed_is_bidirectional(causal_bridge, tiny_models, corpus_txt, tmp_path):
+    from geoprobe.bridges.hidden import load_bridge
+
+    root = tmp_path / "old"
+    shutil.copytree(causal_bridge.parents[2], root)
+    path = root / "bridges" / "layer-01" / "seed-0" / "config.json"
+    record = json.loads(path.read_text())
+    del record["network"]["attention"]
+    path.write_text(json.dumps(record))
+    assert load_bridge(path.parent)[0].cfg.attention == "bidirectional"
+    code, _, err = invoke("bridge", *train_flags(tiny_models, corpus_txt, root)[1:])
+    assert_one_line_error(code, err, 2, "differs in: bridge.attention")
 
 
 def test_sample_decodes_a_bridge_left_to_right_and_other_kinds_refuse(causal_bridge, tmp_path):
