@@ -33,7 +33,10 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   Position 0 (BOS) is not generated: its state is the backbone's.
 
 `HybridDenoiser` = converter -> bridge (K steps) -> backbone.run_from(l, h^) -> LM head, logits
-shifted so that position i scores token x_i: any DSL sampler can generate with it.
+shifted so that position i scores token x_i, plus the channel's evidence <e_v, z_i>: any DSL
+sampler can generate with it, and `ltr` decodes with it left to right (bridges/decode.py).
+`attention` "causal" makes position i of the bridge read positions <= i only, as the input
+convolution does, so a prefix's reconstruction does not change when tokens follow it.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from geoprobe.bridges.channel import S_MAX, TokenTable
+from geoprobe.bridges.channel import S_MAX, TokenTable, posterior_logits
 from geoprobe.bridges.checkpoint import build_network, load_weights, read_config
 from geoprobe.bridges.converter import Converter
-from geoprobe.bridges.nn import Transformer, TransformerConfig, native_bf16, timestep_embedding
+from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding
+from geoprobe.bridges.nn import KVCache, Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.backbone import load_backbone
 from geoprobe.capture import capture
 from geoprobe.device import Precision, upload
@@ -119,6 +123,10 @@ class BridgeConfig:
     # older bridges): the lookup + ridge control finds linear context in a short window, which
     # attention alone must first learn to reach (docs/bridge-design.md)
     conv_window: int = 4
+    # the network's attention: "bidirectional" (each position reads every other) or "causal" (position
+    # i reads positions <= i, as the input convolution does): a causal bridge's states of a prefix do
+    # not change when a token is added after it, so left-to-right decoding keeps them (bridges/decode.py)
+    attention: str = "bidirectional"
 
     def __post_init__(self):
         if self.hidden_size and not (self.d_model and self.n_layers and self.n_heads):
@@ -135,6 +143,7 @@ class BridgeConfig:
 REGRESSION = {"sigma_b": 0.0, "tau_zero": 1.0, "bridge_steps": 1, "regression_frac": 0.5}
 # the ceiling control: the same network as the plain clean regression (every row clean, tau = 0)
 CEILING = {**REGRESSION, "regression_frac": 1.0}
+ATTENTIONS = ("bidirectional", "causal")
 
 
 def check_bridge_flags(cfg: BridgeConfig) -> None:
@@ -151,6 +160,8 @@ def check_bridge_flags(cfg: BridgeConfig) -> None:
         raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     if not 0 <= tau_zero <= 1:
         raise BadInput(f"--tau-zero must be in [0, 1], got {tau_zero}")
+    if cfg.attention not in ATTENTIONS:
+        raise BadInput(f"--attention must be {' or '.join(ATTENTIONS)}, got {cfg.attention!r}")
     if not 0 <= conv_window <= 64:
         raise BadInput(f"--conv-window must be in [0, 64], got {conv_window}")
     if sigma_b > 0 and bridge_steps < 2:  # one step adds no noise: the bridge would stay deterministic
@@ -178,7 +189,8 @@ class HiddenBridge(nn.Module):
             # mixture and the carry itself, so at tau > 0 it can tell y_tau's share of the carry from
             # the target's (without c~ it would have to learn the lookup table to do so)
             self.inp = nn.Linear(d + self.source_width, cfg.d_model)
-            self.net = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cond_dim=cfg.d_model))
+            self.net = Transformer(TransformerConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cond_dim=cfg.d_model,
+                                                     causal=cfg.attention == "causal"))
             self.out = nn.Linear(cfg.d_model, d)
             if cfg.residual:  # start from the carried source: the update is learned from zero
                 nn.init.zeros_(self.out.weight)
@@ -336,23 +348,32 @@ class HiddenBridge(nn.Module):
     def standardise_target(self, h):
         return (h - self.target_mean) / self.target_scale
 
-    def predict(self, y: torch.Tensor, tau: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def predict(self, y: torch.Tensor, tau: torch.Tensor, a: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """D(y_tau, tau, a~) -> h~ prediction, all standardised, tau per sequence (B,).
 
         Residual (the default): the prediction is the carry (`carried`) plus the network's
         output, as the residual stream adds the blocks' updates to what came before: a zero
         update (the output layer starts at zero) predicts the lookup, so training starts at the
-        control and the update is what context adds."""
+        control and the update is what context adds. A causal bridge given a `cache` reads the
+        positions after those the cache has read (their attention and convolution see those)."""
         cond = self.time_mlp(timestep_embedding(tau, self.cfg.d_model))
-        update = self.out(self.net(self.with_left_context(self.inp(torch.cat([y, a], dim=-1))), cond=cond))
+        x = self.with_left_context(self.inp(torch.cat([y, a], dim=-1)), cache)
+        update = self.out(self.net(x, cond=cond, cache=cache))
         return self.carried(a) + update if self.cfg.residual else update
 
-    def with_left_context(self, x: torch.Tensor) -> torch.Tensor:
+    def with_left_context(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """The network's input (B, L, d_model) through the causal convolution (left-padded:
-        position i reads i - conv_window .. i, never a later one); unchanged without one."""
-        if not self.cfg.conv_window:
+        position i reads i - conv_window .. i, never a later one); unchanged without one. With a
+        `cache`, the rows it keeps from the positions read before pad instead, and it keeps the last ones."""
+        window = self.cfg.conv_window
+        if not window:
             return x
-        return self.conv(F.pad(x.transpose(1, 2), (self.cfg.conv_window, 0))).transpose(1, 2)
+        if cache is None:
+            return self.conv(F.pad(x.transpose(1, 2), (window, 0))).transpose(1, 2)
+        left = x.new_zeros(len(x), window, x.shape[-1]) if cache.left is None else cache.left
+        x = torch.cat([left, x], dim=1)
+        cache.left = x[:, -window:]
+        return self.conv(x.transpose(1, 2)).transpose(1, 2)
 
     def loss(self, a: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, generator: torch.Generator | None = None,
              tau: torch.Tensor | None = None, eps: torch.Tensor | None = None,
@@ -462,14 +483,37 @@ class Teacher:
         return LayerStates(got[0].float().to(device), got[self.layer].float().to(device))
 
 
+# how `geoprobe sample --decode` turns a bridge's reconstruction into logits
+DECODES = {
+    "stack": "the frozen upper blocks and head, plus the channel's evidence <e_v, z_i> for each token",
+    "stack-only": "the frozen upper blocks and head alone (z_i reaches position i only through the bridge's states)",
+    "round": "the nearest token embedding (the layer-0 Diffusion-LM baseline)",
+}
+
+
 class HybridDenoiser(nn.Module):
     """A TokenDenoiser: z (B, L, d_tok) -> logits (B, L, V) through the bridge and the frozen
-    upper stack. A BOS position is prepended and its state is the backbone's own."""
+    upper stack. A BOS position is prepended and its state is the backbone's own.
 
-    def __init__(self, bridge: HiddenBridge, teacher: Teacher, bos_id: int, steps: int | None = None):
+    The causal upper stack predicts token i from the states of positions < i (the head at i - 1),
+    so z_i, the token's own evidence, would reach its logits only through what a bidirectional
+    bridge carries leftwards. With `evidence` (the default, `--decode stack`) the logits at i add
+    the channel's exact log-likelihood <e_v, z_i> (`posterior_logits`, the DSL posterior's term,
+    e the unit-norm token table): p(x_i = v | left, z_i) is proportional to
+    p_stack(v | left) p(z_i | v). They cover the converter's vocabulary (with a corpus support
+    the other tokens are at -inf: the bridge cannot read them back). Without it (`--decode
+    stack-only`) the logits are the stack's alone. Right context still does not count as it
+    should: the exact posterior also weighs how each v explains the tokens to its right,
+    p(x_>i | v, x_<i), which a causal stack gives only by a pass per candidate.
+
+    `left_to_right` decodes as the causal stack can: one token a step, from the bridge's
+    reconstruction of the clean prefix (bridges/decode.py)."""
+
+    def __init__(self, bridge: HiddenBridge, teacher: Teacher, bos_id: int, steps: int | None = None,
+                 evidence: bool = True):
         super().__init__()
         self.bridge, self.teacher, self.bos_id = bridge, teacher, bos_id
-        self.steps = steps
+        self.steps, self.evidence = steps, evidence
         ids = torch.tensor([[bos_id]], device=teacher.backbone.input_device)
         self.bos_state = teacher.states(ids).target[0, 0]
 
@@ -490,19 +534,57 @@ class HybridDenoiser(nn.Module):
         offsets = self.teacher.offsets(length + 1)
         # the bridge reads the BOS position as it did in training and validation (a clean token at
         # position 0: its attention and its input convolution see it), and its output there is replaced
-        bos = torch.full((b, 1), self.bos_id, dtype=torch.long, device=z.device)
-        a_bos = self.bridge.source(torch.zeros_like(z[:, :1]), self.teacher.embeddings, offsets[:1], bos,
-                                   torch.ones(b, dtype=torch.bool))
+        a_bos = self.clean_source(torch.full((b, 1), self.bos_id, dtype=torch.long, device=z.device), offsets[:1])
         a = torch.cat([a_bos, self.bridge.source(z, self.teacher.embeddings, offsets[1:])], dim=1)
-        h = self.bridge.sample(a, self.steps, generator)[:, 1:]
-        return torch.cat([self.bos_state.expand(b, 1, -1).to(h.dtype), h], dim=1)
+        return self.with_bos(self.bridge.sample(a, self.steps, generator)[:, 1:])
+
+    def clean_source(self, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The bridge's source of clean tokens (B, n) at the positions of `offsets` (n, d)."""
+        b, n = tokens.shape
+        return self.bridge.source(self.teacher.embeddings.new_zeros(b, n, self.bridge.cfg.d_tok), self.teacher.embeddings,
+                                  offsets, tokens, torch.ones(b, dtype=torch.bool))
+
+    def with_bos(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, n + 1, d): the backbone's own BOS state, then `h` (B, n, d)."""
+        return torch.cat([self.bos_state.expand(len(h), 1, -1).to(h.dtype), h], dim=1)
+
+    def clean_hidden(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, n + 1, d): BOS state, then the bridge's reconstruction of h_l from the clean tokens
+        (B, n) that follow BOS (K sampler steps where the bridge is stochastic)."""
+        bos = torch.full((len(tokens), 1), self.bos_id, dtype=torch.long, device=tokens.device)
+        ids = torch.cat([bos, tokens], dim=1)
+        a = self.clean_source(ids, self.teacher.offsets(ids.shape[1]))
+        return self.with_bos(self.bridge.sample(a, self.steps, generator)[:, 1:])
+
+    def readable(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` (..., V) with every token outside the converter's vocabulary at -inf (none
+        where it is the whole vocabulary): the tokens the bridge can read back."""
+        if not self.bridge.cfg.support_size:
+            return logits
+        kept = torch.full_like(logits, float("-inf"))
+        kept[..., self.bridge.support] = logits[..., self.bridge.support]
+        return kept
 
     @torch.no_grad()
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         hidden = self.hidden(z)
         logits = self.teacher.backbone.run_from(self.bridge.cfg.layer, hidden)
         # the causal head at position i predicts token i + 1: sample position i is backbone position i + 1
-        return logits[:, :-1].float()
+        logits = logits[:, :-1].float()
+        if not self.evidence:
+            return logits
+        return self.readable(posterior_logits(z.float(), self.token_table().float(), log_prior=logits))
+
+    def left_to_right(self, num: int, length: int, generator: torch.Generator | None = None,
+                      cached: bool | None = None):
+        """A left-to-right decoding of `num` sequences of up to `length` tokens (`ltr`): each
+        step's logits come from the upper stack over the bridge's states of BOS and the tokens
+        appended so far. `cached` (None: where the bridge's attention is causal) keeps the
+        prefix's bridge states and the upper stack's keys and values; otherwise every step
+        reconstructs the whole prefix, as a bidirectional bridge must."""
+        if cached is None:
+            cached = self.bridge.cfg.attention == "causal"
+        return (CachedDecoding if cached else RecomputedDecoding)(self, num, length, generator)
 
 
 class RoundingDenoiser(HybridDenoiser):
@@ -527,11 +609,17 @@ class RoundingDenoiser(HybridDenoiser):
         distance = (h * h).sum(-1, keepdim=True) - 2 * h @ e.T + (e * e).sum(-1)
         return -distance / self.temperature
 
+    def left_to_right(self, num: int, length: int, generator: torch.Generator | None = None,
+                      cached: bool | None = None):
+        raise BadInput("--sampler ltr decodes through the upper stack, which --decode round does without: "
+                       "use --decode stack")
+
 
 # the values of fields a bridge record written before the field existed had: no skip connection,
-# a whole-vocabulary converter, one scalar scale, no regression share, the channel carry, no convolution
+# a whole-vocabulary converter, one scalar scale, no regression share, the channel carry, no
+# convolution, bidirectional attention
 OLDER_BRIDGES = {"residual": False, "vocab": "all", "scale": "scalar", "regression_frac": 0.0, "carry": "channel",
-                 "conv_window": 0}
+                 "conv_window": 0, "attention": "bidirectional"}
 
 
 def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
@@ -543,9 +631,12 @@ def load_bridge(folder: Path, device="cpu") -> tuple[HiddenBridge, dict]:
 
 def load_bridge_denoiser(folder: Path, device: str = "auto", decode: str = "stack"):
     """(TokenDenoiser, tokenizer) of a bridge directory: the hybrid through the frozen upper stack
-    of its backbone (decode "stack") or the nearest-embedding rounding (decode "round", the
-    layer-0 Diffusion-LM baseline). The backbone must still be the one it was trained on."""
+    of its backbone with the channel's evidence (decode "stack") or without it ("stack-only"),
+    or the nearest-embedding rounding ("round", the layer-0 Diffusion-LM baseline): `DECODES`.
+    The backbone must still be the one it was trained on."""
 
+    if decode not in DECODES:
+        raise BadInput(f"unknown --decode {decode!r} (use {', '.join(DECODES)})")
     bridge, record = load_bridge(folder)
     backbone = load_backbone(record["identity"]["model"], device=device)
     if backbone.identity["config_sha256"] != record["identity"]["model_config_sha256"]:
@@ -553,8 +644,10 @@ def load_bridge_denoiser(folder: Path, device: str = "auto", decode: str = "stac
     bridge.to(backbone.input_device)
     teacher = Teacher(backbone, bridge.cfg.layer)
     bos = backbone.tokenizer.bos_token_id
-    denoiser_class = RoundingDenoiser if decode == "round" else HybridDenoiser
-    return denoiser_class(bridge, teacher, bos if bos is not None else 0), backbone.tokenizer
+    bos = bos if bos is not None else 0
+    if decode == "round":
+        return RoundingDenoiser(bridge, teacher, bos), backbone.tokenizer
+    return HybridDenoiser(bridge, teacher, bos, evidence=decode == "stack"), backbone.tokenizer
 
 
 def bridge_generator_backbone(config: dict) -> str | None:

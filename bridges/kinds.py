@@ -17,7 +17,7 @@ from geoprobe.bridges.dsl import dsl_generator_backbone, dsl_oracle_start, load_
 from geoprobe.bridges.embedding_diffusion import PRESETS, TITLES, baseline_oracle_start, load_baseline_denoiser, no_backbone
 from geoprobe.bridges.hidden import bridge_generator_backbone, bridge_oracle_start, load_bridge_denoiser
 from geoprobe.errors import BadInput
-from geoprobe.samplers import EMBEDDING_SAMPLERS, TOKEN_SAMPLERS
+from geoprobe.samplers import BRIDGE_SAMPLERS, EMBEDDING_SAMPLERS, TOKEN_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class ModelKind:
     # whether its likelihood is defined on the text alone (`geoprobe nll`); a bridge's passes
     # through the frozen backbone and is not
     text_likelihood: bool
-    # the --sampler values that apply: the TokenDenoiser samplers, or the embedding baselines' ancestral one
+    # the --sampler values that apply: the TokenDenoiser samplers (a bridge's also `ltr`, left to right
+    # through its upper stack), or the embedding baselines' ancestral one
     samplers: tuple[str, ...] = TOKEN_SAMPLERS
 
 
@@ -42,7 +43,7 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("dsl", "a DSL model", load_dsl_denoiser, dsl_generator_backbone, dsl_oracle_start,
               text_likelihood=True),
     ModelKind("bridge", "a bridge", load_bridge_denoiser, bridge_generator_backbone, bridge_oracle_start,
-              text_likelihood=False),
+              text_likelihood=False, samplers=BRIDGE_SAMPLERS),
     # the DiHAL comparison's embedding-diffusion baselines: one model class, one preset each
     *(ModelKind(name, TITLES[name], load_baseline_denoiser, no_backbone, baseline_oracle_start,
                 text_likelihood=False, samplers=EMBEDDING_SAMPLERS) for name in PRESETS),

@@ -1,7 +1,9 @@
-"""Bidirectional transformer blocks shared by the DSL denoiser and the hidden-state bridge.
+"""Transformer blocks shared by the DSL denoiser and the hidden-state bridge.
 
 Pre-norm blocks with rotary position embeddings, PyTorch's fused scaled-dot-product
-attention (no causal mask) and a SwiGLU MLP. An optional conditioning vector (the bridge's
+attention and a SwiGLU MLP. Attention is bidirectional by default; `causal` lets position i
+attend only to positions <= i, so a sequence can be read one position at a time with each
+block's keys and values kept (`KVCache`). An optional conditioning vector (the bridge's
 interpolation time) modulates every block through adaLN (shift, scale and a zero-initialised
 gate, so a fresh block starts as the identity).
 """
@@ -25,6 +27,33 @@ class TransformerConfig:
     mlp_ratio: float = 4.0
     cond_dim: int = 0  # 0: no conditioning input
     rope_base: float = 10000.0
+    causal: bool = False  # True: position i attends to positions <= i only
+
+
+class KVCache:
+    """What a causal network keeps of the positions it has read, to read the next ones alone:
+    each block's keys and values, and `left`, free for the caller (the bridge keeps the last
+    rows of its input convolution there)."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.left: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Positions read so far."""
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def extend(self, block: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block `block`'s keys and values (B, H, L, Dh) of every position read, the new ones `k`, `v` appended."""
+        if block == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[block] = torch.cat([self.keys[block], k], dim=2)
+            self.values[block] = torch.cat([self.values[block], v], dim=2)
+        return self.keys[block], self.values[block]
 
 
 def rotary_tables(length: int, head_dim: int, base: float, device, dtype):
@@ -44,7 +73,7 @@ class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         d = cfg.d_model
-        self.n_heads = cfg.n_heads
+        self.n_heads, self.causal = cfg.n_heads, cfg.causal
         self.norm1 = nn.LayerNorm(d, elementwise_affine=cfg.cond_dim == 0)
         self.norm2 = nn.LayerNorm(d, elementwise_affine=cfg.cond_dim == 0)
         self.qkv = nn.Linear(d, 3 * d, bias=False)
@@ -58,7 +87,9 @@ class Block(nn.Module):
             nn.init.zeros_(self.modulation.weight)
             nn.init.zeros_(self.modulation.bias)
 
-    def forward(self, x, cos, sin, cond=None, attn_mask=None):
+    def forward(self, x, cos, sin, cond=None, attn_mask=None, cache: KVCache | None = None, index: int = 0):
+        """`cache` (causal blocks): x holds the positions after those the cache has read (`cos`,
+        `sin` are theirs); this block's keys and values are kept in it as block `index`."""
         if self.modulation is not None:
             shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond)[:, None, :].chunk(6, dim=-1)
         else:
@@ -68,7 +99,10 @@ class Block(nn.Module):
         b, length, d = h.shape
         q, k, v = self.qkv(h).view(b, length, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        causal = self.causal and cache is None  # with a cache, the Transformer passes the offset mask
+        if cache is not None:
+            k, v = cache.extend(index, k, v)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
         attn = self.proj(attn.transpose(1, 2).reshape(b, length, d))
         x = x + (attn if gate1 is None else gate1 * attn)
         h = self.norm2(x) * (1 + scale2) + shift2
@@ -78,7 +112,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """(B, L, d_model) -> (B, L, d_model), bidirectional, rotary positions."""
+    """(B, L, d_model) -> (B, L, d_model), bidirectional (or causal: `cfg.causal`), rotary positions."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -88,11 +122,21 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, x, cond=None, attn_mask=None):
-        cos, sin = rotary_tables(x.shape[1], self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base,
+    def forward(self, x, cond=None, attn_mask=None, cache: KVCache | None = None):
+        """With a `cache` (a causal network only), x holds the positions after those the cache has
+        read: each attends to those and to itself and the positions before it in x."""
+        start = 0
+        if cache is not None:
+            if not self.cfg.causal:
+                raise ValueError("a bidirectional network cannot read a sequence one part at a time")
+            start = cache.length
+            if x.shape[1] > 1:  # new positions after cached ones: the causal mask, offset by the cache
+                attn_mask = torch.ones(x.shape[1], start + x.shape[1], dtype=torch.bool, device=x.device).tril(start)
+        cos, sin = rotary_tables(start + x.shape[1], self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base,
                                  x.device, x.dtype)
-        for block in self.blocks:
-            x = block(x, cos, sin, cond, attn_mask)
+        cos, sin = cos[start:], sin[start:]
+        for index, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cond, attn_mask, cache, index)
         return self.norm(x)
 
 

@@ -271,9 +271,19 @@ class Backbone:
                 else:
                     block.forward = old
 
-    def run_from(self, layer: int, hidden, attention_mask=None, position_ids=None) -> torch.Tensor:
-        """Logits of blocks layer+1..N, the final norm and the head applied to a layer-`layer` state."""
-        return self._spliced(self.model, layer, hidden, attention_mask=attention_mask, position_ids=position_ids).logits
+    def run_from(self, layer: int, hidden, attention_mask=None, position_ids=None, cache=None) -> torch.Tensor:
+        """Logits of blocks layer+1..N, the final norm and the head applied to a layer-`layer` state.
+        With a `cache` (`upper_cache`), `hidden` holds the positions after those the cache has
+        read, and blocks layer+1..N keep their keys and values in it: left-to-right decoding
+        reads each position once."""
+        return self._spliced(self.model, layer, hidden, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache).logits
+
+    def upper_cache(self):
+        """An empty key-value cache for `run_from`."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
 
     def final_from(self, layer: int, hidden, attention_mask=None) -> torch.Tensor:
         """What `run_from` feeds the head: the final-normed states of blocks layer+1..N."""
@@ -284,8 +294,16 @@ class Backbone:
         if not 0 <= layer <= self.num_layers:
             raise BadInput(f"layer {layer} out of range 0..{self.num_layers}")
         placeholder = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self.input_device)
+        cache = kwargs.pop("cache", None)
         with self._entering_at(layer, hidden):
-            return module(input_ids=placeholder, use_cache=False, **kwargs)
+            out = module(input_ids=placeholder, use_cache=cache is not None, cache=cache, **kwargs)
+        if cache is not None:
+            # blocks 1..layer pass their input through and keep nothing; their layers of the cache
+            # get as many positions (of one zero channel), since the model reads the positions seen from the first
+            for skipped in range(layer):
+                blank = hidden.new_zeros(hidden.shape[0], 1, hidden.shape[1], 1)
+                cache.update(blank, blank, skipped)
+        return out
 
     def token_losses(self, final: torch.Tensor, targets: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
         """-log p(target) in float32 for final-normed states (..., d) and target ids (...), the head

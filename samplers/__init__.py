@@ -8,15 +8,18 @@ from geoprobe.samplers.ancestral import Ancestral
 from geoprobe.samplers.base import SampleResult, Sampler, TokenDenoiser, check_flags
 from geoprobe.samplers.continuous import Continuous
 from geoprobe.samplers.hybrid import Hybrid
+from geoprobe.samplers.ltr import LeftToRight
 from geoprobe.samplers.masked import MDLM, ReMDMCap, ReMDMConf, ReMDMLoop, ReMDMRescale
 from geoprobe.samplers.roar import ROAR
 
 SAMPLERS: dict[str, type[Sampler]] = {cls.name: cls for cls in
                                       (MDLM, ReMDMCap, ReMDMRescale, ReMDMConf, ReMDMLoop, ROAR, Continuous, Hybrid,
-                                       Ancestral)}
-# the samplers over the TokenDenoiser protocol (DSL models, bridges), and those over an
-# EmbeddingDenoiser's Gaussian diffusion (the embedding baselines): bridges/kinds.py says which a kind takes
-TOKEN_SAMPLERS = tuple(name for name in SAMPLERS if name != Ancestral.name)
+                                       LeftToRight, Ancestral)}
+# the samplers over the TokenDenoiser protocol (DSL models, bridges); those that also decode left
+# to right through a bridge's upper stack (bridges only); and those over an EmbeddingDenoiser's
+# Gaussian diffusion (the embedding baselines): bridges/kinds.py says which a kind takes
+TOKEN_SAMPLERS = tuple(name for name in SAMPLERS if name not in (Ancestral.name, LeftToRight.name))
+BRIDGE_SAMPLERS = (*TOKEN_SAMPLERS, LeftToRight.name)
 EMBEDDING_SAMPLERS = (Ancestral.name,)
 
 
@@ -86,5 +89,5 @@ def sampler_from_flags(name: str, finisher: str = "mdlm", preset: str | None = N
     return make_sampler(name, **{k: v for k, v in options.items() if k in accepted and v is not None})
 
 
-__all__ = ["AUTOREGRESSIVE", "EMBEDDING_SAMPLERS", "FINISHERS", "NAMES", "PRESETS", "SAMPLERS", "check_options", "knob_default",
+__all__ = ["AUTOREGRESSIVE", "BRIDGE_SAMPLERS", "EMBEDDING_SAMPLERS", "FINISHERS", "NAMES", "PRESETS", "SAMPLERS", "check_options", "knob_default",
            "make_sampler", "preset_flags", "sampler_from_flags", "SampleResult", "Sampler", "TOKEN_SAMPLERS", "TokenDenoiser"]

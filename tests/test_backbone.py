@@ -55,6 +55,24 @@ def test_run_from_any_layer_reproduces_the_model_logits(arch, tiny_models):
     torch.testing.assert_close(backbone.model(input_ids=ids).logits, out.logits)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+def test_run_from_with_a_cache_reads_the_positions_after_the_cached_ones(arch, tiny_models):
+    """Left-to-right through the upper stack: a first part, then one position at a time, each
+    read once with the blocks' keys and values kept, gives the whole sequence's logits (gemma2:
+    12 positions past its sliding window of 8; GPT-2: absolute positions)."""
+    from geoprobe.capture import capture
+
+    backbone = load_backbone(str(tiny_models(arch)), device="cpu")
+    ids = torch.randint(5, 300, (2, 12), generator=torch.Generator().manual_seed(2))
+    expected = backbone.model(input_ids=ids).logits
+    for layer in (0, 2):
+        hidden = capture(backbone, ids, layers=(layer,))[layer]
+        cache = backbone.upper_cache()
+        parts = [backbone.run_from(layer, hidden[:, :5], cache=cache)]
+        parts += [backbone.run_from(layer, hidden[:, i:i + 1], cache=cache) for i in range(5, 12)]
+        torch.testing.assert_close(torch.cat(parts, dim=1), expected, rtol=0, atol=1e-5, msg=f"{arch} layer {layer}")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_token_losses_in_chunks_equal_the_cross_entropy_of_the_model_logits(arch, tiny_models):
     """The evaluator and the bridge's validation never build the B x L x V logits: final_from and the

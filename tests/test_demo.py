@@ -62,6 +62,9 @@ def test_tiny_demo_writes_a_report_with_every_row_filled(tiny_demo):
     sweep = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
     for role in ("chosen", "worst", "oracle"):  # every role's bridge is in the table, once per layer
         assert f"bridges/layer-{sweep[role + '_layer']:02d}/seed-0" in generators
+    samplers = [row[header.index("sampler")] for row in rows]  # and the chosen one left to right, once
+    assert samplers.count("ltr") == 1 and generators[samplers.index("ltr")].endswith(
+        f"bridges/layer-{sweep['chosen_layer']:02d}/seed-0")
     trained = {row[header.index("train_tokens")] for row in rows if "(AR)" not in row[0]}
     assert len(trained) == 1 and {row[header.index("budget")] for row in rows} == {"matched"}
     steps_header, *curve = tables[3]

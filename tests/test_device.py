@@ -14,7 +14,7 @@ import torch
 from geoprobe.bridges import likelihood
 from geoprobe.bridges.dsl import DSLConfig, DSLModel, DSLTrainSettings, train_dsl
 from geoprobe.bridges.fit import fit_bridge
-from geoprobe.bridges.hidden import BridgeConfig, HybridDenoiser, Teacher, load_bridge
+from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher, load_bridge
 from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.device import machine_name
@@ -229,6 +229,26 @@ def test_the_device_pool_uploads_no_states_and_trains_the_same_bridge(llama, blo
                 llama.model.to("cpu")
     for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
         assert metrics["pool"][key] == pytest.approx(metrics["host"][key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "causal"])
+def test_left_to_right_decoding_runs_on_the_device_and_draws_what_it_draws_on_the_cpu(llama, attention,
+                                                                                      float32_everywhere):
+    """`ltr` through a bidirectional bridge (its prefix recomputed) and a causal one (its prefix
+    and the upper stack's keys and values kept)."""
+    cfg = BridgeConfig(layer=1, vocab_size=llama.config.vocab_size, hidden_size=llama.hidden_size,
+                       d_model=32, n_layers=1, n_heads=2, attention=attention)
+    drawn = {}
+    for device in ("cpu", DEVICE):
+        with accelerator():
+            llama.model.to(device)
+            try:
+                bridge = HiddenBridge(cfg).eval().to(device)
+                denoiser = HybridDenoiser(bridge, Teacher(llama, 1), bos_id=llama.tokenizer.bos_token_id or 0)
+                drawn[device] = make_sampler("ltr").sample(denoiser, 2, 6, seed=0).tokens
+            finally:
+                llama.model.to("cpu")
+    assert torch.equal(drawn["cpu"], drawn[DEVICE])
 
 
 def test_geometry_runs_on_the_device_and_equals_the_cpu_result():

@@ -355,6 +355,7 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
     from bench.bridge_design import base_shape
     from experiments.smollm2_results import RECORD, SWEEP
     from geoprobe.bridges.fit import OLDER_TRAINING
+    from geoprobe.bridges.hidden import OLDER_BRIDGES
 
     def recorded_seed(config):
         return int(config.parent.name.split("-")[1])
@@ -368,7 +369,7 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
     settings = bridge_settings(**flags)
     compared = 0
     for config in sorted((RECORD / "bridges").glob("layer-*/seed-*/config.json")):
-        recorded = json.loads(config.read_text())["network"]
+        recorded = {**OLDER_BRIDGES, **json.loads(config.read_text())["network"]}  # as check_bridge_dir reads it
         backbone = SimpleNamespace(config=SimpleNamespace(vocab_size=recorded["vocab_size"]),
                                    hidden_size=recorded["hidden_size"])
         pinned = asdict(replace(settings.network_at(recorded["layer"], backbone), support_size=recorded["support_size"]))

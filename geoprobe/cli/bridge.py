@@ -36,6 +36,9 @@ Carry = Annotated[str, typer.Option("--carry", help="What the bridge's update is
                                     "0 carried channel by channel).")]
 ConvWindow = Annotated[int, typer.Option("--conv-window", min=0, max=64, help="Previous positions a causal "
                                         "convolution over the bridge network's input reads (0: none).")]
+Attention = Annotated[str, typer.Option("--attention", help="The bridge network's attention: bidirectional "
+                                        "(each position reads every other) or causal (positions to the left only: "
+                                        "left-to-right decoding, `sample --sampler ltr`, then keeps the prefix).")]
 SigmaB = Annotated[float, typer.Option("--sigma-b", min=0.0, help="Bridge noise in standardised units "
                                       "(0: a deterministic path).")]
 TauZero = Annotated[float, typer.Option("--tau-zero", min=0.0, max=1.0, help="Share of training sequences at "
@@ -82,7 +85,7 @@ def bridge(
     lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    conv_window: ConvWindow = DEFAULT.conv_window,
+    conv_window: ConvWindow = DEFAULT.conv_window, attention: Attention = DEFAULT.attention,
     tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
     carry: Carry = DEFAULT.carry, regression: RegressionFlag = False,
     train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
@@ -103,7 +106,7 @@ def bridge(
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
                          train_tokens=train_tokens, regression=regression, log_to=log_to,
-                         deterministic=deterministic)
+                         deterministic=deterministic, attention=attention)
     metrics, folder = bridge_run(settings, layer, run, model, corpus, out, device, dtype, device_map, force, _bars)
     if metrics is None:  # data-parallel ranks: rank 0 validates and reports
         return
@@ -130,7 +133,7 @@ def sweep(
     lr: Lr = TRAINING.lr,
     d_model: DModel = DEFAULT.d_model, n_layers: NLayers = DEFAULT.n_layers, n_heads: NHeads = DEFAULT.n_heads,
     sigma_b: SigmaB = DEFAULT.sigma_b, bridge_steps: BridgeSteps = DEFAULT.bridge_steps,
-    conv_window: ConvWindow = DEFAULT.conv_window,
+    conv_window: ConvWindow = DEFAULT.conv_window, attention: Attention = DEFAULT.attention,
     tau_zero: TauZero = DEFAULT.tau_zero, regression_frac: RegressionFrac = DEFAULT.regression_frac,
     carry: Carry = DEFAULT.carry, regression: RegressionFlag = False,
     train_tokens: TrainTokens = TRAINING.train_tokens, seed: Seed = TRAINING.seed, until: Until = TRAINING.until,
@@ -150,7 +153,7 @@ def sweep(
                          until=until, eval_every=eval_every, vocab=vocab, precision=precision, tau_zero=tau_zero,
                          regression_frac=regression_frac, carry=carry, conv_window=conv_window,
                          train_tokens=train_tokens, regression=regression, log_to=log_to,
-                         deterministic=deterministic)
+                         deterministic=deterministic, attention=attention)
     chosen_seeds = parse_seeds(seeds) if seeds else [seed]
     result = sweep_run(run, settings, layers, device, dtype, force, _bars, chosen_seeds, include_source, ceiling)
     if result is not None:  # data-parallel ranks: rank 0 reports

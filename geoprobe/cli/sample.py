@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from geoprobe.bridges.hidden import DECODES
 from geoprobe.bridges.likelihood import ESTIMATORS
 from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen, defaults_of
 from geoprobe.cli.output import show
@@ -41,7 +42,7 @@ def sample(
     steps: Annotated[int | None, typer.Option("--steps", help=f"Denoiser budget (default {knob_default('steps')}"
                                                               + "".join(f"; {n} {c.steps}" for n, c in SAMPLERS.items()
                                                                         if c.steps not in (None, knob_default("steps")))
-                                                              + "; roar one token per step).")] = None,
+                                                              + "; roar and ltr one token per step).")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus threshold in (0, 1]." + _default("top_p"))] = None,
     top_p_rule: Annotated[str | None, typer.Option(help="hf: keep the token that crosses top-p (transformers); "
                                                         "remdm: drop it (the MDLM/ReMDM code)."
@@ -66,8 +67,8 @@ def sample(
                                                           "committed." + _default("confidence"))] = None,
     finisher: Annotated[str, typer.Option(help="hybrid: the masked sampler that finishes (" + ", ".join(FINISHERS)
                                                + ").")] = SAMPLE.finisher,
-    decode: Annotated[str, typer.Option(help="Bridges: stack (the frozen upper blocks and head) or round (nearest "
-                                             "token embedding: the layer-0 Diffusion-LM baseline).")] = SAMPLE.decode,
+    decode: Annotated[str, typer.Option(help="Bridges: " + "; ".join(f"{k}: {v}" for k, v in DECODES.items())
+                                             + ".")] = SAMPLE.decode,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
     seed: Seed = SAMPLE.seed, device: Device = "auto",
 ):

@@ -3,8 +3,8 @@
 `geoprobe demo` (`make demo`): the SmolLM2 scan on the KJV (the ranking with and without its
 massive channels, and the warning about them), then the testbed's experiment (what `geoprobe
 demo --tiny` runs alone: the testbed's scan, the sweep's pre-registered verdict with two seeds
-per layer, and DSL, MDLM, bridges, the rounding baseline and the AR ceiling compared at one
-budget, every row scored by the exact HMM with its interval), then one report whose first lines
+per layer, and DSL, MDLM, bridges (the chosen one also decoded left to right), the rounding
+baseline and the AR ceiling compared at one budget, every row scored by the exact HMM with its interval), then one report whose first lines
 say what was found and how sure it is. The whole SmolLM2 pipeline (bridges and DSL on the real
 model) is `make results` (docs/results.md): at a laptop's budget its generators write word
 salad, which a demo should not present as a result.
@@ -108,7 +108,8 @@ class Steps:
 
 def testbed_steps(cached: bool) -> list[str]:
     """The kinds of step of the testbed experiment, in order (for the estimate of what remains)."""
-    samples = len(DSL_SAMPLERS) * (1 + len(TINY.curve)) + 1 + 3 + 1 + 1  # DSL, MDLM, bridges, rounding, AR
+    # DSL, MDLM, bridges, the chosen bridge left to right, rounding, AR
+    samples = len(DSL_SAMPLERS) * (1 + len(TINY.curve)) + 1 + 3 + 1 + 1 + 1
     return (["train the testbed"] * (not cached) + ["scan builtin:hmm-tiny", "sweep", "dsl train", "dsl train"]
             + ["sample"] * samples + ["eval", "compare", "report"])
 
@@ -149,7 +150,8 @@ def smollm2_scan(run: Path, device: str, steps: Steps) -> Path:
 
 def testbed_experiment(out: Path, device: str, step: Steps) -> dict:
     """scan → sweep → DSL and MDLM training → every sampler, the chosen, worst and oracle bridges
-    and the rounding baseline → eval → compare → report, on the testbed (`geoprobe demo --tiny`)."""
+    (random order), the chosen bridge left to right and the rounding baseline → eval → compare →
+    report, on the testbed (`geoprobe demo --tiny`)."""
     from geoprobe.pipeline import scan, scan_config
     from geoprobe.workflows.compare import compare_run, read_rows
     from geoprobe.workflows.page import write_report
@@ -177,12 +179,16 @@ def testbed_experiment(out: Path, device: str, step: Steps) -> dict:
     for role in ("chosen", "worst", "oracle"):  # the same layer may play two roles: one row
         layer = sweep[role + "_layer"]  # the first seed's bridge
         table[f"bridge-{layer:02d}"] = (bridge_dir(run, layer, seeds[0]), "hybrid", "stack")
+    # the chosen bridge decoded as its causal upper stack reads: one token a step over the prefix
+    table[f"bridge-{sweep['chosen_layer']:02d}-ltr"] = (bridge_dir(run, sweep["chosen_layer"], seeds[0]), "ltr", "stack")
     table["round-00"] = (bridge_dir(run, 0, seeds[0]), "mdlm", "round")
     files, curve = [], []
     for name, (source, sampler, decode) in table.items():
         for steps in (p.steps, *(p.curve if name.startswith("dsl-") else ())):  # DSL: also at fewer steps
             folder = out / "samples" / (name if steps == p.steps else f"{name}-steps{steps}")
-            settings = SampleSettings(num=p.num, length=p.length, steps=steps, decode=decode)
+            # ltr's budget is one step per token
+            settings = SampleSettings(num=p.num, length=p.length, steps=None if sampler == "ltr" else steps,
+                                      decode=decode)
             step(f"sample {name} --steps {steps}", generate, source, sampler, settings, folder, device)
             (files if steps == p.steps else curve).append(folder / "samples.jsonl")
     ceiling = SampleSettings(num=p.num, length=p.length)

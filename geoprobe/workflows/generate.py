@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from geoprobe.bridges.dsl import sequences, split_documents
+from geoprobe.bridges.hidden import DECODES
 from geoprobe.bridges.kinds import KINDS, load_denoiser, open_checkpoint
 from geoprobe.bridges.likelihood import ESTIMATORS as table
 from geoprobe.backbone import load_backbone
@@ -25,6 +26,7 @@ from geoprobe.tokens import (TEXT8_LENGTH, TEXT8_SPLITS, char_tokenizer, is_text
     token_stream, untrained_ids)
 from geoprobe.samplers import AUTOREGRESSIVE, NAMES, check_options, knob_default, preset_flags, sampler_from_flags
 from geoprobe.samplers.base import nucleus
+from geoprobe.samplers.ltr import LeftToRight
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,10 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     if sampler != AUTOREGRESSIVE:
         if sampler not in NAMES:
             raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
-        if p.decode not in ("stack", "round"):
-            raise BadInput(f"unknown --decode {p.decode!r} (use stack or round)")
+        if p.decode not in DECODES:
+            raise BadInput(f"unknown --decode {p.decode!r} (use {', '.join(DECODES)})")
+        if sampler == LeftToRight.name and p.decode == "round":
+            raise BadInput("--sampler ltr decodes through the upper stack, which --decode round does without")
         chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
         kind, _ = open_checkpoint(model)
         if sampler not in kind.samplers:

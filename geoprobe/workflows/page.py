@@ -204,6 +204,8 @@ def key_comparisons(rows: list[dict]) -> list[str]:
              ("the best bridge (hidden state) vs rounding to the nearest embedding",
               lambda r: "bridges/" in r["generator"] and "(round)" not in r["generator"],
               lambda r: "(round)" in r["generator"]),
+             ("a bridge decoded left to right vs in random order (hybrid)", lambda r: r["sampler"] == "ltr",
+              lambda r: "bridges/" in r["generator"] and r["sampler"] == "hybrid"),
              ("the AR ceiling vs the best diffusion row", lambda r: "(AR)" in r["generator"],
               lambda r: "(AR)" not in r["generator"])]
     lines = []

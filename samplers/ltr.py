@@ -1,0 +1,51 @@
+"""Left-to-right decoding through a bridge (`ltr`): one token a step, each from the frozen upper
+stack over the bridge's reconstruction of the prefix, drawn with the nucleus filter of every
+sampler (and of the `ar` row). It needs more than the TokenDenoiser protocol: a denoiser that
+decodes left to right (`left_to_right`, the bridge's hybrid: bridges/decode.py), so
+bridges/kinds.py lists it for bridges only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from geoprobe.errors import BadInput
+from geoprobe.samplers.base import Sampler
+
+
+class LeftToRightDecoding(Protocol):
+    tokens: torch.Tensor  # (B, n): the tokens appended so far
+
+    def logits(self) -> torch.Tensor: ...  # (B, V): the next token's
+
+    def append(self, tokens: torch.Tensor) -> None: ...  # (B,)
+
+
+@dataclass
+class LeftToRight(Sampler):
+    """`steps` None: one per token (the only budget it has; --steps, where given, must be --length)."""
+
+    name = "ltr"
+    steps: int | None = None
+
+    def check(self, length: int) -> None:
+        if self.steps is not None and self.steps != length:
+            raise BadInput(f"ltr draws one token per step: --steps {self.steps} must equal --length {length} "
+                           "or be left out")
+
+    def settings(self) -> dict:
+        return {**super().settings(), "steps": getattr(self, "_steps_run", self.steps)}
+
+    def run(self, model, num, length, generator):
+        decode = getattr(model.denoiser, "left_to_right", None)
+        if decode is None:
+            raise BadInput("--sampler ltr decodes through a bridge's upper stack; this model has none")
+        decoding: LeftToRightDecoding = decode(num, length, generator)
+        for _ in range(length):
+            decoding.append(self.draw(decoding.logits(), generator))
+            model.nfe += 1  # one pass of the bridge (its K steps) and the upper stack per token
+            model.rows += num
+        self._steps_run = length
+        return decoding.tokens
