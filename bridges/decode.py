@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from geoprobe.bridges.path import bridge_path_sample
 from geoprobe.bridges.nn import KVCache
 
 
@@ -39,16 +40,11 @@ def noise_generator(generator: torch.Generator | None) -> torch.Generator | None
 def follow(bridge, a_std: torch.Tensor, caches: list[KVCache], generator: torch.Generator | None = None) -> torch.Tensor:
     """`HiddenBridge.sample`'s K = len(caches) steps for standardised sources `a_std` (B, m, .)
     of the m positions after those the caches have read, in the backbone's coordinates; step k
-    reads and extends cache k. With empty caches, on a whole sequence, it is `sample` itself."""
-    steps = len(caches)
-    y = bridge.start(a_std)
-    for k, cache in enumerate(caches):
-        tau, tau_next = k / steps, (k + 1) / steps
-        predicted = bridge.predict(y, torch.full((len(y),), tau, device=y.device), a_std, cache)
-        y = y + (tau_next - tau) / (1 - tau) * (predicted - y)
-        if bridge.cfg.sigma_b > 0 and k < steps - 1:
-            noise = torch.randn(y.shape, generator=generator).to(y.device)
-            y = y + bridge.cfg.sigma_b * ((tau_next - tau) * (1 - tau_next) / (1 - tau)) ** 0.5 * noise
+    reads and extends cache k. With empty caches, on a whole sequence, it is `sample` itself: both
+    run `bridge_path_sample`."""
+    step = iter(caches)
+    y = bridge_path_sample(lambda y, tau: bridge.predict(y, tau, a_std, next(step)), bridge.start(a_std),
+                           len(caches), bridge.cfg.sigma_b, generator)
     return y * bridge.target_scale + bridge.target_mean
 
 
