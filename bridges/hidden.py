@@ -56,10 +56,11 @@ from geoprobe.bridges.converter import Converter
 from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding
 from geoprobe.bridges.nn import KVCache, Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.bridges.path import bridge_path_sample
-from geoprobe.backbone import load_backbone
+from geoprobe.backbone import load_backbone, locate_backbone
 from geoprobe.capture import capture
 from geoprobe.device import Precision, upload
 from geoprobe.errors import BadInput
+from geoprobe.tokens import start_token
 
 
 def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
@@ -610,12 +611,14 @@ def load_bridge_denoiser(folder: Path, device: str = "auto", decode: str = "stac
     if decode not in DECODES:
         raise BadInput(f"unknown --decode {decode!r} (use {', '.join(DECODES)})")
     bridge, record = load_bridge(folder)
-    backbone = load_backbone(record["identity"]["model"], device=device)
+    # the backbone where the record's spec still points, else by its config hash (a moved folder)
+    spec = locate_backbone(record["identity"]["model"], record["identity"]["model_config_sha256"], str(folder))
+    backbone = load_backbone(spec, device=device)
     if backbone.identity["config_sha256"] != record["identity"]["model_config_sha256"]:
         raise BadInput(f"{folder} was trained on another backbone than {record['identity']['model']} is now")
     bridge.to(backbone.input_device)
     teacher = Teacher(backbone, bridge.cfg.layer)
-    bos = backbone.tokenizer.bos_token_id
+    bos = start_token(backbone.tokenizer, backbone.config)  # Qwen3: its config's <|endoftext|>, not id 0
     bos = bos if bos is not None else 0
     if decode == "round":
         return RoundingDenoiser(bridge, teacher, bos), backbone.tokenizer
