@@ -364,9 +364,9 @@ def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
 
     from geoprobe.workflows.sweep import bridge_settings
 
-    pairs = [a for a in SWEEP if a not in ("--ceiling",)]  # every flag of SWEEP's but these takes a value
+    pairs = [a for a in SWEEP if a not in ("--ceiling", "--regression")]  # every other flag of SWEEP's takes a value
     flags = {name[2:].replace("-", "_"): value for name, value in zip(pairs[::2], pairs[1::2]) if name != "--layers"}
-    settings = bridge_settings(**flags)
+    settings = bridge_settings(**flags, regression="--regression" in SWEEP)
     compared = 0
     for config in sorted((RECORD / "bridges").glob("layer-*/seed-*/config.json")):
         recorded = {**OLDER_BRIDGES, **json.loads(config.read_text())["network"]}  # as check_bridge_dir reads it
@@ -599,3 +599,48 @@ def test_the_other_evaluators_column_reads_back_with_and_without_an_interval():
     assert other_gen_ppl("ngram:kjv: 1.585e+04 (1.4e+04–1.7e+04); ./gpt2: 41.2") == {
         "ngram:kjv": (15850.0, 14000.0, 17000.0), "./gpt2": (41.2, None, None)}
     assert other_gen_ppl(None) == {} and other_gen_ppl("an edited cell") == {}
+
+
+def test_the_diffusion_sweep_shares_the_scan_and_the_ceilings_but_not_the_bridges(tmp_path):
+    """`--bridge diffusion`: the regression sweep's scan is hard-linked into its run (not its
+    bridges or verdict), and only the ceiling controls come back from the regression records: the
+    diffusion sweep's ceiling is the same network as the plain clean regression."""
+    from experiments.smollm2_results import share_scan
+
+    scanned = tmp_path / "results" / "run"
+    (scanned / "hidden").mkdir(parents=True)
+    for name in ("ranking.csv", "geometry.json", "manifest.json", "hidden/part-00000.parquet", "sweep.json"):
+        (scanned / name).write_text(name)
+    (scanned / "bridges" / "layer-01" / "seed-0").mkdir(parents=True)
+    run = tmp_path / "diffusion" / "run"
+    share_scan(scanned, run)
+    assert (run / "ranking.csv").read_text() == "ranking.csv" and (run / "hidden" / "part-00000.parquet").is_file()
+    assert os.stat(run / "ranking.csv").st_ino == os.stat(scanned / "ranking.csv").st_ino  # a link, not a copy
+    assert not (run / "bridges").exists() and not (run / "sweep.json").exists()
+    records = tmp_path / "records"
+    for folder in ("seed-0", "ceiling"):
+        bridge = records / "bridges" / "layer-01" / folder
+        bridge.mkdir(parents=True)
+        for name in ("config.json", "metrics.json"):
+            (bridge / name).write_text(json.dumps({"folder": folder}))
+    assert restore(run, records, only="ceiling") == 1
+    assert (run / "bridges" / "layer-01" / "ceiling" / "metrics.json").is_file()
+    assert not (run / "bridges" / "layer-01" / "seed-0").exists()
+
+
+def test_the_diffusion_sweep_flags_train_the_default_bridge_at_the_regression_sweeps_width():
+    """DIFFUSION's sweep is SWEEP without --regression: the same cap, rule and width, the default
+    (diffusion) objective; its ceiling settings are the regression sweep's ceilings'."""
+    from dataclasses import replace
+
+    from experiments.smollm2_results import DIFFUSION
+    from geoprobe.workflows.sweep import bridge_settings, ceiling_settings
+
+    assert [a for a in SWEEP if a != "--regression"] == DIFFUSION["sweep"]
+    assert DIFFUSION["seeds"] == "0,1"
+    diffusion = bridge_settings(steps=4000, eval_every=50, d_model=320)
+    regression = bridge_settings(steps=4000, eval_every=50, d_model=320, regression=True)
+    assert diffusion.network.sigma_b > 0 and diffusion.network.tau_zero < 1 and regression.network.sigma_b == 0
+    assert ceiling_settings(diffusion) == ceiling_settings(regression)
+    assert replace(diffusion.network, **{k: getattr(regression.network, k) for k in
+                                         ("sigma_b", "tau_zero", "bridge_steps", "regression_frac")}) == regression.network
