@@ -13,15 +13,27 @@ from typer.core import TyperGroup
 
 from geoprobe.cli.options import state
 from geoprobe.cli.output import render_events
+from geoprobe.errors import Interrupted
 
 # `geoprobe --help` lists the commands in the order a user runs them
 ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "baseline", "sample", "nll", "eval", "compare", "report",
          "demo")
 
 
+INTERRUPTED = "interrupted; what was saved is kept (shards, checkpoints): rerun the same command to resume"
+
+
 class InUserOrder(TyperGroup):
     def list_commands(self, ctx):
         return sorted(super().list_commands(ctx), key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+    def invoke(self, ctx):
+        """The command; Ctrl-C becomes `Interrupted`, which Typer passes on (outside standalone mode it
+        turns a KeyboardInterrupt into a plain exit code 130 that says nothing)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise Interrupted(INTERRUPTED) from exc
 
 
 app = typer.Typer(
