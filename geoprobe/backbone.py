@@ -160,6 +160,17 @@ def resolve_source(spec: str) -> ModelSource:
     return ModelSource(spec, spec, is_local=False)
 
 
+def check_bridge_layer(layer: int, blocks: int) -> None:
+    """One line where a bridge cannot sit at `layer` of a model of `blocks` blocks: it replaces
+    the model below the layer and keeps at least one block above it, so layers 0..blocks - 1."""
+    if 0 <= layer < blocks:
+        return
+    where = ("the last block's output" if layer == blocks else f"past the model's {blocks} blocks" if layer > blocks
+             else "not a layer")
+    raise BadInput(f"--layer {layer} out of range: use 0..{blocks - 1} (layer {layer} is {where}, and a bridge needs "
+                   "a block above its layer)")
+
+
 def hub_offline() -> bool:
     """Whether the Hugging Face hub is off limits (HF_HUB_OFFLINE set): the one place that asks."""
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")

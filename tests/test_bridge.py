@@ -202,7 +202,8 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
 
 @pytest.mark.parametrize("args,fragment", [
     (["--layer", "-1"], "--layer must be >= 0"),
-    (["--layer", "3"], "--layer 3 out of range: use 0..2"),
+    (["--layer", "3"], "--layer 3 out of range: use 0..2 (layer 3 is the last block's output"),
+    (["--layer", "5"], "--layer 5 out of range: use 0..2 (layer 5 is past the model's 3 blocks"),
     (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
     (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
     (["--layer", "1", "--carry", "table"], "--carry must be lookup or channel, got 'table'"),
@@ -398,6 +399,46 @@ def test_the_chosen_layer_passes_over_the_last_block_output(scanned, tmp_path):
         writer.writeheader()
         writer.writerows(rows)
     assert chosen_layer(run) == 1
+
+
+def test_the_ranking_marks_the_layers_that_can_host_a_bridge_and_chooses_one(scanned, tmp_path, monkeypatch):
+    """A ranking whose first layer is the last block's output (no block above it): the scan's
+    chosen layer is the best-ranked one that can host a bridge, a line says why, `bridge --run`
+    trains there, and the last layer is refused in one clear line before the backbone loads."""
+    import shutil
+
+    import geoprobe.workflows.sweep
+
+    run = shutil.copytree(scanned, tmp_path / "run")
+    geometry = json.loads((run / "geometry.json").read_text())
+    norm = geometry["settings"]["normalize"]
+    last = geometry["layers"][-1]
+    assert last["layer"] == 3  # the tiny Llama has 3 blocks: layer 3 is the last one's output
+    for name, factor in (("curv", 100.0), ("mono", 100.0), ("erank", 0.01)):  # the best score by far
+        values = [l[norm][name]["value"] for l in geometry["layers"]]
+        last[norm][name]["value"] = (max(values) if factor > 1 else min(values)) * factor
+    (run / "geometry.json").write_text(json.dumps(geometry))
+    code, out, err = invoke("rank", run)
+    assert code == 0, err
+    rows = {int(r["layer"]): r for r in csv.DictReader((run / "ranking.csv").open())}
+    assert rows[3]["rank"] == "1" and rows[3]["bridgeable"] == "False"
+    assert all(rows[l]["bridgeable"] == "True" for l in (0, 1, 2))
+    chosen = min((0, 1, 2), key=lambda l: int(rows[l]["rank"]))
+    assert f"chosen layer: {chosen}" in out
+    assert "layer 3 ranks higher but is the last block's output" in out and f"the chosen layer is {chosen}" in out
+    assert "†: the last block's output" in (run / "ranking.md").read_text()
+    code, out, err = invoke("--format", "json", "bridge", "--run", run, "--steps", 2, "--until", "steps",
+                            "--batch-size", 2, "--d-model", 32, "--n-layers", 1, "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["layer"] == chosen and f"the chosen layer is {chosen}" in err
+    monkeypatch.setattr(geoprobe.workflows.sweep, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
+    code, _, err = invoke("bridge", "--run", run, "--layer", 3, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "--layer 3 out of range: use 0..2 (layer 3 is the last block's output, "
+                                        "and a bridge needs a block above its layer)")
+    import geoprobe
+
+    with pytest.raises(geoprobe.errors.BadInput, match=r"use 0\.\.2 \(layer 3 is the last block's output"):
+        geoprobe.bridge(run, layer=3)
 
 
 def test_cached_states_equal_the_on_the_fly_teacher_bit_for_bit(llama, blocks, states):

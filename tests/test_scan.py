@@ -244,3 +244,25 @@ def test_scan_takes_one_block_per_chapter_of_the_default_corpus(tmp_path, tiny_m
     assert len(set(meta["doc_id"].tolist())) == 20 and set(meta["seq_id"].tolist()) == {0}  # 600 rows / 30
     geometry = json.loads((tmp_path / "r" / "geometry.json").read_text())
     assert geometry["bootstrap_unit"] == "document" and geometry["bootstrap_units"] == 20
+
+
+def test_the_testbed_scans_its_own_corpus_by_default_and_refuses_text_it_cannot_read(testbed, tmp_path, monkeypatch):
+    """builtin:hmm-tiny knows only its HMM's 128 words: without --corpus the scan reads that HMM's
+    corpus (the KJV, the default for other models, would be three distinct tokens and a refusal
+    after the extraction); given the KJV it refuses at once, naming the corpus to pass."""
+    import geoprobe.extract
+    from geoprobe.store import read_manifest
+    from geoprobe.testbed import CORPUS
+
+    code, out, err = invoke("--format", "json", "scan", "builtin:hmm-tiny", "--tokens", 600, "--positions", "random:16",
+                            "--layers", "0,3", "--k", 8, "--anchors", 64, "--pairs", 128, "--bootstrap", 0,
+                            "--out", tmp_path / "r", "--device", "cpu")
+    assert code == 0, err
+    assert read_manifest(tmp_path / "r")["config"]["corpus"] == CORPUS
+    layer0 = json.loads(out)["ranking"]["rows"][0]
+    assert layer0["layer"] == 0 and layer0["duplicate_fraction"] < 0.9  # ~128 distinct words among 600 states
+    monkeypatch.setattr(geoprobe.extract, "load_backbone", lambda *a, **k: pytest.fail("the model loaded"))
+    for command in (["scan", "builtin:hmm-tiny", "--corpus", "kjv"], ["extract", "builtin:hmm-tiny"]):  # extract: kjv
+        code, _, err = invoke(*command, "--out", tmp_path / "kjv", "--device", "cpu")
+        assert_one_line_error(code, err, 2, "builtin:hmm-tiny knows only the 128 words of its HMM")
+        assert f"--corpus '{CORPUS}'" in err and "of the words of --corpus kjv are none of them" in err

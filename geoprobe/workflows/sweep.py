@@ -12,12 +12,13 @@ from pathlib import Path
 from geoprobe.bridges.controls import layer_controls as fit_controls
 from geoprobe.bridges.hidden import BridgeConfig, Teacher, check_bridge_flags
 from geoprobe.bridges.states import plan_room, teacher_states
-from geoprobe.backbone import check_device_map, load_backbone, parse_layers
+from geoprobe.backbone import check_bridge_layer, check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.distributed import world_from
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, read_json, write_json_atomic
-from geoprobe.ranking import has_massive_channels, layer_scores
+from geoprobe.events import note
+from geoprobe.ranking import bridge_choice, has_massive_channels, layer_scores, passed_over_line
 from geoprobe.settings import split_flags
 from geoprobe.store import check_shards, read_manifest
 
@@ -31,20 +32,30 @@ def ranking_rows(run: Path) -> list[dict]:
     path = Path(run) / "ranking.csv"
     if not path.is_file():
         raise BadInput(f"{run} has no finished scan (no ranking.csv): run `geoprobe scan` or pass --layer")
+
+    def value(key: str, text: str):
+        if key == "bridgeable":
+            return text == "True"
+        return int(text) if key in ("layer", "rank", "massive") else float(text)
+
     with open(path) as handle:
-        return [{k: (float(v) if k not in ("layer", "rank", "massive") else int(v)) for k, v in row.items()}
-                for row in csv.DictReader(handle)]
+        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
 def chosen_layer(run: Path) -> int:
-    """The best-ranked layer that can host a bridge. The scan ranks every stored layer, the last
-    block's output included, but a bridge needs blocks above it: that layer is passed over."""
+    """The best-ranked layer that can host a bridge (the ranking's chosen layer). The scan ranks
+    every stored layer, the last block's output included, but a bridge needs a block above it:
+    that layer is passed over, and a note says so."""
 
     blocks = read_manifest(run)["model"]["num_layers"]
-    rows = [r for r in ranking_rows(run) if r["layer"] < blocks]
-    if not rows:
-        raise BadInput(f"{run}: no scanned layer has blocks above it (layers 0..{blocks - 1} can host a bridge)")
-    return min(rows, key=lambda r: r["rank"])["layer"]
+    rows = [{**r, "bridgeable": r["layer"] < blocks} for r in ranking_rows(run)]  # runs ranked before the column too
+    try:
+        best, passed_over = bridge_choice(rows)
+    except BadInput:
+        raise BadInput(f"{run}: no scanned layer has blocks above it (layers 0..{blocks - 1} can host a bridge)") from None
+    if passed_over:
+        note(passed_over_line({"passed_over": passed_over, "chosen_layer": best["layer"]}))
+    return best["layer"]
 
 
 @dataclass
@@ -143,9 +154,7 @@ def _massive_rule(run: Path | None) -> float | None:
 
 
 def check_layer(source: Source, layer: int) -> None:
-    n = source.backbone.num_layers
-    if not 0 <= layer < n:
-        raise BadInput(f"--layer {layer} out of range: use 0..{n - 1} (blocks {layer + 1}..{n} must remain above)")
+    check_bridge_layer(layer, source.backbone.num_layers)
     if source.scanned_layers is not None and layer not in source.scanned_layers:
         raise BadInput(f"layer {layer} was not scanned in this run (scanned: {source.scanned_layers})")
 
@@ -312,6 +321,8 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
         layer = chosen_layer(run)
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
+    if run is not None:  # a layer with no block above it: refused before the backbone loads
+        check_bridge_layer(layer, read_manifest(run)["model"]["num_layers"])
     settings.training()
     check_device_map(device_map)
     world = world_from()
