@@ -11,7 +11,10 @@ than `plateau_evals` evaluations, so that an early flat stretch of two or three 
 stop a run) is less than `plateau_rel` (2%) better than the score at the window's start, a
 share of that score (`plateau_scale` "window") or of the larger of it and the first evaluation's
 ("start"). `steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap")
-are kept in the checkpoint, so a resumed run stops where an uninterrupted one does.
+are kept in the checkpoint, so a resumed run stops where an uninterrupted one does. A run stopped by
+its cap and resumed under a larger one goes on from there (what `geoprobe bridge` does when only
+--steps grows); `plateau_summary` keeps the rule's last reading in the record, for the words that
+say why a run stopped.
 
 Everything random in step t is drawn from a generator seeded by (seed, t), so a run resumed
 from a checkpoint at step k repeats exactly what an uninterrupted run does from step k on.
@@ -114,19 +117,41 @@ class Trained:
     total_seconds: float = 0.0  # the training loop over every session (checkpoints older than 2026-12-03: the last one's)
 
 
-def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
-    """The plateau rule on the validation curve so far (lower is better)."""
+def plateau_reading(val_curve: list, cfg: TrainConfig) -> dict | None:
+    """What the plateau rule sees on the validation curve so far (lower is better): the window
+    it compares, [the step of its start, the last step], the best score's drop below the start
+    and the scale the drop is a share of; None while it cannot judge (before `min_steps`, or
+    with no evaluation before the window)."""
     if not val_curve or val_curve[-1][0] < cfg.min_steps:
-        return False
+        return None
     now = val_curve[-1][0]
     boundary = min((1 - cfg.plateau_window) * now, now - cfg.plateau_evals * cfg.eval_every)
-    before = [v for s, v in val_curve if s <= boundary]
+    before = [(s, v) for s, v in val_curve if s <= boundary]
     if not before:
-        return False
-    start = before[-1]
-    best = min(v for s, v in val_curve if s > boundary)
+        return None
+    (start_step, start), best = before[-1], min(v for s, v in val_curve if s > boundary)
     scale = max(val_curve[0][1], start) if cfg.plateau_scale == "start" else start
-    return start - best < cfg.plateau_rel * abs(scale)
+    return {"window": [start_step, now], "drop": start - best, "scale": abs(scale)}
+
+
+def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
+    """The plateau rule on the validation curve so far (lower is better): the best score of the
+    window is less than `plateau_rel` of the scale below the window's start."""
+    seen = plateau_reading(val_curve, cfg)
+    return seen is not None and seen["drop"] < cfg.plateau_rel * seen["scale"]
+
+
+def plateau_summary(val_curve: list, cfg: TrainConfig) -> dict | None:
+    """The plateau rule's last reading in a record, for the words that say why a run stopped
+    (geoprobe.verdict.bridge_lines): from which step it judges, the share it needs, and at the
+    last evaluation the window and the share the best score improved on its start (None: no rule)."""
+    if cfg.eval_every <= 0 or not val_curve:
+        return None
+    seen = plateau_reading(val_curve, cfg)
+    summary = {"from_step": cfg.min_steps, "needs": cfg.plateau_rel, "ema_steps": round(1 / (1 - cfg.ema))}
+    if seen is not None:
+        summary.update(window=seen["window"], gain=seen["drop"] / seen["scale"] if seen["scale"] else 0.0)
+    return summary
 
 
 @dataclass(frozen=True)
@@ -338,6 +363,8 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     best = Best()
     resumed = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)  # TrainingState() when there is none
     start, curve, val_curve, stop = resumed.step, resumed.curve, resumed.val_curve, resumed.stop
+    if stop == "cap" and cfg.steps > start:  # a raised cap: the run goes on from where its old cap stopped it
+        stop = None
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
     autocast = mixed_precision(device, cfg.precision)
     model.train()
@@ -410,12 +437,15 @@ def _score_ema(model: torch.nn.Module, params: dict, ema: dict, evaluate: Callab
         model.train()
 
 
-def training_summary(trained: Trained, window: int = 20) -> dict:
+def training_summary(trained: Trained, window: int = 20, cfg: TrainConfig | None = None) -> dict:
     """The metrics every trained model records about its training: the mean training loss over
-    the last `window` steps, the steps run, why it stopped and the validation curve."""
+    the last `window` steps, the steps run, why it stopped, the validation curve and (given the
+    settings) the plateau rule's last reading (`plateau_summary`)."""
     tail = trained.curve[-window:]
+    rule = plateau_summary(trained.val_curve, cfg) if cfg is not None else None
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
             "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
+            **({"plateau_rule": rule} if rule is not None else {}),
             "train_seconds": round(trained.total_seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
 
@@ -437,6 +467,6 @@ def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: 
         load_weights(model, out)
     model.eval()
     # the machine that finished the training: a record copied to another machine keeps its times' origin
-    metrics = {**score(model, trained), **training_summary(trained), "machine": machine_name(device)}
+    metrics = {**score(model, trained), **training_summary(trained, cfg=cfg), "machine": machine_name(device)}
     write_record(out, metrics, trained, title)
     return metrics

@@ -200,6 +200,41 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
     assert code == 0 and json.loads(out)["nmse"] == first["nmse"]
 
 
+def test_a_short_bridge_trains_its_steps_says_why_and_a_larger_cap_resumes_it(scanned, tmp_path):
+    """--steps 100 under the plateau rule: too short for the rule to judge (it judges from step 200,
+    twice the 100 steps the EMA weights average over), so the bridge trains its 100 steps and says
+    what to run; a larger --steps resumes it from step 100 (no --force) with the keys its first cap
+    derived, a smaller one is refused."""
+    flags = ["--run", scanned, "--layer", "1", "--out", tmp_path, "--batch-size", 2, "--d-model", 32, "--n-layers", 1,
+             "--device", "cpu"]
+    code, out, err = invoke("--format", "json", "bridge", *flags, "--steps", 100)
+    assert code == 0, err
+    first = json.loads(out)
+    assert (first["stop"], first["steps_run"]) == ("cap", 100) and first["val_curve"][-1][0] == 100
+    assert first["summary"][1] == ("The run was too short for the plateau rule to judge it: the rule judges a bridge "
+                                   "from step 200 on (its kept weights are an average over about 100 steps, which a "
+                                   "shorter curve mostly shows catching up). Rerun with a larger --steps (e.g. "
+                                   "--steps 400) to resume it from step 100.")
+    folder = tmp_path / "bridges" / "layer-01" / "seed-0"
+    derived = {k: json.loads((folder / "config.json").read_text())["training"][k]
+               for k in ("warmup", "eval_every", "min_steps", "save_every")}
+    assert derived == {"warmup": 10, "eval_every": 2, "min_steps": 200, "save_every": 100}
+    curve = (folder / "curve.csv").read_text().splitlines()
+    code, out, err = invoke("--format", "json", "bridge", *flags, "--steps", 240)
+    assert code == 0, err
+    more = json.loads(out)
+    assert more["steps_run"] > 100 and more["stop"] in ("cap", "plateau")
+    assert more["val_curve"][:len(first["val_curve"])] == first["val_curve"]  # the same run, gone on
+    assert (folder / "curve.csv").read_text().splitlines()[:len(curve)] == curve
+    record = json.loads((folder / "config.json").read_text())
+    assert record["training"]["steps"] == 240 and record["budget"]["steps"] == 240
+    assert {k: record["training"][k] for k in derived} == derived  # not 24, 6, 200, 100 (what 240 derives)
+    if more["stop"] == "cap":
+        assert more["summary"][1].startswith("It was still improving: ") and "--steps 960" in more["summary"][1]
+    code, _, err = invoke("bridge", *flags, "--steps", 200)
+    assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: steps)")
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--layer", "-1"], "--layer must be >= 0"),
     (["--layer", "3"], "--layer 3 out of range: use 0..2 (layer 3 is the last block's output"),
@@ -242,7 +277,7 @@ def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned,
     data = json.loads(out)
     assert data["meta"]["nfe"] == 6 and len(data["samples"][0]["token_ids"]) == 5
     code, _, err = invoke("sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0", "--decode", "round",
-                          "--num", 1, "--length", 4, "--out", tmp_path / "s", "--device", "cpu")
+                          "--num", 1, "--length", 4, "--out", tmp_path / "round", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--decode round is the layer-0 baseline")
 
 

@@ -53,7 +53,8 @@ EXTRACT = ExtractConfig(model="", corpus="")  # the extraction flags' defaults, 
 Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (training budget).")]
 Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parquet file, a folder, a glob, "
                                                       "or hf:NAME?split=train.")]
-Force = Annotated[bool, typer.Option("--force", help="Discard a different run in --out and start over.")]
+Force = Annotated[bool, typer.Option("--force", help="Discard a different run (or sample set) in --out and start "
+                                                    "over.")]
 DeviceMap = Annotated[str | None, typer.Option("--device-map", help="auto: spread a model larger than one GPU "
                                                                    "over the devices (accelerate).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code "

@@ -262,6 +262,29 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
     return controls
 
 
+# the training keys a bridge derives from its step cap (bridges/fit.py bridge_training) unless given
+DERIVED_FROM_STEPS = ("warmup", "save_every", "eval_every", "min_steps")
+
+
+def training_for(out: Path, settings: BridgeSettings):
+    """The training settings of the bridge in `out`: `settings.training()`, except that a bridge
+    already there under the plateau rule keeps the keys it derived from its own cap (warmup,
+    checkpoint and evaluation intervals, the first step the rule may stop at; those the flags set
+    explicitly stay as given). Another --steps then only moves the cap: a larger one resumes the
+    run as if it had had that cap from its start, a smaller one is refused naming the steps
+    alone (bridges/fit.py check_bridge_dir)."""
+    from geoprobe.bridges.checkpoint import CONFIG, read_config
+
+    cfg = settings.training()
+    if not (Path(out) / CONFIG).is_file() or cfg.schedule != "constant":
+        return cfg
+    old = read_config(out, "bridge").get("training") or {}
+    if old.get("schedule") != "constant":
+        return cfg
+    given = {"eval_every": bool(settings.eval_every), "min_steps": settings.min_steps is not None}
+    return replace(cfg, **{k: old[k] for k in DERIVED_FROM_STEPS if k in old and not given.get(k)})
+
+
 def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, controls: dict | None = None,
                  force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict | None, Path]:
     """One bridge at `layer` in root/bridges/layer-NN/seed-S (or `out`) from the run's cached
@@ -271,12 +294,12 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     from geoprobe.bridges.fit import fit_bridge
 
     check_layer(source, layer)
-    cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
     out = out or bridge_dir(root, layer, settings.seed)
     world = world_from()
     if force and world.is_main:
         clear(out)
     world.barrier()
+    cfg, train_cfg = settings.network_at(layer, source.backbone), training_for(out, settings)  # after --force clears
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
         return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer), progress=bar,
@@ -293,7 +316,7 @@ def refuse_other_bridges(source: Source, plans: list[tuple[int, BridgeSettings, 
     from geoprobe.bridges.fit import check_bridge_dir
 
     for layer, chosen, out in [] if force else plans:
-        check_bridge_dir(out, chosen.network_at(layer, source.backbone), chosen.training(), identity(source, layer))
+        check_bridge_dir(out, chosen.network_at(layer, source.backbone), training_for(out, chosen), identity(source, layer))
 
 
 def ceiling_dir(run: Path, layer: int) -> Path:
