@@ -33,7 +33,7 @@ from geoprobe.bridges.checkpoint import CONFIG, build_network, load_weights, rea
 from geoprobe.bridges.converter import Converter
 from geoprobe.bridges.likelihood import mdlm_elbo
 from geoprobe.bridges.nn import Transformer, TransformerConfig
-from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
+from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train, with_loop_flags
 from geoprobe.backbone import load_backbone, load_config, load_tokenizer, resolve_device, resolve_source
 from geoprobe.corpus import is_validation, read_documents
 from geoprobe.device import Precision, upload
@@ -250,9 +250,10 @@ def with_loop_defaults(training: dict | None) -> dict | None:
 
 def dsl_settings(**flags) -> tuple[DSLTrainSettings, DSLConfig]:
     """(training settings, network shape) of `dsl train` from its flags by name (TrainConfig's,
-    DSLTrainSettings' and DSLConfig's fields); the rest keep their class defaults."""
+    DSLTrainSettings' and DSLConfig's fields, and `until`: bridges/train.py `with_loop_flags`);
+    the rest keep their class defaults."""
 
-    train, run, shape = split_flags(flags, TrainConfig, DSLTrainSettings, DSLConfig)
+    train, run, shape = split_flags(with_loop_flags(flags), TrainConfig, DSLTrainSettings, DSLConfig)
     shape.setdefault("vocab_size", 0)  # the tokenizer's, set when the run starts
     return DSLTrainSettings(**run, train=TrainConfig(**train)), DSLConfig(**shape)
 

@@ -29,7 +29,7 @@ from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, OLDER_BRIDGES, T
 from geoprobe.bridges.nn import full_precision
 from geoprobe.bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
 from geoprobe.bridges.states import Split, TeacherStates
-from geoprobe.bridges.train import TrainConfig, fit_model
+from geoprobe.bridges.train import TrainConfig, fit_model, plateau_every, warmup_for
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
@@ -54,10 +54,7 @@ def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: st
     `plateau_scale` and `min_steps` (None: the rule above) let a comparison hold every row to one
     stopping rule (docs/baselines.md). A bridge whose cap grows keeps the keys derived from its
     old cap (geoprobe.workflows.sweep.training_for), so a larger --steps only moves the cap."""
-    if until not in ("plateau", "steps"):
-        raise BadInput(f"--until must be plateau or steps, got {until!r}")
-    warmup, ema = max(1, min(100, steps // 10)), 0.99
-    every = (eval_every or max(1, min(50, steps // 40))) if until == "plateau" else 0
+    warmup, ema, every = warmup_for(steps), 0.99, plateau_every(steps, until, eval_every)
     first = max(2 * warmup, 5 * every, 2 * round(1 / (1 - ema)))  # the first step the plateau rule may stop at
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
                       save_every=max(1, min(100, steps)), ema=ema, eval_every=every,

@@ -141,6 +141,34 @@ def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
     return seen is not None and seen["drop"] < cfg.plateau_rel * seen["scale"]
 
 
+def plateau_every(steps: int, until: str | None, eval_every: int = 0) -> int:
+    """The interval of the plateau rule's checks as --until and --eval-every mean it in every
+    command: under "plateau" every `eval_every` steps (0: steps/40, at most 50; `steps` is then
+    the cap); under "steps" none (`steps` exactly). `until` None: "plateau" when `eval_every` is
+    given, else "steps" (what `dsl train` and `baseline train` do when given neither)."""
+    until = until or ("plateau" if eval_every else "steps")
+    if until not in ("plateau", "steps"):
+        raise BadInput(f"--until must be plateau or steps, got {until!r}")
+    return (eval_every or max(1, min(50, steps // 40))) if until == "plateau" else 0
+
+
+def warmup_for(steps: int) -> int:
+    """The warmup a run takes when none is given: a tenth of its steps, at most 100 (a 100-step
+    run warms up for 10 steps, not all 100)."""
+    return max(1, min(100, steps // 10))
+
+
+def with_loop_flags(flags: dict) -> dict:
+    """A training command's flags with `until` turned into TrainConfig's `eval_every`
+    (`plateau_every`) and a `warmup` of None into `warmup_for(steps)`."""
+    flags, steps = dict(flags), flags.get("steps", TrainConfig.steps)
+    if "until" in flags:
+        flags["eval_every"] = plateau_every(steps, flags.pop("until"), flags.get("eval_every", 0))
+    if "warmup" in flags and flags["warmup"] is None:
+        flags["warmup"] = warmup_for(steps)
+    return flags
+
+
 def plateau_summary(val_curve: list, cfg: TrainConfig) -> dict | None:
     """The plateau rule's last reading in a record, for the words that say why a run stopped
     (geoprobe.verdict.bridge_lines): from which step it judges, the share it needs, and at the
@@ -208,6 +236,12 @@ class TrainingState:
     val_curve: list = field(default_factory=list)
     stop: str | None = None
     seconds: float = 0.0  # the training loop's seconds up to this checkpoint, over every session
+
+    def under_cap(self, steps: int) -> TrainingState:
+        """This state under a cap of `steps`: a run its old cap stopped goes on where the cap is larger."""
+        if self.stop == "cap" and steps > self.step:
+            self.stop = None
+        return self
 
 
 def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingState, best: Best) -> None:
@@ -361,10 +395,8 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     ema = {k: v.detach().clone() if v.dtype == torch.bfloat16 else v.detach().clone().float()
            for k, v in params.items()}
     best = Best()
-    resumed = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best)  # TrainingState() when there is none
+    resumed = _load(out / CHECKPOINT, model, ema, optimizer, scheduler, best).under_cap(cfg.steps)  # or TrainingState()
     start, curve, val_curve, stop = resumed.step, resumed.curve, resumed.val_curve, resumed.stop
-    if stop == "cap" and cfg.steps > start:  # a raised cap: the run goes on from where its old cap stopped it
-        stop = None
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
     autocast = mixed_precision(device, cfg.precision)
     model.train()

@@ -327,6 +327,22 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
         raise BadInput(f"model {spec!r} has no usable tokenizer ({str(exc).splitlines()[0][:120]})") from exc
 
 
+@contextmanager
+def no_library_bars():
+    """transformers' own progress bars off while it loads weights, as they were after: the
+    library's one message path is geoprobe.events (a notebook calling geoprobe.scan sees no
+    "Loading weights" bar between its own lines)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
                   trust_remote_code: bool = False, revision: str | None = None,
                   batch: tuple[int, int] = (8, 512)) -> Backbone:
@@ -346,8 +362,9 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
                   local_files_only=offline and not source.is_local)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
-                                                     device_map=device_map, **kwargs)
+        with no_library_bars():
+            model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
+                                                         device_map=device_map, **kwargs)
     except OSError as exc:
         raise BadInput(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from exc
     try:

@@ -235,6 +235,39 @@ def test_a_short_bridge_trains_its_steps_says_why_and_a_larger_cap_resumes_it(sc
     assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: steps)")
 
 
+def test_a_bridge_samples_from_its_layer_folder_refuses_ar_and_has_its_report_lines(scanned, tmp_path):
+    """`sample --model RUN/bridges/layer-01` takes the layer's one seed (two seeds: one line naming
+    them); `--sampler ar` on a bridge is one line naming what applies (no transformers message);
+    `geoprobe report` on a run with a bridge and no sweep says what the bridge found."""
+    import shutil
+
+    run = shutil.copytree(scanned, tmp_path / "run", ignore=shutil.ignore_patterns("bridges", "sweep*"))
+    flags = ["--run", run, "--layer", 1, "--steps", 4, "--until", "steps", "--batch-size", 2, "--d-model", 32,
+             "--n-layers", 1, "--device", "cpu"]
+    code, _, err = invoke("-q", "bridge", *flags)
+    assert code == 0, err
+    layer = run / "bridges" / "layer-01"
+    code, out, err = invoke("--format", "json", "sample", "--model", layer, "--sampler", "hybrid", "--steps", 4,
+                            "--num", 2, "--length", 5, "--device", "cpu")
+    assert code == 0, err
+    meta = json.loads(out)["meta"]
+    assert meta["model"] == str((layer / "seed-0").resolve())
+    assert meta["file"] == str(layer / "seed-0" / "samples" / "hybrid-steps-4-num-2-length-5" / "samples.jsonl")
+    code, _, err = invoke("sample", "--model", layer / "seed-0", "--sampler", "ar", "--out", tmp_path / "ar",
+                          "--num", 2, "--length", 5, "--device", "cpu")
+    assert_one_line_error(code, err, 2, f"--sampler ar samples a causal LM left to right, and {layer / 'seed-0'} holds "
+                                        "a bridge: use --sampler mdlm or")
+    assert "model_type" not in err and not (tmp_path / "ar").exists()
+    code, out, err = invoke("report", run)
+    assert code == 0, err
+    page = (run / "report.md").read_text()
+    assert "- bridge at layer 1 (seed-0): Trained exactly 4 steps (--until steps)." in page
+    assert "## Bridges" in page and "control_lookup_nmse_dim" in page
+    assert invoke("-q", "bridge", *flags, "--seed", 1)[0] == 0
+    code, _, err = invoke("sample", "--model", layer, "--device", "cpu")
+    assert_one_line_error(code, err, 2, f"{layer} holds 2 seeds (seed-0, seed-1): pass one of them, e.g. --model")
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--layer", "-1"], "--layer must be >= 0"),
     (["--layer", "3"], "--layer 3 out of range: use 0..2 (layer 3 is the last block's output"),

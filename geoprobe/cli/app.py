@@ -11,7 +11,7 @@ import typer
 
 # each command module registers its commands on the root app when imported
 from geoprobe.cli import baseline, bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401
-from geoprobe.cli.root import INTERRUPTED, ORDER, app  # noqa: F401  (the application and its command order)
+from geoprobe.cli.root import INTERRUPTED, ORDER, app, global_first  # noqa: F401  (the app and its command order)
 
 from geoprobe.cli.options import state
 from geoprobe.errors import GeoprobeError, Interrupted
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(argv: list[str] | None) -> None:
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=global_first(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
     except Interrupted as exc:  # Ctrl-C: 130 and the one line, with --debug after the traceback
         if state.debug:
             traceback.print_exc()

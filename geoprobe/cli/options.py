@@ -68,3 +68,11 @@ Precision = Annotated[str, typer.Option("--precision", help="auto: bf16 autocast
                                       "never (slower; runs comparable bit for bit); bfloat16 (dsl train only): "
                                       "bfloat16 weights, gradients and EMA with stochastically rounded updates, "
                                       "14 bytes per parameter instead of 20 (an 8B model on one H200).")]
+Until = Annotated[str | None, typer.Option("--until", help="plateau: train until the held-out score stops improving "
+                                      "(< 2% better over the last 20% of steps; --steps is then the cap); steps: "
+                                      "exactly --steps (default: bridge and sweep plateau; dsl and baseline train "
+                                      "plateau when --eval-every is given, else steps).")]
+EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between the plateau rule's checks under "
+                                        "--until plateau (0: --steps/40, at most 50); the same in every command.")]
+Warmup = Annotated[int | None, typer.Option("--warmup", min=0, help="Warmup steps (default: a tenth of --steps, at "
+                                           "most 100).")]

@@ -71,6 +71,28 @@ def main_options(
         _quiet_libraries()
 
 
+def global_first(args: list[str]) -> list[str]:
+    """`args` with the root's own options (--debug, --quiet/-q, --format) moved before the command
+    where they were given after it: `geoprobe scan ... --format json` means `geoprobe --format json
+    scan ...` (no command has options of those names). Nothing after a `--` moves."""
+    options = {name: not param.is_flag for param in typer.main.get_command(app).params
+               for name in (*param.opts, *param.secondary_opts)}
+    end = args.index("--") if "--" in args else len(args)
+    first = next((i for i, a in enumerate(args[:end]) if not a.startswith("-")), end)  # the command's name
+    moved, rest, i = [], list(args[:first]), first
+    while i < end:
+        name = args[i].split("=", 1)[0]
+        takes = options.get(name)
+        if takes is None:
+            rest.append(args[i])
+        else:
+            value = takes and "=" not in args[i] and i + 1 < end
+            moved += args[i:i + 1 + value]
+            i += value
+        i += 1
+    return moved + rest + args[end:]
+
+
 def _quiet_libraries() -> None:
     """Library progress bars and warnings would break the one-line error contract."""
     import warnings

@@ -87,14 +87,21 @@ def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None
     path.write_text("\n".join(lines))
 
 
-def print_ranking(ranking: dict, geometry: dict) -> None:
+# the columns an 80-column terminal shows (ranking.md and --format json keep every one)
+NARROW = ("layer", "curv", "mono", "erank", "score", "rank", "P(first)")
+
+
+def print_ranking(ranking: dict, geometry: dict, console=None) -> None:
+    """The ranking for a terminal: every column where it is wide enough (110 characters), else the
+    proxies, the score, the rank and P(first), whole (no cell cut to "0.0…")."""
     from rich.table import Table
 
-
+    console = console or stdout_console()
     head, rows = display_rows(ranking, intervals=False)
+    keep = [i for i, name in enumerate(head) if console.width >= 110 or name in NARROW]
     table = Table(title="layer ranking", caption=caption(ranking, geometry))
-    for name in head:
-        table.add_column(name, justify="right")
+    for i in keep:
+        table.add_column(head[i], justify="right", overflow="fold")
     for row, data in zip(rows, ranking["rows"]):
-        table.add_row(*row, style="bold green" if data["layer"] == ranking["chosen_layer"] else None)
-    stdout_console().print(table)
+        table.add_row(*[row[i] for i in keep], style="bold green" if data["layer"] == ranking["chosen_layer"] else None)
+    console.print(table)
