@@ -44,7 +44,7 @@ from geoprobe.bridges.converter import Converter
 from geoprobe.bridges.likelihood import mdlm_elbo
 from geoprobe.bridges.nn import Transformer, TransformerConfig
 from geoprobe.bridges.parallel import SHARDED_CHECKPOINT, Execution
-from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train
+from geoprobe.bridges.train import CHECKPOINT, TrainConfig, Trained, fit_model, train, with_loop_flags
 from geoprobe.backbone import (find_blocks, load_backbone, load_config, load_tokenizer, resolve_device,
     resolve_source)
 from geoprobe.corpus import split_documents
@@ -382,9 +382,10 @@ def run_identity(training: dict | None) -> dict | None:
 
 def dsl_settings(**flags) -> tuple[DSLTrainSettings, DSLConfig]:
     """(training settings, network shape) of `dsl train` from its flags by name (TrainConfig's,
-    DSLTrainSettings' and DSLConfig's fields); the rest keep their class defaults."""
+    DSLTrainSettings' and DSLConfig's fields, and `until`: bridges/train.py `with_loop_flags`);
+    the rest keep their class defaults."""
 
-    train, run, shape = split_flags(flags, TrainConfig, DSLTrainSettings, DSLConfig)
+    train, run, shape = split_flags(with_loop_flags(flags), TrainConfig, DSLTrainSettings, DSLConfig)
     shape.setdefault("vocab_size", 0)  # the tokenizer's, set when the run starts
     return DSLTrainSettings(**run, train=TrainConfig(**train)), DSLConfig(**shape)
 

@@ -44,7 +44,7 @@ from geoprobe.bridges.checkpoint import CONFIG, build_network, load_weights, rea
 from geoprobe.bridges.dsl import (budget, dsl_oracle_start, dsl_tokenizer, reported_rows, sequences, split_documents,
     stopping_rows, with_loop_defaults)
 from geoprobe.bridges.nn import Transformer, TransformerConfig, apply_rotary, rotary_tables, timestep_embedding
-from geoprobe.bridges.train import TrainConfig, fit_model
+from geoprobe.bridges.train import TrainConfig, fit_model, with_loop_flags
 from geoprobe.backbone import resolve_device
 from geoprobe.device import choose_determinism, upload
 from geoprobe.distributed import SINGLE, World
@@ -341,8 +341,10 @@ class BaselineTrainSettings:
 
 def baseline_settings(kind: str, **flags) -> tuple[BaselineTrainSettings, EmbeddingDiffusionConfig]:
     """(training settings, the kind's config) from flags by name (TrainConfig's, the settings'
-    and the network's shape); the rest keep their defaults and the kind's preset."""
-    train, run, shape = split_flags(flags, TrainConfig, BaselineTrainSettings, EmbeddingDiffusionConfig)
+    and the network's shape, and `until`: bridges/train.py `with_loop_flags`); the rest keep
+    their defaults and the kind's preset."""
+    train, run, shape = split_flags(with_loop_flags(flags), TrainConfig, BaselineTrainSettings,
+                                    EmbeddingDiffusionConfig)
     return BaselineTrainSettings(**run, train=TrainConfig(**train)), preset(kind, **shape)
 
 

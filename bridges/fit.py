@@ -29,7 +29,7 @@ from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, OLDER_BRIDGES, T
 from geoprobe.bridges.nn import full_precision
 from geoprobe.bridges.scoring import fitted_rows, generated_rows, massive_threshold, scored_rows, state_losses
 from geoprobe.bridges.states import Split, TeacherStates
-from geoprobe.bridges.train import TrainConfig, fit_model
+from geoprobe.bridges.train import TrainConfig, fit_model, plateau_every, warmup_for
 from geoprobe.device import upload
 from geoprobe.distributed import SINGLE, World
 from geoprobe.errors import BadInput
@@ -47,16 +47,18 @@ def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: st
     """A bridge run's training settings, checked: warmup a tenth of the steps (at most 100), EMA
     0.99 (a bridge trains for hundreds of steps, not the DSL's thousands), checkpoints every <=
     100 steps, and with `until` "plateau" a constant rate after the warmup and the plateau rule
-    every `eval_every` steps (default steps/40, at most 50) from 5 evaluations or twice the warmup on; with
-    "steps" a cosine to zero over exactly `steps`. `plateau_rel`, `plateau_scale` and `min_steps`
-    (None: the rule above) let a comparison hold every row to one stopping rule (docs/baselines.md)."""
-    if until not in ("plateau", "steps"):
-        raise BadInput(f"--until must be plateau or steps, got {until!r}")
-    warmup = max(1, min(100, steps // 10))
-    every = (eval_every or max(1, min(50, steps // 40))) if until == "plateau" else 0
+    every `eval_every` steps (default steps/40, at most 50) from 5 evaluations, twice the warmup
+    and twice the 1 / (1 - EMA) = 100 steps the kept EMA weights average over on (a run shorter
+    than 200 steps trains to its cap: the curve the rule watches would still be the average
+    catching up); with "steps" a cosine to zero over exactly `steps`. `plateau_rel`,
+    `plateau_scale` and `min_steps` (None: the rule above) let a comparison hold every row to one
+    stopping rule (docs/baselines.md). A bridge whose cap grows keeps the keys derived from its
+    old cap (geoprobe.workflows.sweep.training_for), so a larger --steps only moves the cap."""
+    warmup, ema, every = warmup_for(steps), 0.99, plateau_every(steps, until, eval_every)
+    first = max(2 * warmup, 5 * every, 2 * round(1 / (1 - ema)))  # the first step the plateau rule may stop at
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                      save_every=max(1, min(100, steps)), ema=0.99, eval_every=every,
-                      min_steps=max(2 * warmup, 5 * every) if min_steps is None else min_steps,
+                      save_every=max(1, min(100, steps)), ema=ema, eval_every=every,
+                      min_steps=first if min_steps is None else min_steps,
                       plateau_rel=plateau_rel, plateau_scale=plateau_scale, precision=precision,
                       schedule="constant" if until == "plateau" else "cosine", eval_at_start=True)
     cfg.validate()
@@ -317,10 +319,12 @@ OLDER_TRAINING = {"plateau_scale": "window"}
 
 
 def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, identity: dict) -> bool:
-    """Whether `out` already holds this bridge (False: nothing there); a bridge for another
-    backbone, layer, shape or training is refused in one line naming the keys that differ. The
-    support size comes from the teacher states, so a check before they exist (`settings_known`
-    of the sweep: cfg.support_size 0) leaves it out."""
+    """Whether `out` already holds this bridge (False: nothing there, or a bridge to train on); a
+    bridge for another backbone, layer, shape or training is refused in one line naming the keys
+    that differ, except a larger step cap under the plateau rule: a bridge its old cap stopped is
+    trained on to the new one (False), one its plateau stopped is finished (True). The support
+    size comes from the teacher states, so a check before they exist (`settings_known` of the
+    sweep: cfg.support_size 0) leaves it out."""
     if not (out / CONFIG).is_file():
         return False
     old = read_config(out, "bridge")
@@ -336,8 +340,17 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
     training = {**OLDER_TRAINING, **old["training"]} if old.get("training") else None
     if training != asdict(train_cfg):
         keys = differing_keys(training or {}, asdict(train_cfg))
-        raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}); "
-                       "use another --out, or --force to train it anew")
+        if keys != ["steps"] or train_cfg.schedule != "constant" or training["steps"] > train_cfg.steps:
+            why = ("" if keys != ["steps"] else
+                   " (a fixed budget, --until steps, decays its rate to zero at its --steps: it cannot grow)"
+                   if train_cfg.schedule != "constant" else
+                   f" (its cap is {training['steps']} steps: a smaller --steps cannot take back trained steps)")
+            raise BadInput(f"{out} holds a bridge trained with other settings (differs in: {', '.join(keys)}){why}; "
+                           "use another --out, or --force to train it anew")
+        # a raised cap (--until plateau): a bridge its old cap stopped goes on (False: not finished);
+        # one its plateau stopped is finished, since a larger cap would have stopped it at the same step
+        stopped = json.loads((out / METRICS).read_text()).get("stop") if (out / METRICS).is_file() else None
+        return stopped != "cap"
     return True
 
 

@@ -431,8 +431,8 @@ class Teacher:
 
     def __init__(self, backbone, layer: int):
         if not 0 <= layer < backbone.num_layers:
-            raise BadInput(f"--layer {layer} out of range: blocks {layer + 1}..{backbone.num_layers} must remain "
-                           f"above the bridge, so use 0..{backbone.num_layers - 1}")
+            raise BadInput(f"--layer {layer} out of range: use 0..{backbone.num_layers - 1} (a bridge needs a block "
+                           "above its layer)")
         self.backbone, self.layer = backbone, layer
         device = backbone.input_device
         with torch.no_grad():

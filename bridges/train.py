@@ -11,7 +11,10 @@ than `plateau_evals` evaluations, so that an early flat stretch of two or three 
 stop a run) is less than `plateau_rel` (2%) better than the score at the window's start, a
 share of that score (`plateau_scale` "window") or of the larger of it and the first evaluation's
 ("start"). `steps` is then the cap. The validation curve and the reason for stopping ("plateau" or "cap")
-are kept in the checkpoint, so a resumed run stops where an uninterrupted one does.
+are kept in the checkpoint, so a resumed run stops where an uninterrupted one does. A run stopped by
+its cap and resumed under a larger one goes on from there (what `geoprobe bridge` does when only
+--steps grows); `plateau_summary` keeps the rule's last reading in the record, for the words that
+say why a run stopped.
 
 Everything random in step t is drawn from a generator seeded by (seed, t), so a run resumed
 from a checkpoint at step k repeats exactly what an uninterrupted run does from step k on.
@@ -122,19 +125,69 @@ class Trained:
     total_seconds: float = 0.0  # the training loop over every session (checkpoints older than 2026-12-03: the last one's)
 
 
-def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
-    """The plateau rule on the validation curve so far (lower is better)."""
+def plateau_reading(val_curve: list, cfg: TrainConfig) -> dict | None:
+    """What the plateau rule sees on the validation curve so far (lower is better): the window
+    it compares, [the step of its start, the last step], the best score's drop below the start
+    and the scale the drop is a share of; None while it cannot judge (before `min_steps`, or
+    with no evaluation before the window)."""
     if not val_curve or val_curve[-1][0] < cfg.min_steps:
-        return False
+        return None
     now = val_curve[-1][0]
     boundary = min((1 - cfg.plateau_window) * now, now - cfg.plateau_evals * cfg.eval_every)
-    before = [v for s, v in val_curve if s <= boundary]
+    before = [(s, v) for s, v in val_curve if s <= boundary]
     if not before:
-        return False
-    start = before[-1]
-    best = min(v for s, v in val_curve if s > boundary)
+        return None
+    (start_step, start), best = before[-1], min(v for s, v in val_curve if s > boundary)
     scale = max(val_curve[0][1], start) if cfg.plateau_scale == "start" else start
-    return start - best < cfg.plateau_rel * abs(scale)
+    return {"window": [start_step, now], "drop": start - best, "scale": abs(scale)}
+
+
+def plateaued(val_curve: list, cfg: TrainConfig) -> bool:
+    """The plateau rule on the validation curve so far (lower is better): the best score of the
+    window is less than `plateau_rel` of the scale below the window's start."""
+    seen = plateau_reading(val_curve, cfg)
+    return seen is not None and seen["drop"] < cfg.plateau_rel * seen["scale"]
+
+
+def plateau_every(steps: int, until: str | None, eval_every: int = 0) -> int:
+    """The interval of the plateau rule's checks as --until and --eval-every mean it in every
+    command: under "plateau" every `eval_every` steps (0: steps/40, at most 50; `steps` is then
+    the cap); under "steps" none (`steps` exactly). `until` None: "plateau" when `eval_every` is
+    given, else "steps" (what `dsl train` and `baseline train` do when given neither)."""
+    until = until or ("plateau" if eval_every else "steps")
+    if until not in ("plateau", "steps"):
+        raise BadInput(f"--until must be plateau or steps, got {until!r}")
+    return (eval_every or max(1, min(50, steps // 40))) if until == "plateau" else 0
+
+
+def warmup_for(steps: int) -> int:
+    """The warmup a run takes when none is given: a tenth of its steps, at most 100 (a 100-step
+    run warms up for 10 steps, not all 100)."""
+    return max(1, min(100, steps // 10))
+
+
+def with_loop_flags(flags: dict) -> dict:
+    """A training command's flags with `until` turned into TrainConfig's `eval_every`
+    (`plateau_every`) and a `warmup` of None into `warmup_for(steps)`."""
+    flags, steps = dict(flags), flags.get("steps", TrainConfig.steps)
+    if "until" in flags:
+        flags["eval_every"] = plateau_every(steps, flags.pop("until"), flags.get("eval_every", 0))
+    if "warmup" in flags and flags["warmup"] is None:
+        flags["warmup"] = warmup_for(steps)
+    return flags
+
+
+def plateau_summary(val_curve: list, cfg: TrainConfig) -> dict | None:
+    """The plateau rule's last reading in a record, for the words that say why a run stopped
+    (geoprobe.verdict.bridge_lines): from which step it judges, the share it needs, and at the
+    last evaluation the window and the share the best score improved on its start (None: no rule)."""
+    if cfg.eval_every <= 0 or not val_curve:
+        return None
+    seen = plateau_reading(val_curve, cfg)
+    summary = {"from_step": cfg.min_steps, "needs": cfg.plateau_rel, "ema_steps": round(1 / (1 - cfg.ema))}
+    if seen is not None:
+        summary.update(window=seen["window"], gain=seen["drop"] / seen["scale"] if seen["scale"] else 0.0)
+    return summary
 
 
 @dataclass(frozen=True)
@@ -191,6 +244,12 @@ class TrainingState:
     val_curve: list = field(default_factory=list)
     stop: str | None = None
     seconds: float = 0.0  # the training loop's seconds up to this checkpoint, over every session
+
+    def under_cap(self, steps: int) -> TrainingState:
+        """This state under a cap of `steps`: a run its old cap stopped goes on where the cap is larger."""
+        if self.stop == "cap" and steps > self.step:
+            self.stop = None
+        return self
 
 
 def _meta(state: TrainingState, scheduler, best: Best) -> dict:
@@ -470,7 +529,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     out.mkdir(parents=True, exist_ok=True)
     run = _Run.start(model, loss_fn, cfg, out, device, world, execution)
     best = Best()
-    resumed = run.load(best)  # TrainingState() when there is none
+    resumed = run.load(best).under_cap(cfg.steps)  # TrainingState() when there is none
     start, curve, val_curve, stop = resumed.step, resumed.curve, resumed.val_curve, resumed.stop
     plateau_rule = cfg.eval_every > 0 and evaluate is not None
     log = ScalarLog(out, world.is_main, start)
@@ -531,12 +590,15 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
                    resumed.seconds + seconds)
 
 
-def training_summary(trained: Trained, window: int = 20) -> dict:
+def training_summary(trained: Trained, window: int = 20, cfg: TrainConfig | None = None) -> dict:
     """The metrics every trained model records about its training: the mean training loss over
-    the last `window` steps, the steps run, why it stopped and the validation curve."""
+    the last `window` steps, the steps run, why it stopped, the validation curve and (given the
+    settings) the plateau rule's last reading (`plateau_summary`)."""
     tail = trained.curve[-window:]
+    rule = plateau_summary(trained.val_curve, cfg) if cfg is not None else None
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
             "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
+            **({"plateau_rule": rule} if rule is not None else {}),
             "train_seconds": round(trained.total_seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
 
@@ -560,6 +622,6 @@ def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: 
         load_weights(model, out)
     model.eval()
     # the machine that finished the training: a record copied to another machine keeps its times' origin
-    metrics = {**score(model, trained), **training_summary(trained), "machine": machine_name(device)}
+    metrics = {**score(model, trained), **training_summary(trained, cfg=cfg), "machine": machine_name(device)}
     write_record(out, metrics, trained, title)
     return metrics

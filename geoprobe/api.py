@@ -157,10 +157,10 @@ def bridge(run, layer: int | None = None, **flags) -> dict:
     return metrics
 
 
-def sample(model, sampler: str = "roar", out=None, device: str = "auto", **flags) -> list[str]:
+def sample(model, sampler: str = "roar", out=None, device: str = "auto", force: bool = False, **flags) -> list[str]:
     """What `geoprobe sample --model MODEL --sampler S` does; the generated texts. `flags` are the
     fields of SampleSettings (num, length, steps, top_p, seed, ...)."""
 
     settings = SampleSettings(**split_flags(flags, SampleSettings)[0])
-    result = generate(Path(model), sampler, settings, Path(out) if out is not None else None, device)
+    result = generate(Path(model), sampler, settings, Path(out) if out is not None else None, device, force)
     return [row["text"] for row in result["samples"]]

@@ -139,6 +139,29 @@ def _gemma3() -> tuple[Path, dict]:
     return folder, json.loads((folder / "geoprobe-source.json").read_text())
 
 
+def builtin_corpus(model: str) -> str | None:
+    """The corpus a builtin model knows, which `scan` reads when given no --corpus: the testbed's
+    HMM for builtin:hmm-tiny (its tokenizer holds only that HMM's words: on the KJV it would read
+    almost every word as unknown); None for any other model."""
+    return testbed.CORPUS if model == f"builtin:{testbed.NAME}" else None
+
+
+def check_builtin_corpus(model: str, corpus: str, documents) -> None:
+    """One line, before anything loads, where a builtin model that knows only its own corpus's
+    words (the testbed) is given text whose words it mostly has never seen. `documents()` gives
+    the corpus's documents (read only for such a model)."""
+    own = builtin_corpus(model)
+    if own is None or corpus == own:
+        return
+    known = set(testbed.words())
+    words = [w for text in documents()[:20] for w in text.split()]
+    unknown = sum(w not in known for w in words) / max(1, len(words))
+    if unknown > 0.5:
+        raise BadInput(f"{model} knows only the {len(known)} words of its HMM, and {unknown:.0%} of the words of "
+                       f"--corpus {corpus} are none of them (it would see a few distinct tokens): scan it on its own "
+                       f"corpus, --corpus '{own}' (scan's default for it)")
+
+
 def testbed_folder() -> Path:
     from geoprobe import testbed
 

@@ -169,6 +169,17 @@ def resolve_source(spec: str) -> ModelSource:
     return ModelSource(spec, spec, is_local=False)
 
 
+def check_bridge_layer(layer: int, blocks: int) -> None:
+    """One line where a bridge cannot sit at `layer` of a model of `blocks` blocks: it replaces
+    the model below the layer and keeps at least one block above it, so layers 0..blocks - 1."""
+    if 0 <= layer < blocks:
+        return
+    where = ("the last block's output" if layer == blocks else f"past the model's {blocks} blocks" if layer > blocks
+             else "not a layer")
+    raise BadInput(f"--layer {layer} out of range: use 0..{blocks - 1} (layer {layer} is {where}, and a bridge needs "
+                   "a block above its layer)")
+
+
 def hub_offline() -> bool:
     """Whether the Hugging Face hub is off limits (HF_HUB_OFFLINE set): the one place that asks."""
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
@@ -371,6 +382,22 @@ def locate_backbone(spec: str, config_sha256: str, record: str) -> str:
                    f"put the model back at {spec} or into that cache")
 
 
+@contextmanager
+def no_library_bars():
+    """transformers' own progress bars off while it loads weights, as they were after: the
+    library's one message path is geoprobe.events (a notebook calling geoprobe.scan sees no
+    "Loading weights" bar between its own lines)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", device_map: str | None = None,
                   trust_remote_code: bool = False, revision: str | None = None,
                   batch: tuple[int, int] = (8, 512)) -> Backbone:
@@ -390,8 +417,9 @@ def load_backbone(spec: str, *, dtype: str = "auto", device: str = "auto", devic
     kwargs = dict(gguf_file=source.gguf_file, trust_remote_code=trust_remote_code, revision=revision,
                   local_files_only=offline and not source.is_local)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
-                                                     device_map=device_map, **kwargs)
+        with no_library_bars():
+            model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
+                                                         device_map=device_map, **kwargs)
     except OSError as exc:
         raise BadInput(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from exc
     try:

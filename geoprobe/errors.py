@@ -13,6 +13,12 @@ class BadInput(GeoprobeError):
     exit_code = 2
 
 
+class Interrupted(GeoprobeError):
+    """The user pressed Ctrl-C (SIGINT): exit code 130, as a shell reports a process it interrupted."""
+
+    exit_code = 130
+
+
 def short(exc: BaseException) -> str:
     """An exception as a few words for a one-line message."""
     text = str(exc).strip().splitlines()

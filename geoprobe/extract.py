@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from geoprobe.assets import check_builtin_corpus
 from geoprobe.backbone import Backbone, load_backbone, parse_layers
 from geoprobe.capture import capture, select_positions
 from geoprobe.corpus import Block, iter_blocks, read_documents
@@ -263,6 +264,7 @@ def check_extract(cfg: ExtractConfig, out: Path, force: bool = False, world: Wor
         raise BadInput("--force with --world-size > 1 would let one rank delete another's shards; "
                        "start over with a single process or under torchrun")
     check_writable(out)
+    check_builtin_corpus(cfg.model, cfg.corpus, lambda: read_documents(cfg.corpus, cfg.text_field))
 
 
 def _version() -> str:

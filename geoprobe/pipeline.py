@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from geoprobe.assets import cache_dir
+from geoprobe.assets import builtin_corpus, cache_dir
 from geoprobe.backbone import hub_offline, parse_layers, resolve_device
 from geoprobe.device import choose_determinism
 from geoprobe.distributed import SINGLE, World, world_from
@@ -125,10 +125,12 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
 
 
 def scan_config(model: str, corpus: str | None = None, doc_blocks: int | None = None, **flags) -> ExtractConfig:
-    """The extraction a scan makes: without a corpus, the default one (`default_corpus`), one block
-    from each of its many chapters (so that the bootstrap has many documents to resample)."""
+    """The extraction a scan makes: without a corpus, the one a builtin model knows
+    (`assets.builtin_corpus`: the testbed's HMM) or else the default one (`default_corpus`), one
+    block from each of its many documents (so that the bootstrap has many documents to resample)."""
     doc_blocks = (1 if corpus is None else 0) if doc_blocks is None else doc_blocks
-    return ExtractConfig(model=model, corpus=corpus or default_corpus(), doc_blocks=doc_blocks, **flags)
+    return ExtractConfig(model=model, corpus=corpus or builtin_corpus(model) or default_corpus(), doc_blocks=doc_blocks,
+                         **flags)
 
 
 def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str = WEIGHTS, log: bool = False,
@@ -199,9 +201,10 @@ def warning_for(run: Path, geometry: dict) -> str | None:
 def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, Path]:
     """ranking.csv, ranking.md and the plot; when some layer has massive channels, the ranking
     under the opposite choice about them is shown too (`ranking["other"]`)."""
-    ranking = rank_layers(geometry, weights, log)
-    other = rank_layers(geometry, weights, log, other_channels=True) if has_massive_channels(geometry) else None
     run = Path(run)
+    blocks = read_manifest(run)["model"]["num_layers"]
+    ranking = rank_layers(geometry, weights, log, blocks=blocks)
+    other = rank_layers(geometry, weights, log, True, blocks) if has_massive_channels(geometry) else None
     write_csv(ranking, run / "ranking.csv")
     # what the sweep needs to recompute the score over the layers it compares
     write_json_atomic(run / "ranking.json", {"weights": list(weights), "log": log})

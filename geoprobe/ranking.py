@@ -51,11 +51,15 @@ def selection_score(proxies: dict[str, np.ndarray], weights=(1.0, 1.0, 1.0), log
     return total
 
 
-def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, other_channels: bool = False) -> dict:
+def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, other_channels: bool = False,
+                blocks: int | None = None) -> dict:
     """The ranking table of a geometry result (normalisation as recorded in its settings).
     `other_channels`: rank on the proxies computed with the opposite choice about massive
     channels (excluded if the geometry kept them, kept if it excluded them); layers without
-    massive channels are the same either way."""
+    massive channels are the same either way. `blocks`, the model's number of blocks, marks the
+    layers that can host a bridge (`bridgeable`: a block above them); the chosen layer is the
+    best-ranked of those, and `passed_over` the better-ranked layers that cannot (None: every
+    layer can)."""
     norm = geometry["settings"]["normalize"]
     drop = bool(geometry["settings"].get("drop_massive_channels", False)) != other_channels
     layers = [{**l, **l.get("other_channels", {})} if other_channels else l for l in geometry["layers"]]
@@ -90,13 +94,34 @@ def rank_layers(geometry: dict, weights=(1.0, 1.0, 1.0), log: bool = False, othe
                    participation_ratio=layer["participation_ratio"], entropy_rank=layer["entropy_rank"],
                    duplicate_fraction=layer["duplicate_fraction"], massive=layer["massive"],
                    massive_channels=len(layer.get("massive_channels", [])),
-                   channel_share=layer.get("massive_channel_share", 0.0))
+                   channel_share=layer.get("massive_channel_share", 0.0),
+                   bridgeable=blocks is None or layer["layer"] < blocks)
         rows.append(row)
-    best = rows[int(order[0])]
+    best, passed_over = bridge_choice(rows)
     return {"normalize": norm, "weights": list(weights), "log": log, "chosen_layer": best["layer"],
+            "passed_over": passed_over,
             "chosen_p_first": best["p_first"], "chosen_p_first_reseed": best["p_first_reseed"],
             "reseeds": len(layers[0].get("reseeds", {}).get("curv", [])) + 1 if has_reseeds(layers) else 0,
             "drop_massive_channels": drop, "rows": rows}
+
+
+def bridge_choice(rows: list[dict]) -> tuple[dict, list[int]]:
+    """(the best-ranked row that can host a bridge, the better-ranked layers that cannot): a
+    bridge at layer l needs block l + 1 above it, so the last block's output never hosts one."""
+    ranked = sorted(rows, key=lambda r: r["rank"])
+    usable = [r for r in ranked if r.get("bridgeable", True)]
+    if not usable:
+        raise BadInput("no ranked layer has a block above it to host a bridge")
+    return usable[0], [r["layer"] for r in ranked[:ranked.index(usable[0])]]
+
+
+def passed_over_line(ranking: dict) -> str | None:
+    """Why the chosen layer is not the first-ranked one, in one line (None when it is)."""
+    skipped = ranking.get("passed_over") or []
+    if not skipped:
+        return None
+    return (f"layer {', '.join(map(str, skipped))} ranks higher but is the last block's output, and a bridge needs a "
+            f"block above its layer: the chosen layer is {ranking['chosen_layer']}, the best-ranked that can host one")
 
 
 def layer_scores(geometry: dict, layers: list[int], weights=(1.0, 1.0, 1.0), log: bool = False,

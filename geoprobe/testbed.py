@@ -33,6 +33,13 @@ STEPS, BATCH, LENGTH, LR, WARMUP = 800, 32, 64, 3e-3, 30
 HELD_OUT = 256  # sequences of LENGTH words for the held-out NLL
 
 
+def words() -> list[str]:
+    """The words of CORPUS's HMM: all the testbed's tokenizer knows besides its special tokens."""
+    from geoprobe.synthetic import hmm_from_spec
+
+    return list(hmm_from_spec(CORPUS).words)
+
+
 def tokenizer_for(hmm):
     """The word-level tokenizer of every word the HMM can emit (ids 2.. in sorted order)."""
 

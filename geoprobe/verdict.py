@@ -235,12 +235,17 @@ def bridge_lines(m: dict) -> list[str]:
     stop, steps, best = m.get("stop"), m.get("steps_run"), m.get("best_step")
     if stop is None or steps is None:  # a record from before these fields: nothing to say
         return []
+    rule = m.get("plateau_rule") or {}  # the rule's last reading (records since issue 62)
     if stop == "plateau":
         lines = [f"Stopped by its plateau at step {steps:,}"
-                 + (f", with its best weights (step {best:,})." if best is not None else ".")]
+                 + (f", with its best weights (step {best:,})" if best is not None else "")
+                 + (f": its stopping-split nmse_dim improved {rule['gain']:.1%} from step {rule['window'][0]:,} to "
+                    f"{rule['window'][1]:,}, under the {rule['needs']:.0%} the rule asks." if "gain" in rule else ".")]
     elif stop == "cap":
         lines = [f"Reached its step cap ({steps:,}) before its plateau: unconverged, so its scores say how far "
                  "training got, not how hard the layer is."]
+        if rule:
+            lines.append(cap_advice(rule, steps))
     elif stop == "budget":
         lines = [f"Trained exactly {steps:,} steps (--until steps)."]
     else:
@@ -259,6 +264,21 @@ def bridge_lines(m: dict) -> list[str]:
                         "the lookup, or the lookup + ridge control where that is closer): it learned little beyond "
                         "a table of per-token means."))
     return lines
+
+
+def cap_advice(rule: dict, steps: int) -> str:
+    """Why a bridge under the plateau rule ran to its cap, and what to run: the curve was still
+    falling, or the run was too short for the rule to judge it; a larger --steps resumes it."""
+    if "gain" in rule:
+        why = (f"It was still improving: {rule['gain']:.1%} from step {rule['window'][0]:,} to {rule['window'][1]:,}, "
+               f"and the rule stops it only under {rule['needs']:.0%}.")
+        more = 4 * steps
+    else:
+        why = (f"The run was too short for the plateau rule to judge it: the rule judges a bridge from step "
+               f"{rule['from_step']:,} on (its kept weights are an average over about {rule.get('ema_steps', 100):,} "
+               "steps, which a shorter curve mostly shows catching up).")
+        more = max(4 * steps, 2 * rule["from_step"])
+    return f"{why} Rerun with a larger --steps (e.g. --steps {more}) to resume it from step {steps:,}."
 
 
 def convergence(rows: list[dict], layers: list[int], judged_by: str = PRIMARY) -> dict:

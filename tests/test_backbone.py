@@ -177,3 +177,15 @@ def test_a_model_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
     model.write_bytes(b"GGUF" + os.urandom(6000))  # another size: another key
     assert backbone.model_file_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest() != first
     assert len(reads) == 2
+
+
+def test_loading_a_model_prints_no_library_bar_and_leaves_its_setting(tiny_models, capfd):
+    """The API's output is geoprobe's own: transformers' "Loading weights" bar stays off while a
+    backbone loads, and its setting is as it was afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    load_backbone(str(tiny_models("llama")), device="cpu")
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()

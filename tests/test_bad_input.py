@@ -239,3 +239,25 @@ def test_bfloat16_weights_are_refused_where_only_a_small_bridge_trains(command, 
     code, _, err = invoke(*argv_for((command, "--precision", "bfloat16"), world, tmp_path / "new"))
     assert code == 2 and err.strip() == "error: --precision bfloat16 is for dsl train; a bridge trains with auto or float32"
     assert not (tmp_path / "new").exists()
+
+
+def test_the_global_options_work_after_the_command_too(scanned_run, tmp_path):
+    """`geoprobe rank RUN --format json` is `geoprobe --format json rank RUN` (it was "No such
+    option"); no command has an option of those names, so nothing else is taken for them."""
+    import typer
+
+    from geoprobe.cli.root import global_first
+
+    run = copy_run(scanned_run, tmp_path / "run")
+    code, out, err = invoke("rank", run, "--format", "json", "-q")
+    assert code == 0, err
+    assert json.loads(out)["ranking"]["chosen_layer"] in (0, 1, 2)
+    assert global_first(["sample", "--model", "m", "--", "--format", "json"])[-2:] == ["--format", "json"]
+    command = typer.main.get_command(app)
+    root = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+
+    def options(group):
+        for sub in group.commands.values():
+            yield from options(sub) if hasattr(sub, "commands") else (o for p in sub.params for o in p.opts)
+
+    assert root == {"--debug", "--quiet", "-q", "--format"} and not root & set(options(command))

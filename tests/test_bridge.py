@@ -200,9 +200,78 @@ def test_a_rerun_with_other_training_settings_retrains_or_refuses(scanned, tmp_p
     assert code == 0 and json.loads(out)["nmse"] == first["nmse"]
 
 
+def test_a_short_bridge_trains_its_steps_says_why_and_a_larger_cap_resumes_it(scanned, tmp_path):
+    """--steps 100 under the plateau rule: too short for the rule to judge (it judges from step 200,
+    twice the 100 steps the EMA weights average over), so the bridge trains its 100 steps and says
+    what to run; a larger --steps resumes it from step 100 (no --force) with the keys its first cap
+    derived, a smaller one is refused."""
+    flags = ["--run", scanned, "--layer", "1", "--out", tmp_path, "--batch-size", 2, "--d-model", 32, "--n-layers", 1,
+             "--device", "cpu"]
+    code, out, err = invoke("--format", "json", "bridge", *flags, "--steps", 100)
+    assert code == 0, err
+    first = json.loads(out)
+    assert (first["stop"], first["steps_run"]) == ("cap", 100) and first["val_curve"][-1][0] == 100
+    assert first["summary"][1] == ("The run was too short for the plateau rule to judge it: the rule judges a bridge "
+                                   "from step 200 on (its kept weights are an average over about 100 steps, which a "
+                                   "shorter curve mostly shows catching up). Rerun with a larger --steps (e.g. "
+                                   "--steps 400) to resume it from step 100.")
+    folder = tmp_path / "bridges" / "layer-01" / "seed-0"
+    derived = {k: json.loads((folder / "config.json").read_text())["training"][k]
+               for k in ("warmup", "eval_every", "min_steps", "save_every")}
+    assert derived == {"warmup": 10, "eval_every": 2, "min_steps": 200, "save_every": 100}
+    curve = (folder / "curve.csv").read_text().splitlines()
+    code, out, err = invoke("--format", "json", "bridge", *flags, "--steps", 240)
+    assert code == 0, err
+    more = json.loads(out)
+    assert more["steps_run"] > 100 and more["stop"] in ("cap", "plateau")
+    assert more["val_curve"][:len(first["val_curve"])] == first["val_curve"]  # the same run, gone on
+    assert (folder / "curve.csv").read_text().splitlines()[:len(curve)] == curve
+    record = json.loads((folder / "config.json").read_text())
+    assert record["training"]["steps"] == 240 and record["budget"]["steps"] == 240
+    assert {k: record["training"][k] for k in derived} == derived  # not 24, 6, 200, 100 (what 240 derives)
+    if more["stop"] == "cap":
+        assert more["summary"][1].startswith("It was still improving: ") and "--steps 960" in more["summary"][1]
+    code, _, err = invoke("bridge", *flags, "--steps", 200)
+    assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: steps)")
+
+
+def test_a_bridge_samples_from_its_layer_folder_refuses_ar_and_has_its_report_lines(scanned, tmp_path):
+    """`sample --model RUN/bridges/layer-01` takes the layer's one seed (two seeds: one line naming
+    them); `--sampler ar` on a bridge is one line naming what applies (no transformers message);
+    `geoprobe report` on a run with a bridge and no sweep says what the bridge found."""
+    import shutil
+
+    run = shutil.copytree(scanned, tmp_path / "run", ignore=shutil.ignore_patterns("bridges", "sweep*"))
+    flags = ["--run", run, "--layer", 1, "--steps", 4, "--until", "steps", "--batch-size", 2, "--d-model", 32,
+             "--n-layers", 1, "--device", "cpu"]
+    code, _, err = invoke("-q", "bridge", *flags)
+    assert code == 0, err
+    layer = run / "bridges" / "layer-01"
+    code, out, err = invoke("--format", "json", "sample", "--model", layer, "--sampler", "hybrid", "--steps", 4,
+                            "--num", 2, "--length", 5, "--device", "cpu")
+    assert code == 0, err
+    meta = json.loads(out)["meta"]
+    assert meta["model"] == str((layer / "seed-0").resolve())
+    assert meta["file"] == str(layer / "seed-0" / "samples" / "hybrid-steps-4-num-2-length-5" / "samples.jsonl")
+    code, _, err = invoke("sample", "--model", layer / "seed-0", "--sampler", "ar", "--out", tmp_path / "ar",
+                          "--num", 2, "--length", 5, "--device", "cpu")
+    assert_one_line_error(code, err, 2, f"--sampler ar samples a causal LM left to right, and {layer / 'seed-0'} holds "
+                                        "a bridge: use --sampler mdlm or")
+    assert "model_type" not in err and not (tmp_path / "ar").exists()
+    code, out, err = invoke("report", run)
+    assert code == 0, err
+    page = (run / "report.md").read_text()
+    assert "- bridge at layer 1 (seed-0): Trained exactly 4 steps (--until steps)." in page
+    assert "## Bridges" in page and "control_lookup_nmse_dim" in page
+    assert invoke("-q", "bridge", *flags, "--seed", 1)[0] == 0
+    code, _, err = invoke("sample", "--model", layer, "--device", "cpu")
+    assert_one_line_error(code, err, 2, f"{layer} holds 2 seeds (seed-0, seed-1): pass one of them, e.g. --model")
+
+
 @pytest.mark.parametrize("args,fragment", [
     (["--layer", "-1"], "--layer must be >= 0"),
-    (["--layer", "3"], "--layer 3 out of range: use 0..2"),
+    (["--layer", "3"], "--layer 3 out of range: use 0..2 (layer 3 is the last block's output"),
+    (["--layer", "5"], "--layer 5 out of range: use 0..2 (layer 5 is past the model's 3 blocks"),
     (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
     (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
     (["--layer", "1", "--carry", "table"], "--carry must be lookup or channel, got 'table'"),
@@ -241,7 +310,7 @@ def test_bridge_needs_a_scan_or_a_layer_and_refuses_foreign_checkpoints(scanned,
     data = json.loads(out)
     assert data["meta"]["nfe"] == 6 and len(data["samples"][0]["token_ids"]) == 5
     code, _, err = invoke("sample", "--model", tmp_path / "b" / "bridges" / "layer-01" / "seed-0", "--decode", "round",
-                          "--num", 1, "--length", 4, "--out", tmp_path / "s", "--device", "cpu")
+                          "--num", 1, "--length", 4, "--out", tmp_path / "round", "--device", "cpu")
     assert_one_line_error(code, err, 2, "--decode round is the layer-0 baseline")
 
 
@@ -398,6 +467,46 @@ def test_the_chosen_layer_passes_over_the_last_block_output(scanned, tmp_path):
         writer.writeheader()
         writer.writerows(rows)
     assert chosen_layer(run) == 1
+
+
+def test_the_ranking_marks_the_layers_that_can_host_a_bridge_and_chooses_one(scanned, tmp_path, monkeypatch):
+    """A ranking whose first layer is the last block's output (no block above it): the scan's
+    chosen layer is the best-ranked one that can host a bridge, a line says why, `bridge --run`
+    trains there, and the last layer is refused in one clear line before the backbone loads."""
+    import shutil
+
+    import geoprobe.workflows.sweep
+
+    run = shutil.copytree(scanned, tmp_path / "run")
+    geometry = json.loads((run / "geometry.json").read_text())
+    norm = geometry["settings"]["normalize"]
+    last = geometry["layers"][-1]
+    assert last["layer"] == 3  # the tiny Llama has 3 blocks: layer 3 is the last one's output
+    for name, factor in (("curv", 100.0), ("mono", 100.0), ("erank", 0.01)):  # the best score by far
+        values = [l[norm][name]["value"] for l in geometry["layers"]]
+        last[norm][name]["value"] = (max(values) if factor > 1 else min(values)) * factor
+    (run / "geometry.json").write_text(json.dumps(geometry))
+    code, out, err = invoke("rank", run)
+    assert code == 0, err
+    rows = {int(r["layer"]): r for r in csv.DictReader((run / "ranking.csv").open())}
+    assert rows[3]["rank"] == "1" and rows[3]["bridgeable"] == "False"
+    assert all(rows[l]["bridgeable"] == "True" for l in (0, 1, 2))
+    chosen = min((0, 1, 2), key=lambda l: int(rows[l]["rank"]))
+    assert f"chosen layer: {chosen}" in out
+    assert "layer 3 ranks higher but is the last block's output" in out and f"the chosen layer is {chosen}" in out
+    assert "†: the last block's output" in (run / "ranking.md").read_text()
+    code, out, err = invoke("--format", "json", "bridge", "--run", run, "--steps", 2, "--until", "steps",
+                            "--batch-size", 2, "--d-model", 32, "--n-layers", 1, "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["layer"] == chosen and f"the chosen layer is {chosen}" in err
+    monkeypatch.setattr(geoprobe.workflows.sweep, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
+    code, _, err = invoke("bridge", "--run", run, "--layer", 3, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "--layer 3 out of range: use 0..2 (layer 3 is the last block's output, "
+                                        "and a bridge needs a block above its layer)")
+    import geoprobe
+
+    with pytest.raises(geoprobe.errors.BadInput, match=r"use 0\.\.2 \(layer 3 is the last block's output"):
+        geoprobe.bridge(run, layer=3)
 
 
 def test_cached_states_equal_the_on_the_fly_teacher_bit_for_bit(llama, blocks, states):

@@ -612,3 +612,31 @@ def test_mdlm_runs_train_on_mdlms_objective_and_older_records_read_as_legacy(tmp
     assert run_identity(old_mixed) == run_identity({**new, "snr": "mixed"})
     with pytest.raises(BadInput, match="unknown --mdlm-objective 'sedd'"):
         DSLTrainSettings(mdlm_objective="sedd").validate()
+
+
+def test_until_and_eval_every_mean_the_same_in_bridge_dsl_and_baseline_and_a_short_run_warms_up_briefly():
+    """--eval-every is the steps between the plateau rule's checks under --until plateau (0: the
+    default interval) in every training command; `dsl train` given neither trains exactly --steps,
+    and given --eval-every alone stops on its plateau, as it did; the default warmup is a tenth of
+    --steps, at most 100, not the whole of a 100-step run."""
+    from geoprobe.bridges.dsl import dsl_settings
+    from geoprobe.bridges.embedding_diffusion import baseline_settings
+    from geoprobe.cli.app import app
+    from geoprobe.workflows.sweep import bridge_settings
+    import typer
+
+    for steps in (100, 400, 4000):
+        for until, every in (("plateau", 0), ("plateau", 7), ("steps", 0), ("steps", 7)):
+            bridge = bridge_settings(steps=steps, until=until, eval_every=every).training().eval_every
+            dsl = dsl_settings(steps=steps, until=until, eval_every=every)[0].train.eval_every
+            baseline = baseline_settings("sed", steps=steps, until=until, eval_every=every)[0].train.eval_every
+            assert bridge == dsl == baseline == (0 if until == "steps" else every or max(1, min(50, steps // 40)))
+    assert dsl_settings(steps=400, until=None, eval_every=0)[0].train.eval_every == 0  # a fixed budget
+    assert dsl_settings(steps=400, until=None, eval_every=25)[0].train.eval_every == 25  # its plateau, as before
+    assert dsl_settings(steps=100, warmup=None)[0].train.warmup == 10
+    assert dsl_settings(steps=4000, warmup=None)[0].train.warmup == 100 == dsl_settings()[0].train.warmup
+    command = typer.main.get_command(app)
+    helps = {name: {p.name: p.help for p in command.commands[name].commands["train"].params if p.name in
+                    ("eval_every", "until")} for name in ("dsl", "baseline")}
+    helps["bridge"] = {p.name: p.help for p in command.commands["bridge"].params if p.name in ("eval_every", "until")}
+    assert helps["dsl"] == helps["baseline"] == helps["bridge"] and len(helps["dsl"]) == 2

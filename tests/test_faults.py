@@ -152,6 +152,31 @@ def test_kill_9_during_dsl_train_then_rerun_equals_an_uninterrupted_run(tmp_path
 
 
 @pytest.mark.slow
+def test_ctrl_c_during_dsl_train_exits_130_with_one_line_and_keeps_its_checkpoint(tmp_path):
+    """A real SIGINT (what Ctrl-C sends) to `dsl train` on the testbed's corpus: exit 130 (so a
+    script's `&&` stops there), the one line saying how to resume, and its checkpoint kept."""
+    from geoprobe.testbed import CORPUS
+
+    out = tmp_path / "dsl"
+    args = ["dsl", "train", "--corpus", CORPUS, "--tokenizer", "words", "--steps", 100_000, "--batch-size", 2,
+            "--seq-len", 16, "--d-model", 16, "--n-layers", 1, "--n-heads", 2, "--d-tok", 8, "--save-every", 5,
+            "--device", "cpu", "--out", out]
+    victim = start(args)
+    deadline = time.time() + 300
+    while not (out / "checkpoint.safetensors").is_file():
+        assert victim.poll() is None, victim.stderr.read()
+        assert time.time() < deadline, "never wrote a checkpoint"
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGINT)
+    assert victim.wait(timeout=120) == 130
+    assert_one_line_error(130, victim.stderr.read(), 130, "interrupted; what was saved is kept")
+    from safetensors import safe_open
+
+    with safe_open(out / "checkpoint.safetensors", "pt") as handle:
+        saved = int(handle.metadata()["step"])
+    assert saved >= 5 and not (out / "metrics.json").exists()  # stopped mid-run, its checkpoint kept
+
+@pytest.mark.slow
 def test_a_second_extract_on_the_same_out_is_refused_at_once_naming_the_holder(tmp_path, tiny_models):
     corpus = write_corpus(tmp_path / "big.txt", n_docs=300, seed=3)
     args = ["extract", tiny_models("llama"), "--corpus", corpus, "--tokens", 6000, "--seq-len", 64,

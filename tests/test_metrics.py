@@ -455,3 +455,53 @@ def test_mauve_references_come_only_from_held_out_documents_cut_as_samples_are(t
         assert sorted(pieces) == sorted(stream[i:i + 7] for i in range(0, len(stream) - 6, 7))
         assert any(tok.eos_token_id in p[:-1] for p in pieces)  # a document break inside a piece
     assert references_like(str(corpus), tok, 7, 0) != references_like(str(corpus), tok, 7, 3)
+
+
+def test_two_sample_sets_of_one_model_keep_their_files_their_labels_and_the_tokens_used(tmp_path, tiny_models,
+                                                                                       corpus_txt):
+    """`sample --sampler roar`, then `--sampler mdlm` (the README tour's pattern): two files, each
+    with its one meta row; a third into a folder holding another set is refused without --force;
+    eval and compare name each row by its generator and sample set; compare shows the tokens a
+    model trained on (its plateau stopped it at step 30 of 40) beside its cap; -q prints the path."""
+    from pathlib import Path
+
+    from geoprobe.workflows.generate import sample_label
+
+    dsl = tmp_path / "dsl"
+    code, _, err = invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 40,
+                          "--batch-size", 4, "--seq-len", 16, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
+                          "--d-tok", 8, "--eval-every", 5, "--min-steps", 10, "--plateau-rel", 0.99, "--out", dsl,
+                          "--device", "cpu")
+    assert code == 0, err
+    assert json.loads((dsl / "metrics.json").read_text())["steps_run"] == 30  # 0.99: the first step it may judge
+    files = {}
+    for sampler in ("roar", "mdlm"):
+        code, out, err = invoke("-q", "sample", "--model", dsl, "--sampler", sampler, "--num", 4, "--length", 16,
+                                "--steps", 16, "--device", "cpu")
+        assert code == 0, err
+        files[sampler] = Path(out.strip())
+        assert files[sampler] == dsl / "samples" / f"{sampler}-steps-16-num-4-length-16" / "samples.jsonl"
+    for sampler, path in files.items():
+        rows = [json.loads(l) for l in path.with_name("samples.meta.jsonl").read_text().splitlines()]
+        assert [r["sampler"] for r in rows] == [sampler] and rows[0]["file"] == str(path)
+    first = files["roar"].read_text()
+    code, _, err = invoke("sample", "--model", dsl, "--sampler", "mdlm", "--num", 4, "--length", 16, "--steps", 16,
+                          "--out", files["roar"].parent, "--device", "cpu")
+    assert_one_line_error(code, err, 2, "holds another sample set (roar from ")
+    assert "differs in: sampler); pass --force to replace it" in err and files["roar"].read_text() == first
+    code, _, err = invoke("-q", "sample", "--model", dsl, "--sampler", "roar", "--num", 4, "--length", 16, "--steps",
+                          16, "--device", "cpu")  # the same set again: written in place, still one meta row
+    assert code == 0, err
+    assert len(files["roar"].with_name("samples.meta.jsonl").read_text().splitlines()) == 1
+    code, out, err = invoke("eval", *files.values(), "--evaluator", tiny_models("llama"), "--device", "cpu")
+    assert code == 0, err
+    assert "samples.jsonl" not in out and "generator · sample set" in out  # rows named by what made them
+    for sampler, path in files.items():
+        assert sample_label(path) == f"{tmp_path.name}/dsl · {sampler}-steps-16-num-4-length-16"
+    code, out, err = invoke("--format", "json", "compare", *files.values(), "--out", tmp_path / "cmp")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["budget"] for r in rows] == ["matched", "matched"] and [r["sampler"] for r in rows] == ["roar", "mdlm"]
+    assert [(r["used_tokens"], r["train_tokens"]) for r in rows] == [(30 * 4 * 16, 40 * 4 * 16)] * 2
+    code, out, err = invoke("compare", *files.values(), "--out", tmp_path / "cmp")
+    assert code == 0 and "tokens used" in out and "1920" in out and "token cap" in out, out

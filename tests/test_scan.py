@@ -244,3 +244,54 @@ def test_scan_takes_one_block_per_chapter_of_the_default_corpus(tmp_path, tiny_m
     assert len(set(meta["doc_id"].tolist())) == 20 and set(meta["seq_id"].tolist()) == {0}  # 600 rows / 30
     geometry = json.loads((tmp_path / "r" / "geometry.json").read_text())
     assert geometry["bootstrap_unit"] == "document" and geometry["bootstrap_units"] == 20
+
+
+def test_the_testbed_scans_its_own_corpus_by_default_and_refuses_text_it_cannot_read(testbed, tmp_path, monkeypatch):
+    """builtin:hmm-tiny knows only its HMM's 128 words: without --corpus the scan reads that HMM's
+    corpus (the KJV, the default for other models, would be three distinct tokens and a refusal
+    after the extraction); given the KJV it refuses at once, naming the corpus to pass."""
+    import geoprobe.extract
+    from geoprobe.store import read_manifest
+    from geoprobe.testbed import CORPUS
+
+    code, out, err = invoke("--format", "json", "scan", "builtin:hmm-tiny", "--tokens", 600, "--positions", "random:16",
+                            "--layers", "0,3", "--k", 8, "--anchors", 64, "--pairs", 128, "--bootstrap", 0,
+                            "--out", tmp_path / "r", "--device", "cpu")
+    assert code == 0, err
+    assert read_manifest(tmp_path / "r")["config"]["corpus"] == CORPUS
+    layer0 = json.loads(out)["ranking"]["rows"][0]
+    assert layer0["layer"] == 0 and layer0["duplicate_fraction"] < 0.9  # ~128 distinct words among 600 states
+    monkeypatch.setattr(geoprobe.extract, "load_backbone", lambda *a, **k: pytest.fail("the model loaded"))
+    for command in (["scan", "builtin:hmm-tiny", "--corpus", "kjv"], ["extract", "builtin:hmm-tiny"]):  # extract: kjv
+        code, _, err = invoke(*command, "--out", tmp_path / "kjv", "--device", "cpu")
+        assert_one_line_error(code, err, 2, "builtin:hmm-tiny knows only the 128 words of its HMM")
+        assert f"--corpus '{CORPUS}'" in err and "of the words of --corpus kjv are none of them" in err
+
+
+def test_the_ranking_fits_an_80_column_terminal_and_a_slow_bar_reads_seconds_per_item(extracted, tmp_path):
+    """In 80 columns the terminal ranking keeps the proxies, score, rank and P(first) whole (every
+    cell was "0.0…"); a loop slower than one item a second reads "4.0 s/layer", not "0 layer/s"."""
+    import io
+
+    from rich.console import Console
+
+    from geoprobe.ranking import rank_layers
+    from geoprobe.report.tables import _fmt, print_ranking
+    from geoprobe.report.terminal import rate_text
+
+    from tests.helpers import copy_run
+
+    run = copy_run(extracted, tmp_path / "run")
+    code, _, err = invoke("-q", "geometry", run, "--k", 4, "--anchors", 32, "--pairs", 64, "--bootstrap", 5,
+                          "--device", "cpu")
+    assert code == 0, err
+    geometry = json.loads((run / "geometry.json").read_text())
+    ranking = rank_layers(geometry)
+    screen = io.StringIO()
+    print_ranking(ranking, geometry, Console(file=screen, width=80))
+    text = screen.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    for row in ranking["rows"]:
+        assert _fmt(row["score"]) in text and _fmt(row["curv"]) in text
+    assert (rate_text(0.25, "layer"), rate_text(2.5, "step"), rate_text(1234.4, "tok"), rate_text(None, "tok")) == \
+        ("4.0 s/layer", "2.5 step/s", "1,234 tok/s", "? tok/s")

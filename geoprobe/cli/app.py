@@ -4,16 +4,17 @@ the one-line error contract."""
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
 import typer
 
 # each command module registers its commands on the root app when imported
 from geoprobe.cli import baseline, bridge, dsl, evaluate, extract, report, sample, scan  # noqa: F401
-from geoprobe.cli.root import ORDER, app  # noqa: F401  (the application and its command order)
+from geoprobe.cli.root import INTERRUPTED, ORDER, app, global_first  # noqa: F401  (the app and its command order)
 
 from geoprobe.cli.options import state
-from geoprobe.errors import GeoprobeError
+from geoprobe.errors import GeoprobeError, Interrupted
 from geoprobe.files import disk_full_message, is_disk_full
 
 
@@ -29,14 +30,19 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(argv: list[str] | None) -> None:
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=global_first(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
+    except Interrupted as exc:  # Ctrl-C: 130 and the one line, with --debug after the traceback
+        if state.debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     except GeoprobeError as exc:
         if state.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted; completed shards are kept, rerun the same command to resume", file=sys.stderr)
+    except KeyboardInterrupt:  # outside a command (while the arguments are parsed)
+        print(f"error: {INTERRUPTED}", file=sys.stderr)
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -55,3 +61,7 @@ def _run(argv: list[str] | None) -> None:
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (use --debug for the traceback)",
               file=sys.stderr)
         sys.exit(1)
+    if isinstance(code, int) and code:  # outside standalone mode Typer returns an Exit's code instead of exiting
+        if code == 130:  # its own Ctrl-C while it parsed the arguments
+            print(f"error: {INTERRUPTED}", file=sys.stderr)
+        sys.exit(code)

@@ -12,8 +12,8 @@ from geoprobe.bridges.embedding_diffusion import PRESETS, BaselineTrainSettings,
     baseline_settings, fit_baseline
 from geoprobe.backbone import resolve_device
 from geoprobe.cli.dsl import _report
-from geoprobe.cli.options import (BatchSize, Corpus, Deterministic, Device, Force, LogTo, Precision, Seed, SeqLen, Steps,
-    defaults_of)
+from geoprobe.cli.options import (BatchSize, Corpus, Deterministic, Device, EvalEvery, Force, LogTo, Precision, Seed,
+    SeqLen, Steps, Until, Warmup, defaults_of)
 from geoprobe.cli.output import progress
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -41,11 +41,9 @@ def train_cmd(
                                                        "corpus), words or char. Default: train:4096.")] = None,
     steps: Steps = TRAIN.steps, batch_size: BatchSize = TRAIN.batch_size, seq_len: SeqLen = RUN.seq_len,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = TRAIN.lr,
-    warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = TRAIN.warmup,
-    eval_every: Annotated[int, typer.Option(min=0, help="Score the held-out loss (fixed draws) every N steps and "
-                                                        "stop when it plateaus, keeping the best weights (--steps "
-                                                        "is then the cap); 0: train exactly --steps.")]
-    = TRAIN.eval_every,
+    warmup: Warmup = None,
+    until: Until = None,
+    eval_every: EvalEvery = TRAIN.eval_every,
     min_steps: Annotated[int, typer.Option(min=0, help="Never stop on a plateau before this step.")] = TRAIN.min_steps,
     save_every: Annotated[int, typer.Option(min=0, help="Write the resumable checkpoint every N steps.")]
     = TRAIN.save_every,
@@ -58,11 +56,12 @@ def train_cmd(
     seed: Seed = TRAIN.seed, device: Device = "auto", force: Force = False, precision: Precision = TRAIN.precision,
     log_to: LogTo = FIT.log_to, deterministic: Deterministic = FIT.deterministic,
 ):
-    """Train an embedding-diffusion baseline (a fixed budget, or until its held-out loss plateaus; resumable)."""
+    """Train an embedding-diffusion baseline (a fixed budget, or until its held-out loss plateaus,
+    keeping the best weights; resumable)."""
 
     shape = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads, **({"d_emb": d_emb} if d_emb else {})}
     settings, network = baseline_settings(kind, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                                          eval_every=eval_every, min_steps=min_steps, save_every=save_every,
+                                          until=until, eval_every=eval_every, min_steps=min_steps, save_every=save_every,
                                           precision=precision, seq_len=seq_len, **shape)
     resolve_device(device)
     metrics = fit_baseline(out, kind, corpus, tokenizer, settings, network, force=force, device=device,

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.cli.options import (BatchSize, Deterministic, Device, DeviceMap, Dtype, Force, Layers, LogTo, Precision,
-    Seed, Steps)
+from geoprobe.cli.options import (BatchSize, Deterministic, Device, DeviceMap, Dtype, EvalEvery, Force, Layers, LogTo,
+    Precision, Seed, Steps, Until)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -52,15 +52,11 @@ IncludeSource = Annotated[bool, typer.Option("--include-source", help="Test laye
                                              "own state, so its loss is ~0 by construction).")]
 TRAINING = BridgeSettings(DEFAULT)  # the defaults live in the settings classes
 BridgeSteps = Annotated[int, typer.Option("--bridge-steps", min=1, help="Bridge sampling steps K.")]
-Until = Annotated[str, typer.Option("--until", help="plateau: train until the validation nmse stops improving "
-                                    "(< 2% better over the last 20% of steps; --steps is the cap); steps: exactly "
-                                    "--steps.")]
 Vocab = Annotated[str, typer.Option("--vocab", help="The converter's tokens: corpus (those the corpus contains, "
                                    "and the specials: exact, ~5x faster on a 49k vocabulary) or all.")]
 RegressionFlag = Annotated[bool, typer.Option("--regression", help="Train the deterministic regression "
                                               "E[h_l | z] instead of the diffusion bridge (sets --sigma-b 0 "
                                               "--tau-zero 1 --bridge-steps 1 --regression-frac 0.5).")]
-EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between plateau checks (0: --steps/40, at most 50).")]
 
 
 def _settings(**flags):

@@ -10,8 +10,8 @@ import typer
 from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 from geoprobe.backbone import resolve_device
 from geoprobe.bridges.parallel import Execution
-from geoprobe.cli.options import (ActivationCheckpointing, BatchSize, Corpus, Deterministic, Device, Force, Fsdp,
-    GradAccum, LogTo, Precision, Seed, SeqLen, Steps, defaults_of)
+from geoprobe.cli.options import (ActivationCheckpointing, BatchSize, Corpus, Deterministic, Device, EvalEvery, Force,
+    Fsdp, GradAccum, LogTo, Precision, Seed, SeqLen, Steps, Until, Warmup, defaults_of)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -45,10 +45,9 @@ def train_cmd(
     = RUN.mdlm_objective,
     steps: Steps = TRAIN.steps, batch_size: BatchSize = TRAIN.batch_size, seq_len: SeqLen = RUN.seq_len,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = TRAIN.lr,
-    warmup: Annotated[int, typer.Option(min=0, help="Warmup steps.")] = TRAIN.warmup,
-    eval_every: Annotated[int, typer.Option(min=0, help="Score the held-out MDLM bound every N steps and stop when "
-                                                        "it plateaus, keeping the best weights (--steps is then "
-                                                        "the cap); 0: train exactly --steps.")] = TRAIN.eval_every,
+    warmup: Warmup = None,
+    until: Until = None,
+    eval_every: EvalEvery = TRAIN.eval_every,
     plateau_rel: Annotated[float, typer.Option(help="The plateau rule's threshold: stop when the last 20% of "
                                                     "steps improved the bound by less than this share.")]
     = TRAIN.plateau_rel,
@@ -73,10 +72,11 @@ def train_cmd(
     activation_checkpointing: ActivationCheckpointing = LAYOUT.activation_checkpointing, log_to: LogTo = FIT.log_to,
     deterministic: Deterministic = FIT.deterministic,
 ):
-    """Train a DSL denoiser (a fixed budget, or until its held-out bound plateaus; resumable)."""
+    """Train a DSL denoiser (a fixed budget, or until its held-out MDLM bound plateaus, keeping the
+    best weights; resumable)."""
 
     settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                                   eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
+                                   until=until, eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
                                    save_every=save_every, precision=precision, snr=snr, roar_frac=roar_frac,
                                    mdlm_objective=mdlm_objective, seq_len=seq_len, d_tok=d_tok,
                                    d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,

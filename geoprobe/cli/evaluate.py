@@ -12,6 +12,7 @@ from geoprobe.cli.output import show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
 from geoprobe.workflows.evaluate import evaluate_samples
+from geoprobe.workflows.generate import sample_label
 
 EVAL = defaults_of(evaluate_samples)  # eval's flags default as the call does
 
@@ -57,8 +58,8 @@ def evaluate(
     # token entropy (the generator's token ids, as ReMDM/DSL report it)
     labels = {"unigram_entropy": "word entropy", "token_entropy": "token entropy"}
     present = [k for k in keys if any(r.get(k) is not None for r in results.values())]
-    head = ["file", *[f"Gen.PPL ({n})" for n in names], *[labels.get(k, k) for k in present]]
+    head = ["generator · sample set", *[f"Gen.PPL ({n})" for n in names], *[labels.get(k, k) for k in present]]
     show(results, lambda: print_table(f"metrics → {target}", head,
-                                      [[Path(n).name, *[r["gen_ppl_by_evaluator"][e] for e in names],
+                                      [[sample_label(Path(n)), *[r["gen_ppl_by_evaluator"][e] for e in names],
                                         *[r.get(k) if r.get(k) is not None else "" for k in present]]
                                        for n, r in results.items()]))

@@ -53,7 +53,8 @@ EXTRACT = ExtractConfig(model="", corpus="")  # the extraction flags' defaults, 
 Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (training budget).")]
 Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parquet file, a folder, a glob, "
                                                       "or hf:NAME?split=train.")]
-Force = Annotated[bool, typer.Option("--force", help="Discard a different run in --out and start over.")]
+Force = Annotated[bool, typer.Option("--force", help="Discard a different run (or sample set) in --out and start "
+                                                    "over.")]
 DeviceMap = Annotated[str | None, typer.Option("--device-map", help="auto: spread a model larger than one GPU "
                                                                    "over the devices (accelerate).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code "
@@ -83,3 +84,13 @@ Deterministic = Annotated[bool, typer.Option("--deterministic/--no-deterministic
 LogTo = Annotated[str, typer.Option("--log-to", help="none, or tensorboard: the training loss, learning rate, "
                                     "steps/s, tokens/s and validation scores as event files in tensorboard/ under "
                                     "each trained model's directory (`tensorboard --logdir DIR`).")]
+
+
+Until = Annotated[str | None, typer.Option("--until", help="plateau: train until the held-out score stops improving "
+                                      "(< 2% better over the last 20% of steps; --steps is then the cap); steps: "
+                                      "exactly --steps (default: bridge and sweep plateau; dsl and baseline train "
+                                      "plateau when --eval-every is given, else steps).")]
+EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between the plateau rule's checks under "
+                                        "--until plateau (0: --steps/40, at most 50); the same in every command.")]
+Warmup = Annotated[int | None, typer.Option("--warmup", min=0, help="Warmup steps (default: a tenth of --steps, at "
+                                           "most 100).")]

@@ -18,12 +18,15 @@ def emit_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def show(result, for_people: Callable[[], None]) -> None:
-    """`result` as JSON with --format json; otherwise `for_people()` prints it, unless --quiet."""
+def show(result, for_people: Callable[[], None], quiet: str | None = None) -> None:
+    """`result` as JSON with --format json; otherwise `for_people()` prints it, or with --quiet
+    only `quiet` (a command's one result a script needs, e.g. the file it wrote), if any."""
     if state.format == "json":
         emit_json(result)
     elif not state.quiet:
         for_people()
+    elif quiet is not None:
+        sys.stdout.write(quiet + "\n")
 
 
 def progress(label: str, unit: str):

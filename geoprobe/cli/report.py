@@ -33,9 +33,11 @@ def compare(
     result = compare_run(samples, out, allow_mismatch, curve)
     rows, table = result["rows"], result["table"]
 
-    keys = ["generator", "sampler", "nfe", "train_tokens", "evaluator", "gen_ppl", "oracle_nll_per_word",
-            "diversity_within", "mauve", "budget"]
-    show(result, lambda: print_table(f"comparison → {table}", keys,
+    # the tokens each model trained on, beside its cap (a run its plateau stopped used fewer)
+    keys = ["generator", "sampler", "nfe", "used_tokens", "train_tokens", "evaluator", "gen_ppl",
+            "oracle_nll_per_word", "diversity_within", "mauve", "budget"]
+    head = [{"used_tokens": "tokens used", "train_tokens": "token cap"}.get(k, k) for k in keys]
+    show(result, lambda: print_table(f"comparison → {table}", head,
                                      [[r.get(k) if r.get(k) is not None else "—" for k in keys] for r in rows]))
 
 

@@ -13,15 +13,27 @@ from typer.core import TyperGroup
 
 from geoprobe.cli.options import state
 from geoprobe.cli.output import render_events
+from geoprobe.errors import Interrupted
 
 # `geoprobe --help` lists the commands in the order a user runs them
 ORDER = ("scan", "extract", "geometry", "rank", "bridge", "sweep", "dsl", "baseline", "sample", "nll", "eval", "compare", "report",
          "demo")
 
 
+INTERRUPTED = "interrupted; what was saved is kept (shards, checkpoints): rerun the same command to resume"
+
+
 class InUserOrder(TyperGroup):
     def list_commands(self, ctx):
         return sorted(super().list_commands(ctx), key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+    def invoke(self, ctx):
+        """The command; Ctrl-C becomes `Interrupted`, which Typer passes on (outside standalone mode it
+        turns a KeyboardInterrupt into a plain exit code 130 that says nothing)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise Interrupted(INTERRUPTED) from exc
 
 
 app = typer.Typer(
@@ -57,6 +69,28 @@ def main_options(
         sys.stdout = open(os.devnull, "w")
     if not debug:
         _quiet_libraries()
+
+
+def global_first(args: list[str]) -> list[str]:
+    """`args` with the root's own options (--debug, --quiet/-q, --format) moved before the command
+    where they were given after it: `geoprobe scan ... --format json` means `geoprobe --format json
+    scan ...` (no command has options of those names). Nothing after a `--` moves."""
+    options = {name: not param.is_flag for param in typer.main.get_command(app).params
+               for name in (*param.opts, *param.secondary_opts)}
+    end = args.index("--") if "--" in args else len(args)
+    first = next((i for i, a in enumerate(args[:end]) if not a.startswith("-")), end)  # the command's name
+    moved, rest, i = [], list(args[:first]), first
+    while i < end:
+        name = args[i].split("=", 1)[0]
+        takes = options.get(name)
+        if takes is None:
+            rest.append(args[i])
+        else:
+            value = takes and "=" not in args[i] and i + 1 < end
+            moved += args[i:i + 1 + value]
+            i += value
+        i += 1
+    return moved + rest + args[end:]
 
 
 def _quiet_libraries() -> None:

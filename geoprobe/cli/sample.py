@@ -9,7 +9,7 @@ import typer
 
 from geoprobe.bridges.hidden import DECODES
 from geoprobe.bridges.likelihood import ESTIMATORS
-from geoprobe.cli.options import BatchSize, Corpus, Device, Seed, SeqLen, defaults_of
+from geoprobe.cli.options import BatchSize, Corpus, Device, Force, Seed, SeqLen, defaults_of
 from geoprobe.cli.output import show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -30,8 +30,9 @@ def _default(knob: str) -> str:
                     "  geoprobe sample --model runs/dsl --sampler remdm-cap --preset remdm-paper   (T 1,024, top-p 0.9 "
                     "by ReMDM's rule, eta_cap 0.008, final argmax)")
 def sample(
-    model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory or a bridge directory "
-                                                        "(RUN/bridges/layer-NN).")],
+    model: Annotated[Path, typer.Option("--model", help="A DSL or baseline checkpoint directory, a bridge directory "
+                                                        "(RUN/bridges/layer-NN/seed-S, or RUN/bridges/layer-NN when "
+                                                        "it holds one seed), or with --sampler ar a causal LM.")],
     sampler: Annotated[str, typer.Option(help=", ".join(NAMES) + " (ar: a causal LM itself, left to "
                                               "right).")] = "roar",
     num: Annotated[int, typer.Option(help="Number of samples.")] = SAMPLE.num,
@@ -69,17 +70,21 @@ def sample(
                                                + ").")] = SAMPLE.finisher,
     decode: Annotated[str, typer.Option(help="Bridges: " + "; ".join(f"{k}: {v}" for k, v in DECODES.items())
                                              + ".")] = SAMPLE.decode,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where samples.jsonl goes (default: MODEL).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="The folder samples.jsonl goes into (default: "
+                                                                  "MODEL/samples/SET, SET being the sampler and the "
+                                                                  "settings given, e.g. mdlm-steps-32).")] = None,
     seed: Seed = SAMPLE.seed, device: Device = "auto",
+    force: Force = False,
 ):
-    """Generate text with any sampler from a DSL checkpoint or a bridge → samples.jsonl."""
+    """Generate text with any sampler from a checkpoint or a causal LM → samples.jsonl (its path
+    is printed, with -q alone)."""
 
     settings = SampleSettings(num=num, length=length, steps=steps, top_p=top_p, top_p_rule=top_p_rule,
                               per_step=per_step, eta=eta, eta_cap=eta_cap, t_on=t_on, t_off=t_off, alpha_on=alpha_on,
                               switch_snr=switch_snr, continuous_steps=continuous_steps, confidence=confidence,
                               final_argmax=final_argmax, finisher=finisher, preset=preset, decode=decode, seed=seed)
-    result = generate(model, sampler, settings, out, device)
-    show(result, lambda: _print_samples(result))
+    result = generate(model, sampler, settings, out, device, force)
+    show(result, lambda: _print_samples(result), quiet=result["meta"]["file"])
 
 
 def _print_samples(result: dict) -> None:

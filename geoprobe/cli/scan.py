@@ -14,7 +14,7 @@ from geoprobe.cli.root import app
 from geoprobe.files import human
 from geoprobe.geometry import GeometrySettings
 from geoprobe.plan import check_fits, plan_scan
-from geoprobe.ranking import WEIGHTS, parse_weights
+from geoprobe.ranking import WEIGHTS, parse_weights, passed_over_line
 from geoprobe.report.terminal import print_table
 
 RunDir = Annotated[Path, typer.Argument(help="A run directory written by `geoprobe extract` or `scan`.")]
@@ -85,6 +85,8 @@ def _show_ranking(result: dict) -> None:
         alternative = (f"; with massive channels {'excluded' if other['drop_massive_channels'] else 'kept'}: "
                        f"{other['chosen_layer']}" if other else "")
         print(f"chosen layer: {ranking['chosen_layer']}{alternative}   plot: {result['plot']}")
+        if passed_over_line(ranking):
+            print(passed_over_line(ranking))
 
     show({k: v for k, v in result.items() if k != "geometry"}, for_people)
 
@@ -127,8 +129,9 @@ def rank(run: RunDir, weights: Weights = WEIGHTS, log: Log = False):
 def scan(
     model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, builtin:smollm2 or builtin:hmm-tiny (the trained testbed).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<model name>).")] = None,
-    corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: wikitext-103 when online "
-                                                                "with `datasets`, else the installed KJV).")] = None,
+    corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: a builtin model's own corpus "
+                                                                "(builtin:hmm-tiny: its HMM's), else wikitext-103 when "
+                                                                "online with `datasets`, else the installed KJV).")] = None,
     tokens: Tokens = EXTRACT.tokens, seq_len: SeqLen = EXTRACT.seq_len, layers: Layers = EXTRACT.layers,
     positions: Positions = EXTRACT.positions,
     doc_blocks: DocBlocks = None,

@@ -10,7 +10,7 @@ from geoprobe.report.terminal import stdout_console
 
 COLUMNS = ["layer", "curv", "curv_lo", "curv_hi", "mono", "mono_lo", "mono_hi", "erank", "erank_lo", "erank_hi",
            "score", "score_lo", "score_hi", "rank", "p_first", "p_first_reseed", "participation_ratio", "entropy_rank",
-           "duplicate_fraction", "massive", "massive_channels", "channel_share"]
+           "duplicate_fraction", "massive", "massive_channels", "channel_share", "bridgeable"]
 
 
 def _fmt(value) -> str:
@@ -35,7 +35,7 @@ def display_rows(ranking: dict, intervals: bool = True) -> tuple[list[str], list
 
     head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "P(first) reseeds", "dup",
             "massive", "mch (var)"]
-    rows = [[str(r["layer"]), cell(r, "curv"), cell(r, "mono"), cell(r, "erank"), _fmt(r["score"]),
+    rows = [[str(r["layer"]) + ("" if r.get("bridgeable", True) else " †"), cell(r, "curv"), cell(r, "mono"), cell(r, "erank"), _fmt(r["score"]),
              f"[{_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}]", str(r["rank"]), _percent(r["p_first"]),
              _percent(r.get("p_first_reseed", float("nan"))),
              f"{r['duplicate_fraction']:.2f}", str(r["massive"]),
@@ -68,7 +68,9 @@ def caption(ranking: dict, geometry: dict) -> str:
             f"exceeds {s.get('channel_factor', 20.0):g}x the median channel variance). Chosen layer: {ranking['chosen_layer']} "
             f"(ranked first in {_percent(ranking['chosen_p_first'])} of bootstrap replicates"
             + (f" and in {_percent(ranking['chosen_p_first_reseed'])} of {ranking['reseeds']} draws of anchors and pairs"
-               if ranking.get("reseeds") else "") + ").")
+               if ranking.get("reseeds") else "") + ")."
+            + (" †: the last block's output, with no block above it to host a bridge; the chosen layer is the "
+               "best-ranked of the others." if any(not r.get("bridgeable", True) for r in ranking["rows"]) else ""))
 
 
 def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None = None) -> None:
@@ -85,14 +87,21 @@ def write_markdown(ranking: dict, geometry: dict, path: Path, other: dict | None
     path.write_text("\n".join(lines))
 
 
-def print_ranking(ranking: dict, geometry: dict) -> None:
+# the columns an 80-column terminal shows (ranking.md and --format json keep every one)
+NARROW = ("layer", "curv", "mono", "erank", "score", "rank", "P(first)")
+
+
+def print_ranking(ranking: dict, geometry: dict, console=None) -> None:
+    """The ranking for a terminal: every column where it is wide enough (110 characters), else the
+    proxies, the score, the rank and P(first), whole (no cell cut to "0.0…")."""
     from rich.table import Table
 
-
+    console = console or stdout_console()
     head, rows = display_rows(ranking, intervals=False)
+    keep = [i for i, name in enumerate(head) if console.width >= 110 or name in NARROW]
     table = Table(title="layer ranking", caption=caption(ranking, geometry))
-    for name in head:
-        table.add_column(name, justify="right")
+    for i in keep:
+        table.add_column(head[i], justify="right", overflow="fold")
     for row, data in zip(rows, ranking["rows"]):
-        table.add_row(*row, style="bold green" if data["layer"] == ranking["chosen_layer"] else None)
-    stdout_console().print(table)
+        table.add_row(*[row[i] for i in keep], style="bold green" if data["layer"] == ranking["chosen_layer"] else None)
+    console.print(table)

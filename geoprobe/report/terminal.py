@@ -19,8 +19,17 @@ class RateColumn(ProgressColumn):
         self.unit = unit
 
     def render(self, task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:,.0f} {self.unit}/s" if speed else f"? {self.unit}/s", style="cyan")
+        return Text(rate_text(task.finished_speed or task.speed, self.unit), style="cyan")
+
+
+def rate_text(speed: float | None, unit: str) -> str:
+    """A loop's pace in words that keep their digits: "1,234 tok/s", "2.5 step/s", or below one
+    per second the seconds each takes, "3.2 s/layer" (not "0 layer/s")."""
+    if not speed:
+        return f"? {unit}/s"
+    if speed >= 10:
+        return f"{speed:,.0f} {unit}/s"
+    return f"{speed:.1f} {unit}/s" if speed >= 1 else f"{1 / speed:.1f} s/{unit}"
 
 
 class Bar:

@@ -21,6 +21,7 @@ from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable
 from geoprobe.workflows.evaluate import generator_of
+from geoprobe.workflows.generate import generator_name
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
            "used_tokens", "samples", "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators",
@@ -108,10 +109,8 @@ def comparison_row(samples: Path) -> dict:
     metrics = record["results"]
     values = next(iter(metrics.values()))
     model = Path(meta["model"])
-    # bridges/layer-NN/seed-S keeps its three parts: which layer and which replicate
-    depth = 3 if model.name.startswith("seed-") else 2
-    name = "/".join(model.parts[-depth:]) if model.is_dir() else meta["model"]
-    suffix = {"round": " (round)", "causal": " (AR)"}.get(meta.get("decode"), "")
+    name = generator_name(meta["model"])
+    suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
     evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
@@ -133,7 +132,7 @@ def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
     budgets = {(r["train_tokens"], r["steps"]) for r in rows if r["train_tokens"] is not None}  # AR: pretrained
     mismatch = len(budgets) > 1
     if mismatch and not allow_mismatch:
-        raise BadInput(f"the generators have different budgets (train tokens, steps): {sorted(budgets, key=str)}; "
+        raise BadInput(f"the generators have different budgets (token cap, sampling steps): {sorted(budgets, key=str)}; "
                        "pass --allow-mismatch to compare them anyway")
     for r in rows:
         r["budget"] = "MISMATCH" if mismatch else "matched"

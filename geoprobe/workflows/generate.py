@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
+from geoprobe.bridges.checkpoint import CONFIG
 from geoprobe.bridges.dsl import sequences, split_documents
 from geoprobe.bridges.hidden import DECODES
 from geoprobe.bridges.kinds import KINDS, load_denoiser, open_checkpoint
@@ -59,43 +60,111 @@ class SampleSettings:
         return {k: v for k, v in vars(self).items() if k not in ("num", "length", "finisher", "preset", "decode", "seed")}
 
 
+SAMPLES = "samples.jsonl"
+META = "samples.meta.jsonl"
+
+
+def set_name(sampler: str, settings: SampleSettings) -> str:
+    """A sample set's default folder name: the sampler, then each setting that differs from its
+    default as its flag reads (`mdlm-steps-32`, `roar-length-64-seed-1`): two sets of one model
+    never share a file."""
+    parts, defaults = [sampler], SampleSettings()
+    last = ("num", "length", "seed")  # the sampler's knobs first, then how many, how long, which seed
+    for field in sorted(fields(SampleSettings), key=lambda f: f.name in last and last.index(f.name) + 1):
+        value = getattr(settings, field.name)
+        if value is None or value == getattr(defaults, field.name):
+            continue
+        flag = field.name.replace("_", "-")
+        parts.append((flag if value else f"no-{flag}") if isinstance(value, bool) else f"{flag}-{value}")
+    return "-".join(parts)
+
+
+def checkpoint_folder(model: Path) -> Path:
+    """The checkpoint directory `model` names: itself, or where it is a bridge's layer folder
+    (RUN/bridges/layer-NN) its one seed's folder; several seeds are one line naming them."""
+    model = Path(model)
+    if (model / CONFIG).is_file() or not model.is_dir():
+        return model
+    seeds = sorted(p for p in model.glob("seed-*") if (p / CONFIG).is_file())
+    if len(seeds) > 1:
+        raise BadInput(f"{model} holds {len(seeds)} seeds ({', '.join(p.name for p in seeds)}): pass one of them, "
+                       f"e.g. --model {seeds[0]}")
+    return seeds[0] if seeds else model
+
+
+def refuse_checkpoint_for_ar(model: Path) -> None:
+    """`--sampler ar` samples a causal LM; a geoprobe checkpoint is one line naming what applies."""
+    if not (Path(model) / CONFIG).is_file() or "kind" not in json.loads((Path(model) / CONFIG).read_text()):
+        return
+    kind, record = open_checkpoint(model)
+    backbone = kind.generator_backbone(record)
+    raise BadInput(f"--sampler ar samples a causal LM left to right, and {model} holds {kind.title}: use "
+                   f"--sampler {' or '.join(kind.samplers[:3])}{', ...' if len(kind.samplers) > 3 else ''}"
+                   + (f", or --model {backbone} for its backbone" if backbone else ""))
+
+
+def _checked(model: Path, sampler: str, p: SampleSettings):
+    """The sampler `generate` runs (None for `ar`), every flag checked before anything loads."""
+    check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
+    if sampler == AUTOREGRESSIVE:
+        refuse_checkpoint_for_ar(model)
+        return None
+    if sampler not in NAMES:
+        raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
+    if p.decode not in DECODES:
+        raise BadInput(f"unknown --decode {p.decode!r} (use {', '.join(DECODES)})")
+    if sampler == LeftToRight.name and p.decode == "round":
+        raise BadInput("--sampler ltr decodes through the upper stack, which --decode round does without")
+    chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
+    kind, _ = open_checkpoint(model)
+    if sampler not in kind.samplers:
+        raise BadInput(f"--sampler {sampler} does not apply to {kind.title} ({model}); use {', '.join(kind.samplers)}")
+    return chosen
+
+
 def generate(model: Path, sampler: str, settings: SampleSettings = SampleSettings(), out: Path | None = None,
-             device: str = "auto") -> dict:
+             device: str = "auto", force: bool = False) -> dict:
     """`settings.num` samples of `settings.length` tokens from `model` with `sampler` (or `ar`:
-    the causal LM itself, left to right), written to OUT/samples.jsonl with a row in
-    samples.meta.jsonl; every flag is checked before anything loads. Returns {"meta": ..., "samples": rows}."""
+    the causal LM itself, left to right), written to OUT/samples.jsonl (default OUT:
+    MODEL/samples/`set_name`) with its row in samples.meta.jsonl; every flag is checked before
+    anything loads. A file holding another set (another model, sampler or setting) is refused
+    unless `force`; the same set is written again in place. Returns {"meta": ..., "samples": rows}."""
 
     p = settings
-    check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
+    model = checkpoint_folder(model) if sampler != AUTOREGRESSIVE else model
+    chosen = _checked(model, sampler, p)
     if sampler == AUTOREGRESSIVE and out is None:
         raise BadInput("--sampler ar needs --out (the model is not a checkpoint directory)")
-    if sampler != AUTOREGRESSIVE:
-        if sampler not in NAMES:
-            raise BadInput(f"unknown sampler {sampler!r} (valid: {', '.join(NAMES)})")
-        if p.decode not in DECODES:
-            raise BadInput(f"unknown --decode {p.decode!r} (use {', '.join(DECODES)})")
-        if sampler == LeftToRight.name and p.decode == "round":
-            raise BadInput("--sampler ltr decodes through the upper stack, which --decode round does without")
-        chosen = sampler_from_flags(sampler, p.finisher, p.preset, **p.knobs())
-        kind, _ = open_checkpoint(model)
-        if sampler not in kind.samplers:
-            raise BadInput(f"--sampler {sampler} does not apply to {kind.title} ({model}); "
-                           f"use {', '.join(kind.samplers)}")
-    if out is not None:
-        check_writable(out)
-    with holding(Path(out or model), "geoprobe sample"):  # every flag checked: the folder written into
+    out = Path(out) if out is not None else Path(model) / "samples" / set_name(sampler, p)
+    check_writable(out)
+    # what makes the set (the model's absolute path where it is a folder: compare may run from elsewhere)
+    identity = {"model": str(Path(model).resolve()) if Path(model).is_dir() else str(model), "sampler": sampler,
+                **vars(p)}
+    named = {"set": identity, "set_name": set_name(sampler, p)}
+    with holding(out, "geoprobe sample"):  # every flag checked: the folder written into
+        check_replace(out / SAMPLES, identity, force)
         if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
             knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
             return _sample_autoregressive(str(model), p.num, p.length, knobs.get("top_p") or knob_default("top_p"),
                                           knobs.get("top_p_rule") or knob_default("top_p_rule"), out, p.seed, device,
-                                          p.preset)
+                                          p.preset, named)
         denoiser, tokenizer = load_denoiser(model, device, p.decode)
         result = chosen.sample(denoiser, p.num, p.length, p.seed)
         meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
-                "skipped_calls": result.skipped, "decode": p.decode}
-        # the model's absolute path: compare may run from elsewhere
-        return write_samples(out or model, tokenizer, result.tokens.tolist(), meta, result.seconds,
-                             str(Path(model).resolve()))
+                "skipped_calls": result.skipped, "decode": p.decode, **named}
+        return write_samples(out, tokenizer, result.tokens.tolist(), meta, result.seconds, identity["model"])
+
+
+def check_replace(samples: Path, identity: dict, force: bool) -> None:
+    """One line where `samples` holds another set than `identity` (its meta row's "set"), unless
+    `force`: a second `sample` never silently replaces the first's samples. Files written before
+    sets were recorded are replaced, as they were then."""
+    held = (sample_meta(samples) or {}).get("set") if samples.is_file() else None
+    if force or held is None or held == identity:
+        return
+    keys = sorted(k for k in held.keys() | identity.keys() if held.get(k) != identity.get(k))
+    raise BadInput(f"{samples} holds another sample set ({held.get('sampler')} from {held.get('model')}; differs in: "
+                   f"{', '.join(keys)}); pass --force to replace it, or another --out")
 
 
 def end_of_text(tokenizer) -> str | None:
@@ -107,33 +176,54 @@ def end_of_text(tokenizer) -> str | None:
 
 
 def write_samples(out: Path, tokenizer, token_ids: list, meta: dict, seconds: float, model: str) -> dict:
-    """samples.jsonl (text and token ids; replaced whole) and one appended samples.meta.jsonl row.
-    The text deletes nothing, as the references' `batch_decode` (special tokens stay as their
-    strings, Text8's spaces stay spaces); the meta row names the EOS string (`end_of_text`), where
-    `geoprobe eval` splits a sample into documents."""
+    """samples.jsonl (text and token ids; replaced whole) and its samples.meta.jsonl row, which
+    replaces the rows of an earlier file of that name (one row per file). The text deletes
+    nothing, as the references' `batch_decode` (special tokens stay as their strings, Text8's
+    spaces stay spaces); the meta row names the EOS string (`end_of_text`), where `geoprobe eval`
+    splits a sample into documents, and the set's folder name (`set_name`)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [{"text": tokenizer.decode(ids, skip_special_tokens=False), "token_ids": ids} for ids in token_ids]
-    tmp = out / ".samples.jsonl.tmp"
+    tmp = out / f".{SAMPLES}.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(out / "samples.jsonl")
+    tmp.replace(out / SAMPLES)
     total = sum(len(ids) for ids in token_ids)
     meta = {**meta, "seconds": round(seconds, 4), "tokens_per_second": round(total / max(seconds, 1e-9), 2),
-            "model": model, "file": str(out / "samples.jsonl"), "eos": end_of_text(tokenizer)}
-    with open(out / "samples.meta.jsonl", "a") as handle:
-        handle.write(json.dumps(meta) + "\n")
+            "model": model, "file": str(out / SAMPLES), "eos": end_of_text(tokenizer)}
+    path = out / META
+    kept = [l for l in path.read_text().splitlines() if l.strip() and Path(json.loads(l).get("file", "")).name
+            != SAMPLES] if path.is_file() else []
+    tmp = out / f".{META}.tmp"
+    tmp.write_text("".join(l + "\n" for l in [*kept, json.dumps(meta)]))
+    tmp.replace(path)
     return {"meta": meta, "samples": rows}
 
 
 def sample_meta(samples: Path) -> dict | None:
-    """The last samples.meta.jsonl row `write_samples` appended for this samples file, or None."""
-    path = Path(samples).with_name("samples.meta.jsonl")
+    """The last samples.meta.jsonl row `write_samples` wrote for this samples file, or None."""
+    path = Path(samples).with_name(META)
     rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
     rows = [m for m in rows if Path(m.get("file", "")).name == Path(samples).name]
     return rows[-1] if rows else None
 
 
+def generator_name(model: str) -> str:
+    """How tables name a generator: its folder's last two parts (a bridge's three: which layer and
+    which replicate, bridges/layer-NN/seed-S), or the model spec (a causal LM, the AR ceiling)."""
+    path = Path(model)
+    return "/".join(path.parts[-(3 if path.name.startswith("seed-") else 2):]) if path.is_dir() else model
+
+
+def sample_label(samples: Path) -> str:
+    """How a table names a samples file: its generator and sample set (`runs/dsl · mdlm-steps-32`),
+    or the file itself where no `geoprobe sample` meta row describes it."""
+    meta = sample_meta(samples)
+    if not meta:
+        return str(samples)
+    return f"{generator_name(meta['model'])} · {meta.get('set_name') or meta.get('sampler')}"
+
+
 def _sample_autoregressive(model: str, num: int, length: int, top_p: float, top_p_rule: str, out: Path | None,
-                           seed: int, device: str, preset: str | None) -> dict:
+                           seed: int, device: str, preset: str | None, named: dict | None = None) -> dict:
     from transformers import LogitsProcessor, LogitsProcessorList
 
 
@@ -161,7 +251,7 @@ def _sample_autoregressive(model: str, num: int, length: int, top_p: float, top_
     seconds = time.perf_counter() - began
     meta = {"sampler": "ar", "steps": length, "top_p": top_p, "top_p_rule": top_p_rule, "preset": preset,
             "seed": seed, "num": num, "length": length, "nfe": length, "nfe_per_sample": length, "skipped_calls": 0,
-            "decode": "causal"}
+            "decode": "causal", **(named or {})}
     return write_samples(out, tok, generated[:, 1:].tolist(), meta, seconds, model)
 
 

@@ -38,6 +38,8 @@ def write_report(run: Path) -> Path:
 
             statement = current_statement(sweep["verdict"])
         parts += [f"- sweep verdict: {statement[0]}"] if statement else []  # it opens the page; the section says why
+        found, section = bridges_section(run) if not sweep else ([], [])  # a sweep's section covers its bridges
+        parts += found
         parts.append("")
         if (run / "ranking.md").is_file():
             geometry = json.loads((run / "geometry.json").read_text())
@@ -47,6 +49,7 @@ def write_report(run: Path) -> Path:
             from geoprobe.workflows.sweep_page import sweep_section
 
             parts += sweep_section(sweep)
+        parts += section
         if (run / "compare.md").is_file():
             rows = read_rows(run / "compare.csv")
             corpus = manifest["config"]["corpus"]
@@ -79,6 +82,30 @@ def write_report(run: Path) -> Path:
         path = run / "report.md"
         path.write_text("\n".join(parts) + "\n")
         return path
+
+
+def bridges_section(run: Path) -> tuple[list[str], list[str]]:
+    """(the page's opening lines, a section) for the bridges `geoprobe bridge` trained in a run
+    outside a sweep: one line each of what was found (how it stopped, whether it learned more
+    than its token lookup: geoprobe.verdict.bridge_lines), then a table of their losses."""
+    records = []
+    for path in sorted(Path(run).glob("bridges/layer-*/seed-*/metrics.json")):
+        metrics = json.loads(path.read_text())
+        records.append((path.parent, {**metrics, "layer": metrics.get("layer", int(path.parent.parent.name[6:]))}))
+    if not records:
+        return [], []
+    from geoprobe.verdict import bridge_lines  # scipy: only for a run that has a bridge
+
+    found = [f"- bridge at layer {m['layer']} ({folder.name}): {' '.join(bridge_lines(m)) or 'trained.'}"
+             for folder, m in records]
+    keys = ["layer", "seed", "stop", "steps_run", "best_step", "nmse_dim", "control_lookup_nmse_dim", "beats_lookup",
+            "nmse", "delta_ce"]
+    rows = [{**m, "seed": folder.name.removeprefix("seed-")} for folder, m in records]
+    section = ["## Bridges", "", "Each bridge `geoprobe bridge` trained in this run (`bridges/layer-NN/seed-S`): "
+               "`nmse_dim` is its per-channel reconstruction loss on the validation blocks, "
+               "`control_lookup_nmse_dim` its token lookup's (a table of per-token mean states).", "",
+               markdown_table(rows, keys), ""]
+    return found, section
 
 
 def generation_prose(rows: list[dict]) -> list[str]:

@@ -12,13 +12,14 @@ from pathlib import Path
 from geoprobe.bridges.controls import layer_controls as fit_controls
 from geoprobe.bridges.hidden import CEILING, REGRESSION, BridgeConfig, Teacher, check_bridge_flags
 from geoprobe.bridges.states import plan_room, pool_on_device, teacher_states
-from geoprobe.backbone import check_device_map, load_backbone, parse_layers
+from geoprobe.backbone import check_bridge_layer, check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.device import choose_determinism
 from geoprobe.distributed import world_from
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, read_json, write_json_atomic
-from geoprobe.ranking import has_massive_channels, layer_scores
+from geoprobe.events import note
+from geoprobe.ranking import bridge_choice, has_massive_channels, layer_scores, passed_over_line
 from geoprobe.settings import split_flags
 from geoprobe.store import check_shards, read_manifest
 from geoprobe.tracking import check_log_to, tracking
@@ -33,20 +34,30 @@ def ranking_rows(run: Path) -> list[dict]:
     path = Path(run) / "ranking.csv"
     if not path.is_file():
         raise BadInput(f"{run} has no finished scan (no ranking.csv): run `geoprobe scan` or pass --layer")
+
+    def value(key: str, text: str):
+        if key == "bridgeable":
+            return text == "True"
+        return int(text) if key in ("layer", "rank", "massive") else float(text)
+
     with open(path) as handle:
-        return [{k: (float(v) if k not in ("layer", "rank", "massive") else int(v)) for k, v in row.items()}
-                for row in csv.DictReader(handle)]
+        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
 def chosen_layer(run: Path) -> int:
-    """The best-ranked layer that can host a bridge. The scan ranks every stored layer, the last
-    block's output included, but a bridge needs blocks above it: that layer is passed over."""
+    """The best-ranked layer that can host a bridge (the ranking's chosen layer). The scan ranks
+    every stored layer, the last block's output included, but a bridge needs a block above it:
+    that layer is passed over, and a note says so."""
 
     blocks = read_manifest(run)["model"]["num_layers"]
-    rows = [r for r in ranking_rows(run) if r["layer"] < blocks]
-    if not rows:
-        raise BadInput(f"{run}: no scanned layer has blocks above it (layers 0..{blocks - 1} can host a bridge)")
-    return min(rows, key=lambda r: r["rank"])["layer"]
+    rows = [{**r, "bridgeable": r["layer"] < blocks} for r in ranking_rows(run)]  # runs ranked before the column too
+    try:
+        best, passed_over = bridge_choice(rows)
+    except BadInput:
+        raise BadInput(f"{run}: no scanned layer has blocks above it (layers 0..{blocks - 1} can host a bridge)") from None
+    if passed_over:
+        note(passed_over_line({"passed_over": passed_over, "chosen_layer": best["layer"]}))
+    return best["layer"]
 
 
 @dataclass
@@ -145,9 +156,7 @@ def _massive_rule(run: Path | None) -> float | None:
 
 
 def check_layer(source: Source, layer: int) -> None:
-    n = source.backbone.num_layers
-    if not 0 <= layer < n:
-        raise BadInput(f"--layer {layer} out of range: use 0..{n - 1} (blocks {layer + 1}..{n} must remain above)")
+    check_bridge_layer(layer, source.backbone.num_layers)
     if source.scanned_layers is not None and layer not in source.scanned_layers:
         raise BadInput(f"layer {layer} was not scanned in this run (scanned: {source.scanned_layers})")
 
@@ -263,6 +272,29 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
     return controls
 
 
+# the training keys a bridge derives from its step cap (bridges/fit.py bridge_training) unless given
+DERIVED_FROM_STEPS = ("warmup", "save_every", "eval_every", "min_steps")
+
+
+def training_for(out: Path, settings: BridgeSettings):
+    """The training settings of the bridge in `out`: `settings.training()`, except that a bridge
+    already there under the plateau rule keeps the keys it derived from its own cap (warmup,
+    checkpoint and evaluation intervals, the first step the rule may stop at; those the flags set
+    explicitly stay as given). Another --steps then only moves the cap: a larger one resumes the
+    run as if it had had that cap from its start, a smaller one is refused naming the steps
+    alone (bridges/fit.py check_bridge_dir)."""
+    from geoprobe.bridges.checkpoint import CONFIG, read_config
+
+    cfg = settings.training()
+    if not (Path(out) / CONFIG).is_file() or cfg.schedule != "constant":
+        return cfg
+    old = read_config(out, "bridge").get("training") or {}
+    if old.get("schedule") != "constant":
+        return cfg
+    given = {"eval_every": bool(settings.eval_every), "min_steps": settings.min_steps is not None}
+    return replace(cfg, **{k: old[k] for k in DERIVED_FROM_STEPS if k in old and not given.get(k)})
+
+
 def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, controls: dict | None = None,
                  force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict | None, Path]:
     """One bridge at `layer` in root/bridges/layer-NN/seed-S (or `out`) from the run's cached
@@ -272,12 +304,12 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     from geoprobe.bridges.fit import fit_bridge
 
     check_layer(source, layer)
-    cfg, train_cfg = settings.network_at(layer, source.backbone), settings.training()
     out = out or bridge_dir(root, layer, settings.seed)
     world = world_from()
     if force and world.is_main:
         clear(out)
     world.barrier()
+    cfg, train_cfg = settings.network_at(layer, source.backbone), training_for(out, settings)  # after --force clears
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
         with tracking(settings.log_to, train_cfg.batch_size * source.seq_len):
@@ -295,7 +327,7 @@ def refuse_other_bridges(source: Source, plans: list[tuple[int, BridgeSettings, 
     from geoprobe.bridges.fit import check_bridge_dir
 
     for layer, chosen, out in [] if force else plans:
-        check_bridge_dir(out, chosen.network_at(layer, source.backbone), chosen.training(), identity(source, layer))
+        check_bridge_dir(out, chosen.network_at(layer, source.backbone), training_for(out, chosen), identity(source, layer))
 
 
 def ceiling_dir(run: Path, layer: int) -> Path:
@@ -323,6 +355,8 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
         layer = chosen_layer(run)
     if layer < 0:
         raise BadInput(f"--layer must be >= 0, got {layer}")
+    if run is not None:  # a layer with no block above it: refused before the backbone loads
+        check_bridge_layer(layer, read_manifest(run)["model"]["num_layers"])
     settings.training()
     check_device_map(device_map)
     choose_determinism(settings.deterministic)
