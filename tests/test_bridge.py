@@ -275,8 +275,8 @@ def test_a_bridge_samples_from_its_layer_folder_refuses_ar_and_has_its_report_li
     (["--layer", "1", "--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
     (["--layer", "1", "--lr", "2"], "--lr must be in (0, 1)"),
     (["--layer", "1", "--carry", "table"], "--carry must be lookup or channel, got 'table'"),
-    (["--layer", "1", "--sigma-b", "0.5"], "--sigma-b > 0 makes the bridge stochastic, which one sampler step cannot show"),
-    (["--layer", "1", "--sigma-b", "0.5", "--bridge-steps", "8"],
+    (["--layer", "1", "--bridge-steps", "1"], "--sigma-b > 0 makes the bridge stochastic, which one sampler step cannot show"),
+    (["--layer", "1", "--tau-zero", "1"],
      "--sigma-b > 0 samples the bridge at tau > 0, which --tau-zero 1 never trains"),
 ])
 def test_bridge_bad_input(args, fragment, scanned):
