@@ -60,7 +60,7 @@ def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: st
                       save_every=max(1, min(100, steps)), ema=ema, eval_every=every,
                       min_steps=first if min_steps is None else min_steps,
                       plateau_rel=plateau_rel, plateau_scale=plateau_scale, precision=precision,
-                      schedule="constant" if until == "plateau" else "cosine", eval_at_start=True)
+                      schedule="constant" if every else "cosine", eval_at_start=True)
     cfg.validate()
     return cfg
 

@@ -18,7 +18,7 @@ EVAL = defaults_of(evaluate_samples)  # eval's flags default as the call does
 
 
 @app.command("eval", epilog="Examples:\n\n"
-             "  geoprobe eval runs/dsl/samples.jsonl --evaluator builtin:smollm2 --references kjv\n\n"
+             "  geoprobe eval runs/dsl/samples/roar/samples.jsonl --evaluator builtin:smollm2 --references kjv\n\n"
              "  geoprobe eval a.jsonl b.jsonl --evaluator ./gpt2-large --references held-out.txt --out metrics.json\n\n"
              "  geoprobe eval runs/bridge/samples.jsonl --evaluator builtin:smollm2,ngram:kjv --references kjv")
 def evaluate(

@@ -17,7 +17,8 @@ from geoprobe.report.terminal import print_table
 from geoprobe.workflows.demo import run_demo
 
 
-@app.command(epilog="Examples:\n\n  geoprobe compare runs/dsl/samples.jsonl runs/mdlm/samples.jsonl --out runs/demo\n\n"
+@app.command(epilog="Examples:\n\n  geoprobe compare runs/dsl/samples/roar/samples.jsonl runs/mdlm/samples/mdlm/samples.jsonl "
+                    "--out runs/demo\n\n"
                     "  geoprobe compare a/samples.jsonl b/samples.jsonl --out runs/x --allow-mismatch")
 def compare(
     samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files, each evaluated by `geoprobe eval`.")],

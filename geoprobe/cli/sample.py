@@ -25,7 +25,7 @@ def _default(knob: str) -> str:
 
 
 @app.command(epilog="Examples:\n\n  geoprobe sample --model runs/dsl --sampler roar --num 8 --length 128\n\n"
-                    "  geoprobe sample --model runs/dsl --sampler hybrid --steps 48 --top-p 0.9 --out runs/dsl/samples\n\n"
+                    "  geoprobe sample --model runs/dsl --sampler hybrid --steps 48 --top-p 0.9 --out runs/dsl-hybrid\n\n"
                     "  geoprobe sample --model runs/dsl --sampler remdm-loop --steps 128 --eta 0.02\n\n"
                     "  geoprobe sample --model runs/dsl --sampler remdm-cap --preset remdm-paper   (T 1,024, top-p 0.9 "
                     "by ReMDM's rule, eta_cap 0.008, final argmax)")
