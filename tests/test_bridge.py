@@ -220,19 +220,20 @@ def test_a_short_bridge_trains_its_steps_says_why_and_a_larger_cap_resumes_it(sc
                for k in ("warmup", "eval_every", "min_steps", "save_every")}
     assert derived == {"warmup": 10, "eval_every": 2, "min_steps": 200, "save_every": 100}
     curve = (folder / "curve.csv").read_text().splitlines()
-    code, out, err = invoke("--format", "json", "bridge", *flags, "--steps", 240)
+    code, out, err = invoke("--format", "json", "bridge", *flags, "--steps", 160)
     assert code == 0, err
     more = json.loads(out)
-    assert more["steps_run"] > 100 and more["stop"] in ("cap", "plateau")
+    assert (more["stop"], more["steps_run"]) == ("cap", 160)  # still short of step 200: its whole cap again
     assert more["val_curve"][:len(first["val_curve"])] == first["val_curve"]  # the same run, gone on
+    assert more["val_curve"][len(first["val_curve"])][0] == 102
     assert (folder / "curve.csv").read_text().splitlines()[:len(curve)] == curve
     record = json.loads((folder / "config.json").read_text())
-    assert record["training"]["steps"] == 240 and record["budget"]["steps"] == 240
-    assert {k: record["training"][k] for k in derived} == derived  # not 24, 6, 200, 100 (what 240 derives)
-    if more["stop"] == "cap":
-        assert more["summary"][1].startswith("It was still improving: ") and "--steps 960" in more["summary"][1]
-    code, _, err = invoke("bridge", *flags, "--steps", 200)
-    assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: steps)")
+    assert record["training"]["steps"] == 160 and record["budget"]["steps"] == 160
+    assert {k: record["training"][k] for k in derived} == derived  # not 16, 4, 200, 100 (what 160 derives)
+    assert "(e.g. --steps 640) to resume it from step 160." in more["summary"][1]
+    code, _, err = invoke("bridge", *flags, "--steps", 120)
+    assert_one_line_error(code, err, 2, "holds a bridge trained with other settings (differs in: steps) (its cap "
+                                        "is 160 steps: a smaller --steps cannot take back trained steps)")
 
 
 def test_a_bridge_samples_from_its_layer_folder_refuses_ar_and_has_its_report_lines(scanned, tmp_path):
