@@ -26,13 +26,13 @@ budget = ["--steps", "60", "--batch-size", "8", "--seq-len", "33", "--d-model", 
 subprocess.run([sys.executable, "-m", "geoprobe", "-q", "sweep", "--run", str(run), *budget], check=True)
 
 sweep = geoprobe.open_run(run).sweep()  # one row per (layer, seed)
-print(sweep[["score", "rank", "nmse", "nmse_dim", "delta_ce", "steps_run", "best_step", "stop"]])
+print(sweep[["score", "rank", "objective", "nmse_dim_1step", "nmse_dim", "delta_ce", "steps_run", "best_step", "stop"]])
 verdict = json.loads((run / "sweep.json").read_text())["verdict"]
 print("\n".join(verdict["statement"]))
 if "tests" in verdict:  # an independent check of rho: scipy on the seed means of the tested layers
     means = sweep.groupby(level="layer").mean(numeric_only=True).loc[verdict["compared_layers"]]
     score = [verdict["scores"]["score"][str(l)] for l in means.index]
-    for loss in ("nmse_dim", "nmse", "delta_ce"):
+    for loss in verdict["tests"]:  # the primary (a diffusion bridge's: its objective) and its Holm family
         rho = spearmanr(score, means[loss]).statistic
         print(f"{loss}: rho = {rho:+.3f} (the sweep: {verdict['tests'][loss]['rho']:+.3f}, one-sided p = "
               f"{verdict['tests'][loss]['p']:.3f}); the claim is rho < 0: a higher score, a lower loss")

@@ -45,7 +45,7 @@ def test_the_examples_run_in_order_with_tiny_settings(tmp_path):
         outputs = {k: v for chain in chains for k, v in chain.result().items()}
     outputs["04"] = run("04")
     assert "chosen layer" in outputs["01"]
-    assert outputs["02"].count("(the sweep:") == 3 and "Primary test" in outputs["02"]
+    assert outputs["02"].count("(the sweep:") == 5 and "Primary test" in outputs["02"]  # the primary and its 4 secondaries
     assert all(name in outputs["03"] for name in ("mdlm", "remdm-loop", "roar", "continuous", "hybrid"))
     assert (tmp_path / "runs" / "example-scan" / "report.md").is_file()
     sweep = pd.read_csv(tmp_path / "llama8b" / "sweep.csv")

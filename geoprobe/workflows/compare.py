@@ -110,7 +110,7 @@ def comparison_row(samples: Path) -> dict:
     values = next(iter(metrics.values()))
     model = Path(meta["model"])
     name = generator_name(meta["model"])
-    suffix = {"round": " (round)", "causal": " (AR ceiling)"}.get(meta.get("decode"), "")
+    suffix = {"round": " (round)", "causal": " (AR)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
     evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}

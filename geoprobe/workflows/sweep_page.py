@@ -87,14 +87,21 @@ def control_rows(verdict: dict) -> list[dict]:
 def sweep_section(sweep: dict) -> list[str]:
     """Markdown lines of the sweep section."""
     v = sweep["verdict"]
+    diffusion = v.get("protocol") == "diffusion"
+    watched = "validation objective" if diffusion else "nmse_dim"
     parts = ["## Bridge sweep", "",
              "Protocol (fixed before the run, docs/method.md): one bridge per layer and seed, each trained until its "
-             "stopping split's nmse_dim stopped improving or until its step cap (the table says which), and validated "
+             f"stopping split's {watched} stopped improving or until its step cap (the table says which), and validated "
              "with its best weights on other held-out blocks; "
              + ("layer 0, the source, is tested too (--include-source); " if 0 in v.get("compared_layers", [])
                 else "layer 0 is the source and is not tested; ")
-             + "the score is z-scored over the tested layers. `nmse_dim` "
-             "(primary) standardises each channel by its own variance, `nmse` by the total variance (massive "
+             + "the score is z-scored over the tested layers. "
+             + ("`objective` (primary) is the diffusion bridge's own loss on a fixed tau grid; `nmse_dim 1 step` is "
+                "its posterior mean's per-channel error and `nmse_dim` a K-step sample's; `crps_dim` the samples' "
+                "CRPS per channel. " if diffusion else "")
+             + "`nmse_dim` "
+             + ("" if diffusion else "(primary) ")
+             + "standardises each channel by its own variance, `nmse` by the total variance (massive "
              "channels dominate it), `delta_ce` is the upper stack's cross-entropy on the reconstruction minus on "
              "the true states (nats), `nmse_noisy` the nmse averaged over condition SNRs, `objective` the loss the "
              "bridge trains on. Values are seed mean ± sd; 1 = no better than predicting the mean state.", ""]
