@@ -192,7 +192,7 @@ def test_the_parallel_sweep_gives_the_sequential_sweeps_rows(tmp_path, scanned_r
     subprocess.run([sys.executable, "-m", "experiments.parallel_sweep", "--run", together, "--layers", "1-2",
                     "--seeds", "0,1", "--jobs", "2", "--device", "cpu", *small], env=env, check=True)
     subprocess.run([sys.executable, "-m", "geoprobe", "-q", "sweep", "--run", alone, "--layers", "1-2", "--seeds", "0,1",
-                    "--ceiling", "--device", "cpu", *small], env=env, check=True)
+                    "--ceiling", "--device", "cpu", *small, "--regression"], env=env, check=True)  # SWEEP's bridges
     rows = [list(csv.DictReader((run / "sweep.csv").open())) for run in (together, alone)]
     assert [(r["layer"], r["seed"]) for r in rows[0]] == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
     assert all(r["ceiling_nmse_dim"] for r in rows[0])
