@@ -142,8 +142,9 @@ def test_every_generator_is_scored_by_the_true_hmm_and_the_ar_ceiling_checks_the
     rows = read_rows(tiny_demo / "run" / "compare.csv")
     verdict = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
     bridges = {verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")}  # a layer in two roles: one row
-    # 4 DSL samplers, MDLM, a row per distinct bridge layer, layer 0's rounding, the AR ceiling
-    assert len(rows) == 7 + len(bridges) and all(r["oracle_nll_per_word"] is not None for r in rows)
+    # 4 DSL samplers, MDLM, a row per distinct bridge layer, the chosen bridge left to right, layer 0's
+    # rounding, the AR ceiling
+    assert len(rows) == 8 + len(bridges) and all(r["oracle_nll_per_word"] is not None for r in rows)
     assert {r["generator"] for r in rows if r["generator"].startswith("bridges/") and "(round)" not in r["generator"]} \
         == {f"bridges/layer-{l:02d}/seed-0" for l in bridges}
     for r in rows:  # 95% bootstrap intervals over the samples, around the row's value
