@@ -56,8 +56,16 @@ results: .venv/.installed .kjv .jemalloc
 
 # the diffusion bridge's sweep on SmolLM2 (docs/results-diffusion.md, docs/method.md amendment 13):
 # layers 1-12 x 2 seeds to their plateau, the regression sweep's scan and ceilings reused;
-# resumable, its finished bridges kept in experiments/records/smollm2-diffusion
-results-diffusion: .venv/.installed .kjv .jemalloc
+# resumable, its finished bridges kept in experiments/records/smollm2-diffusion. It trains the
+# bridge the design study chose (docs/bridge-design.md): the study runs first when its choice is
+# not recorded (4 variants x 2 layers x 600 steps, then the K scan; needs `make results`' scan)
+DESIGN := $(PY) bench/bridge_design.py --run runs/results/run --layers 3,9 --variants 19,18,20,21 --out runs/bridge-design
+experiments/records/bridge-design/choice.json:
+	HF_HUB_OFFLINE=1 $(DESIGN)
+	HF_HUB_OFFLINE=1 $(DESIGN) --k-scan
+	HF_HUB_OFFLINE=1 $(DESIGN) --choose
+
+results-diffusion: .venv/.installed .kjv .jemalloc experiments/records/bridge-design/choice.json
 	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --bridge diffusion
 
 # the DiHAL comparison of docs/baselines.md on the testbed: about 65 min on 2 CPU cores (run 2, 52 min of it training, partly beside another job), resumable; not part of make test

@@ -103,6 +103,7 @@ VARIANTS.update({
     "diffusion sb1 tau0": (dict(DIFFUSION, sigma_b=1.0, tau_zero=0.25), DIFFUSION_BUDGET),
 })
 K_GRID = (2, 4, 8, 16, 32)
+CLOSE = 0.01  # the registered rule's "within 1 %"
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 
@@ -141,6 +142,9 @@ def main() -> None:
     parser.add_argument("--k-scan", action="store_true",
                         help="score the finished diffusion variants' samples at every K of K_GRID (their weights "
                              "must be in --out) into OUT/k-scan.json, and exit")
+    parser.add_argument("--choose", action="store_true",
+                        help="apply the diffusion study's registered rule to its finished variants and K scan; "
+                             "write OUT/choice.json and its record")
     parser.add_argument("--status", action="store_true",
                         help="print where these variants stand at these layers and seed (beside a running study, "
                              "reading only) and exit")
@@ -167,6 +171,14 @@ def main() -> None:
         restore(args.out / folder_of(name), RECORDS / folder_of(name))
     if args.page_only:
         write_page(finished(args.out), args)
+        return
+    if args.choose:
+        from geoprobe.files import write_json_atomic
+
+        choice = diffusion_choice(finished(args.out), json.loads((args.out / "k-scan.json").read_text()))
+        for path in (args.out / "choice.json", RECORDS / "choice.json"):
+            write_json_atomic(path, choice)
+        print("\n".join(choice["why"]), flush=True)
         return
     layers = [int(x) for x in args.layers.split(",")]
     source = open_source(args.run, None, None, None, "cpu", "auto")
@@ -211,11 +223,47 @@ def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
             bridge, _ = load_bridge(folder)
             teacher = Teacher(source.backbone, layer)
             for k in K_GRID:
-                row = {"variant": name, "layer": layer, **sample_scores(bridge, teacher, states.val, 8, k)}
+                row = {"variant": name, "layer": layer, "k": k, **sample_scores(bridge, teacher, states.val, 8, k)}
                 print(f"{name}, layer {layer}, K {k}: nmse_dim {row['nmse_dim']:.4f} crps_dim {row['crps_dim']:.4f}",
                       flush=True)
                 rows.append(row)
-    write_json_atomic(args.out / "k-scan.json", rows)
+    for path in (args.out / "k-scan.json", RECORDS / "k-scan.json"):  # the record is tracked, as the variants are
+        write_json_atomic(path, rows)
+
+
+def diffusion_choice(results: list[dict], kscan: list[dict], layers: tuple[int, ...] = (3, 9)) -> dict:
+    """The diffusion study's registered choice (docs/bridge-design.md), from its finished variants
+    (`finished`) and its K scan (`k_scan`'s rows).
+
+    1. sigma_b and tau: the lowest mean crps_dim over `layers` at K = 16; a variant within 1 % of
+       the best with a lower mean posterior-mean nmse_dim_1step wins over it.
+    2. K: for that variant, the smallest K of K_GRID whose crps_dim is within 1 % of K = 32's at
+       every layer.
+    Raises ValueError when a variant lacks a layer or the K scan lacks a row: the rule needs all."""
+    def mean(variant: str, key: str) -> float:
+        rows = {r["layer"]: r for r in results if r["variant"] == variant and r.get("seed", 0) == 0}
+        if set(layers) - set(rows):
+            raise ValueError(f"{variant} has not finished layers {sorted(set(layers) - set(rows))}")
+        return float(np.mean([rows[layer][key] for layer in layers]))
+
+    names = [name for name in VARIANTS if name.startswith("diffusion")]
+    crps = {name: mean(name, "crps_dim") for name in names}
+    best = min(crps.values())
+    near = [name for name in names if crps[name] <= best * (1 + CLOSE)]
+    chosen = min(near, key=lambda name: (mean(name, "nmse_dim_1step"), crps[name]))
+    scanned = {(r["layer"], r["k"]): r["crps_dim"] for r in kscan if r["variant"] == chosen}
+    missing = [(layer, k) for layer in layers for k in K_GRID if (layer, k) not in scanned]
+    if missing:
+        raise ValueError(f"the K scan of {chosen} lacks (layer, K) {missing}")
+    k = next(k for k in K_GRID if all(scanned[(layer, k)] <= scanned[(layer, K_GRID[-1])] * (1 + CLOSE)
+                                      for layer in layers))
+    network = VARIANTS[chosen][0]
+    why = [f"{name}: mean crps_dim {crps[name]:.4f}, mean nmse_dim_1step {mean(name, 'nmse_dim_1step'):.4f}"
+           + (" (chosen)" if name == chosen else "") for name in names]
+    why.append(f"K: {k}, the smallest K whose crps_dim is within 1 % of K = {K_GRID[-1]}'s at layers "
+               + ", ".join(f"{layer} ({scanned[(layer, k)]:.4f} vs {scanned[(layer, K_GRID[-1])]:.4f})" for layer in layers))
+    return {"variant": chosen, "sigma_b": network["sigma_b"], "tau_zero": network["tau_zero"], "bridge_steps": k,
+            "crps_dim": crps, "layers": list(layers), "why": why}
 
 
 def folder_of(variant: str) -> str:

@@ -240,11 +240,26 @@ def share_scan(scanned: Path, run: Path) -> None:
     print(f"[run ] the scan hard-linked from {scanned}", flush=True)
 
 
+CHOICE = ROOT / "experiments" / "records" / "bridge-design" / "choice.json"  # bench/bridge_design.py --choose
+
+
+def chosen_diffusion(choice: Path = CHOICE) -> list:
+    """The diffusion study's choice as sweep flags (sigma_b, tau_zero, K), pinned so that the sweep's
+    bridges are the chosen ones whatever the CLI's default is. Exits with one line when the study
+    has not chosen yet (docs/bridge-design.md: the sweep starts once the choice is made)."""
+    if not choice.is_file():
+        raise SystemExit(f"{choice.relative_to(ROOT)} is missing: finish the diffusion study first "
+                         "(bench/bridge_design.py --variants 19,18,20,21, then --k-scan, then --choose)")
+    picked = json.loads(choice.read_text())
+    return ["--sigma-b", picked["sigma_b"], "--tau-zero", picked["tau_zero"], "--bridge-steps", picked["bridge_steps"]]
+
+
 def use_diffusion() -> None:
-    """Point the script at the diffusion bridge's sweep (--bridge diffusion): its flags, seeds,
-    records and title; its notes live beside its records."""
+    """Point the script at the diffusion bridge's sweep (--bridge diffusion): its flags (the
+    study's choice pinned), seeds, records and title; its notes live beside its records."""
     global SWEEP, RECORD, NOTES, SEEDS, TITLE
-    SWEEP, RECORD, SEEDS, TITLE = DIFFUSION["sweep"], DIFFUSION["record"], DIFFUSION["seeds"], DIFFUSION["title"]
+    SWEEP, RECORD, SEEDS, TITLE = ([*DIFFUSION["sweep"], *chosen_diffusion()], DIFFUSION["record"],
+                                   DIFFUSION["seeds"], DIFFUSION["title"])
     NOTES = RECORD / "notes.md"
 
 

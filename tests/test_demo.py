@@ -182,7 +182,8 @@ def test_make_demos_report_says_what_was_found_first_with_no_nan(tiny_demo, smol
     verdict = json.loads((tiny_demo / "run" / "sweep.json").read_text())["verdict"]
     assert f"Testbed sweep: {verdict['statement'][0]}" in found
     comparisons = [line for line in found if line.startswith("Testbed generation")]
-    assert len(comparisons) == 3 and all("not ranked" in l or "beyond the intervals" in l for l in comparisons)
+    assert len(comparisons) == 4 and all("not ranked" in l or "beyond the intervals" in l for l in comparisons)
+    assert any("decoded left to right vs in random order" in line for line in comparisons)
     assert any("leave out the spread between training seeds" in line for line in found)
     for number in re.findall(r"-?\d+\.?\d*(?:e[-+]?\d+)?|\bnan\b|\binf\b", report):
         assert math.isfinite(float(number)), number

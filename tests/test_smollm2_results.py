@@ -644,3 +644,50 @@ def test_the_diffusion_sweep_flags_train_the_default_bridge_at_the_regression_sw
     assert ceiling_settings(diffusion) == ceiling_settings(regression)
     assert replace(diffusion.network, **{k: getattr(regression.network, k) for k in
                                          ("sigma_b", "tau_zero", "bridge_steps", "regression_frac")}) == regression.network
+
+
+def test_the_diffusion_studys_choice_follows_its_registered_rule():
+    """bench/bridge_design.diffusion_choice, on made-up rows where each clause decides: the lowest
+    mean crps_dim wins unless a variant within 1 % has a lower posterior-mean nmse_dim_1step; K is
+    the smallest whose crps_dim is within 1 % of K = 32's at both layers; a missing row refuses."""
+    from bench.bridge_design import diffusion_choice
+
+    def rows(crps: dict, one_step: dict):
+        return [{"variant": name, "layer": layer, "seed": 0, "crps_dim": crps[name] * (1 if layer == 3 else 1.2),
+                 "nmse_dim_1step": one_step[name]} for name in crps for layer in (3, 9)]
+
+    names = ["diffusion sb0.5", "diffusion sb1", "diffusion sb2", "diffusion sb1 tau0"]
+    kscan = [{"variant": "diffusion sb2", "layer": layer, "k": k, "crps_dim": {2: 0.5, 4: 0.304, 8: 0.302, 16: 0.301,
+                                                                                 32: 0.300}[k] + (0.01 if layer == 9 else 0)}
+             for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
+    one_step = dict(zip(names, (0.10, 0.11, 0.12, 0.13)))
+    choice = diffusion_choice(rows(dict(zip(names, (0.40, 0.35, 0.30, 0.33))), one_step), kscan)
+    assert choice["variant"] == "diffusion sb2" and choice["sigma_b"] == 2.0 and choice["tau_zero"] == 0.0
+    # K = 4: 0.304 / 0.300 is 1.3 % above at layer 3: K = 8 (0.302, 0.312 / 0.310) is the first within 1 %
+    assert choice["bridge_steps"] == 8
+    # sb1 within 1 % of sb2's crps with a lower nmse_dim_1step wins; its K scan is then the one read
+    for row in kscan:
+        row["variant"] = "diffusion sb1"
+    tied = diffusion_choice(rows(dict(zip(names, (0.40, 0.302, 0.30, 0.33))), one_step), kscan)
+    assert tied["variant"] == "diffusion sb1" and tied["sigma_b"] == 1.0
+    with pytest.raises(ValueError, match="lacks"):
+        diffusion_choice(rows(dict(zip(names, (0.40, 0.302, 0.30, 0.33))), one_step), kscan[:-1])
+    with pytest.raises(ValueError, match="has not finished"):
+        diffusion_choice([r for r in rows(dict(zip(names, (0.4, 0.3, 0.3, 0.3))), one_step) if r["layer"] == 3], kscan)
+
+
+def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
+    """chosen_diffusion turns the study's choice.json into the sweep's flags, which the CLI parses
+    into the chosen network; without the file it stops with one line naming the study's steps."""
+    from experiments.smollm2_results import DIFFUSION, ROOT, chosen_diffusion
+    from geoprobe.workflows.sweep import bridge_settings
+
+    choice = tmp_path / "choice.json"
+    choice.write_text(json.dumps({"sigma_b": 2.0, "tau_zero": 0.25, "bridge_steps": 8}))
+    flags = [*DIFFUSION["sweep"], *chosen_diffusion(choice)]
+    pairs = [a for a in flags if a != "--ceiling"]
+    given = {name[2:].replace("-", "_"): value for name, value in zip(pairs[::2], pairs[1::2]) if name != "--layers"}
+    network = bridge_settings(**given).network
+    assert (network.sigma_b, network.tau_zero, network.bridge_steps, network.d_model) == (2.0, 0.25, 8, 320)
+    with pytest.raises(SystemExit, match="--choose"):
+        chosen_diffusion(ROOT / "experiments" / "records" / "bridge-design" / "no-such-choice.json")
