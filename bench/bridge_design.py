@@ -181,7 +181,7 @@ def main() -> None:
         print("\n".join(choice["why"]), flush=True)
         return
     layers = [int(x) for x in args.layers.split(",")]
-    source = open_source(args.run, None, None, None, "cpu", "auto")
+    source = open_source(args.run, device="cpu")
     states = cached_states(source, layers)
     if args.k_scan:
         k_scan(source, states, layers, [n for n in names if n.startswith("diffusion")], args)
@@ -194,7 +194,7 @@ def main() -> None:
                                       **{**BUDGET, **training, "seed": args.seed})
             root = args.out / folder_of(name)
             with holding(bridge_dir(root, layer, settings.seed), "bench/bridge_design.py"):  # as the sweep does
-                metrics, _ = train_bridge(source, layer, root, settings, states, controls[layer])
+                metrics, _ = train_bridge(source, layer, root, settings, states, controls=controls[layer])
             folder = bridge_dir(root, layer, settings.seed)
             if not (folder / "network.json").is_file():  # a restored record has it, and no weights
                 write_json_atomic(folder / "network.json",

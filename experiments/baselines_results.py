@@ -85,7 +85,7 @@ def bridges(out: Path) -> dict:
                                    plateau_rel=PLATEAU, min_steps=MIN_STEPS,
                                    plateau_scale="start")  # run 2: 0.5 % of max(step-0 (lookup), window start)
         began = time.perf_counter()
-        sweep_run(run, settings, BRIDGE_LAYERS, "cpu", seeds=list(SEEDS), include_source=False)
+        sweep_run(run, settings, BRIDGE_LAYERS, device="cpu", seeds=list(SEEDS), include_source=False)
         log(f"swept the bridges in {time.perf_counter() - began:.0f} s")
     return json.loads((run / "sweep.json").read_text())
 
@@ -202,7 +202,7 @@ def bridge_flops(out: Path, table: dict) -> dict:
     from geoprobe.capture import capture
     from geoprobe.workflows.sweep import open_source
 
-    source = open_source(out / "run", None, None, None, "cpu", "auto")
+    source = open_source(out / "run", device="cpu")
     backbone, found, batch = source.backbone, {}, TRAINING["batch_size"]
     for name, (folders, *_rest) in table.items():  # round-00 has no training record, so no FLOP cell
         if not name.startswith("bridge-") or not (folders[SEEDS[0]] / "metrics.json").is_file():

@@ -210,7 +210,7 @@ def dihal_rows(out: Path) -> tuple[list[dict], dict]:
                                d_model=p.bridge_width, n_layers=p.bridge_blocks, lr=p.bridge_lr,
                                eval_every=p.bridge_eval_every)
     if not (run / "sweep.json").is_file():
-        sweep_run(run, settings, "0-5", "cpu", seeds=list(SEEDS))
+        sweep_run(run, settings, "0-5", device="cpu", seeds=list(SEEDS))
     rows = []
     length = p.bridge_seq - 1  # a bridge generates the words after its block's BOS
     for layer in range(6):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated
@@ -28,6 +30,45 @@ def defaults_of(call) -> SimpleNamespace:
     call a command makes is their one owner (where no settings dataclass holds them)."""
     return SimpleNamespace(**{name: p.default for name, p in inspect.signature(call).parameters.items()
                               if p.default is not inspect.Parameter.empty})
+
+
+def choices(name: str, values) -> type[Enum]:
+    """A flag's choices as an Enum (Typer lists them in --help and refuses any other value), made
+    from the tuple or dict of the library module that owns them."""
+    return Enum(name, [(str(v), str(v)) for v in values], type=str)
+
+
+def plain(value):
+    """A flag's value as the library takes it: a choice's string, anything else as it is."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def with_settings(flags: dict, defaults: dict, make):
+    """A decorator: the command gets the options `flags` (parameter name -> Annotated option type),
+    each defaulting to `defaults[name]` (the settings dataclass's own default), after its own
+    parameters, and is called with `settings=make(**their values)` instead. Commands that share a
+    settings class share these declarations.
+
+    Args:
+        flags: the options, in the order --help lists them.
+        defaults: each option's default, by name.
+        make: builds the settings from the options' values (choices as plain strings)."""
+
+    def decorate(command):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "settings"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=defaults[name])
+                 for name, kind in flags.items()]
+
+        @functools.wraps(command)
+        def wrapper(**values):
+            chosen = {name: plain(values.pop(name)) for name in flags}
+            return command(**values, settings=make(**chosen))
+
+        wrapper.__signature__ = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added)
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+        return wrapper
+
+    return decorate
 
 Out = Annotated[Path, typer.Option("--out", "-o", help="Run directory this command writes (created if missing).")]
 Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed for every random choice; recorded in the outputs.")]

@@ -168,7 +168,7 @@ def testbed_experiment(out: Path, device: str, step: Steps) -> dict:
     bridges = bridge_settings(steps=p.bridge_steps, batch_size=p.bridge_batch, seq_len=p.bridge_seq,
                               d_model=p.bridge_width, n_layers=p.bridge_blocks, lr=p.bridge_lr,
                               eval_every=p.bridge_eval_every)
-    step(f"sweep --layers {p.layers}", sweep_run, run, bridges, p.layers, device, seeds=seeds)
+    step(f"sweep --layers {p.layers}", sweep_run, run, bridges, p.layers, device=device, seeds=seeds)
     sweep = read_json(run / "sweep.json", f"{run} has no sweep.json: the sweep step did not finish")["verdict"]
     for name, snr in {"dsl": "mixed", "mdlm": "endpoint"}.items():  # DSL, and the endpoint-only MDLM model
         settings, shape = dsl_settings(snr=snr, steps=p.dsl_steps, batch_size=p.dsl_batch, seq_len=p.dsl_seq,

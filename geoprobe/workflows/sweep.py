@@ -25,9 +25,14 @@ from geoprobe.store import check_shards, read_manifest
 from geoprobe.tracking import check_log_to, tracking
 
 
+def layer_dir(root: Path, layer: int) -> Path:
+    """root/bridges/layer-NN: a layer's bridges (one folder per seed), its ceiling and its controls."""
+    return Path(root) / "bridges" / f"layer-{layer:02d}"
+
+
 def bridge_dir(root: Path, layer: int, seed: int = 0) -> Path:
     """One directory per layer and seed: seeds are replicates, never each other's resume."""
-    return Path(root) / "bridges" / f"layer-{layer:02d}" / f"seed-{seed}"
+    return layer_dir(root, layer) / f"seed-{seed}"
 
 
 def ranking_rows(run: Path) -> list[dict]:
@@ -77,8 +82,8 @@ class Source:
     massive_factor: float | None  # the scan's rule for rows not scored (None: all scored)
 
 
-def open_source(run: Path | None, model: str | None, corpus: str | None, seq_len: int | None, device: str,
-                dtype: str, train_tokens: int = 262_144, val_blocks: int = 16, stop_blocks: int = 8,
+def open_source(run: Path | None, model: str | None = None, corpus: str | None = None, *, seq_len: int | None = None,
+                device: str = "auto", dtype: str = "auto", train_tokens: int = 262_144, val_blocks: int = 16, stop_blocks: int = 8,
                 device_map: str | None = None, doc_blocks: int | None = None, layers=None) -> Source:
     """The data of a bridge. Over a scanned run the held-out blocks are drawn as the scan drew its
     states: blocks of the scan's length (unless `seq_len` says otherwise), at most as many per
@@ -259,7 +264,7 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
     """The closed-form controls of `layer` (geoprobe.bridges.controls), kept in root/bridges/layer-NN/
     controls.json for the data they were fitted on: a resumed sweep does not refit them."""
 
-    path = Path(root) / "bridges" / f"layer-{layer:02d}" / "controls.json"
+    path = layer_dir(root, layer) / "controls.json"
     wanted = {**identity(source, layer), "controls": CONTROLS_VERSION}
     if path.is_file():
         saved = json.loads(path.read_text())
@@ -295,8 +300,8 @@ def training_for(out: Path, settings: BridgeSettings):
     return replace(cfg, **{k: old[k] for k in DERIVED_FROM_STEPS if k in old and not given.get(k)})
 
 
-def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, controls: dict | None = None,
-                 force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict | None, Path]:
+def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, *,
+                 controls: dict | None = None, force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict | None, Path]:
     """One bridge at `layer` in root/bridges/layer-NN/seed-S (or `out`) from the run's cached
     teacher `states` (resumed, or refused when it holds another run; cleared first with `force`):
     its validation metrics, with the layer's `controls` (None on data-parallel ranks other than 0),
@@ -331,7 +336,7 @@ def refuse_other_bridges(source: Source, plans: list[tuple[int, BridgeSettings, 
 
 
 def ceiling_dir(run: Path, layer: int) -> Path:
-    return Path(run) / "bridges" / f"layer-{layer:02d}" / "ceiling"
+    return layer_dir(run, layer) / "ceiling"
 
 
 def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
@@ -340,8 +345,8 @@ def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
     return replace(settings, seed=0, network=replace(settings.network, **CEILING))
 
 
-def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, model: str | None = None,
-               corpus: str | None = None, out: Path | None = None, device: str = "auto", dtype: str = "auto",
+def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, *,
+               model: str | None = None, corpus: str | None = None, out: Path | None = None, device: str = "auto", dtype: str = "auto",
                device_map: str | None = None, force: bool = False, bars: Bars = None) -> tuple[dict | None, Path]:
     """What `geoprobe bridge` does: the bridge at `layer` (default: the scan's choice) over a
     scanned run, or over --model/--corpus into `out`, with the layer's controls. Flags are
@@ -363,13 +368,13 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
     world = world_from()
     root = out or run
     with holding(bridge_dir(root, layer, settings.seed), "geoprobe bridge", world.rank):  # before the load
-        source = open_source(run, model, corpus, settings.seq_len, world.device(device, device_map), dtype,
-                             train_tokens=settings.train_tokens, device_map=device_map, layers=[layer])
+        source = open_source(run, model, corpus, seq_len=settings.seq_len, device=world.device(device, device_map),
+                             dtype=dtype, train_tokens=settings.train_tokens, device_map=device_map, layers=[layer])
         check_layer(source, layer)
         refuse_other_bridges(source, [(layer, settings, bridge_dir(root, layer, settings.seed))], force)
         states = cached_states(source, [layer], bars)
         controls = layer_controls(source, states, layer, root, write=world.is_main)
-        return train_bridge(source, layer, root, settings, states, controls, force, bars)
+        return train_bridge(source, layer, root, settings, states, controls=controls, force=force, bars=bars)
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -382,7 +387,7 @@ def parse_seeds(spec: str) -> list[int]:
     return sorted(set(seeds))
 
 
-def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: str = "auto", dtype: str = "auto",
+def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", *, device: str = "auto", dtype: str = "auto",
               force: bool = False, bars: Bars = None, seeds: list[int] | None = None,
               include_source: bool = False, ceiling: bool = False) -> dict | None:
     """What `geoprobe sweep` does: the teacher states of every swept layer once, each layer's
@@ -400,7 +405,7 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
     world = world_from()
     scanned_only = layers.strip() == "all"  # "all": every layer that was scanned and has blocks above it
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
-        source = open_source(run, None, None, settings.seq_len, world.device(device), dtype,
+        source = open_source(run, seq_len=settings.seq_len, device=world.device(device), dtype=dtype,
                              train_tokens=settings.train_tokens, layers=sorted(scores) if scanned_only else layers)
         chosen = parse_layers(layers, source.backbone.num_layers - 1)
         if scanned_only:
@@ -417,14 +422,14 @@ def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", device: 
             for layer in chosen:
                 with holding(bridge_dir(run, layer, seed), "geoprobe sweep", world.rank):  # each bridge's folder
                     metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), states,
-                                              controls[layer], force, bars)
+                                              controls=controls[layer], force=force, bars=bars)
                 if metrics is not None:  # rank 0 validates; the other data-parallel ranks only train
                     rows.append({**metrics, "seed": seed, "score": scores[layer]["score"],
                                  "rank": scores[layer]["rank"]})
         for layer in chosen if ceiling else []:
             out = ceiling_dir(run, layer)
             with holding(out, "geoprobe sweep", world.rank):
-                metrics, _ = train_bridge(source, layer, run, ceiling_settings(settings), states, None, force, bars,
+                metrics, _ = train_bridge(source, layer, run, ceiling_settings(settings), states, force=force, bars=bars,
                                           out=out)
             for row in rows if metrics is not None else []:
                 if row["layer"] == layer:
