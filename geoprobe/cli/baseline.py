@@ -13,7 +13,7 @@ from geoprobe.bridges.embedding_diffusion import PRESETS, BaselineTrainSettings,
 from geoprobe.backbone import resolve_device
 from geoprobe.cli.dsl import _report
 from geoprobe.cli.options import (BatchSize, Corpus, Deterministic, Device, EvalEvery, Force, LogTo, Precision, Seed,
-    SeqLen, Steps, Until, Warmup, defaults_of)
+    SeqLen, Steps, Until, Warmup, defaults_of, plain)
 from geoprobe.cli.output import progress
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -61,8 +61,8 @@ def train_cmd(
 
     shape = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads, **({"d_emb": d_emb} if d_emb else {})}
     settings, network = baseline_settings(kind, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                                          until=until, eval_every=eval_every, min_steps=min_steps, save_every=save_every,
-                                          precision=precision, seq_len=seq_len, **shape)
+                                          until=plain(until), eval_every=eval_every, min_steps=min_steps, save_every=save_every,
+                                          precision=plain(precision), seq_len=seq_len, **shape)
     resolve_device(device)
     metrics = fit_baseline(out, kind, corpus, tokenizer, settings, network, force=force, device=device,
                            progress=progress(f"baseline train {kind}", "step"), world=world_from(), log_to=log_to,

@@ -11,7 +11,7 @@ from geoprobe.bridges.dsl import dsl_settings, fit_dsl
 from geoprobe.backbone import resolve_device
 from geoprobe.bridges.parallel import Execution
 from geoprobe.cli.options import (ActivationCheckpointing, BatchSize, Corpus, Deterministic, Device, EvalEvery, Force,
-    Fsdp, GradAccum, LogTo, Precision, Seed, SeqLen, Steps, Until, Warmup, defaults_of)
+    Fsdp, GradAccum, LogTo, Precision, Seed, SeqLen, Steps, Until, Warmup, defaults_of, plain)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -76,8 +76,8 @@ def train_cmd(
     best weights; resumable)."""
 
     settings, shape = dsl_settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                                   until=until, eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
-                                   save_every=save_every, precision=precision, snr=snr, roar_frac=roar_frac,
+                                   until=plain(until), eval_every=eval_every, plateau_rel=plateau_rel, min_steps=min_steps,
+                                   save_every=save_every, precision=plain(precision), snr=snr, roar_frac=roar_frac,
                                    mdlm_objective=mdlm_objective, seq_len=seq_len, d_tok=d_tok,
                                    d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
                                    learn_table=not freeze_table)

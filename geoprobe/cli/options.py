@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from geoprobe.device import Precision as PrecisionChoice
 from geoprobe.extract import ExtractConfig
 
 
@@ -104,11 +105,8 @@ Rank = Annotated[int | None, typer.Option("--rank", help="This process's rank wh
                                                         "(torchrun sets it itself).")]
 WorldSize = Annotated[int | None, typer.Option("--world-size", help="Processes sharing the work (torchrun sets it "
                                                                    "itself).")]
-Precision = Annotated[str, typer.Option("--precision", help="auto: bf16 autocast for the trained network where the "
-                                      "device computes bf16 natively (GPUs, CPUs with AVX512-BF16/AMX); float32: "
-                                      "never (slower; runs comparable bit for bit); bfloat16 (dsl train only): "
-                                      "bfloat16 weights, gradients and EMA with stochastically rounded updates, "
-                                      "14 bytes per parameter instead of 20 (an 8B model on one H200).")]
+Precision = Annotated[PrecisionChoice, typer.Option("--precision", help="The trained network's arithmetic "
+                                                    "(bfloat16: dsl train only; docs/reference.md).")]
 Fsdp = Annotated[bool, typer.Option("--fsdp", help="Shard the weights, gradients, AdamW state and EMA over the "
                                    "ranks (FSDP2: each decoder block, then the root; bf16 compute and float32 "
                                    "reduction on CUDA under --precision auto). Run under torchrun; resumes only "
@@ -119,19 +117,12 @@ ActivationCheckpointing = Annotated[bool, typer.Option("--activation-checkpointi
                                                        "only its input and recomputes the rest in backward (less "
                                                        "memory, about one more forward per step).")]
 Deterministic = Annotated[bool, typer.Option("--deterministic/--no-deterministic", help="Deterministic CUDA "
-                                            "kernels (cuDNN, cuBLAS, PyTorch's), so that reruns on one GPU give "
-                                            "the same bits; on for scan, extract and geometry, whose bytes are "
-                                            "compared, off elsewhere. No effect on a CPU.")]
-LogTo = Annotated[str, typer.Option("--log-to", help="none, or tensorboard: the training loss, learning rate, "
-                                    "steps/s, tokens/s and validation scores as event files in tensorboard/ under "
-                                    "each trained model's directory (`tensorboard --logdir DIR`).")]
-
-
-Until = Annotated[str | None, typer.Option("--until", help="plateau: train until the held-out score stops improving "
-                                      "(< 2% better over the last 20% of steps; --steps is then the cap); steps: "
-                                      "exactly --steps (default: bridge and sweep plateau; dsl and baseline train "
-                                      "plateau when --eval-every is given, else steps).")]
-EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between the plateau rule's checks under "
-                                        "--until plateau (0: --steps/40, at most 50); the same in every command.")]
+                                            "kernels, so that reruns on one GPU give the same bits.")]
+LogTo = Annotated[str, typer.Option("--log-to", help="none, or tensorboard: training curves as event files under "
+                                    "each trained model's directory.")]
+Until = Annotated[choices("Until", ("plateau", "steps")) | None, typer.Option("--until", help="plateau: until the "
+                  "held-out score stops improving (--steps is the cap); steps: exactly --steps.")]
+EvalEvery = Annotated[int, typer.Option("--eval-every", min=0, help="Steps between the plateau rule's checks "
+                                        "(0: --steps/40, at most 50).")]
 Warmup = Annotated[int | None, typer.Option("--warmup", min=0, help="Warmup steps (default: a tenth of --steps, at "
                                            "most 100).")]
