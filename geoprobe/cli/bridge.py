@@ -9,7 +9,7 @@ import typer
 
 from geoprobe.bridges.hidden import ATTENTIONS
 from geoprobe.cli.options import (BatchSize, Deterministic, Device, DeviceMap, Dtype, EvalEvery, Force, Layers, LogTo,
-    Precision, Seed, Steps, Until, choices, with_settings)
+    Precision, Seed, Steps, Until, choices, plain, with_settings)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.report.terminal import print_table
@@ -86,8 +86,8 @@ def bridge(
     Data parallel under torchrun (--batch-size is the global batch); --device-map auto spreads a
     large frozen backbone over the GPUs while the bridge trains on the first."""
 
-    metrics, folder = bridge_run(settings, layer, run, model=model, corpus=corpus, out=out, device=device, dtype=dtype,
-                                 device_map=device_map, force=force, bars=_bars)
+    metrics, folder = bridge_run(settings, layer, run, model=model, corpus=corpus, out=out, device=device, dtype=plain(dtype),
+                                 device_map=plain(device_map), force=force, bars=_bars)
     if metrics is None:  # data-parallel ranks: rank 0 validates and reports
         return
     from geoprobe.verdict import bridge_lines  # scipy: imported when a bridge has trained, not at start-up
@@ -125,7 +125,7 @@ def sweep(
     controls (depth, massive channels, other ways to compute the score)."""
 
     chosen_seeds = parse_seeds(seeds) if seeds else [settings.seed]
-    result = sweep_run(run, settings, layers, device=device, dtype=dtype, force=force, bars=_bars, seeds=chosen_seeds,
+    result = sweep_run(run, settings, layers, device=device, dtype=plain(dtype), force=force, bars=_bars, seeds=chosen_seeds,
                        include_source=include_source, ceiling=ceiling)
     if result is not None:  # data-parallel ranks: rank 0 reports
         show(result, lambda: print_verdict(f"sweep of {run}", result["verdict"], result["plot"]))

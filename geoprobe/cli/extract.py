@@ -8,7 +8,7 @@ import typer
 
 from geoprobe.cli.options import (EXTRACT, BatchSize, Corpus, Deterministic, Device, DeviceMap, DocBlocks, Dtype, Force,
     Layers, Out,
-    Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Storage, TextField, Tokens, TrustRemoteCode, WorldSize)
+    Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Storage, TextField, Tokens, TrustRemoteCode, WorldSize, plain)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.distributed import world_from
@@ -50,9 +50,9 @@ def extract(
     under torchrun or with --rank/--world-size, each writing its share of the shards)."""
 
     cfg = ExtractConfig(model=model, corpus=corpus, tokens=tokens, seq_len=seq_len, layers=layers,
-                        positions=positions, doc_blocks=doc_blocks or 0, skip_first=skip_first, seed=seed, storage=storage,
-                        text_field=text_field, shard_rows=shard_rows, dtype=dtype, batch_size=batch_size,
-                        device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+                        positions=positions, doc_blocks=doc_blocks or 0, skip_first=skip_first, seed=seed, storage=plain(storage),
+                        text_field=text_field, shard_rows=shard_rows, dtype=plain(dtype), batch_size=batch_size,
+                        device=device, device_map=plain(device_map), trust_remote_code=trust_remote_code,
                         deterministic=deterministic)
     bar = progress("extract", "tok")
     try:

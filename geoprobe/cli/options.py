@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from geoprobe.backbone import DEVICE_MAPS, DTYPES
 from geoprobe.device import Precision as PrecisionChoice
 from geoprobe.extract import ExtractConfig
 
@@ -74,8 +75,8 @@ def with_settings(flags: dict, defaults: dict, make):
 Out = Annotated[Path, typer.Option("--out", "-o", help="Run directory this command writes (created if missing).")]
 Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed for every random choice; recorded in the outputs.")]
 Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.")]
-Dtype = Annotated[str, typer.Option("--dtype", help="Model weights: auto (checkpoint dtype on GPU, float32 on CPU), "
-                                                    "float32, bfloat16 or float16.")]
+Dtype = Annotated[choices("Dtype", ("auto", *DTYPES)), typer.Option("--dtype", help="Model weights (auto: the "
+                                                                       "checkpoint's on a GPU, float32 on a CPU).")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per forward pass.")]
 SeqLen = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per packed sequence (BOS included).")]
 Tokens = Annotated[int, typer.Option("--tokens", help="Token states to store per layer (rows).")]
@@ -86,7 +87,8 @@ DocBlocks = Annotated[int | None, typer.Option("--doc-blocks", min=0, help="At m
                                              "default: 1 for scan's default corpus, else 0).")]
 Positions = Annotated[str, typer.Option("--positions", help="all, or random:K positions per sequence.")]
 SkipFirst = Annotated[int, typer.Option("--skip-first", min=0, help="Skip the first N positions (the attention sink).")]
-Storage = Annotated[str, typer.Option("--storage", help="float16 (float32 where a value would overflow) or float32.")]
+Storage = Annotated[choices("Storage", ("float16", "float32")), typer.Option("--storage", help="Stored states "
+                                                                              "(float16: float32 where it would overflow).")]
 TextField = Annotated[str, typer.Option("--text-field", help="Text field of JSONL/Parquet corpora.")]
 ShardRows = Annotated[int, typer.Option("--shard-rows", min=0, help="Approximate rows per Parquet shard (0 = about "
                                         "64 MiB of float32 states, at least one block: a d = 4,096 model at --seq-len "
@@ -97,8 +99,9 @@ Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parqu
                                                       "or hf:NAME?split=train.")]
 Force = Annotated[bool, typer.Option("--force", help="Discard a different run (or sample set) in --out and start "
                                                     "over.")]
-DeviceMap = Annotated[str | None, typer.Option("--device-map", help="auto: spread a model larger than one GPU "
-                                                                   "over the devices (accelerate).")]
+DeviceMap = Annotated[choices("DeviceMap", DEVICE_MAPS) | None, typer.Option("--device-map", help="Spread a model "
+                                                                               "larger than one GPU over the devices "
+                                                                               "(accelerate).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code "
                                                                          "(never implied).")]
 Rank = Annotated[int | None, typer.Option("--rank", help="This process's rank when several share the work by hand "

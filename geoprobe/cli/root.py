@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from geoprobe.cli.options import state
+from geoprobe.cli.options import choices, plain, state
 from geoprobe.cli.output import render_events
 from geoprobe.errors import Interrupted
 
@@ -57,11 +57,10 @@ app = typer.Typer(
 def main_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables, only results.")] = False,
-    format: Annotated[str, typer.Option("--format", help="Output: table (for people) or json (for scripts).")] = "table",
+    format: Annotated[choices("Format", ("table", "json")), typer.Option("--format", help="Output: table (for people) "
+                                                                          "or json (for scripts).")] = "table",
 ):
-    if format not in ("table", "json"):
-        raise typer.BadParameter("use table or json", param_hint="--format")
-    state.debug, state.quiet, state.format = debug, quiet, format
+    state.debug, state.quiet, state.format = debug, quiet, plain(format)
 
     render_events()
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun, rank 0 alone reports (errors still show)

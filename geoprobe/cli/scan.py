@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from geoprobe.cli.options import (EXTRACT, BatchSize, Deterministic, Device, DeviceMap, DocBlocks, Dtype, Force, Layers,
-    Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Tokens, TrustRemoteCode, WorldSize, state)
+    Positions, Rank, Seed, SeqLen, ShardRows, SkipFirst, Tokens, TrustRemoteCode, WorldSize, choices, plain, state,
+    with_settings)
 from geoprobe.cli.output import progress, show
 from geoprobe.cli.root import app
 from geoprobe.files import human
@@ -22,8 +23,8 @@ K = Annotated[int, typer.Option("--k", help="Neighbours per anchor for the local
 Anchors = Annotated[int, typer.Option("--anchors", help="Anchors for the local curvature.")]
 Pairs = Annotated[int, typer.Option("--pairs", help="Random pairs for the global monotonicity.")]
 Alpha = Annotated[float, typer.Option("--alpha", help="Ridge of P = (Σ + α tr(Σ)/d I)^-1.")]
-Normalize = Annotated[str, typer.Option("--normalize", help="trace: divide each layer by sqrt(tr(Σ)/d) "
-                                                            "(scale-free proxies); none: raw values.")]
+Normalize = Annotated[choices("Normalize", ("trace", "none")), typer.Option("--normalize", help="trace: divide each "
+                                                                           "layer by sqrt(tr(Σ)/d); none: raw values.")]
 KeepMassive = Annotated[bool, typer.Option("--keep-massive", help="Keep states with norm > 20x the median "
                                                                   "(dropped by default, counted either way).")]
 DropChannels = Annotated[bool, typer.Option("--drop-massive-channels", help="Exclude channels whose variance exceeds "
@@ -36,6 +37,19 @@ Reseeds = Annotated[int, typer.Option("--reseeds", help="Extra draws of anchors 
 Weights = Annotated[str, typer.Option("--weights", help="a,b,c in s = a z(curv) + b z(mono) - c z(erank).")]
 Log = Annotated[bool, typer.Option("--log", help="z-score the logarithms of the proxies.")]
 GEOMETRY = GeometrySettings()  # the defaults live in the settings classes
+
+
+def geometry_settings(keep_massive: bool = False, **flags) -> GeometrySettings:
+    """GeometrySettings from the flags of `geometry` and `scan` (--keep-massive is drop_massive's negation)."""
+    return GeometrySettings(drop_massive=not keep_massive, **flags)
+
+
+# The flags that make a GeometrySettings, shared by `geometry` and `scan`: each declared here once
+GEOMETRY_FLAGS = {"k": K, "anchors": Anchors, "pairs": Pairs, "alpha": Alpha, "normalize": Normalize,
+                  "keep_massive": KeepMassive, "drop_massive_channels": DropChannels, "bootstrap": Bootstrap,
+                  "reseeds": Reseeds, "seed": Seed}
+geometry_flags = with_settings(GEOMETRY_FLAGS, {**vars(GEOMETRY), "keep_massive": not GEOMETRY.drop_massive},
+                               geometry_settings)
 
 
 def _show_plan(model, out, cfg, settings) -> None:
@@ -57,12 +71,6 @@ def _show_plan(model, out, cfg, settings) -> None:
                                                       f"{human(plan.disk_available)} free"],
         ]))
     check_fits(plan)
-
-
-def _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_channels, reseeds):
-    return GeometrySettings(k=k, anchors=anchors, pairs=pairs, alpha=alpha, normalize=normalize,
-                            drop_massive=not keep_massive, bootstrap=bootstrap, seed=seed,
-                            drop_massive_channels=drop_channels, reseeds=reseeds)
 
 
 def _warn(warning: str | None) -> None:
@@ -93,18 +101,13 @@ def _show_ranking(result: dict) -> None:
 
 @app.command(epilog="Examples:\n\n  geoprobe geometry runs/kjv\n\n"
                     "  geoprobe geometry runs/kjv --k 16 --anchors 1024 --normalize none --device cuda")
-def geometry(run: RunDir, k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors, pairs: Pairs = GEOMETRY.pairs,
-             alpha: Alpha = GEOMETRY.alpha, normalize: Normalize = GEOMETRY.normalize,
-             keep_massive: KeepMassive = not GEOMETRY.drop_massive, bootstrap: Bootstrap = GEOMETRY.bootstrap,
-             reseeds: Reseeds = GEOMETRY.reseeds, seed: Seed = GEOMETRY.seed, device: Device = "auto",
-             drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels,
-             deterministic: Deterministic = EXTRACT.deterministic):
+@geometry_flags
+def geometry(run: RunDir, device: Device = "auto", deterministic: Deterministic = EXTRACT.deterministic, *,
+             settings: GeometrySettings):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
     from geoprobe.pipeline import measure, warning_for
 
-    result = measure(run, _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed,
-                                    drop_massive_channels, reseeds), device, progress("geometry", "layer"),
-                     deterministic=deterministic)
+    result = measure(run, settings, device, progress("geometry", "layer"), deterministic=deterministic)
     _warn(warning_for(run, result))
     norm = result["settings"]["normalize"]
     show(result, lambda: print_table(
@@ -126,6 +129,7 @@ def rank(run: RunDir, weights: Weights = WEIGHTS, log: Log = False):
 @app.command(epilog="Examples:\n\n  geoprobe scan builtin:smollm2 --corpus kjv --tokens 4000 --out runs/demo\n\n"
                     "  geoprobe scan meta-llama/Llama-3.1-8B-Instruct --device cuda --dtype bfloat16 "
                     "--tokens 50000 --positions random:64 --out runs/llama8b")
+@geometry_flags
 def scan(
     model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, builtin:smollm2 or builtin:hmm-tiny (the trained testbed).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<model name>).")] = None,
@@ -137,11 +141,7 @@ def scan(
     doc_blocks: DocBlocks = None,
     skip_first: SkipFirst = EXTRACT.skip_first,
     shard_rows: ShardRows = EXTRACT.shard_rows,
-    k: K = GEOMETRY.k, anchors: Anchors = GEOMETRY.anchors, pairs: Pairs = GEOMETRY.pairs, alpha: Alpha = GEOMETRY.alpha,
-    normalize: Normalize = GEOMETRY.normalize, keep_massive: KeepMassive = not GEOMETRY.drop_massive,
-    drop_massive_channels: DropChannels = GEOMETRY.drop_massive_channels, bootstrap: Bootstrap = GEOMETRY.bootstrap,
-    reseeds: Reseeds = GEOMETRY.reseeds, weights: Weights = WEIGHTS, log: Log = False,
-    seed: Seed = EXTRACT.seed, device: Device = EXTRACT.device, dtype: Dtype = EXTRACT.dtype,
+    weights: Weights = WEIGHTS, log: Log = False, device: Device = EXTRACT.device, dtype: Dtype = EXTRACT.dtype,
     batch_size: BatchSize = EXTRACT.batch_size,
     device_map: DeviceMap = EXTRACT.device_map, trust_remote_code: TrustRemoteCode = EXTRACT.trust_remote_code,
     deterministic: Deterministic = EXTRACT.deterministic, force: Force = False,
@@ -149,17 +149,16 @@ def scan(
                                                       "alone, no weights loaded) and stop; refuse if they do not "
                                                       "fit.")] = False,
     rank: Rank = None, world_size: WorldSize = None,
+    *, settings: GeometrySettings,
 ):
     """Extract, measure and rank every layer in one resumable command (several ranks under
     torchrun: each extracts its share of the shards and of every layer's geometry)."""
     from geoprobe.pipeline import scan as scan_run, scan_config
 
     out = out or Path("runs") / model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
-    settings = _settings(k, anchors, pairs, alpha, normalize, keep_massive, bootstrap, seed, drop_massive_channels,
-                         reseeds)
     cfg = scan_config(model, corpus, doc_blocks, tokens=tokens, seq_len=seq_len, layers=layers, positions=positions,
-                      skip_first=skip_first, seed=seed, dtype=dtype, shard_rows=shard_rows, batch_size=batch_size,
-                      device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+                      skip_first=skip_first, seed=settings.seed, dtype=plain(dtype), shard_rows=shard_rows,
+                      batch_size=batch_size, device=device, device_map=plain(device_map), trust_remote_code=trust_remote_code,
                       deterministic=deterministic)
     if plan:
         settings.validate()
