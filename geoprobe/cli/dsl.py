@@ -39,9 +39,8 @@ def train_cmd(
     snr: Annotated[str, typer.Option(help="mixed (log-normal + random-order endpoint), lognormal, or endpoint "
                                           "(MDLM baseline).")] = RUN.snr,
     roar_frac: Annotated[float, typer.Option(help="Share of random-order sequences in --snr mixed.")] = RUN.roar_frac,
-    mdlm_objective: Annotated[str, typer.Option(help="--snr endpoint's loss: mdlm (MDLM's: masked tokens only, "
-                                                     "weighted 1/t, antithetic t) or legacy (every position, "
-                                                     "unweighted: geoprobe's before 2026-12-06).")]
+    mdlm_objective: Annotated[str, typer.Option(help="--snr endpoint's loss: mdlm (masked tokens only, weighted 1/t, "
+                                                     "antithetic t) or legacy (every position, unweighted).")]
     = RUN.mdlm_objective,
     steps: Steps = TRAIN.steps, batch_size: BatchSize = TRAIN.batch_size, seq_len: SeqLen = RUN.seq_len,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, warmup then cosine).")] = TRAIN.lr,

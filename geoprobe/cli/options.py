@@ -82,17 +82,15 @@ SeqLen = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per packed
 Tokens = Annotated[int, typer.Option("--tokens", help="Token states to store per layer (rows).")]
 Layers = Annotated[str, typer.Option("--layers", help="all, a range 0-8, a list 0,3,7, or a mix 0-3,7. "
                                                       "0 = embedding output, l = after block l.")]
-DocBlocks = Annotated[int | None, typer.Option("--doc-blocks", min=0, help="At most N blocks (sequences) per "
-                                             "document, so that the rows come from many documents (0 = all; "
+DocBlocks = Annotated[int | None, typer.Option("--doc-blocks", min=0, help="At most N blocks per document (0 = all; "
                                              "default: 1 for scan's default corpus, else 0).")]
 Positions = Annotated[str, typer.Option("--positions", help="all, or random:K positions per sequence.")]
 SkipFirst = Annotated[int, typer.Option("--skip-first", min=0, help="Skip the first N positions (the attention sink).")]
 Storage = Annotated[choices("Storage", ("float16", "float32")), typer.Option("--storage", help="Stored states "
                                                                               "(float16: float32 where it would overflow).")]
 TextField = Annotated[str, typer.Option("--text-field", help="Text field of JSONL/Parquet corpora.")]
-ShardRows = Annotated[int, typer.Option("--shard-rows", min=0, help="Approximate rows per Parquet shard (0 = about "
-                                        "64 MiB of float32 states, at least one block: a d = 4,096 model at --seq-len "
-                                        "2048, --positions all stores ~550 MB per shard).")]
+ShardRows = Annotated[int, typer.Option("--shard-rows", min=0, help="Approximate rows per Parquet shard (0: about "
+                                        "64 MiB of float32 states, docs/reference.md).")]
 EXTRACT = ExtractConfig(model="", corpus="")  # the extraction flags' defaults, read by extract and scan alike
 Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (training budget).")]
 Corpus = Annotated[str, typer.Option("--corpus", help="kjv, a .txt/.jsonl/.parquet file, a folder, a glob, "
@@ -111,14 +109,11 @@ WorldSize = Annotated[int | None, typer.Option("--world-size", help="Processes s
 Precision = Annotated[PrecisionChoice, typer.Option("--precision", help="The trained network's arithmetic "
                                                     "(bfloat16: dsl train only; docs/reference.md).")]
 Fsdp = Annotated[bool, typer.Option("--fsdp", help="Shard the weights, gradients, AdamW state and EMA over the "
-                                   "ranks (FSDP2: each decoder block, then the root; bf16 compute and float32 "
-                                   "reduction on CUDA under --precision auto). Run under torchrun; resumes only "
-                                   "with --fsdp.")]
-GradAccum = Annotated[int, typer.Option("--grad-accum", min=1, help="Micro-batches per step: each rank's share of "
-                                        "--batch-size (still the global batch) runs in N pieces, gradients summed.")]
-ActivationCheckpointing = Annotated[bool, typer.Option("--activation-checkpointing", help="Each decoder block keeps "
-                                                       "only its input and recomputes the rest in backward (less "
-                                                       "memory, about one more forward per step).")]
+                                   "ranks (FSDP2, under torchrun; docs/reference.md).")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", min=1, help="Micro-batches per step (--batch-size stays the "
+                                        "global batch).")]
+ActivationCheckpointing = Annotated[bool, typer.Option("--activation-checkpointing", help="Recompute each decoder "
+                                                       "block in backward (less memory, one more forward).")]
 Deterministic = Annotated[bool, typer.Option("--deterministic/--no-deterministic", help="Deterministic CUDA "
                                             "kernels, so that reruns on one GPU give the same bits.")]
 LogTo = Annotated[str, typer.Option("--log-to", help="none, or tensorboard: training curves as event files under "
