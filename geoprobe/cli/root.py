@@ -53,12 +53,15 @@ app = typer.Typer(
 )
 
 
+Format = choices("Format", ("table", "json"))
+
+
 @app.callback()
 def main_options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or tables, only results.")] = False,
-    format: Annotated[choices("Format", ("table", "json")), typer.Option("--format", help="Output: table (for people) "
-                                                                          "or json (for scripts).")] = "table",
+    format: Annotated[Format, typer.Option("--format", help="Output: table (for people) or json (for scripts).")]
+    = "table",
 ):
     state.debug, state.quiet, state.format = debug, quiet, plain(format)
 

@@ -18,6 +18,7 @@ from geoprobe.workflows.generate import SampleSettings, corpus_nll, generate
 from geoprobe.samplers import FINISHERS, NAMES, PRESETS, SAMPLERS, knob_default
 
 NLL = defaults_of(corpus_nll)  # nll's flags default as the call does
+Split = choices("Split", TEXT8_SPLITS)
 
 
 def _default(knob: str) -> str:
@@ -108,8 +109,8 @@ def nll(
     estimators: Annotated[str | None, typer.Option(help="Comma list of " + ", ".join(ESTIMATORS)
                                                         + " (default: all).")] = None,
     batch_size: BatchSize = NLL.batch_size, seed: Seed = NLL.seed, device: Device = NLL.device,
-    split: Annotated[choices("Split", TEXT8_SPLITS), typer.Option(help="Text8 files: the split to score (the 90/5/5% "
-                                                                   "character ranges).")] = NLL.split,
+    split: Annotated[Split, typer.Option(help="Text8 files: the split to score (the 90/5/5% character "
+                                              "ranges).")] = NLL.split,
 ):
     """Bits per token (and per character) of held-out text under a DSL checkpoint. Given a
     Text8 file (one line of a-z and spaces) it follows the Text8 protocol: a `--tokenizer char`
