@@ -33,6 +33,7 @@ app.add_typer(baseline_app, name="baseline")
                       "  geoprobe baseline train sed --corpus kjv --eval-every 50 --steps 4000 --out runs/sed\n\n"
                       "  geoprobe sample --model runs/sed --sampler ancestral --steps 32 --num 16 --length 64")
 def train_cmd(
+    *,
     kind: Annotated[str, typer.Argument(help=", ".join(PRESETS) + ": each paper's schedule, embeddings, loss "
                                              "and rounding (docs/method.md).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumed when it exists).")],

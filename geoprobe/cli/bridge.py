@@ -74,11 +74,12 @@ def _bars(label: str):
                   "  torchrun --nproc-per-node 4 -m geoprobe -- bridge --run runs/llama8b --batch-size 64")
 @bridge_flags
 def bridge(
+    *,
     layer: Annotated[int | None, typer.Option("--layer", help="Layer to replace (default: the scan's choice).")] = None,
     run: Run = None, model: Model = None, corpus: CorpusOpt = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Root for bridges/layer-NN (default: --run).")] = None,
     device: Device = "auto", dtype: Dtype = "auto", force: Force = False, device_map: DeviceMap = None,
-    *, settings: BridgeSettings,
+    settings: BridgeSettings,
 ):
     """Train a diffusion bridge that reconstructs one layer's hidden state (upper stack frozen).
     It stops by its plateau on its validation objective; --regression trains the deterministic
@@ -108,6 +109,7 @@ def bridge(
                     "  geoprobe --format json sweep --run runs/demo --layers 1,3,6,9 --until steps --steps 200")
 @bridge_flags
 def sweep(
+    *,
     run: Annotated[Path, typer.Option("--run", help="A scanned run directory (its ranking gives the scores).")],
     layers: Layers = "all",
     seeds: Annotated[str, typer.Option("--seeds", help="Training seeds, each a replicate of every layer (0,1,2 or "
@@ -117,7 +119,7 @@ def sweep(
     ceiling: Annotated[bool, typer.Option("--ceiling", help="Also train the ceiling control per layer (the same "
                                           "network as a plain clean regression).")] = False,
     device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
-    *, settings: BridgeSettings,
+    settings: BridgeSettings,
 ):
     """One bridge per layer and seed, each trained to its plateau under one step cap; then the
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean

@@ -30,6 +30,7 @@ app.add_typer(dsl_app, name="dsl")
                  "  geoprobe dsl train --corpus kjv --tokenizer train:4096 --snr mixed --init runs/mdlm --out runs/dsl-ft\n\n"
                  "  geoprobe dsl train --corpus kjv --init-from builtin:smollm2 --steps 300 --batch-size 8 --out runs/dsl-smollm2")
 def train_cmd(
+    *,
     out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumed when it exists).")],
     corpus: Corpus = "kjv",
     tokenizer: Annotated[str | None, typer.Option(help="A model or tokenizer (folder, hub id, builtin:smollm2), "

@@ -22,6 +22,7 @@ EVAL = defaults_of(evaluate_samples)  # eval's flags default as the call does
              "  geoprobe eval a.jsonl b.jsonl --evaluator ./gpt2-large --references held-out.txt --out metrics.json\n\n"
              "  geoprobe eval runs/bridge/samples.jsonl --evaluator builtin:smollm2,ngram:kjv --references kjv")
 def evaluate(
+    *,
     samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files (rows with a 'text' field; "
                                                               "'token_ids' give the token entropy).")],
     evaluator: Annotated[str, typer.Option(help="Causal LM for Gen.PPL and MAUVE features (any model geoprobe "

@@ -23,6 +23,7 @@ from geoprobe.report.terminal import print_table
              "  torchrun --nproc-per-node 8 -m geoprobe extract meta-llama/Llama-3.1-8B-Instruct --corpus data/ "
              "--tokens 1000000 --dtype bfloat16 --out runs/llama8b")
 def extract(
+    *,
     model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, builtin:smollm2, builtin:gemma3 (after make gemma) or builtin:hmm-tiny (the trained testbed).")],
     out: Out,
     corpus: Corpus = "kjv",

@@ -21,6 +21,7 @@ from geoprobe.workflows.demo import run_demo
                     "--out runs/demo\n\n"
                     "  geoprobe compare a/samples.jsonl b/samples.jsonl --out runs/x --allow-mismatch")
 def compare(
+    *,
     samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files, each evaluated by `geoprobe eval`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where compare.csv, compare.md and the plot go.")],
     allow_mismatch: Annotated[bool, typer.Option(help="Compare generators with different budgets (marked).")] = False,
@@ -54,6 +55,7 @@ def report(run: Annotated[Path, typer.Argument(help="A run directory.")]):
 @app.command(epilog="Examples:\n\n  geoprobe demo --tiny --out runs/tiny-demo      # the testbed, ~3 min (+3.5 once to train it)\n\n"
                     "  geoprobe demo --out runs/demo                  # + the SmolLM2 scan first (what `make demo` runs)")
 def demo(
+    *,
     tiny: Annotated[bool, typer.Option("--tiny", help="Only the testbed experiment (builtin:hmm-tiny, a small Llama "
                                                       "trained on a synthetic HMM with an exact likelihood), not "
                                                       "the SmolLM2 scan.")] = False,

@@ -72,6 +72,7 @@ SETTINGS = {
                     "by ReMDM's rule, eta_cap 0.008, final argmax)")
 @with_settings(SETTINGS, vars(SampleSettings()), SampleSettings)
 def sample(
+    *,
     model: Annotated[Path, typer.Option("--model", help="A DSL or baseline checkpoint directory, a bridge directory "
                                                         "(RUN/bridges/layer-NN or its seed-S), or with --sampler ar a "
                                                         "causal LM.")],
@@ -80,7 +81,7 @@ def sample(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="The folder samples.jsonl goes into (default: "
                                                                   "MODEL/samples/SET, e.g. mdlm-steps-32).")] = None,
     device: Device = "auto", force: Force = False,
-    *, settings: SampleSettings,
+    settings: SampleSettings,
 ):
     """Generate text with any sampler from a checkpoint or a causal LM → samples.jsonl (its path
     is printed, with -q alone)."""
@@ -102,6 +103,7 @@ def _print_samples(result: dict) -> None:
 @app.command(epilog="Examples:\n\n  geoprobe nll --model runs/dsl --corpus held-out.txt\n\n"
                     "  geoprobe nll --model runs/dsl --corpus kjv --estimators mdlm,roar --max-seqs 16")
 def nll(
+    *,
     model: Annotated[Path, typer.Option("--model", help="A DSL checkpoint directory.")],
     corpus: Corpus = "kjv",
     seq_len: SeqLen = NLL.seq_len,

@@ -102,7 +102,7 @@ def _show_ranking(result: dict) -> None:
 @app.command(epilog="Examples:\n\n  geoprobe geometry runs/kjv\n\n"
                     "  geoprobe geometry runs/kjv --k 16 --anchors 1024 --normalize none --device cuda")
 @geometry_flags
-def geometry(run: RunDir, device: Device = "auto", deterministic: Deterministic = EXTRACT.deterministic, *,
+def geometry(*, run: RunDir, device: Device = "auto", deterministic: Deterministic = EXTRACT.deterministic,
              settings: GeometrySettings):
     """Per-layer geometry proxies with bootstrap intervals → geometry.json."""
     from geoprobe.pipeline import measure, warning_for
@@ -131,6 +131,7 @@ def rank(run: RunDir, weights: Weights = WEIGHTS, log: Log = False):
                     "--tokens 50000 --positions random:64 --out runs/llama8b")
 @geometry_flags
 def scan(
+    *,
     model: Annotated[str, typer.Argument(help="Hub id, local folder, .gguf file, builtin:smollm2 or builtin:hmm-tiny (the trained testbed).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<model name>).")] = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Text source (default: a builtin model's own corpus "
@@ -149,7 +150,7 @@ def scan(
                                                       "alone, no weights loaded) and stop; refuse if they do not "
                                                       "fit.")] = False,
     rank: Rank = None, world_size: WorldSize = None,
-    *, settings: GeometrySettings,
+    settings: GeometrySettings,
 ):
     """Extract, measure and rank every layer in one resumable command (several ranks under
     torchrun: each extracts its share of the shards and of every layer's geometry)."""
