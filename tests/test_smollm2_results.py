@@ -648,32 +648,36 @@ def test_the_diffusion_sweep_flags_train_the_default_bridge_at_the_regression_sw
 
 def test_the_diffusion_studys_choice_follows_its_registered_rule():
     """bench/bridge_design.diffusion_choice, on made-up rows where each clause decides: the lowest
-    mean crps_dim wins unless a variant within 1 % has a lower posterior-mean nmse_dim_1step; K is
-    the smallest whose crps_dim is within 1 % of K = 32's at both layers; a missing row refuses."""
+    mean noisy crps_dim at K = 32 wins unless a variant within 1 % has a lower posterior-mean
+    nmse_dim_1step; K is the smallest whose noisy crps_dim and sample nmse_dim are both within 1 %
+    of K = 32's, either side, at both layers; a missing row refuses."""
     from bench.bridge_design import diffusion_choice
 
-    def rows(crps: dict, one_step: dict):
-        return [{"variant": name, "layer": layer, "seed": 0, "crps_dim": crps[name] * (1 if layer == 3 else 1.2),
-                 "nmse_dim_1step": one_step[name]} for name in crps for layer in (3, 9)]
-
     names = ["diffusion sb0.5", "diffusion sb1", "diffusion sb2", "diffusion sb1 tau0"]
-    kscan = [{"variant": "diffusion sb2", "layer": layer, "k": k, "crps_dim": {2: 0.5, 4: 0.304, 8: 0.302, 16: 0.301,
-                                                                                 32: 0.300}[k] + (0.01 if layer == 9 else 0)}
-             for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
-    one_step = dict(zip(names, (0.10, 0.11, 0.12, 0.13)))
-    choice = diffusion_choice(rows(dict(zip(names, (0.40, 0.35, 0.30, 0.33))), one_step), kscan)
+    finished = [{"variant": name, "layer": layer, "seed": 0, "nmse_dim_1step": one_step}
+                for name, one_step in zip(names, (0.10, 0.11, 0.12, 0.13)) for layer in (3, 9)]
+    # noisy crps_dim by K: K = 4 is 1.3 % above K = 32's; K = 8's sample nmse_dim is 2 % BELOW
+    # (a collapsing sampler), so K = 16 is the first within 1 % either side of both
+    crps_by_k = {2: 0.5, 4: 0.304, 8: 0.302, 16: 0.301, 32: 0.300}
+    nmse_by_k = {2: 0.4, 4: 0.25, 8: 0.245, 16: 0.2505, 32: 0.25}
+
+    def scan(at_32: dict) -> list[dict]:
+        return [{"variant": name, "layer": layer, "k": k, "nmse_dim": nmse_by_k[k],
+                 "crps_dim_noisy": (crps_by_k[k] - 0.300 + at_32[name]) * (1 if layer == 3 else 1.2)}
+                for name in names for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
+
+    choice = diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.35, 0.30, 0.33)))))
     assert choice["variant"] == "diffusion sb2" and choice["sigma_b"] == 2.0 and choice["tau_zero"] == 0.0
-    # K = 4: 0.304 / 0.300 is 1.3 % above at layer 3: K = 8 (0.302, 0.312 / 0.310) is the first within 1 %
-    assert choice["bridge_steps"] == 8
-    # sb1 within 1 % of sb2's crps with a lower nmse_dim_1step wins; its K scan is then the one read
-    for row in kscan:
-        row["variant"] = "diffusion sb1"
-    tied = diffusion_choice(rows(dict(zip(names, (0.40, 0.302, 0.30, 0.33))), one_step), kscan)
+    assert choice["bridge_steps"] == 16
+    nmse_by_k[8] = 0.2501  # now K = 8 is within 1 % on both scores
+    assert diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.35, 0.30, 0.33)))))["bridge_steps"] == 8
+    # sb1 within 1 % of sb2's noisy crps, with a lower nmse_dim_1step, wins
+    tied = diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.302, 0.30, 0.33)))))
     assert tied["variant"] == "diffusion sb1" and tied["sigma_b"] == 1.0
     with pytest.raises(ValueError, match="lacks"):
-        diffusion_choice(rows(dict(zip(names, (0.40, 0.302, 0.30, 0.33))), one_step), kscan[:-1])
+        diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.302, 0.30, 0.33))))[:-1])
     with pytest.raises(ValueError, match="has not finished"):
-        diffusion_choice([r for r in rows(dict(zip(names, (0.4, 0.3, 0.3, 0.3))), one_step) if r["layer"] == 3], kscan)
+        diffusion_choice([r for r in finished if r["layer"] == 3], scan(dict(zip(names, (0.4, 0.3, 0.3, 0.3)))))
 
 
 def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
