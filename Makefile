@@ -58,12 +58,14 @@ results: .venv/.installed .kjv .jemalloc
 # layers 1-12 x 2 seeds to their plateau, the regression sweep's scan and ceilings reused;
 # resumable, its finished bridges kept in experiments/records/smollm2-diffusion. It trains the
 # bridge the design study chose (docs/bridge-design.md): the study runs first when its choice is
-# not recorded (4 variants x 2 layers x 600 steps, then the K scan; needs `make results`' scan)
+# not recorded (4 variants x 2 layers x 600 steps, the K scan, the choice, then its two best trained to
+# their plateau at layer 3, seed 1; needs `make results`' scan)
 DESIGN := $(PY) bench/bridge_design.py --run runs/results/run --layers 3,9 --variants 19,18,20,21 --out runs/bridge-design
 experiments/records/bridge-design/choice.json:
 	HF_HUB_OFFLINE=1 $(DESIGN)
 	HF_HUB_OFFLINE=1 $(DESIGN) --k-scan
 	HF_HUB_OFFLINE=1 $(DESIGN) --choose
+	HF_HUB_OFFLINE=1 $(DESIGN) --confirm
 
 results-diffusion: .venv/.installed .kjv .jemalloc experiments/records/bridge-design/choice.json
 	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --bridge diffusion

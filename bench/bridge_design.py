@@ -102,6 +102,12 @@ VARIANTS.update({
     "diffusion sb2": (dict(DIFFUSION, sigma_b=2.0), DIFFUSION_BUDGET),
     "diffusion sb1 tau0": (dict(DIFFUSION, sigma_b=1.0, tau_zero=0.25), DIFFUSION_BUDGET),
 })
+# the confirmation (registered with the amendment of the study's rule, before any variant was
+# compared): the two best variants by the rule, trained to the sweep's plateau at layer 3, seed 1
+CONFIRM_BUDGET = dict(steps=4000, eval_every=50)
+VARIANTS.update({name.replace("diffusion", "confirm"): (VARIANTS[name][0], CONFIRM_BUDGET)
+                 for name in [n for n in VARIANTS if n.startswith("diffusion")]})
+CONFIRM_LAYER, CONFIRM_SEED = 3, 1
 K_GRID = (2, 4, 8, 16, 32)
 CLOSE = 0.01  # the registered rule's "within 1 %"
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
@@ -145,6 +151,9 @@ def main() -> None:
     parser.add_argument("--choose", action="store_true",
                         help="apply the diffusion study's registered rule to its finished variants and K scan; "
                              "write OUT/choice.json and its record")
+    parser.add_argument("--confirm", action="store_true",
+                        help="train the chosen variant and the runner-up to the plateau at layer 3, seed 1, and "
+                             "confirm or overturn the choice by their noisy CRPS at K = 32")
     parser.add_argument("--status", action="store_true",
                         help="print where these variants stand at these layers and seed (beside a running study, "
                              "reading only) and exit")
@@ -167,6 +176,10 @@ def main() -> None:
                                         bridge_dir(args.out / folder_of(name), int(layer), args.seed))
                                        for name in names for layer in args.layers.split(",")])))
         return
+    if args.confirm:  # the two best variants by the rule (its tracked record), at the confirmation's layer and seed
+        choice = json.loads((RECORDS / "choice.json").read_text())
+        names = [name.replace("diffusion", "confirm") for name in ranked(choice)[:2]]
+        args.layers, args.seed = str(CONFIRM_LAYER), CONFIRM_SEED
     for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
         restore(args.out / folder_of(name), RECORDS / folder_of(name))
     if args.page_only:
@@ -205,7 +218,62 @@ def main() -> None:
                   f"lookup+ridge {controls[layer]['control_lookup_ridge_nmse_dim']:.3f}) "
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)
+    if args.confirm:
+        confirm_choice(source, states, choice, names, args)
+        return
     write_page(finished(args.out), args)
+
+
+def ranked(choice: dict) -> list[str]:
+    """The study's variants, the chosen one first, then the others by their noisy CRPS."""
+    scores = choice["crps_dim_noisy"]
+    return [choice["variant"], *sorted((n for n in scores if n != choice["variant"]), key=scores.get)]
+
+
+def confirm_choice(source, states, choice: dict, names: list[str], args) -> None:
+    """Score the two confirmation bridges (noisy CRPS at K = 32, layer 3, seed 1) and write the
+    confirmed choice (`confirmed`) into OUT/choice.json and its record."""
+    from geoprobe.bridges.fit import sample_scores
+    from geoprobe.bridges.hidden import Teacher, load_bridge
+    from geoprobe.files import write_json_atomic
+    from geoprobe.workflows.sweep import bridge_dir
+
+    scores = {}
+    for name in names:
+        bridge, _ = load_bridge(bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED))
+        metrics = json.loads((bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED)
+                              / "metrics.json").read_text())
+        row = sample_scores(bridge, Teacher(source.backbone, CONFIRM_LAYER), states.val, 8, K_GRID[-1], noisy=True)
+        scores[name.replace("confirm", "diffusion")] = {**row, "stop": metrics["stop"], "steps_run": metrics["steps_run"]}
+    confirmed = confirmed_choice(choice, scores, json.loads((RECORDS / "k-scan.json").read_text()))
+    for path in (args.out / "choice.json", RECORDS / "choice.json"):
+        write_json_atomic(path, confirmed)
+    print("\n".join(confirmed["why"]), flush=True)
+
+
+def confirmed_choice(choice: dict, scores: dict, kscan: list[dict]) -> dict:
+    """The choice after its confirmation at the plateau: the runner-up replaces the chosen variant
+    only when its noisy CRPS at K = 32 is lower by more than 1 % and both stopped by their plateau
+    (an unconverged run confirms nothing: the choice then stands, and says so). A replacement takes
+    its own K by the study's K rule at the study's layers."""
+    chosen, runner = ranked(choice)[:2]
+    a, b = scores[chosen], scores[runner]
+    converged = a["stop"] == "plateau" and b["stop"] == "plateau"
+    overturned = converged and b["crps_dim_noisy"] < a["crps_dim_noisy"] * (1 - CLOSE)
+    out = {**choice, "confirmed": True, "confirmation": scores}
+    line = (f"confirmation at layer {CONFIRM_LAYER}, seed {CONFIRM_SEED}, trained to the plateau: {chosen} "
+            f"{a['crps_dim_noisy']:.4f} ({a['stop']} at {a['steps_run']}), {runner} {b['crps_dim_noisy']:.4f} "
+            f"({b['stop']} at {b['steps_run']}): ")
+    if overturned:
+        network = VARIANTS[runner][0]
+        out.update(variant=runner, sigma_b=network["sigma_b"], tau_zero=network["tau_zero"],
+                   bridge_steps=k_rule(kscan, runner, tuple(choice["layers"])))
+        line += f"{runner} replaces it (K {out['bridge_steps']})"
+    else:
+        line += "the choice stands" + ("" if converged else " (a run did not stop by its plateau: nothing confirmed "
+                                                            "beyond the 600-step rule)")
+    out["why"] = [*choice["why"], line]
+    return out
 
 
 def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
@@ -261,11 +329,7 @@ def diffusion_choice(results: list[dict], kscan: list[dict], layers: tuple[int, 
     near = [name for name in names if crps[name] <= best * (1 + CLOSE)]
     chosen = min(near, key=lambda name: (mean(name, "nmse_dim_1step"), crps[name]))
 
-    def close(layer: int, k: int) -> bool:
-        at, ref = scanned[(chosen, layer, k)], scanned[(chosen, layer, top)]
-        return all(abs(at[key] - ref[key]) <= CLOSE * ref[key] for key in ("crps_dim_noisy", "nmse_dim"))
-
-    k = next(k for k in K_GRID if all(close(layer, k) for layer in layers))
+    k = k_rule(kscan, chosen, layers)
     network = VARIANTS[chosen][0]
     why = [f"{name}: mean noisy crps_dim at K = {top} {crps[name]:.4f}, mean nmse_dim_1step "
            f"{mean(name, 'nmse_dim_1step'):.4f}" + (" (chosen)" if name == chosen else "") for name in names]
@@ -273,6 +337,18 @@ def diffusion_choice(results: list[dict], kscan: list[dict], layers: tuple[int, 
                "layers " + ", ".join(str(layer) for layer in layers))
     return {"variant": chosen, "sigma_b": network["sigma_b"], "tau_zero": network["tau_zero"], "bridge_steps": k,
             "crps_dim_noisy": crps, "layers": list(layers), "why": why}
+
+
+def k_rule(kscan: list[dict], variant: str, layers: tuple[int, ...]) -> int:
+    """The smallest K of K_GRID whose noisy crps_dim and sample nmse_dim are both within 1 % of
+    K = 32's, either side, at every layer (K = 32 itself when no smaller one is)."""
+    scanned = {(r["layer"], r["k"]): r for r in kscan if r["variant"] == variant}
+
+    def close(layer: int, k: int) -> bool:
+        at, ref = scanned[(layer, k)], scanned[(layer, K_GRID[-1])]
+        return all(abs(at[key] - ref[key]) <= CLOSE * ref[key] for key in ("crps_dim_noisy", "nmse_dim"))
+
+    return next(k for k in K_GRID if all(close(layer, k) for layer in layers))
 
 
 def folder_of(variant: str) -> str:

@@ -249,8 +249,11 @@ def chosen_diffusion(choice: Path = CHOICE) -> list:
     has not chosen yet (docs/bridge-design.md: the sweep starts once the choice is made)."""
     if not choice.is_file():
         raise SystemExit(f"{choice.relative_to(ROOT)} is missing: finish the diffusion study first "
-                         "(bench/bridge_design.py --variants 19,18,20,21, then --k-scan, then --choose)")
+                         "(bench/bridge_design.py --variants 19,18,20,21, then --k-scan, --choose, --confirm)")
     picked = json.loads(choice.read_text())
+    if not picked.get("confirmed"):
+        raise SystemExit(f"{choice.name} is not confirmed yet: run bench/bridge_design.py --confirm "
+                         "(the two best variants trained to their plateau at layer 3, seed 1)")
     return ["--sigma-b", picked["sigma_b"], "--tau-zero", picked["tau_zero"], "--bridge-steps", picked["bridge_steps"]]
 
 

@@ -688,10 +688,38 @@ def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
 
     choice = tmp_path / "choice.json"
     choice.write_text(json.dumps({"sigma_b": 2.0, "tau_zero": 0.25, "bridge_steps": 8}))
+    with pytest.raises(SystemExit, match="--confirm"):  # chosen at 600 steps, not yet confirmed at the plateau
+        chosen_diffusion(choice)
+    choice.write_text(json.dumps({"sigma_b": 2.0, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
     flags = [*DIFFUSION["sweep"], *chosen_diffusion(choice)]
     pairs = [a for a in flags if a != "--ceiling"]
     given = {name[2:].replace("-", "_"): value for name, value in zip(pairs[::2], pairs[1::2]) if name != "--layers"}
     network = bridge_settings(**given).network
     assert (network.sigma_b, network.tau_zero, network.bridge_steps, network.d_model) == (2.0, 0.25, 8, 320)
-    with pytest.raises(SystemExit, match="--choose"):
+    with pytest.raises(SystemExit, match="--k-scan"):
         chosen_diffusion(ROOT / "experiments" / "records" / "bridge-design" / "no-such-choice.json")
+
+
+def test_the_choice_is_overturned_only_by_a_converged_runner_up_better_by_more_than_1_percent():
+    """bench/bridge_design.confirmed_choice: at the plateau (layer 3, seed 1) the runner-up replaces
+    the chosen variant only when both stopped by their plateau and its noisy CRPS is > 1 % lower;
+    the replacement takes its own K by the K rule; otherwise the choice stands, and says why."""
+    from bench.bridge_design import confirmed_choice
+
+    names = ["diffusion sb0.5", "diffusion sb1", "diffusion sb2", "diffusion sb1 tau0"]
+    choice = {"variant": "diffusion sb1", "sigma_b": 1.0, "tau_zero": 0.0, "bridge_steps": 16, "layers": [3, 9],
+              "crps_dim_noisy": dict(zip(names, (0.32, 0.30, 0.31, 0.33))), "why": []}
+    kscan = [{"variant": "diffusion sb2", "layer": layer, "k": k, "nmse_dim": 0.25,
+              "crps_dim_noisy": {2: 0.4, 4: 0.301, 8: 0.3, 16: 0.3, 32: 0.3}[k]} for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
+
+    def scores(chosen, runner, stops=("plateau", "plateau")):
+        return {"diffusion sb1": {"crps_dim_noisy": chosen, "stop": stops[0], "steps_run": 2000},
+                "diffusion sb2": {"crps_dim_noisy": runner, "stop": stops[1], "steps_run": 2500}}
+
+    kept = confirmed_choice(choice, scores(0.30, 0.298), kscan)  # 0.7 % lower: within 1 %
+    assert kept["confirmed"] and kept["variant"] == "diffusion sb1" and kept["bridge_steps"] == 16
+    assert "the choice stands" in kept["why"][-1]
+    turned = confirmed_choice(choice, scores(0.30, 0.29), kscan)
+    assert (turned["variant"], turned["sigma_b"], turned["bridge_steps"]) == ("diffusion sb2", 2.0, 4)
+    capped = confirmed_choice(choice, scores(0.30, 0.20, ("plateau", "cap")), kscan)
+    assert capped["variant"] == "diffusion sb1" and "did not stop by its plateau" in capped["why"][-1]
