@@ -38,8 +38,9 @@ KEEP_PAGES = sh experiments/keep-pages
 	$(KEEP_PAGES) || (apt-get update -qq && apt-get install -y -qq libjemalloc2) || \
 		echo "libjemalloc2 could not be installed: the runs use glibc's malloc (slower on a CPU)"
 
+# two workers, one thread each (a file's tests stay on one worker, so its fixtures are built once)
 test: .venv/.installed .kjv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra --durations=15
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile
 
 # the edit-test loop: every test but the slow ones (the demo, the examples, kill -9 and
 # multi-process runs, the real SmolLM2): a few minutes; `make test` runs them all
