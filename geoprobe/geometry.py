@@ -385,9 +385,10 @@ def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mo
 # --- a whole run ---------------------------------------------------------------------------
 
 
-def finished_run(run):
-
-    reader = RunReader(run)
+def finished_run(run, manifest: dict | None = None) -> RunReader:
+    """The run opened for reading (every shard checked), or one line saying that its extraction
+    has not finished. `manifest`: its manifest where the caller has just read it."""
+    reader = RunReader(run, manifest=manifest)
     manifest = reader.manifest
     if manifest.get("status") != "complete":
         done = sum(s["rows"] for s in manifest.get("shards", []))
@@ -404,12 +405,11 @@ def run_fingerprint(manifest: dict) -> str:
     return hashlib.sha256(f"{manifest['config_sha256']}|{shards}".encode()).hexdigest()
 
 
-def compute_geometry(run, settings: GeometrySettings, device: torch.device, layers=None, progress=None,
-                     world: World = SINGLE) -> dict:
-    """Proxies of every stored layer of `run` (one layer in memory at a time; with several
-    ranks, each holds a contiguous share of the layer's rows)."""
+def compute_geometry(reader: RunReader, settings: GeometrySettings, device: torch.device, layers=None,
+                     progress=None, world: World = SINGLE) -> dict:
+    """Proxies of every stored layer of a finished run, opened (`finished_run`); one layer in
+    memory at a time; with several ranks, each holds a contiguous share of the layer's rows."""
     settings.validate()
-    reader = finished_run(run)
     meta = reader.read_meta()
     doc_ids = meta["doc_id"]
     n_docs = len(np.unique(doc_ids))
