@@ -58,6 +58,8 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.records import SMOLLM2, add_timings, progress_of, record, restore
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
 # one training budget for the trained generators (DSL, MDLM, DSL-from-SmolLM2 and the three
@@ -76,7 +78,7 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
 CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # the sweep's bridges and those --generation trains again
-# the width the sweep started with (shape_of_2026_12_03 at d = 576), pinned for every bridge here
+# the width the sweep started with (pinned_shape at d = 576), pinned for every bridge here
 # (the sweep's, its ceilings, layer 0's and the ones --generation trains again), so that they train
 # like the first ones whatever the CLI's default becomes (docs/bridge-design.md, the shape study's
 # decision); depth stays the default 2 + l // 4
@@ -96,7 +98,7 @@ SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
 
 
-RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished bridges of the sweep
+RECORD = SMOLLM2  # tracked: the finished bridges of the sweep
 # hand-written bullets the page carries after the computed ones (how a step was run by hand, a
 # reading that is not a test), each marked as such: a rerun of the page keeps them
 NOTES = RECORD / "notes.md"
@@ -108,90 +110,9 @@ DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
              "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
-RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")  # per bridge, metrics last (a record
-# is whole when metrics.json is there); the layer's controls.json beside them; network.json (the
-# parameter count) only bench/bridge_design.py writes
-
-
-def copy_whole(source: Path, target: Path) -> None:
-    """Whole or absent: a kill mid-copy leaves no truncated record."""
-    partial = target.with_name(target.name + ".partial")
-    shutil.copyfile(source, partial)
-    os.replace(partial, target)
-
-
-def record(run: Path, into: Path = RECORD) -> int:
-    """Copy each finished bridge's record (its metrics.json is written last) and its layer's
-    controls under `into`, keeping run/bridges' layout; returns how many bridges were new."""
-    new = 0
-    for metrics in sorted((run / "bridges").glob("layer-*/*/metrics.json")):
-        bridge = metrics.parent
-        target = into / bridge.relative_to(run)
-        if (target / "metrics.json").is_file():
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORDED:
-            if (bridge / name).is_file():
-                copy_whole(bridge / name, target / name)
-        if (bridge.parent / "controls.json").is_file():
-            copy_whole(bridge.parent / "controls.json", target.parent / "controls.json")
-        print(f"[done] {finished(metrics)}", flush=True)
-        new += 1
-    return new
-
-
-def finished(metrics: Path) -> str:
-    """One log line for a finished bridge: how it stopped, its score beside its lookup, its time
-    (a day-long sweep is otherwise silent in the log between its first and last line)."""
-    known = {k: v for k, v in json.loads(metrics.read_text()).items() if v is not None}
-    facts = []
-    if "stop" in known and "steps_run" in known:
-        facts.append(f"{known['stop']} at step {known['steps_run']:,}")
-    if "nmse_dim" in known:
-        facts.append(f"validation nmse_dim {known['nmse_dim']:.4f}"
-                     + (f" (lookup {known['control_lookup_nmse_dim']:.4f})" if "control_lookup_nmse_dim" in known else ""))
-    if "train_seconds" in known:
-        facts.append(f"{known['train_seconds']:,.0f} s of training")
-    return "/".join(metrics.parent.parts[-2:]) + ": " + ", ".join(facts)
-
-
-def restore(run: Path, into: Path = RECORD, only: str = "*") -> int:
-    """Copy the recorded bridges back into a run that lacks them (`only`: the folders of that
-    name, e.g. "ceiling"); returns how many."""
-    restored = 0
-    for metrics in sorted(into.glob(f"bridges/layer-*/{only}/metrics.json")):
-        bridge = run / metrics.parent.relative_to(into)
-        if (bridge / "metrics.json").is_file() or (bridge / "config.json").is_file():
-            continue  # the run has this bridge (finished, or resuming from its own checkpoint)
-        bridge.mkdir(parents=True, exist_ok=True)  # may hold a killed run's lock alone
-        for name in RECORDED:  # metrics last
-            if (metrics.parent / name).is_file():
-                copy_whole(metrics.parent / name, bridge / name)
-        controls = metrics.parent.parent / "controls.json"
-        if controls.is_file() and not (bridge.parent / "controls.json").is_file():
-            copy_whole(controls, bridge.parent / "controls.json")
-        restored += 1
-    return restored
-
-
 def flag(name: str, flags: list = SWEEP):
     """The value that follows `name` in a list of command-line flags (SWEEP's by default)."""
     return flags[flags.index(name) + 1]
-
-
-def add_timings(path: Path, ran: dict) -> dict:
-    """The timings file with `ran` merged in, read and written whole under a lock: a --before-sweep
-    invocation beside `make results` writes it too, and neither may lose the other's steps."""
-    import fcntl
-
-    from geoprobe.files import write_json_atomic
-
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        log = json.loads(path.read_text()) if path.is_file() else {}
-        log.update(ran)
-        write_json_atomic(path, log)
-    return log
 
 
 def keep_going(during) -> None:
@@ -345,41 +266,6 @@ def progress(run: Path, seeds: str = SEEDS) -> list[str]:
                for seed in parse_seeds(seeds) for layer in layers]
     folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in SWEEP]
     return progress_of(folders)
-
-
-def progress_of(folders: list[tuple[str, Path]], cap: int | None = None) -> list[str]:
-    """One line per named bridge or generator folder that finished or is training, in order (with
-    the minutes left to the step `cap` at the rate so far, when given), then the count of finished
-    ones and of those waiting (also bench/bridge_design.py --status)."""
-    from safetensors import safe_open
-
-    lines, waiting, finished = [], [], 0
-    for name, folder in folders:
-        if (folder / "metrics.json").is_file():
-            finished += 1
-            m = json.loads((folder / "metrics.json").read_text())
-            if "nmse_dim" in m:  # a bridge
-                lines.append(f"{name}: {m['stop']} at step {m['steps_run']:,}, validation nmse_dim {m['nmse_dim']:.4f}")
-            else:  # a generator: its own metrics
-                lines.append(f"{name}: finished")
-        elif (folder / "checkpoint.safetensors").is_file():
-            with safe_open(folder / "checkpoint.safetensors", "pt") as handle:
-                meta = handle.metadata() or {}
-            curve = json.loads(meta.get("val_curve") or "[]")
-            score = f", stopping split {curve[-1][1]:.4f}" if curve else ""
-            step, seconds = int(meta.get("step", 0)), float(meta.get("seconds") or 0)
-            if meta.get("stop"):  # stopped, its last validation and metrics still to come
-                lines.append(f"{name}: stopped ({meta['stop']}) at step {step:,}{score}, finishing")
-                continue
-            # the cap's end at the rate so far (a plateau rule may stop it sooner; a resume that lost
-            # its clock makes the rate look faster than it is)
-            left = f", about {(cap - step) * seconds / step / 60:.0f} min to its cap at this rate" if cap and step else ""
-            lines.append(f"{name}: training, step {step:,}{score}, {seconds / 60:.0f} min so far{left}")
-        else:
-            waiting.append(name)
-    lines.append(f"{finished} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
-                                                          if waiting else ""))
-    return lines
 
 
 def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str]:
@@ -681,7 +567,7 @@ def shape_line(run: Path) -> str | None:
     pair by pair (None before any such pair has trained)."""
     from bench.bridge_design import RECORDS, finished, shape_study
 
-    pairs = [r for r in shape_study(finished(RECORDS), run) if r["variant"] == "shape width x1.6" and "r" in r]
+    pairs = [r for r in shape_study(finished(RECORDS), run, RECORD) if r["variant"] == "shape width x1.6" and "r" in r]
     if not pairs:
         return None
     width = flag("--d-model")

@@ -237,7 +237,7 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(t
 
     from bench.bridge_design import shape_study
 
-    monkeypatch.setattr("experiments.smollm2_results.RECORD", tmp_path / "records")  # not the real sweep's
+    monkeypatch.setattr("experiments.records.SMOLLM2", tmp_path / "records")  # not the real sweep's
 
     def bridge(nmse_dim, stop="plateau", steps=3000, curve=((0, 0.3), (1000, 0.2), (3000, 0.1))):
         return {"nmse_dim": nmse_dim, "stop": stop, "steps_run": steps, "val_curve": [list(p) for p in curve]}
