@@ -14,6 +14,7 @@ minutes each).
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
     python -m experiments.smollm2_results --status    # where a running sweep stands, bridge by bridge
+    python -m experiments.smollm2_results --page-only   # the page again from the run's records, nothing run
     python -m experiments.smollm2_results --status --generation --without-finetune   # ... and the generation
 
 Resumable: each step is one geoprobe command, skipped when its output exists (a command that
@@ -201,6 +202,8 @@ def main() -> None:
                         help="with --generation, only the steps that do not need the sweep (training the generators "
                              "and the layer-0 bridge), then stop: for a free core beside a running sweep")
     parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
+    parser.add_argument("--page-only", action="store_true",
+                        help="write the page from the run's records (sweep.json, compare.csv, timings.json) and exit")
     parser.add_argument("--status", action="store_true",
                         help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
@@ -219,6 +222,12 @@ def main() -> None:
         print("\n".join(progress(run, args.seeds)))
         if args.generation:
             print("\n".join(["", "--generation:", *generation_progress(out, run, not args.without_finetune)]))
+        return
+    if args.page_only:  # nothing runs: the page from what the run recorded
+        if not (run / "sweep.json").is_file():
+            parser.error(f"{run} has no sweep.json: --page-only writes the page of a finished sweep")
+        timings = out / "timings.json"
+        write_page(run, out, args.page, json.loads(timings.read_text()) if timings.is_file() else {}, 0.0, args.seeds)
         return
     for name in ("without_finetune", "before_sweep"):
         if getattr(args, name) and not args.generation:
@@ -651,7 +660,7 @@ def shape_line(run: Path) -> str | None:
 
 
 def dihal_line(verdict: dict, rows: list[dict]) -> str:
-    """The DiHAL model itself at the geometry's chosen layer (issue 31, section 4): what replacing
+    """The DiHAL model itself at the geometry's chosen layer: what replacing
     h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge, the one --generation
     samples through, stopped by its plateau."""
     layer = verdict["chosen_layer"]
@@ -666,60 +675,79 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
             f"`--generation` samples through (trained again where the run keeps only its record), {stop}.")
 
 
-def generation_line(verdict: dict, rows: list[dict]) -> str:
-    """DiHAL's generation on SmolLM2 in words (issue 31 section 4, issue 35's SmolLM2 table): the
-    hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every other
-    generator trained at the budget (DSL, MDLM, the embedding-diffusion baselines), by Gen.PPL with
-    its 95 % interval under each evaluator (SmolLM2, then the KJV trigram, which is no generator's
-    backbone) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a factor is given only where
-    two intervals are disjoint."""
+GENERATION_CAVEAT = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which "
+                     "favours their Gen.PPL there. The KJV trigram (`ngram:kjv`, fitted on the whole KJV) is no "
+                     "generator's backbone, but it rewards copying the KJV and sees only three tokens at a time.")
+
+
+def gen_scores(row: dict) -> dict:
+    """A comparison row's Gen.PPL by evaluator: (value, low, high), for those it has."""
     from geoprobe.workflows.compare import other_gen_ppl
 
+    found = {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
+             **other_gen_ppl(row.get("other_evaluators"))}
+    return {name: value for name, value in found.items() if value[0] is not None}
+
+
+def evaluator_label(evaluator: str) -> str:
+    return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
+
+
+def shown(row: dict) -> str:
+    """A row's Gen.PPL (with its interval) under each evaluator, and its MAUVE."""
+    return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
+                                  + f" under {evaluator_label(name)}" for name, (ppl, lo, hi) in gen_scores(row).items()) \
+        + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
+
+
+def rank(row: dict, other: dict, name: str) -> str | None:
+    """"lower", "higher" or "overlapping" by evaluator `name`'s Gen.PPL intervals; None where one is missing."""
+    (_, lo, hi), (_, their_lo, their_hi) = (gen_scores(r).get(name, (None, None, None)) for r in (row, other))
+    if lo is None or their_lo is None:
+        return None
+    return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
+
+
+def factor(ratio: float) -> str:
+    return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:,.0f}×"
+
+
+def against(row: dict, other: dict) -> str:
+    """How `row`'s Gen.PPL stands against `other`'s under each evaluator (a factor only where disjoint)."""
+    said = []
+    for name, (ppl, _, _) in gen_scores(row).items():
+        if (order := rank(row, other, name)) is not None:
+            them = gen_scores(other)[name][0]
+            said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
+                         "overlapping": "with intervals overlapping (not ranked)"}[order]
+                        + f" under {evaluator_label(name)}")
+    return ", ".join(said) or "not compared (no intervals)"
+
+
+def tally(row: dict, others: list[dict]) -> str:
+    """Per evaluator: which of `others` `row` is below, above or beside, by their roles."""
+    said = []
+    for name in gen_scores(row):
+        groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
+        for other in others:
+            key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
+                   None: "not compared with"}[rank(row, other, name)]
+            groups[key].append(f"{role(other['generator'])} · {other['sampler']}")
+        said.append(f"under {evaluator_label(name)} it is " + ", ".join(
+            f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
+    return "; ".join(said)
+
+
+def generation_line(verdict: dict, rows: list[dict]) -> str:
+    """DiHAL's generation on SmolLM2 in words, one line per row it is set against.
+
+    The hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every
+    other generator trained at the budget, by Gen.PPL with its 95 % interval under each evaluator
+    (SmolLM2, then the KJV trigram) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a
+    factor is given only where two intervals are disjoint.
+    """
     def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
         return next((r for r in rows if ("/" + r["generator"]).endswith("/" + generator)), None)
-
-    def scores(row: dict) -> dict:  # evaluator -> (Gen.PPL, low, high), those it has
-        found = {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
-                 **other_gen_ppl(row.get("other_evaluators"))}
-        return {name: value for name, value in found.items() if value[0] is not None}
-
-    def label(evaluator: str) -> str:
-        return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
-
-    def shown(row: dict) -> str:
-        return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
-                                      + f" under {label(name)}" for name, (ppl, lo, hi) in scores(row).items()) \
-            + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
-
-    def rank(row: dict, other: dict, name: str) -> str | None:  # by `name`'s Gen.PPL; None: an interval missing
-        (_, lo, hi), (_, their_lo, their_hi) = (scores(r).get(name, (None, None, None)) for r in (row, other))
-        if lo is None or their_lo is None:
-            return None
-        return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
-
-    def factor(ratio: float) -> str:
-        return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:,.0f}×"
-
-    def against(row: dict, other: dict) -> str:
-        said = []
-        for name, (ppl, _, _) in scores(row).items():
-            if (order := rank(row, other, name)) is not None:
-                them = scores(other)[name][0]
-                said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
-                             "overlapping": "with intervals overlapping (not ranked)"}[order] + f" under {label(name)}")
-        return ", ".join(said) or "not compared (no intervals)"
-
-    def tally(row: dict, others: list[dict]) -> str:  # per evaluator: which rows it is below, above, beside
-        said = []
-        for name in scores(row):
-            groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
-            for other in others:
-                key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
-                       None: "not compared with"}[rank(row, other, name)]
-                groups[key].append(f"{role(other['generator'])} · {other['sampler']}")
-            said.append(f"under {label(name)} it is " + ", ".join(
-                f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
-        return "; ".join(said)
 
     chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
     if chosen is None:
@@ -742,15 +770,12 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no "
                      f"ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
                      "quality alone")
-    caveat = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which favours "
-              "their Gen.PPL there. The KJV trigram (`ngram:kjv`, fitted on the whole KJV) is no generator's "
-              "backbone, but it rewards copying the KJV and sees only three tokens at a time.")
     counts = {r["samples"] for r in rows if r.get("samples")}  # what the rows hold, else what the script asks
     num = f"{counts.pop():.0f}" if len(counts) == 1 else SAMPLES["num"]
     return "\n".join([f"- DiHAL's samples on SmolLM2 ({num} of {SAMPLES['length']} tokens per row, one seed "
                       "each, 95 % bootstrap intervals; descriptive, "
                       "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
-                      *[f"  - {part}." for part in parts], f"  - {caveat}"])
+                      *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT}"])
 
 
 if __name__ == "__main__":
