@@ -176,8 +176,6 @@ def main() -> None:
         write_page(finished(args.out), args)
         return
     if args.choose:
-        from geoprobe.files import write_json_atomic
-
         choice = diffusion_choice(finished(args.out), json.loads((args.out / "k-scan.json").read_text()))
         for path in (args.out / "choice.json", RECORDS / "choice.json"):
             write_json_atomic(path, choice)

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.pages import cell, disjoint, mean_sd
+from experiments.records import log
 from experiments.testbed_results import (CORPUS, DOCUMENT, EVAL, MIN_STEPS, MODEL, NUM, PLATEAU, ROOT, SEEDS,
-    SEQ_LEN, SMALL, TRAINING, cell, disjoint, held_out_bound, log, machine, mean_sd, score_samples, train_variant)
+    SEQ_LEN, SMALL, TRAINING, held_out_bound, machine, score_samples, train_variant)
 
 BASELINES = ("diffusion-lm", "sed", "codar")
 CAP = 4000  # steps of 32 x 65 tokens: 8.32 M tokens, every trainable row's cap

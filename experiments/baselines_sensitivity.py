@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 from experiments.baselines_results import BASELINES, BUDGETS, training_record, welch_less
-from experiments.testbed_results import ROOT, SEEDS, SEQ_LEN, cell, log, machine, mean_sd, score_samples
+from experiments.pages import cell, mean_sd
+from experiments.records import log
+from experiments.testbed_results import ROOT, SEEDS, SEQ_LEN, machine, score_samples
 
 RESULTS_HEADING = "## Results"
 PRIMARY = BUDGETS[0]  # run 2's evaluations, the bridge's in every test here

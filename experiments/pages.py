@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+
 EMPTY = "—"
 # a figure in scientific notation, as the library's tables print large values (1.071e+05)
 SCIENTIFIC = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)e([+-]\d+)(?![\w.])")
@@ -119,10 +121,10 @@ def tidy_table(lines: list[str], names: dict[str, str], relabel: dict[str, calla
         if rows and all(c in (EMPTY, "") for c in column):
             continue  # always empty here: the column belongs to another kind of run
         if len(rows) > shared_after and len(set(column)) == 1:
-            shared.append(f"{short(names, name)} {cell(name, column[0], relabel)}")
+            shared.append(f"{short(names, name)} {table_cell(name, column[0], relabel)}")
             continue
         keep.append(i)
-    out_rows = [[cell(header[i], row[i], relabel) for i in keep] for row in rows]
+    out_rows = [[table_cell(header[i], row[i], relabel) for i in keep] for row in rows]
     out = markdown_table([short(names, header[i]) for i in keep], out_rows)
     legend = [f"`{short(names, header[i])}`: {meaning(names, header[i])}." for i in keep if header[i] in names]
     notes = ([f"Every row: {', '.join(shared)}."] if shared else []) + legend
@@ -141,7 +143,7 @@ def meaning(names: dict, column: str) -> str:
     return name[1] if isinstance(name, tuple) else column
 
 
-def cell(column: str, value: str, relabel: dict[str, callable] | None) -> str:
+def table_cell(column: str, value: str, relabel: dict[str, callable] | None) -> str:
     """One table cell as a page shows it: relabelled where its column says, figures written plainly."""
     if relabel and column in relabel:
         value = relabel[column](value)
@@ -161,3 +163,23 @@ def tidy_tables(text: str, names: dict[str, str], relabel: dict[str, callable] |
             block = []
         out.append(line)
     return "\n".join(out[:-1])
+
+
+def mean_sd(values) -> tuple[float, float]:
+    """The mean and sample sd of the finite values (sd 0 for one value; NaNs for none)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return math.nan, math.nan
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def cell(values, digits: int = 3) -> str:
+    """A table cell: the values' mean ± sd, or a dash for none."""
+    m, sd = mean_sd(values)
+    return EMPTY if math.isnan(m) else f"{m:.{digits}f} ± {sd:.{digits}f}"
+
+
+def disjoint(a, b) -> bool:
+    """Whether the seed intervals (mean ± sd) of two lists of values do not overlap."""
+    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
+    return ma + sa < mb - sb or mb + sb < ma - sa

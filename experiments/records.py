@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +21,11 @@ BRIDGE_DESIGN = RECORDS / "bridge-design"  # the design study's finished variant
 # per bridge, metrics last (a record is whole when metrics.json is there); the layer's
 # controls.json beside them; network.json (the parameter count) only bench/bridge_design.py writes
 RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")
+
+
+def log(message: str) -> None:
+    """One line of a long run's log, with the time of day."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def copy_whole(source: Path, target: Path) -> None:

@@ -38,6 +38,8 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # run by hand too: every model here is builtin
 
+from experiments.pages import cell, disjoint, mean_sd
+from experiments.records import log
 from geoprobe.synthetic import parse_spec
 from geoprobe.testbed import CORPUS
 from geoprobe.workflows.demo import TINY
@@ -68,10 +70,6 @@ VARIANTS = {  # name: (snr, steps cap, what it starts from, lr)
 CONTROL = "dsl-cap"  # dsl seed 0 again, to its full cap: what stopping on the plateau costs
 DOCUMENT = parse_spec(CORPUS)["length"]  # words per corpus document
 HELD_OUT_DOCS, HELD_OUT_SEED = 256, 99  # the testbed's own held-out documents (geoprobe.testbed.held_out_nll)
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 # --- stage 1: training ------------------------------------------------------------------------
@@ -339,24 +337,6 @@ def main() -> None:
 
 
 RESULTS_HEADING = "## Results"
-
-
-def mean_sd(values) -> tuple[float, float]:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return math.nan, math.nan
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
-def cell(values, digits: int = 3) -> str:
-    m, sd = mean_sd(values)
-    return "—" if math.isnan(m) else f"{m:.{digits}f} ± {sd:.{digits}f}"
-
-
-def disjoint(a, b) -> bool:
-    """Whether the seed intervals (mean ± sd) of two lists of values do not overlap."""
-    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
-    return ma + sa < mb - sb or mb + sb < ma - sa
 
 
 def write_page(out: Path, page: Path) -> None:
