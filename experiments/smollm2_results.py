@@ -1,50 +1,46 @@
-"""The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores up to about a day: 36 bridges of up to 4,000 steps, about 0.35-0.45 s a step at layer 3 on a
-2-core AMD EPYC with AVX512-BF16 and more at deeper layers, whose bridges have more blocks, then 12
-ceiling controls; about 25 hours if every bridge ran to its cap), written to
-docs/results.md with its plots; with --generation, the generation comparison too, at the bridges'
-8.2 M-token budget: about 20 hours more on 2 cores (an estimate), 15 of them DSL-from-SmolLM2,
-whose full fine-tune of the 135 M backbone took 13.5 s a step of 8 x 256 tokens on a 2-core AMD
-EPYC with AVX512-BF16 (2026-12-04, 6 steps timed, of 4,000); the five small generators about 35
-minutes each at most (0.26 ms a token at the earlier budget), the 20-odd sample sets about 5
-minutes each).
+"""The SmolLM2 results page (docs/results.md): the sweep verdict of docs/method.md on a real model, on a CPU.
 
     make results                                   # = python -m experiments.smollm2_results
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
     python -m experiments.smollm2_results --status    # where a running sweep stands, bridge by bridge
-    python -m experiments.smollm2_results --page-only   # the page again from the run's records, nothing run
     python -m experiments.smollm2_results --status --generation --without-finetune   # ... and the generation
-
-Resumable: each step is one geoprobe command, skipped when its output exists (a command that
-was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
-Run it again after a kill and it goes on where it stopped; delete --out to start over.
-Resumable on another machine too: while the sweep runs, each finished bridge's record (config.json,
-metrics.json, curve.csv, and its layer's controls.json: a few KB, no weights) is copied into
-experiments/records/smollm2/, which is tracked; a run on a fresh clone rescans (the same
-configuration, which is what a bridge's identity holds) and copies the records back before the
-sweep, which then keeps those bridges as finished. Delete the records folder to retrain them. A restored bridge has no weights:
---generation trains the few it samples through (the chosen, worst and oracle layers' seed 0) again,
-into --out.
+    python -m experiments.smollm2_results --page-only   # the page again from the run's records, nothing run
 
 What it runs (one budget for every generator it compares, see BUDGET):
-1. scan builtin:smollm2 on the KJV: geometry of every layer (the ranking is shown with and without
+1. scan builtin:smollm2 on the KJV: the geometry of every layer (the ranking with and without
    massive channels wherever a layer has them);
 2. sweep layers 1-12 with seeds 0, 1, 2: one bridge per layer and seed, each to the plateau rule
-   (on a stopping split) under a step cap, validated as the scan drew its states, then the ceiling
-   control per layer; the pre-registered test of docs/method.md, its secondary losses, the seed
-   noise and the controls.
-With --generation (the previous page's generation section came from such a run):
-3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from), and the
-   DiHAL comparison's embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md)
-   at the same number of training tokens;
+   under a step cap, then the ceiling control per layer; the pre-registered test of
+   docs/method.md, its secondary losses, the seed noise and the controls.
+With --generation:
+3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from) and the
+   embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md), at the same
+   number of training tokens;
 4. samples: the hybrid through the bridges at the geometry-chosen, worst and oracle layers, the
-   layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (the AR
-   ceiling); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
-5. eval with SmolLM2 as the evaluator (Gen.PPL, diversity, unigram entropy, MAUVE against KJV
-   chapters), compare, and the page.
-Not in `make test` (it needs the real model for up to about a day on 2 cores); `make test` runs examples 01-05.
+   layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (AR);
+   fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
+5. eval with SmolLM2 and the KJV trigram as evaluators, compare, and the page.
+
+Cost on 2 CPU cores (a 2-core AMD EPYC with AVX512-BF16): the sweep takes up to about a day
+(36 bridges of up to 4,000 steps at about 0.35-0.45 s a step at layer 3, more at deeper layers,
+then 12 ceilings; about 25 hours if every bridge ran to its cap). --generation adds about 20
+hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 135 M backbone at
+13.5 s a step of 8 x 256 tokens (6 of 4,000 steps timed). The five small generators take about
+35 minutes each at most, the 20-odd sample sets about 5 minutes each.
+
+Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
+command resumes from its own checkpoints (scan shards, sweep layers, training steps). Run it
+again after a kill and it goes on; delete --out to start over. Each finished bridge's record
+(config.json, metrics.json, curve.csv and its layer's controls.json: a few KB, no weights) is
+copied into the tracked experiments/records/smollm2/ while the sweep runs (experiments/records.py).
+A fresh clone rescans (the same configuration, which is what a bridge's identity holds) and copies
+the records back before the sweep, which keeps those bridges as finished. A restored bridge has
+no weights: --generation trains the few it samples through again, into --out. Delete the records
+folder to retrain them.
+
+Not in `make test`: it needs the real model for up to a day; `make test` runs examples 01-05.
 """
 
 from __future__ import annotations
