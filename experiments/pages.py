@@ -82,6 +82,11 @@ def markdown_table(header: list[str], rows: list[list[str]], pad: int = 40) -> l
     return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
 
 
+def p_value(p: float, digits: int = 3) -> str:
+    """A p-value to `digits` significant digits, never in scientific notation (0.0000772)."""
+    return plain_text(f"{p:.{digits}g}")
+
+
 def rows_table(rows: list[dict]) -> list[str]:
     """Records (dicts with one set of keys) as a markdown table, every figure in full (`plain`)."""
     def shown(value) -> str:

@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.pages import commas, markdown_table, role, rows_table, tidy_tables
+from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
 from experiments.pages import three_lines as opening
 from experiments.records import SMOLLM2, add_timings, progress_of, record, restore
 
@@ -556,14 +556,14 @@ def three_lines(verdict: dict) -> list[str]:
         rests.append(f"the score follows the massive-channel share (ρ {share['rho']:.2f})")
     for key, name in (("partial_given_depth", "depth"), ("partial_given_share", "the share")):
         if (partial := c.get(key)) is not None:
-            rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {partial['p']:.2g})"
+            rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {p_value(partial['p'], 2)})"
                                                                 if partial["rho"] is not None else "undefined"))
     if (onset := verdict.get("after_onset")) is not None:
         rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
                      f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
     return opening(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
                    "on the KJV (one-sided Spearman, fixed in advance).",
-                   f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {test['p']:.2g}).",
+                   f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}).",
                    "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
 
 
