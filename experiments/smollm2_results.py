@@ -477,8 +477,9 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     pictures.mkdir(parents=True, exist_ok=True)
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
-    text = [f"# {TITLE}", "", what_it_says(run, out), "", page_report(run, report), "", "## How it was run", "",
-            *made_by(log, seconds, seeds), "", *markdown_table(["step", "seconds", "command"], [
+    head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
+    text = [f"# {TITLE}", "", what_it_says(run, out), "", "## " + body.rstrip(), "", "## How it was run", "",
+            *made_by(log, seconds, seeds), "", head.strip(), "", *markdown_table(["step", "seconds", "command"], [
                 [name, f"{step['seconds']:.0f}", f"`{step['command']}`"] for name, step in log.items()])]
     page.write_text("\n".join(text) + "\n")
     print(f"wrote {page}")
