@@ -29,7 +29,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # experiments/: the sweep's record keeping
-RECORDS = ROOT / "experiments" / "records" / "bridge-design"  # tracked: the finished variants, without weights
+
+from experiments import records  # noqa: E402 - after the path it needs
+
+RECORDS = records.BRIDGE_DESIGN  # tracked: the finished variants, without weights
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
@@ -115,12 +118,12 @@ METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 def base_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
     """The shape every variant is scaled from and every variant without a shape of its own takes:
-    the rule the sweep of `make results` was trained at (shape_of_2026_12_03), pinned so that the
+    the rule the sweep of `make results` was trained at (pinned_shape), pinned so that the
     study's later runs (confirmations, the layer-7 run) are the variants they were registered as,
     whatever the default becomes (docs/bridge-design.md)."""
-    from geoprobe.bridges.hidden import shape_of_2026_12_03
+    from geoprobe.bridges.hidden import pinned_shape
 
-    return shape_of_2026_12_03(hidden_size, layer)
+    return pinned_shape(hidden_size, layer)
 
 
 def network_of(fields, layer: int, hidden_size: int) -> dict:
@@ -165,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     args.page = args.page or args.out / "bridge-design.md"
 
-    from experiments.smollm2_results import progress_of, record, restore
+    from experiments.records import progress_of, record, restore
     from geoprobe.files import holding, write_json_atomic
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
@@ -186,8 +189,6 @@ def main() -> None:
         write_page(finished(args.out), args)
         return
     if args.choose:
-        from geoprobe.files import write_json_atomic
-
         choice = diffusion_choice(finished(args.out), json.loads((args.out / "k-scan.json").read_text()))
         for path in (args.out / "choice.json", RECORDS / "choice.json"):
             write_json_atomic(path, choice)
@@ -387,13 +388,15 @@ def _trained(folder: Path):
                 yield name, handle.get_tensor(name)
 
 
-def sweep_seeds(run: Path, layer: int) -> dict[int, dict]:
+def sweep_seeds(run: Path, layer: int, record: Path | None = None) -> dict[int, dict]:
     """The sweep's finished bridges at `layer`, by seed (the shape study's default row): the run's,
-    and make results' tracked records for the seeds the run lacks (a fresh clone has only those)."""
-    from experiments.smollm2_results import RECORD
+    and the sweep's tracked records for the seeds the run lacks (a fresh clone has only those).
 
+    Args:
+        record: the sweep's record folder (default: make results' records.SMOLLM2).
+    """
     found = {}
-    for where in (RECORD, run):  # the run's own bridges over its records where it has both
+    for where in (record or records.SMOLLM2, run):  # the run's own bridges over its records where it has both
         found.update({int(path.parent.name.split("-")[1]): json.loads(path.read_text())
                       for path in sorted((where / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json"))})
     return found
@@ -403,7 +406,7 @@ def best_until(curve: list, last: int) -> float:
     return min(value for step, value in curve if step <= last)
 
 
-def shape_study(results: list[dict], run: Path) -> list[dict]:
+def shape_study(results: list[dict], run: Path, record: Path | None = None) -> list[dict]:
     """The registered statistic of the shape study (docs/bridge-design.md): each shape variant's
     paired ratio to the sweep's bridge of the same seed (seed 0; seed 1 for a confirming run),
     judged against the default's own seed noise δ (the sweep's seeds against its seed 0)."""
@@ -412,7 +415,7 @@ def shape_study(results: list[dict], run: Path) -> list[dict]:
         if not r["variant"].startswith("shape "):
             continue
         if r["layer"] not in by_layer:  # read once per layer, not once per row
-            by_layer[r["layer"]] = sweep_seeds(run, r["layer"])
+            by_layer[r["layer"]] = sweep_seeds(run, r["layer"], record)
         seeds, seed = by_layer[r["layer"]], r.get("seed", 0)
         against = PAIRED_WITH.get(r["variant"], "sweep")
         if against == "sweep":

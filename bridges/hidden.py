@@ -63,9 +63,8 @@ from geoprobe.errors import BadInput
 from geoprobe.tokens import start_token
 
 
-def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
-    """The (width, depth, heads) rule the SmolLM2 sweep of `make results` started with on
-    2026-12-03: width d / 2 rounded up to a multiple of 64, within 128..1024 (no 64x input
+def pinned_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
+    """The (width, depth, heads) rule the SmolLM2 sweep of `make results` started with: width d / 2 rounded up to a multiple of 64, within 128..1024 (no 64x input
     bottleneck at d = 4,096), depth 2 + layer // 4 blocks up to 6 (deeper states need more
     update), heads of 64 channels. Kept by name for the runs pinned to it (the sweep, the shape
     study's variants), whatever bridge_shape becomes."""
@@ -76,13 +75,13 @@ def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
 def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
     """The default (width, depth, heads) of a bridge standing in for blocks 1..`layer` of a
     d = `hidden_size` model, chosen by the shape study of docs/bridge-design.md (bridges at their
-    plateau, SmolLM2 layers 3 and 9, paired with the sweep's): the width of 2026-12-03
-    (shape_of_2026_12_03) x 1.6, rounded to a multiple of 64 halves up as the study scaled it
+    plateau, SmolLM2 layers 3 and 9, paired with the sweep's): the sweep's pinned width
+    (pinned_shape) x 1.6, rounded to a multiple of 64 halves up as the study scaled it
     (320 -> 512 at d = 576, 1,024 -> 1,664 at d = 4,096, 128 -> 192), because width x 1.6 was
     better at both layers at seed 0 (r 0.88, 0.91) and again at seed 1 (r 0.90, 0.93), each by
     more than the sweep's own seed spread, while every cheaper shape was worse; depth stays
     2 + layer // 4 up to 6 (depth x 2 was better too, and waits for its own confirmation)."""
-    width, depth, _ = shape_of_2026_12_03(hidden_size, layer)
+    width, depth, _ = pinned_shape(hidden_size, layer)
     width = 64 * math.floor(1.6 * width / 64 + 0.5)
     return width, depth, width // 64
 

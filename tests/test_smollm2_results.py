@@ -237,7 +237,7 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(t
 
     from bench.bridge_design import shape_study
 
-    monkeypatch.setattr("experiments.smollm2_results.RECORD", tmp_path / "records")  # not the real sweep's
+    monkeypatch.setattr("experiments.records.SMOLLM2", tmp_path / "records")  # not the real sweep's
 
     def bridge(nmse_dim, stop="plateau", steps=3000, curve=((0, 0.3), (1000, 0.2), (3000, 0.1))):
         return {"nmse_dim": nmse_dim, "stop": stop, "steps_run": steps, "val_curve": [list(p) for p in curve]}
@@ -582,14 +582,14 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
     assert "oracle layer" not in line  # the oracle is the chosen layer: one row, said once
     # every other trained generator (not the AR ceiling), per evaluator; sed and mdlm have no trigram figure
     assert "by Gen.PPL against the 3 rows of the other generators trained at the same budget, under SmolLM2 it is " \
-           "lower than 1 (dsl · mdlm), higher than 1 (sed · ancestral), with intervals overlapping 1 (mdlm · mdlm); " \
-           "under the KJV trigram it is higher than 1 (dsl · mdlm), not compared with 2 (sed · ancestral, " \
-           "mdlm · mdlm)" in line
+           "lower than 1 (DSL · mdlm), higher than 1 (SED · ancestral), with intervals overlapping 1 (MDLM · mdlm); " \
+           "under the KJV trigram it is higher than 1 (DSL · mdlm), not compared with 2 (SED · ancestral, " \
+           "MDLM · mdlm)" in line
     assert "SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no ceiling for " \
         "KJV text) has Gen.PPL 40 (37–45) under SmolLM2" in line
     # a row without MAUVE or a Gen.PPL (no references, nothing scored) is written without them
     bare = {**row("results/codar", None, None, None), "mauve": None, "sampler": "ancestral", "train_tokens": 8e6}
-    assert "not compared with 1 (codar · ancestral)" in generation_line(verdict, rows[:3] + [bare])
+    assert "not compared with 1 (CoDAR · ancestral)" in generation_line(verdict, rows[:3] + [bare])
     assert "has no row" in generation_line(verdict, rows[1:])
 
 
