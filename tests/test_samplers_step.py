@@ -195,3 +195,36 @@ def test_sample_refuses_logits_that_do_not_fit_in_one_line(causal_bridge, tmp_pa
                           "--length", 64, "--device", "cpu", "--out", tmp_path / "s")
     assert_one_line_error(code, err, 2, "sampling needs about 45.0 MiB of logits a step at --num 64")
     assert "use --num 56 or fewer" in err and not (tmp_path / "s" / "samples.jsonl").exists()
+
+
+def waits(llama, runs):
+    """Host waits of our code (not transformers') per (sampler, knobs, length) of `runs`, each
+    sampled through the hybrid on the pretend accelerator (tests/fake_device.py)."""
+    from tests.fake_device import DEVICE, accelerator
+    from tests.test_device import OURS
+
+    counts = []
+    with accelerator() as acc:
+        llama.model.to(DEVICE)
+        try:
+            model = hybrid(llama, support_size=50)
+            model.bridge.set_support(torch.arange(20, 70))
+            model.bridge.to(DEVICE)
+            model.bos_state = model.bos_state.to(DEVICE)
+            for name, knobs, length in runs:
+                acc.reset()
+                make_sampler(name, **knobs).sample(model, 2, length, seed=0)
+                counts.append(sum(v for k, v in acc.where.items() if k[1].startswith(tuple(f"['{o}'" for o in OURS))))
+        finally:
+            llama.model.to("cpu")
+    return counts
+
+
+def test_roar_never_waits_for_the_device_and_mdlm_once_a_step(llama):
+    """roar: as many waits at 3 steps as at 6 (the tokens' read-back at the end); mdlm: one more
+    a step (its reveal, read back before the network runs). Before, every call read back its count
+    of changed rows, and an mdlm step its reveal mask more (`reveal.any()`, boolean indexing).
+    transformers' mask builder waits once a forward of the upper stack: not counted here."""
+    roar_3, roar_6, mdlm_2, mdlm_4 = waits(llama, [("roar", {}, 3), ("roar", {}, 6), ("mdlm", {"steps": 2}, 6),
+                                                   ("mdlm", {"steps": 4}, 6)])
+    assert roar_3 == roar_6 == 1 and mdlm_4 - mdlm_2 == 2, (roar_3, roar_6, mdlm_2, mdlm_4)
