@@ -155,6 +155,7 @@ def test_the_plan_counts_the_positions_each_sampler_draws_at():
     assert make_sampler("roar").logit_rows(4, 100) == 4 and make_sampler("roar", per_step=8).logit_rows(4, 100) == 32
     assert make_sampler("continuous").logit_rows(4, 100) == 400 and make_sampler("hybrid").logit_rows(4, 100) == 400
     assert make_sampler("mdlm", steps=1).logit_rows(4, 100) == 400  # one step reveals everything
+    assert make_sampler("ltr").logit_rows(4, 100) == 4
     # 64 steps of mdlm: every position is revealed at one step, uniformly: Binomial(400, 1/64),
     # mean 6.25, 6 standard deviations 14.9, then rounded up and one more
     assert make_sampler("mdlm", steps=64).logit_rows(4, 100) == 23
