@@ -87,6 +87,7 @@ bench: .venv/.installed .kjv
 	$(PY) bench/geometry_speed.py
 	$(PY) bench/geometry_gram.py
 	$(PY) bench/samplers_speed.py
+	$(PY) bench/sampler_step.py
 	$(PY) bench/ltr_decode.py
 	$(PY) bench/bridge_step.py
 	$(PY) bench/scaling.py
