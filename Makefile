@@ -38,8 +38,9 @@ KEEP_PAGES = sh experiments/keep-pages
 	$(KEEP_PAGES) || (apt-get update -qq && apt-get install -y -qq libjemalloc2) || \
 		echo "libjemalloc2 could not be installed: the runs use glibc's malloc (slower on a CPU)"
 
+# two workers, one thread each (a file's tests stay on one worker, so its fixtures are built once)
 test: .venv/.installed .kjv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -ra --durations=15
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra --durations=15 -n 2 --dist loadfile
 
 # the edit-test loop: every test but the slow ones (the demo, the examples, kill -9 and
 # multi-process runs, the real SmolLM2): a few minutes; `make test` runs them all
@@ -58,12 +59,14 @@ results: .venv/.installed .kjv .jemalloc
 # layers 1-12 x 2 seeds to their plateau, the regression sweep's scan and ceilings reused;
 # resumable, its finished bridges kept in experiments/records/smollm2-diffusion. It trains the
 # bridge the design study chose (docs/bridge-design.md): the study runs first when its choice is
-# not recorded (4 variants x 2 layers x 600 steps, then the K scan; needs `make results`' scan)
+# not recorded (4 variants x 2 layers x 600 steps, the K scan, the choice, then its two best trained to
+# their plateau at layer 3, seed 1; needs `make results`' scan)
 DESIGN := $(PY) bench/bridge_design.py --run runs/results/run --layers 3,9 --variants 19,18,20,21 --out runs/bridge-design
 experiments/records/bridge-design/choice.json:
 	HF_HUB_OFFLINE=1 $(DESIGN)
 	HF_HUB_OFFLINE=1 $(DESIGN) --k-scan
 	HF_HUB_OFFLINE=1 $(DESIGN) --choose
+	HF_HUB_OFFLINE=1 $(DESIGN) --confirm
 
 results-diffusion: .venv/.installed .kjv .jemalloc experiments/records/bridge-design/choice.json
 	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.smollm2_results --bridge diffusion
@@ -84,6 +87,7 @@ bench: .venv/.installed .kjv
 	$(PY) bench/geometry_speed.py
 	$(PY) bench/geometry_gram.py
 	$(PY) bench/samplers_speed.py
+	$(PY) bench/sampler_step.py
 	$(PY) bench/ltr_decode.py
 	$(PY) bench/bridge_step.py
 	$(PY) bench/scaling.py

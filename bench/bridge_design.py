@@ -29,7 +29,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # experiments/: the sweep's record keeping
-RECORDS = ROOT / "experiments" / "records" / "bridge-design"  # tracked: the finished variants, without weights
+
+from experiments import records  # noqa: E402 - after the path it needs
+
+RECORDS = records.BRIDGE_DESIGN  # tracked: the finished variants, without weights
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
@@ -102,6 +105,12 @@ VARIANTS.update({
     "diffusion sb2": (dict(DIFFUSION, sigma_b=2.0), DIFFUSION_BUDGET),
     "diffusion sb1 tau0": (dict(DIFFUSION, sigma_b=1.0, tau_zero=0.25), DIFFUSION_BUDGET),
 })
+# the confirmation (registered with the amendment of the study's rule, before any variant was
+# compared): the two best variants by the rule, trained to the sweep's plateau at layer 3, seed 1
+CONFIRM_BUDGET = dict(steps=4000, eval_every=50)
+VARIANTS.update({name.replace("diffusion", "confirm"): (VARIANTS[name][0], CONFIRM_BUDGET)
+                 for name in [n for n in VARIANTS if n.startswith("diffusion")]})
+CONFIRM_LAYER, CONFIRM_SEED = 3, 1
 K_GRID = (2, 4, 8, 16, 32)
 CLOSE = 0.01  # the registered rule's "within 1 %"
 METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
@@ -109,12 +118,12 @@ METRICS = ("nmse_dim", "nmse_dim_1step", "nmse", "delta_ce", "nmse_noisy")
 
 def base_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
     """The shape every variant is scaled from and every variant without a shape of its own takes:
-    the rule the sweep of `make results` was trained at (shape_of_2026_12_03), pinned so that the
+    the rule the sweep of `make results` was trained at (pinned_shape), pinned so that the
     study's later runs (confirmations, the layer-7 run) are the variants they were registered as,
     whatever the default becomes (docs/bridge-design.md)."""
-    from geoprobe.bridges.hidden import shape_of_2026_12_03
+    from geoprobe.bridges.hidden import pinned_shape
 
-    return shape_of_2026_12_03(hidden_size, layer)
+    return pinned_shape(hidden_size, layer)
 
 
 def network_of(fields, layer: int, hidden_size: int) -> dict:
@@ -145,6 +154,9 @@ def main() -> None:
     parser.add_argument("--choose", action="store_true",
                         help="apply the diffusion study's registered rule to its finished variants and K scan; "
                              "write OUT/choice.json and its record")
+    parser.add_argument("--confirm", action="store_true",
+                        help="train the chosen variant and the runner-up to the plateau at layer 3, seed 1, and "
+                             "confirm or overturn the choice by their noisy CRPS at K = 32")
     parser.add_argument("--status", action="store_true",
                         help="print where these variants stand at these layers and seed (beside a running study, "
                              "reading only) and exit")
@@ -156,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     args.page = args.page or args.out / "bridge-design.md"
 
-    from experiments.smollm2_results import progress_of, record, restore
+    from experiments.records import progress_of, record, restore
     from geoprobe.files import holding, write_json_atomic
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
@@ -167,14 +179,16 @@ def main() -> None:
                                         bridge_dir(args.out / folder_of(name), int(layer), args.seed))
                                        for name in names for layer in args.layers.split(",")])))
         return
+    if args.confirm:  # the two best variants by the rule (its tracked record), at the confirmation's layer and seed
+        choice = json.loads((RECORDS / "choice.json").read_text())
+        names = [name.replace("diffusion", "confirm") for name in ranked(choice)[:2]]
+        args.layers, args.seed = str(CONFIRM_LAYER), CONFIRM_SEED
     for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
         restore(args.out / folder_of(name), RECORDS / folder_of(name))
     if args.page_only:
         write_page(finished(args.out), args)
         return
     if args.choose:
-        from geoprobe.files import write_json_atomic
-
         choice = diffusion_choice(finished(args.out), json.loads((args.out / "k-scan.json").read_text()))
         for path in (args.out / "choice.json", RECORDS / "choice.json"):
             write_json_atomic(path, choice)
@@ -205,7 +219,62 @@ def main() -> None:
                   f"lookup+ridge {controls[layer]['control_lookup_ridge_nmse_dim']:.3f}) "
                   f"steps {metrics['steps_run']} ({metrics['stop']}, best at {metrics['best_step']}) "
                   f"{metrics['train_seconds']:.0f} s", flush=True)
+    if args.confirm:
+        confirm_choice(source, states, choice, names, args)
+        return
     write_page(finished(args.out), args)
+
+
+def ranked(choice: dict) -> list[str]:
+    """The study's variants, the chosen one first, then the others by their noisy CRPS."""
+    scores = choice["crps_dim_noisy"]
+    return [choice["variant"], *sorted((n for n in scores if n != choice["variant"]), key=scores.get)]
+
+
+def confirm_choice(source, states, choice: dict, names: list[str], args) -> None:
+    """Score the two confirmation bridges (noisy CRPS at K = 32, layer 3, seed 1) and write the
+    confirmed choice (`confirmed`) into OUT/choice.json and its record."""
+    from geoprobe.bridges.fit import sample_scores
+    from geoprobe.bridges.hidden import Teacher, load_bridge
+    from geoprobe.files import write_json_atomic
+    from geoprobe.workflows.sweep import bridge_dir
+
+    scores = {}
+    for name in names:
+        bridge, _ = load_bridge(bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED))
+        metrics = json.loads((bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED)
+                              / "metrics.json").read_text())
+        row = sample_scores(bridge, Teacher(source.backbone, CONFIRM_LAYER), states.val, 8, K_GRID[-1], noisy=True)
+        scores[name.replace("confirm", "diffusion")] = {**row, "stop": metrics["stop"], "steps_run": metrics["steps_run"]}
+    confirmed = confirmed_choice(choice, scores, json.loads((RECORDS / "k-scan.json").read_text()))
+    for path in (args.out / "choice.json", RECORDS / "choice.json"):
+        write_json_atomic(path, confirmed)
+    print("\n".join(confirmed["why"]), flush=True)
+
+
+def confirmed_choice(choice: dict, scores: dict, kscan: list[dict]) -> dict:
+    """The choice after its confirmation at the plateau: the runner-up replaces the chosen variant
+    only when its noisy CRPS at K = 32 is lower by more than 1 % and both stopped by their plateau
+    (an unconverged run confirms nothing: the choice then stands, and says so). A replacement takes
+    its own K by the study's K rule at the study's layers."""
+    chosen, runner = ranked(choice)[:2]
+    a, b = scores[chosen], scores[runner]
+    converged = a["stop"] == "plateau" and b["stop"] == "plateau"
+    overturned = converged and b["crps_dim_noisy"] < a["crps_dim_noisy"] * (1 - CLOSE)
+    out = {**choice, "confirmed": True, "confirmation": scores}
+    line = (f"confirmation at layer {CONFIRM_LAYER}, seed {CONFIRM_SEED}, trained to the plateau: {chosen} "
+            f"{a['crps_dim_noisy']:.4f} ({a['stop']} at {a['steps_run']}), {runner} {b['crps_dim_noisy']:.4f} "
+            f"({b['stop']} at {b['steps_run']}): ")
+    if overturned:
+        network = VARIANTS[runner][0]
+        out.update(variant=runner, sigma_b=network["sigma_b"], tau_zero=network["tau_zero"],
+                   bridge_steps=k_rule(kscan, runner, tuple(choice["layers"])))
+        line += f"{runner} replaces it (K {out['bridge_steps']})"
+    else:
+        line += "the choice stands" + ("" if converged else " (a run did not stop by its plateau: nothing confirmed "
+                                                            "beyond the 600-step rule)")
+    out["why"] = [*choice["why"], line]
+    return out
 
 
 def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
@@ -223,23 +292,27 @@ def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
             bridge, _ = load_bridge(folder)
             teacher = Teacher(source.backbone, layer)
             for k in K_GRID:
-                row = {"variant": name, "layer": layer, "k": k, **sample_scores(bridge, teacher, states.val, 8, k)}
-                print(f"{name}, layer {layer}, K {k}: nmse_dim {row['nmse_dim']:.4f} crps_dim {row['crps_dim']:.4f}",
-                      flush=True)
+                row = {"variant": name, "layer": layer, "k": k,
+                       **sample_scores(bridge, teacher, states.val, 8, k, noisy=True)}
+                print(f"{name}, layer {layer}, K {k}: nmse_dim {row['nmse_dim']:.4f} crps_dim {row['crps_dim']:.4f} "
+                      f"noisy crps_dim {row['crps_dim_noisy']:.4f}", flush=True)
                 rows.append(row)
     for path in (args.out / "k-scan.json", RECORDS / "k-scan.json"):  # the record is tracked, as the variants are
         write_json_atomic(path, rows)
 
 
 def diffusion_choice(results: list[dict], kscan: list[dict], layers: tuple[int, ...] = (3, 9)) -> dict:
-    """The diffusion study's registered choice (docs/bridge-design.md), from its finished variants
-    (`finished`) and its K scan (`k_scan`'s rows).
+    """The diffusion study's registered choice (docs/bridge-design.md, as amended before any
+    variant was compared), from its finished variants (`finished`) and its K scan (`k_scan`'s rows).
 
-    1. sigma_b and tau: the lowest mean crps_dim over `layers` at K = 16; a variant within 1 % of
-       the best with a lower mean posterior-mean nmse_dim_1step wins over it.
-    2. K: for that variant, the smallest K of K_GRID whose crps_dim is within 1 % of K = 32's at
-       every layer.
+    1. sigma_b and tau: the lowest mean noisy crps_dim (`crps_dim_noisy`: over the condition SNRs,
+       where p(h | z) has a spread) over `layers` at K = 32; a variant within 1 % of the best with
+       a lower mean posterior-mean nmse_dim_1step wins over it.
+    2. K: for that variant, the smallest K of K_GRID whose noisy crps_dim and sample nmse_dim are
+       both within 1 % of K = 32's, either side, at every layer.
     Raises ValueError when a variant lacks a layer or the K scan lacks a row: the rule needs all."""
+    top = K_GRID[-1]
+
     def mean(variant: str, key: str) -> float:
         rows = {r["layer"]: r for r in results if r["variant"] == variant and r.get("seed", 0) == 0}
         if set(layers) - set(rows):
@@ -247,23 +320,36 @@ def diffusion_choice(results: list[dict], kscan: list[dict], layers: tuple[int, 
         return float(np.mean([rows[layer][key] for layer in layers]))
 
     names = [name for name in VARIANTS if name.startswith("diffusion")]
-    crps = {name: mean(name, "crps_dim") for name in names}
+    scanned = {(r["variant"], r["layer"], r["k"]): r for r in kscan}
+    missing = [(name, layer, k) for name in names for layer in layers for k in K_GRID
+               if (name, layer, k) not in scanned]
+    if missing:
+        raise ValueError(f"the K scan lacks (variant, layer, K) {missing}")
+    crps = {name: float(np.mean([scanned[(name, layer, top)]["crps_dim_noisy"] for layer in layers])) for name in names}
     best = min(crps.values())
     near = [name for name in names if crps[name] <= best * (1 + CLOSE)]
     chosen = min(near, key=lambda name: (mean(name, "nmse_dim_1step"), crps[name]))
-    scanned = {(r["layer"], r["k"]): r["crps_dim"] for r in kscan if r["variant"] == chosen}
-    missing = [(layer, k) for layer in layers for k in K_GRID if (layer, k) not in scanned]
-    if missing:
-        raise ValueError(f"the K scan of {chosen} lacks (layer, K) {missing}")
-    k = next(k for k in K_GRID if all(scanned[(layer, k)] <= scanned[(layer, K_GRID[-1])] * (1 + CLOSE)
-                                      for layer in layers))
+
+    k = k_rule(kscan, chosen, layers)
     network = VARIANTS[chosen][0]
-    why = [f"{name}: mean crps_dim {crps[name]:.4f}, mean nmse_dim_1step {mean(name, 'nmse_dim_1step'):.4f}"
-           + (" (chosen)" if name == chosen else "") for name in names]
-    why.append(f"K: {k}, the smallest K whose crps_dim is within 1 % of K = {K_GRID[-1]}'s at layers "
-               + ", ".join(f"{layer} ({scanned[(layer, k)]:.4f} vs {scanned[(layer, K_GRID[-1])]:.4f})" for layer in layers))
+    why = [f"{name}: mean noisy crps_dim at K = {top} {crps[name]:.4f}, mean nmse_dim_1step "
+           f"{mean(name, 'nmse_dim_1step'):.4f}" + (" (chosen)" if name == chosen else "") for name in names]
+    why.append(f"K: {k}, the smallest K whose noisy crps_dim and sample nmse_dim are within 1 % of K = {top}'s at "
+               "layers " + ", ".join(str(layer) for layer in layers))
     return {"variant": chosen, "sigma_b": network["sigma_b"], "tau_zero": network["tau_zero"], "bridge_steps": k,
-            "crps_dim": crps, "layers": list(layers), "why": why}
+            "crps_dim_noisy": crps, "layers": list(layers), "why": why}
+
+
+def k_rule(kscan: list[dict], variant: str, layers: tuple[int, ...]) -> int:
+    """The smallest K of K_GRID whose noisy crps_dim and sample nmse_dim are both within 1 % of
+    K = 32's, either side, at every layer (K = 32 itself when no smaller one is)."""
+    scanned = {(r["layer"], r["k"]): r for r in kscan if r["variant"] == variant}
+
+    def close(layer: int, k: int) -> bool:
+        at, ref = scanned[(layer, k)], scanned[(layer, K_GRID[-1])]
+        return all(abs(at[key] - ref[key]) <= CLOSE * ref[key] for key in ("crps_dim_noisy", "nmse_dim"))
+
+    return next(k for k in K_GRID if all(close(layer, k) for layer in layers))
 
 
 def folder_of(variant: str) -> str:
@@ -302,13 +388,15 @@ def _trained(folder: Path):
                 yield name, handle.get_tensor(name)
 
 
-def sweep_seeds(run: Path, layer: int) -> dict[int, dict]:
+def sweep_seeds(run: Path, layer: int, record: Path | None = None) -> dict[int, dict]:
     """The sweep's finished bridges at `layer`, by seed (the shape study's default row): the run's,
-    and make results' tracked records for the seeds the run lacks (a fresh clone has only those)."""
-    from experiments.smollm2_results import RECORD
+    and the sweep's tracked records for the seeds the run lacks (a fresh clone has only those).
 
+    Args:
+        record: the sweep's record folder (default: make results' records.SMOLLM2).
+    """
     found = {}
-    for where in (RECORD, run):  # the run's own bridges over its records where it has both
+    for where in (record or records.SMOLLM2, run):  # the run's own bridges over its records where it has both
         found.update({int(path.parent.name.split("-")[1]): json.loads(path.read_text())
                       for path in sorted((where / "bridges" / f"layer-{layer:02d}").glob("seed-*/metrics.json"))})
     return found
@@ -318,7 +406,7 @@ def best_until(curve: list, last: int) -> float:
     return min(value for step, value in curve if step <= last)
 
 
-def shape_study(results: list[dict], run: Path) -> list[dict]:
+def shape_study(results: list[dict], run: Path, record: Path | None = None) -> list[dict]:
     """The registered statistic of the shape study (docs/bridge-design.md): each shape variant's
     paired ratio to the sweep's bridge of the same seed (seed 0; seed 1 for a confirming run),
     judged against the default's own seed noise δ (the sweep's seeds against its seed 0)."""
@@ -327,7 +415,7 @@ def shape_study(results: list[dict], run: Path) -> list[dict]:
         if not r["variant"].startswith("shape "):
             continue
         if r["layer"] not in by_layer:  # read once per layer, not once per row
-            by_layer[r["layer"]] = sweep_seeds(run, r["layer"])
+            by_layer[r["layer"]] = sweep_seeds(run, r["layer"], record)
         seeds, seed = by_layer[r["layer"]], r.get("seed", 0)
         against = PAIRED_WITH.get(r["variant"], "sweep")
         if against == "sweep":

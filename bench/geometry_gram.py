@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-import geoprobe.geometry as geometry
+import geoprobe.proxies as proxies
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
 
 N, D = 2000, 4096
@@ -37,7 +37,7 @@ def main() -> None:
     settings = GeometrySettings(k=32, anchors=1024, pairs=4096, bootstrap=200)
     counts = torch.from_numpy(bootstrap_counts(int(docs.max()) + 1, settings.bootstrap, 0))
     gram_s, gram = one_layer(x, docs, counts, settings)
-    geometry.GRAM_BELOW = 0.0
+    proxies.GRAM_BELOW = 0.0
     full_s, full = one_layer(x, docs, counts, settings)
     worst = max(abs(gram["trace"][p]["value"] / full["trace"][p]["value"] - 1) for p in ("curv", "mono", "erank"))
     print(f"N = {N}, d = {D}, k = 32, anchors = 1024, pairs = 4096, bootstrap = 200, threads = "

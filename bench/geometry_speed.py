@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-from geoprobe.geometry import GeometrySettings, bootstrap_counts, knn, layer_geometry
+from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
+from geoprobe.proxies import knn
 from bench.naive_geometry import gaussian, slow_reference
 
 N, D, K, M = 20000, 512, 32, 1000

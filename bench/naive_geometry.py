@@ -11,7 +11,8 @@ import torch
 from scipy.stats import ortho_group
 from sklearn.neighbors import NearestNeighbors
 
-from geoprobe.geometry import EPS_REL, GeometrySettings, draw_samples
+from geoprobe.geometry import GeometrySettings, draw_samples
+from geoprobe.proxies import EPS_REL
 
 
 def gaussian(n, eigenvalues, seed=0, rotate=True):

@@ -65,7 +65,9 @@ class RecomputedDecoding:
     def logits(self) -> torch.Tensor:
         """(B, V): the next token's logits given BOS and the tokens appended so far."""
         hidden = self.hybrid.clean_hidden(self.tokens, self.noise)
-        logits = self.hybrid.teacher.backbone.run_from(self.hybrid.bridge.cfg.layer, hidden)[:, -1]
+        backbone = self.hybrid.teacher.backbone
+        # the head on the last position only: B x V logits, not B x (n + 1) x V
+        logits = backbone.head(backbone.final_from(self.hybrid.bridge.cfg.layer, hidden)[:, -1])
         return self.hybrid.readable(logits.float())
 
     def append(self, tokens: torch.Tensor) -> None:

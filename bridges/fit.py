@@ -212,10 +212,12 @@ MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for 
 
 @torch.no_grad()
 def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int = 0,
-             full: bool = True, massive_factor: float | None = MASSIVE_FACTOR, ref_ce: float | None = None) -> dict:
+             full: bool = True, massive_factor: float | None = MASSIVE_FACTOR, ref_ce: float | None = None,
+             steps: int | None = None) -> dict:
     """Validation losses on a fixed held-out split of cached states, with a fixed seed.
 
-    `full=False` gives the clean-condition nmse and nmse_dim of the K-step sample only; `full`
+    `full=False` gives the clean-condition nmse and nmse_dim of the K-step sample only (of the
+    `steps`-step one when given: 1 is a stochastic bridge's posterior mean); `full`
     adds the rest (`ref_ce`, the frozen model's own loss, computed once per run). The state
     losses score the positions >= 1 whose true state is not massive (the scan's rule,
     `massive_factor`; None scores every position):
@@ -236,7 +238,7 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
     device = teacher.backbone.input_device
     for ids, mask, got in split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), device):
         hl = got[layer]
-        h_hat, offsets = reconstruct(bridge, teacher, ids, hl, g)
+        h_hat, offsets = reconstruct(bridge, teacher, ids, hl, g, steps=steps)
         weight = positions_weight(mask)
         keep = weight.bool()
         targets.append(hl[keep].cpu())
@@ -286,22 +288,39 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
 
 @torch.no_grad()
 def sample_scores(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, steps: int, seed: int = 0,
-                  massive_factor: float | None = MASSIVE_FACTOR) -> dict:
+                  massive_factor: float | None = MASSIVE_FACTOR, noisy: bool = False) -> dict:
     """nmse_dim and crps_dim of the bridge's `steps`-step samples at clean condition on a split
-    (two samples per block, a fixed seed): how K changes the samples of one trained bridge."""
-    g = torch.Generator().manual_seed(seed)
+    (two samples per block, a fixed seed): how K changes the samples of one trained bridge.
+
+    `noisy` adds crps_dim at each condition SNR of NOISY_SNRS (`crps_dim_by_snr`) and their mean
+    (`crps_dim_noisy`): at clean condition the state is a function of the tokens, so the exact
+    law is a point; under a noisy channel p(h | z) is a real mixture over tokens, whose spread a
+    proper score can judge."""
+    g, g_noisy = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)  # noisy draws apart
     layer = bridge.cfg.layer
     targets, errors, crps = [], [], []
+    by_snr = {s: [] for s in NOISY_SNRS} if noisy else {}
     for ids, mask, got in split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), teacher.backbone.input_device):
         hl, keep = got[layer], positions_weight(mask).bool()
         first, second = (reconstruct(bridge, teacher, ids, hl, g, steps=steps)[0] for _ in range(2))
         targets.append(hl[keep].cpu())
         errors.append(((first - hl) ** 2)[keep].cpu())
         crps.append(((first - hl).abs() + (second - hl).abs() - (first - second).abs())[keep].cpu() / 2)
+        offsets = teacher.offsets(ids.shape[1])
+        for s, rows in by_snr.items():  # one channel draw per SNR, two samples from it
+            z = channel(bridge.table(), ids, torch.full(ids.shape, s, device=ids.device), generator=g_noisy)
+            a = bridge.source(z, teacher.embeddings, offsets)
+            one, two = (bridge.sample(a, steps=steps, generator=g_noisy) for _ in range(2))
+            rows.append(((one - hl).abs() + (two - hl).abs() - (one - two).abs())[keep].cpu() / 2)
     target = torch.cat(targets).double()
     scored = scored_rows(target, massive_factor)
-    return {"steps": steps, "nmse_dim": state_losses(target[scored], torch.cat(errors).double()[scored])["nmse_dim"],
-            "crps_dim": crps_dim(target[scored], torch.cat(crps).double()[scored])}
+    scores = {"steps": steps, "nmse_dim": state_losses(target[scored], torch.cat(errors).double()[scored])["nmse_dim"],
+              "crps_dim": crps_dim(target[scored], torch.cat(crps).double()[scored])}
+    if noisy:
+        scores["crps_dim_by_snr"] = {str(s): crps_dim(target[scored], torch.cat(v).double()[scored])
+                                     for s, v in by_snr.items()}
+        scores["crps_dim_noisy"] = float(np.mean(list(scores["crps_dim_by_snr"].values())))
+    return scores
 
 
 def crps_dim(target: torch.Tensor, crps: torch.Tensor) -> float:
@@ -361,9 +380,11 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
     validate, write metrics and the curve (with several ranks: data parallel; rank 0 writes every
     file).
 
-    The plateau rule watches the per-channel nmse (the primary loss; the scalar nmse is dominated
-    by massive channels) on the stopping split (held-out blocks never reported; the validation
-    split when there is none), and its best EMA weights are the ones kept and validated.
+    The plateau rule watches, on the stopping split (held-out blocks never reported; the
+    validation split when there is none), a regression's per-channel nmse (the scalar nmse is
+    dominated by massive channels), or a diffusion bridge's grid objective, which it stops on only
+    when its posterior mean's nmse_dim is flat too (`guard_curve` in metrics.json); the best EMA
+    weights by the watched score are the ones kept and validated.
     `controls` (the layer's closed-form controls, `geoprobe.bridges.controls.layer_controls`) go into
     metrics.json beside the bridge's losses, with whether the bridge beats the token lookup.
     A directory holding a bridge trained with other settings is refused, naming the keys that
@@ -406,9 +427,11 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
                                                    controls.get("control_lookup_ridge_nmse_dim"))
         return metrics
 
-    def watch(model) -> float:  # the plateau rule's score: the objective of a diffusion bridge, else nmse_dim
-        if stochastic(cfg):
-            return grid_objective(model, teacher, watched, train_cfg.batch_size)
+    def watch(model):  # the plateau rule's score: a diffusion bridge's objective, guarded by its posterior mean's nmse_dim
+        if stochastic(cfg):  # the objective has a floor (noisy rows, tau > 0): it flattens while the mean still learns
+            return (grid_objective(model, teacher, watched, train_cfg.batch_size),
+                    validate(model, teacher, watched, train_cfg.batch_size, full=False, massive_factor=massive_factor,
+                             steps=1)["nmse_dim"])
         return validate(model, teacher, watched, train_cfg.batch_size, full=False, massive_factor=massive_factor)["nmse_dim"]
 
     return fit_model(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out, device,

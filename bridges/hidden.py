@@ -63,9 +63,8 @@ from geoprobe.errors import BadInput
 from geoprobe.tokens import start_token
 
 
-def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
-    """The (width, depth, heads) rule the SmolLM2 sweep of `make results` started with on
-    2026-12-03: width d / 2 rounded up to a multiple of 64, within 128..1024 (no 64x input
+def pinned_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
+    """The (width, depth, heads) rule the SmolLM2 sweep of `make results` started with: width d / 2 rounded up to a multiple of 64, within 128..1024 (no 64x input
     bottleneck at d = 4,096), depth 2 + layer // 4 blocks up to 6 (deeper states need more
     update), heads of 64 channels. Kept by name for the runs pinned to it (the sweep, the shape
     study's variants), whatever bridge_shape becomes."""
@@ -76,13 +75,13 @@ def shape_of_2026_12_03(hidden_size: int, layer: int) -> tuple[int, int, int]:
 def bridge_shape(hidden_size: int, layer: int) -> tuple[int, int, int]:
     """The default (width, depth, heads) of a bridge standing in for blocks 1..`layer` of a
     d = `hidden_size` model, chosen by the shape study of docs/bridge-design.md (bridges at their
-    plateau, SmolLM2 layers 3 and 9, paired with the sweep's): the width of 2026-12-03
-    (shape_of_2026_12_03) x 1.6, rounded to a multiple of 64 halves up as the study scaled it
+    plateau, SmolLM2 layers 3 and 9, paired with the sweep's): the sweep's pinned width
+    (pinned_shape) x 1.6, rounded to a multiple of 64 halves up as the study scaled it
     (320 -> 512 at d = 576, 1,024 -> 1,664 at d = 4,096, 128 -> 192), because width x 1.6 was
     better at both layers at seed 0 (r 0.88, 0.91) and again at seed 1 (r 0.90, 0.93), each by
     more than the sweep's own seed spread, while every cheaper shape was worse; depth stays
     2 + layer // 4 up to 6 (depth x 2 was better too, and waits for its own confirmation)."""
-    width, depth, _ = shape_of_2026_12_03(hidden_size, layer)
+    width, depth, _ = pinned_shape(hidden_size, layer)
     width = 64 * math.floor(1.6 * width / 64 + 0.5)
     return width, depth, width // 64
 
@@ -438,12 +437,19 @@ class Teacher:
         with torch.no_grad():
             self.embeddings = backbone.model.get_input_embeddings()(torch.arange(backbone.config.vocab_size,
                                                                                  device=device)).float()
+        self._offsets: dict[tuple[int, str], torch.Tensor] = {}
 
     @torch.no_grad()
     def offsets(self, length: int) -> torch.Tensor:
-        """embed(x)_i - E[x_i]: the additive position embedding (zero for rotary models)."""
-        ids = torch.zeros(1, length, dtype=torch.long, device=self.backbone.input_device)
-        return (self.backbone.embed(ids).float() - self.embeddings[ids])[0]
+        """embed(x)_i - E[x_i]: the additive position embedding (zero for rotary models), (length, d).
+        Computed once per (length, device) and kept: the backbone is frozen, and a sampler asks for
+        the same length at every denoiser call. Callers read it and never write into it."""
+        device = self.backbone.input_device
+        key = (length, str(device))
+        if key not in self._offsets:
+            ids = torch.zeros(1, length, dtype=torch.long, device=device)
+            self._offsets[key] = (self.backbone.embed(ids).float() - self.embeddings[ids])[0]
+        return self._offsets[key]
 
     @torch.no_grad()
     def states(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> LayerStates:
@@ -540,10 +546,22 @@ class HybridDenoiser(nn.Module):
 
     @torch.no_grad()
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        hidden = self.hidden(z)
-        logits = self.teacher.backbone.run_from(self.bridge.cfg.layer, hidden)
-        # the causal head at position i predicts token i + 1: sample position i is backbone position i + 1
-        logits = logits[:, :-1].float()
+        return self.logits_of(self.features(z), z)
+
+    @torch.no_grad()
+    def features(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, L, d): what the head reads for each sample position, the upper stack's final-normed
+        state one position to its left (the causal head at backbone position i predicts token
+        i + 1, so sample position i is read at backbone position i). A sampler keeps these and
+        runs `logits_of` only where it draws a token (samplers/base.py `CountingDenoiser`)."""
+        return self.teacher.backbone.final_from(self.bridge.cfg.layer, self.hidden(z))[:, :-1]
+
+    @torch.no_grad()
+    def logits_of(self, features: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """float32 logits (..., V) of the positions whose `features` (..., d) and z (..., d_tok) are
+        given: the head in the backbone's dtype, then, in float32, the channel's evidence
+        <e_v, z_i> and the converter's vocabulary (`--decode stack`), or nothing more (`stack-only`)."""
+        logits = self.teacher.backbone.head(features).float()
         if not self.evidence:
             return logits
         return self.readable(posterior_logits(z.float(), self.token_table().float(), log_prior=logits))
@@ -574,12 +592,17 @@ class RoundingDenoiser(HybridDenoiser):
         self.temperature = temperature
 
     @torch.no_grad()
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
+    def features(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, L, d): the reconstruction of each position without its position part, to be compared
+        against the token table."""
         h = self.hidden(z)[:, 1:]
-        offsets = self.teacher.offsets(h.shape[1] + 1)[1:]
+        return h - self.teacher.offsets(h.shape[1] + 1)[1:]
+
+    @torch.no_grad()
+    def logits_of(self, features: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """-|h - E[v]|^2 / T of the positions whose `features` (..., d) are given."""
         e = self.teacher.embeddings
-        h = h - offsets  # compare against the token table, without the position part
-        distance = (h * h).sum(-1, keepdim=True) - 2 * h @ e.T + (e * e).sum(-1)
+        distance = (features * features).sum(-1, keepdim=True) - 2 * features @ e.T + (e * e).sum(-1)
         return -distance / self.temperature
 
     def left_to_right(self, num: int, length: int, generator: torch.Generator | None = None,

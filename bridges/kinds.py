@@ -37,13 +37,16 @@ class ModelKind:
     # the --sampler values that apply: the TokenDenoiser samplers (a bridge's also `ltr`, left to right
     # through its upper stack), or the embedding baselines' ancestral one
     samplers: tuple[str, ...] = TOKEN_SAMPLERS
+    # the legend's name for this kind where the comparison's plot sets its rows apart (None: drawn
+    # with the other trained generators)
+    highlight: str | None = None
 
 
 KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("dsl", "a DSL model", load_dsl_denoiser, dsl_generator_backbone, dsl_oracle_start,
               text_likelihood=True),
     ModelKind("bridge", "a bridge", load_bridge_denoiser, bridge_generator_backbone, bridge_oracle_start,
-              text_likelihood=False, samplers=BRIDGE_SAMPLERS),
+              text_likelihood=False, samplers=BRIDGE_SAMPLERS, highlight="bridges"),
     # the DiHAL comparison's embedding-diffusion baselines: one model class, one preset each
     *(ModelKind(name, TITLES[name], load_baseline_denoiser, no_backbone, baseline_oracle_start,
                 text_likelihood=False, samplers=EMBEDDING_SAMPLERS) for name in PRESETS),
@@ -69,3 +72,10 @@ def load_denoiser(folder: Path, device: str = "auto", decode: str = "stack"):
     """(TokenDenoiser, tokenizer) from any kind's checkpoint directory."""
     kind, _ = open_checkpoint(folder)
     return kind.load_denoiser(folder, device, decode)
+
+
+def highlight_of(name: str | None) -> str | None:
+    """How the comparison's plot sets a kind's rows apart (`ModelKind.highlight`; None for none or
+    for no kind, the plain LM)."""
+    kind = KINDS.get(name) if name is not None else None
+    return None if kind is None else kind.highlight

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from geoprobe.device import upload
+
 
 def bridge_path_sample(predict, start: torch.Tensor, steps: int, sigma_b: float,
                        generator: torch.Generator | None = None) -> torch.Tensor:
@@ -30,6 +32,7 @@ def bridge_path_sample(predict, start: torch.Tensor, steps: int, sigma_b: float,
         predicted = predict(y, torch.full((len(y),), tau, device=y.device))
         y = y + (tau_next - tau) / (1 - tau) * (predicted - y)
         if sigma_b > 0 and k < steps - 1:
-            noise = torch.randn(y.shape, generator=generator).to(device=y.device, dtype=y.dtype)
+            # drawn on the host, copied without the host waiting for the device (`upload`)
+            noise = upload(torch.randn(y.shape, generator=generator), y.device).to(y.dtype)
             y = y + sigma_b * ((tau_next - tau) * (1 - tau_next) / (1 - tau)) ** 0.5 * noise
     return y

@@ -123,6 +123,7 @@ class Trained:
     session_steps: int = 0
     best_step: int | None = None  # the evaluation whose EMA weights were kept (None: the last weights, no evaluations)
     total_seconds: float = 0.0  # the training loop over every session (checkpoints older than 2026-12-03: the last one's)
+    guard_curve: list = field(default_factory=list)  # [[step, score]] of the second score the rule waits on (`train`)
 
 
 def plateau_reading(val_curve: list, cfg: TrainConfig) -> dict | None:
@@ -244,6 +245,7 @@ class TrainingState:
     val_curve: list = field(default_factory=list)
     stop: str | None = None
     seconds: float = 0.0  # the training loop's seconds up to this checkpoint, over every session
+    guard_curve: list = field(default_factory=list)  # the second score's curve, when `evaluate` gives one
 
     def under_cap(self, steps: int) -> TrainingState:
         """This state under a cap of `steps`: a run its old cap stopped goes on where the cap is larger."""
@@ -257,6 +259,7 @@ def _meta(state: TrainingState, scheduler, best: Best) -> dict:
     checkpoint's training.json)."""
     return {"step": str(state.step), "curve": json.dumps(state.curve), "scheduler": json.dumps(scheduler.state_dict()),
             "val_curve": json.dumps(state.val_curve), "stop": state.stop or "",
+            "guard_curve": json.dumps(state.guard_curve),
             "best_step": "" if best.step is None else str(best.step), "seconds": f"{state.seconds:.3f}"}
 
 
@@ -268,7 +271,8 @@ def _restored(meta: dict, scheduler, best: Best, has_best: bool) -> TrainingStat
         best.score = dict((int(s), v) for s, v in json.loads(meta.get("val_curve", "[]")))[best.step]
     scheduler.load_state_dict(json.loads(meta["scheduler"]))
     return TrainingState(int(meta["step"]), json.loads(meta["curve"]), json.loads(meta.get("val_curve", "[]")),
-                         meta.get("stop") or None, float(meta.get("seconds") or 0))  # older checkpoints: no seconds
+                         meta.get("stop") or None, float(meta.get("seconds") or 0),  # older checkpoints: no seconds
+                         json.loads(meta.get("guard_curve") or "[]"))
 
 
 def _save(path: Path, model, ema: dict, optimizer, scheduler, state: TrainingState, best: Best) -> None:
@@ -441,16 +445,18 @@ class _Run:
         return (total / accum if accum > 1 else total).float()
 
     @torch.no_grad()
-    def score(self, evaluate: Callable) -> float:
-        """evaluate(model) with the EMA weights swapped in, then the live weights put back (set
-        aside on the host: no second copy of the weights on the device; each rank its shards)."""
+    def score(self, evaluate: Callable) -> tuple[float, float | None]:
+        """(score, guard) of evaluate(model) with the EMA weights swapped in, then the live weights
+        put back (set aside on the host: no second copy of the weights on the device; each rank its
+        shards); guard is None when `evaluate` returns one number."""
         model, params = self.model, self.params
         live = {k: local(p).detach().to("cpu", copy=True) for k, p in params.items()}
         for k, p in params.items():
             local(p).copy_(local(self.ema[k]).to(p.dtype))
         model.eval()
         try:
-            return float(evaluate(model))
+            got = evaluate(model)
+            return (float(got[0]), float(got[1])) if isinstance(got, tuple) else (float(got), None)
         finally:
             if self.execution.fsdp:
                 reshard(model)  # the root's whole copy from the evaluation holds the EMA weights
@@ -508,14 +514,30 @@ class _Run:
             gc.collect()
 
 
+def _evaluation(run: _Run, evaluate: Callable, at: int, state: TrainingState, best: Best, log, cfg: TrainConfig) -> bool:
+    """One evaluation at step `at`: the score (and the guard, when `evaluate` gives one) appended
+    to `state`'s curves, the best weights offered, the score logged. Returns whether the plateau
+    rule stops the run: both curves flat."""
+    score, guard = run.score(evaluate)
+    state.val_curve.append([at, score])
+    if guard is not None:
+        state.guard_curve.append([at, guard])
+    best.offer(at, score, run.ema)
+    log.validation(at, score)
+    return plateaued(state.val_curve, cfg) and (not state.guard_curve or plateaued(state.guard_curve, cfg))
+
+
 def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
           progress=None, world: World = SINGLE, evaluate: Callable[[torch.nn.Module], float] | None = None,
           execution: Execution = Execution()) -> Trained:
     """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
     global batch's random numbers from `generator` and computes the loss on `shard.rows` of it.
     `evaluate(model) -> score` (lower is better; called with the EMA weights loaded) drives the
-    plateau rule when `cfg.eval_every` > 0. `execution`: FSDP, gradient accumulation and
-    activation checkpointing (bridges/parallel.py); a sharded model stays sharded afterwards.
+    plateau rule when `cfg.eval_every` > 0; it may return (score, guard): the best weights are
+    the score's, and the rule stops only when both curves are flat (a score with a floor, such as
+    a diffusion objective, flattens while what the guard measures still falls). `execution`:
+    FSDP, gradient accumulation and activation checkpointing (bridges/parallel.py); a sharded
+    model stays sharded afterwards.
 
     Resumes from `out/checkpoint.safetensors` (`out/checkpoint/` under FSDP) when present.
     Returns what ran (`Trained`; the loss curve holds this rank's losses) and leaves the EMA
@@ -537,9 +559,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
     if progress is not None:
         progress.start(total=cfg.steps, completed=start)
     if plateau_rule and cfg.eval_at_start and start == 0 and stop is None:  # step 0, kept if never beaten
-        val_curve.append([0, run.score(evaluate)])
-        best.offer(0, val_curve[-1][1], run.ema)
-        log.validation(0, val_curve[-1][1])
+        _evaluation(run, evaluate, 0, resumed, best, log, cfg)
     began = time.perf_counter()
     pending = []  # (step, loss on the device, lr): read back in one transfer at checkpoints, not every step
 
@@ -557,18 +577,15 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
             if progress is not None:
                 progress.advance(1)
             if plateau_rule and (step + 1) % cfg.eval_every == 0:
-                val_curve.append([step + 1, run.score(evaluate)])
-                best.offer(step + 1, val_curve[-1][1], run.ema)
-                log.validation(step + 1, val_curve[-1][1])
-                stop = "plateau" if plateaued(val_curve, cfg) else None
+                stop = "plateau" if _evaluation(run, evaluate, step + 1, resumed, best, log, cfg) else None
             if step + 1 == cfg.steps and stop is None:
                 stop = "cap" if plateau_rule else "budget"
             saving = cfg.save_every > 0 and (stop is not None or (step + 1) % cfg.save_every == 0)
             if stop is not None or saving or (log.active and (step + 1) % LOG_EVERY == 0):
                 flush()
             if saving:
-                run.save(TrainingState(step + 1, curve, val_curve, stop, resumed.seconds + time.perf_counter() - began),
-                         best)
+                run.save(TrainingState(step + 1, curve, val_curve, stop, resumed.seconds + time.perf_counter() - began,
+                                       resumed.guard_curve), best)
             if stop is not None:
                 break
         flush()
@@ -587,7 +604,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path
         log.close()
         run.close()
     return Trained(curve, val_curve, steps_run, stop or "budget", seconds, steps_run - start, best.step,
-                   resumed.seconds + seconds)
+                   resumed.seconds + seconds, resumed.guard_curve)
 
 
 def training_summary(trained: Trained, window: int = 20, cfg: TrainConfig | None = None) -> dict:
@@ -596,8 +613,12 @@ def training_summary(trained: Trained, window: int = 20, cfg: TrainConfig | None
     settings) the plateau rule's last reading (`plateau_summary`)."""
     tail = trained.curve[-window:]
     rule = plateau_summary(trained.val_curve, cfg) if cfg is not None else None
+    if rule is not None and trained.guard_curve:  # the second curve's reading too: a stop needs both flat
+        guard = plateau_summary(trained.guard_curve, cfg)
+        rule["guard_gain"] = guard.get("gain")
     return {"final_train_loss": sum(l for _, l in tail) / max(len(tail), 1), "steps_run": trained.steps,
             "stop": trained.stop, "val_curve": trained.val_curve, "best_step": trained.best_step,
+            **({"guard_curve": trained.guard_curve} if trained.guard_curve else {}),
             **({"plateau_rule": rule} if rule is not None else {}),
             "train_seconds": round(trained.total_seconds, 3),
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}

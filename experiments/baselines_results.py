@@ -32,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.pages import cell, disjoint, mean_sd, p_value
+from experiments.records import log
 from experiments.testbed_results import (CORPUS, DOCUMENT, EVAL, MIN_STEPS, MODEL, NUM, PLATEAU, ROOT, SEEDS,
-    SEQ_LEN, SMALL, TRAINING, cell, disjoint, held_out_bound, log, machine, mean_sd, score_samples, train_variant)
+    SEQ_LEN, SMALL, TRAINING, held_out_bound, machine, score_samples, train_variant)
 
 BASELINES = ("diffusion-lm", "sed", "codar")
 CAP = 4000  # steps of 32 x 65 tokens: 8.32 M tokens, every trainable row's cap
@@ -331,14 +333,14 @@ def verdict_section(samples: list[dict], training: dict, sweep: dict, hmm_divers
                              f"rules ({', '.join(primary['unconverged'])}); its numbers are reported as "
                              "unconverged, not as evidence."}[primary["outcome"]]
     parts = ["**The primary test (DiHAL's claim).** " + words + " p-values (H1: the bridge's NLL per word is lower): "
-             + ", ".join(f"{k} {p:.3g}" for k, p in primary["p"].items()) + " (run 1, whose bridges all ran to the "
-             "cap under the window rule: " + ", ".join(f"{k} {p:.3g}" for k, p in RUN1_P.items()) + ").", "",
+             + ", ".join(f"{k} {p_value(p)}" for k, p in primary["p"].items()) + " (run 1, whose bridges all ran to the "
+             "cap under the window rule: " + ", ".join(f"{k} {p_value(p)}" for k, p in RUN1_P.items()) + ").", "",
              f"The testbed's sweep chose layer {v['chosen_layer']} by geometry; its worst layer is {v['worst_layer']}, "
              f"its oracle layer (the lowest seed-mean loss) {v['oracle_layer']}. Its convergence: "
              f"{'; '.join(v['convergence'].get('reasons') or []) or 'converged'}.", "",
              "**The secondaries** (one-sided Welch, Holm over all six; a test that could not run counts as not "
              "rejected):", ""]
-    parts += [f"- {k}: p = {p:.3g}, Holm-adjusted {a:.3g}: {'rejects' if a < 0.05 else 'does not reject'}."
+    parts += [f"- {k}: p = {p_value(p)}, Holm-adjusted {p_value(a)}: {'rejects' if a < 0.05 else 'does not reject'}."
               for k, p, a in secondary]
     return parts + [""]
 

@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 from experiments.baselines_results import BASELINES, BUDGETS, training_record, welch_less
-from experiments.testbed_results import ROOT, SEEDS, SEQ_LEN, cell, log, machine, mean_sd, score_samples
+from experiments.pages import cell, mean_sd, p_value
+from experiments.records import log
+from experiments.testbed_results import ROOT, SEEDS, SEQ_LEN, machine, score_samples
 
 RESULTS_HEADING = "## Results"
 PRIMARY = BUDGETS[0]  # run 2's evaluations, the bridge's in every test here
@@ -104,7 +106,7 @@ def difference(values: list[float], reference: list[float]) -> str:
 
     p = float(stats.ttest_ind(values, reference, equal_var=False).pvalue) \
         if len(values) > 1 and len(reference) > 1 else math.nan
-    return f"{mean_sd(values)[0] - mean_sd(reference)[0]:+.3f} ({p:.2g})"
+    return f"{mean_sd(values)[0] - mean_sd(reference)[0]:+.3f} ({p_value(p, 2)})"
 
 
 def unconverged_variants(out: Path) -> tuple[set[str], dict]:
@@ -134,7 +136,7 @@ def page(rows: list[dict], out: Path, seconds: float) -> list[str]:
     for kind, b in v["baselines"].items():
         (bv, be), (mv, me) = b["best"], b["best_matched"]
         lines.append(f"- {kind}: best variant `{bv}` at {be} evaluations, {cell(nll(rows, bv, be))}: p = "
-                     f"{b['p']:.3g}; best at 32 evaluations `{mv}`, {cell(nll(rows, mv, me))}: p = {b['p_matched']:.3g}.")
+                     f"{p_value(b['p'])}; best at 32 evaluations `{mv}`, {cell(nll(rows, mv, me))}: p = {p_value(b['p_matched'])}.")
     if unconverged:
         lines += ["", "Unconverged (a seed did not stop by its plateau; not eligible as a best variant): "
                   + ", ".join(f"`{u}`" for u in sorted(unconverged)) + "."]
@@ -159,7 +161,7 @@ def page(rows: list[dict], out: Path, seconds: float) -> list[str]:
             delta = "—" if name == kind else difference(values, reference)
             matched = difference(values, equal) if name in RETRAINED else "—"
             lines.append(f"| `{name}` | {e} | {steps} | {cell(values)} | {delta} | {matched} | "
-                         f"{welch_less(bridge, values):.3g} | "
+                         f"{p_value(welch_less(bridge, values))} | "
                          f"{metric(name, e, 'bigram_tv')} | {metric(name, e, 'diversity_within')} | "
                          f"{metric(name, e, 'unigram_entropy')} | {metric(name, e, 'seconds_per_sample')} |")
     return lines

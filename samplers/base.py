@@ -17,6 +17,7 @@ import torch
 
 from geoprobe.device import upload
 from geoprobe.errors import BadInput
+from geoprobe.samplers.plan import check_logits_room
 
 MASK = -1
 
@@ -51,50 +52,77 @@ def nucleus(logits: torch.Tensor, top_p: float, rule: str = "hf") -> torch.Tenso
 
 def gumbel_sample(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Categorical draws via argmax(logits + Gumbel noise), the noise in float64 (float32 noise
-    cannot produce the rare tail draws a large vocabulary needs)."""
+    cannot produce the rare tail draws a large vocabulary needs); computed in place, so that the
+    peak is the noise and the float64 logits, 16 bytes an entry."""
     u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=generator.device)
     tiny = torch.finfo(torch.float64).tiny
-    gumbel = -torch.log(-torch.log(u.clamp(min=tiny, max=1 - 1e-16)))
-    return (logits.double() + gumbel).argmax(-1)
+    gumbel = u.clamp_(min=tiny, max=1 - 1e-16).log_().neg_().log_().neg_()
+    return gumbel.add_(logits.double()).argmax(-1)
+
+
+class SplitDenoiser(TokenDenoiser, Protocol):
+    """A TokenDenoiser whose logits are a per-position head over per-position features (the
+    bridge's hybrid: the upper stack's final states, then the LM head): a sampler keeps the
+    features and applies the head only where it draws a token."""
+
+    def features(self, z: torch.Tensor) -> torch.Tensor: ...  # (B, L, F)
+
+    def logits_of(self, features: torch.Tensor, z: torch.Tensor) -> torch.Tensor: ...  # (n, F), (n, d_tok) -> (n, V)
 
 
 class CountingDenoiser:
     """Counts denoiser evaluations and skips work whose input did not change.
 
-    Sequences are independent under the denoiser, so only the rows of z that changed since the
-    last call are recomputed and the others keep their logits; a call where no row changed
-    costs nothing. `nfe` counts calls that ran the network, `rows` the sequences it processed.
+    Sequences are independent under the denoiser, so a call recomputes only the rows of z that
+    changed since the last call and the others keep what it computed then; a call where no row
+    changed costs nothing. The sampler says which rows it changed (`changed`, row indices on the
+    host; None: every row), so that no call waits for the device. What is kept per row is the
+    denoiser's features where it has them (`SplitDenoiser`; `logits_at` then applies the head at
+    the positions asked for only), else its float32 logits. `nfe` counts calls that ran the
+    network, `rows` the sequences it processed.
     """
 
     def __init__(self, denoiser: TokenDenoiser, cache: bool = True):
         self.denoiser = denoiser
         self.cache = cache
+        self.split = callable(getattr(denoiser, "features", None))
         self.nfe = 0
         self.skipped = 0
         self.rows = 0
-        self._last_z = None
-        self._last_logits = None
+        self._z = None
+        self._kept = None
 
     @torch.no_grad()
-    def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        if not self.cache or self._last_z is None or self._last_z.shape != z.shape:
-            changed = torch.ones(len(z), dtype=torch.bool, device=z.device)
-        else:
-            changed = (z != self._last_z).flatten(1).any(1)
-        count = int(changed.sum())  # the one read-back of the call: skip, all rows, or some
-        if count == 0:
+    def evaluate(self, z: torch.Tensor, changed: torch.Tensor | None = None) -> None:
+        """Run the network on the rows of z in `changed` (None: all), keeping the other rows' results."""
+        network = self.denoiser.features if self.split else (lambda x: self.denoiser(x).float())
+        if changed is None or not self.cache or self._z is None or self._z.shape != z.shape:
+            self._kept = network(z)
+            self.rows += len(z)
+        elif len(changed) == 0:
             self.skipped += 1
-            return self._last_logits
-        self.nfe += 1
-        self.rows += count
-        if count == len(changed):
-            logits = self.denoiser(z).float()
+            return
         else:
-            logits = self._last_logits.clone()
-            logits[changed] = self.denoiser(z[changed]).float()
-        if self.cache:
-            self._last_z, self._last_logits = z.clone(), logits
-        return logits
+            rows = upload(torch.as_tensor(changed, dtype=torch.long), z.device)
+            self._kept = self._kept.index_put((rows,), network(z[rows]))
+            self.rows += len(changed)
+        self.nfe += 1
+        self._z = z
+
+    @torch.no_grad()
+    def logits_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(n, V) float32 logits of the last evaluated z at positions (rows[i], cols[i])."""
+        if not self.split:
+            return self._kept[rows, cols]
+        return self.denoiser.logits_of(self._kept[rows, cols], self._z[rows, cols]).float()
+
+    @torch.no_grad()
+    def __call__(self, z: torch.Tensor, changed: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L, V) float32 logits at every position (`evaluate`, then the head everywhere)."""
+        self.evaluate(z, changed)
+        if not self.split:
+            return self._kept
+        return self.denoiser.logits_of(self._kept, self._z).float()
 
 
 @dataclass
@@ -190,24 +218,35 @@ class Sampler:
     def check(self, length: int) -> None:
         """Refuse a budget that makes no sense for this sampler at this length."""
 
+    def logit_rows(self, num: int, length: int) -> int:
+        """The most positions one step applies the head to (samplers/plan.py): every position here,
+        as a step that reads the whole posterior does."""
+        return num * length
+
     def draw(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return gumbel_sample(nucleus(logits, self.top_p, self.top_p_rule), generator)
 
-    def reveal(self, state: "RevealState", where: torch.Tensor, logits: torch.Tensor, generator: torch.Generator):
-        """Draw the tokens at `where` from the filtered logits; record each one's probability."""
-        filtered = nucleus(logits[where], self.top_p, self.top_p_rule)
+    def reveal(self, state: "RevealState", rows: torch.Tensor, cols: torch.Tensor, logits: torch.Tensor,
+               generator: torch.Generator):
+        """Draw the tokens at positions (rows[i], cols[i]) from their filtered logits (n, V);
+        record each one's probability."""
+        filtered = nucleus(logits, self.top_p, self.top_p_rule)
         tokens = gumbel_sample(filtered, generator)
-        state.tokens[where] = tokens
-        state.probability[where] = filtered.softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+        state.tokens[rows, cols] = tokens
+        state.probability[rows, cols] = filtered.softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
 
     @torch.no_grad()
     def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
         check_flags(num=num, length=length)
         self.check(length)
         model = CountingDenoiser(denoiser, self.cache)
+        device = denoiser.token_table().device
+        # a denoiser without a separate head computes its logits at every position of every call
+        check_logits_room(lambda n: self.logit_rows(n, length) if model.split else n * length, num,
+                          denoiser.vocab_size, device)
         # on the denoiser's device: V-wide float64 noise drawn on the CPU and copied over would
         # cost a transfer and a sync per step (the same seed gives other samples on another device)
-        generator = torch.Generator(device=denoiser.token_table().device).manual_seed(seed)
+        generator = torch.Generator(device=device).manual_seed(seed)
         start = time.perf_counter()
         tokens = self.run(model, num, length, generator)
         return SampleResult(tokens.cpu(), model.nfe, model.skipped, model.rows, time.perf_counter() - start,

@@ -49,7 +49,8 @@ class Hybrid(Sampler):
         logits = model(z)
         commit = logits.softmax(-1).max(-1).values >= self.confidence
         state = RevealState(table, model.denoiser.s_max, num, length, generator)
-        if commit.any():  # drawn from the posterior, not its argmax, which would favour frequent tokens
-            self.reveal(state, commit, logits, generator)
+        rows, cols = commit.nonzero(as_tuple=True)  # once a sample: the committed positions
+        if len(rows):  # drawn from the posterior, not its argmax, which would favour frequent tokens
+            self.reveal(state, rows, cols, logits[rows, cols], generator)
         self.finisher.top_p, self.finisher.top_p_rule = self.top_p, self.top_p_rule
         return self.finisher.refine(model, state, self.finishing_steps, generator)

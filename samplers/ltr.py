@@ -38,6 +38,9 @@ class LeftToRight(Sampler):
     def settings(self) -> dict:
         return {**super().settings(), "steps": getattr(self, "_steps_run", self.steps)}
 
+    def logit_rows(self, num: int, length: int) -> int:
+        return num  # the next token's logits of each sequence
+
     def run(self, model, num, length, generator):
         decode = getattr(model.denoiser, "left_to_right", None)
         if decode is None:

@@ -29,13 +29,22 @@ on that step is alpha_on. The two agree at T = 128 and 1,024 except on the cross
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from geoprobe.device import upload
 from geoprobe.samplers.base import MASK, CountingDenoiser, RevealState, Sampler
 
 FINAL_T = 1e-5  # where the references' grid stops before their final argmax pass (their sampling eps)
+
+
+def read_step(reveal: torch.Tensor, remask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the revealed positions (n, 2), the sequences revealed or remasked in) on the host, from
+    one read of the device: a step's only one."""
+    both = torch.cat([reveal, (reveal | remask).any(1, keepdim=True)], dim=1).cpu()
+    return both[:, :-1].nonzero(), both[:, -1].nonzero().squeeze(1)
 
 
 def sigma_max(alpha_s: float, alpha_t: float) -> float:
@@ -82,20 +91,49 @@ class MDLM(Sampler):
         for alpha_t, alpha_s, t in self.schedule(steps):
             yield remdm_transition(alpha_s, alpha_t, self.sigma(alpha_s, alpha_t, t))
 
+    def logit_rows(self, num: int, length: int) -> int:
+        """The most positions one step reveals, planned: a position is revealed at step k with
+        probability q_k = m_k r_k (m_k its chance to be still masked, r_k the step's reveal
+        probability), independently of the others where sigma is one number, so a step's count is
+        Binomial(num x length, q_k): its mean plus six standard deviations at the largest q_k, and
+        the final argmax's still-masked share. remdm-conf plans as mdlm (its remasking, about one
+        token a sequence a step, is left out)."""
+        n, masked, largest = num * length, 1.0, 0.0
+        for alpha_t, alpha_s, t in self.schedule(self.steps):
+            remask, reveal = remdm_transition(alpha_s, alpha_t, self.sigma(alpha_s, alpha_t, t))
+            largest = max(largest, masked * reveal)
+            masked = masked * (1 - reveal) + (1 - masked) * remask
+        if self.final_argmax:
+            largest = max(largest, masked)
+        mean = n * largest
+        return min(n, math.ceil(mean + 6 * math.sqrt(mean * (1 - largest))) + 1)
+
     def refine(self, model: CountingDenoiser, state: RevealState, steps: int, generator: torch.Generator):
+        """The schedule's steps from `state`. Each step draws its reveal and remask decisions
+        before the network runs (the denoiser does not use the sampler's generator, so the draws
+        are those of a step that ran it first) and reads them back once: the count of revealed
+        positions is the shape of the Gumbel draw, and the sequences it changed are those the next
+        call recomputes. The host never waits for the network."""
+        changed = None  # the first call: every sequence
         for alpha_t, alpha_s, t in self.schedule(steps):
             remask_p, reveal_p = self.probabilities(state, alpha_t, alpha_s, t)
-            logits = model(state.z())
             masked = state.masked
             u = torch.rand(masked.shape, generator=generator, device=generator.device)
             reveal = masked & (u < reveal_p)
             remask = ~masked & (u < remask_p)
-            if reveal.any():
-                self.reveal(state, reveal, logits, generator)
-            state.tokens[remask] = MASK
-        if self.final_argmax and state.masked.any():  # no call when nothing is left: NFE counts real work
-            masked = state.masked
-            state.tokens[masked] = model(state.z())[masked].argmax(-1)
+            where, touched = read_step(reveal, remask)
+            model.evaluate(state.z(), changed)
+            if len(where):
+                rows, cols = upload(where, reveal.device).unbind(1)
+                self.reveal(state, rows, cols, model.logits_at(rows, cols), generator)
+            state.tokens.masked_fill_(remask, MASK)
+            changed = touched
+        if self.final_argmax:  # no call when nothing is left: NFE counts real work
+            where, _ = read_step(state.masked, state.masked)
+            if len(where):
+                model.evaluate(state.z(), changed)
+                rows, cols = upload(where, state.tokens.device).unbind(1)
+                state.tokens[rows, cols] = model.logits_at(rows, cols).argmax(-1)
         return state.tokens
 
     def run(self, model, num, length, generator):

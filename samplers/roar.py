@@ -35,14 +35,21 @@ class ROAR(Sampler):
     def settings(self) -> dict:
         return {**super().settings(), "steps": getattr(self, "_steps_run", self.steps)}
 
+    def logit_rows(self, num: int, length: int) -> int:
+        return num * min(length, self.plan(length))
+
     def run(self, model, num, length, generator):
+        """Each step changes every sequence, so every call runs on all rows, and the head runs on
+        the `k` positions a sequence draws: the step reads nothing back from the device."""
         k = self.plan(length)
         self._steps_run = math.ceil(length / k)
         state = RevealState(model.denoiser.token_table(), model.denoiser.s_max, num, length, generator)
         order = torch.rand(num, length, generator=generator, device=generator.device).argsort(dim=1)
         rows = torch.arange(num, device=state.tokens.device)[:, None]
         for start in range(0, length, k):
-            logits = model(state.z())
+            model.evaluate(state.z())
             cols = order[:, start:start + k]
-            state.tokens[rows, cols] = self.draw(logits[rows, cols], generator)
+            at = rows.expand_as(cols)
+            logits = model.logits_at(at.flatten(), cols.flatten())
+            state.tokens[at, cols] = self.draw(logits, generator).view(cols.shape)
         return state.tokens

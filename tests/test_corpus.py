@@ -77,3 +77,32 @@ def test_parse_bible_output_joins_wrapped_verses():
     assert chapters == ["In the beginning God created the heaven and the earth. And the earth was without form, "
                         "and void; and darkness was upon the face of the deep.",
                         "Thus the heavens were finished."]
+
+
+def test_a_first_use_build_is_made_once_when_two_processes_need_it_at_once(tmp_path):
+    """`building` is one cache-wide lock per build: while one holder has it another cannot take it,
+    and two processes that start the KJV's first-use build at the same moment both return the
+    same whole file (the second waits, then finds it built)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    os.environ["GEOPROBE_CACHE"] = str(tmp_path / "lockcheck")
+    try:
+        from geoprobe.assets import building, cache_dir
+
+        with building("x"), open(cache_dir() / ".x.lock", "w") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with open(cache_dir() / ".x.lock", "w") as other:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+    finally:
+        del os.environ["GEOPROBE_CACHE"]
+    env = {**os.environ, "GEOPROBE_CACHE": str(tmp_path / "cache")}
+    code = "from geoprobe.assets import kjv_text; p = kjv_text(); print(p.stat().st_size)"
+    both = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    sizes = [int(p.communicate(timeout=300)[0]) for p in both]
+    assert all(p.returncode == 0 for p in both) and sizes[0] == sizes[1] > 4_000_000
+    assert sorted(x.name for x in (tmp_path / "cache").iterdir()) == [".kjv.lock", "kjv.txt"]  # no stray .tmp

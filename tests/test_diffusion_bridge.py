@@ -140,5 +140,29 @@ def test_a_diffusion_bridge_records_its_samples_spread_and_is_judged_by_its_post
     bridge, _ = load_bridge(tmp_path / "b")
     best = dict(map(tuple, metrics["val_curve"]))[metrics["best_step"]]
     assert grid_objective(bridge, Teacher(llama, 2), states.stop, 4) == pytest.approx(best, rel=1e-6)
+    # its guard: the posterior mean's nmse_dim on the stopping split at every check, as validate computes it
+    guard = dict(map(tuple, metrics["guard_curve"]))
+    assert list(guard) == [s for s, _ in metrics["val_curve"]]
+    assert guard[metrics["best_step"]] == pytest.approx(
+        validate(bridge, Teacher(llama, 2), states.stop, 4, full=False, steps=1)["nmse_dim"], rel=1e-6)
     regression = fit_bridge(llama, 2, states, small(llama, **REGRESSION), train, tmp_path / "r", {"layer": 2})
     assert regression["bridge_kind"] == "regression" and "crps_dim" not in regression
+    assert "guard_curve" not in regression
+
+
+def test_the_noisy_sample_scores_judge_the_spread_where_the_posterior_has_one(llama, states):
+    """sample_scores(noisy=True) keeps the clean scores as they are (its draws are apart) and adds
+    crps_dim at each condition SNR; a sampler without spread (sigma_b 0: every sample the same)
+    scores its mean absolute error there, a proper score's worst case for that mean, so the noisy
+    CRPS of a bridge whose samples spread is not the collapsed one's."""
+    from geoprobe.bridges.fit import NOISY_SNRS, sample_scores
+
+    bridge, teacher = trained_looking(llama, states, sigma_b=1.0, bridge_steps=4), Teacher(llama, 2)
+    clean = sample_scores(bridge, teacher, states.val, 2, 4)
+    both = sample_scores(bridge, teacher, states.val, 2, 4, noisy=True)
+    assert {k: both[k] for k in clean} == clean and set(both["crps_dim_by_snr"]) == {str(s) for s in NOISY_SNRS}
+    assert both["crps_dim_noisy"] == pytest.approx(sum(both["crps_dim_by_snr"].values()) / len(NOISY_SNRS))
+    assert sample_scores(bridge, teacher, states.val, 2, 4, noisy=True) == both  # a fixed seed
+    collapsed = trained_looking(llama, states, sigma_b=0.0, bridge_steps=4)
+    scores = sample_scores(collapsed, teacher, states.val, 2, 4, noisy=True)
+    assert all(v > 0 for v in scores["crps_dim_by_snr"].values()) and scores["crps_dim_noisy"] != both["crps_dim_noisy"]

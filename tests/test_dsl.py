@@ -329,6 +329,40 @@ def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_t
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
 
+def test_a_guarded_plateau_waits_for_both_curves_and_keeps_the_scores_best_weights(tmp_path):
+    """evaluate -> (score, guard): a score with a large floor (the validation loss + 100, as a
+    diffusion objective's noisy rows give) is flat at once, so alone it stops at the first step
+    the rule may; guarded by the plain loss, the run stops exactly where the unguarded plain run
+    stops (its curve is the same), and a resumed run keeps the guard's curve."""
+    cfg = TrainConfig(steps=2000, batch_size=16, lr=2e-2, warmup=5, save_every=50, eval_every=10, min_steps=50)
+    model, loss_fn, evaluate = _regression()
+    plain = train(model, loss_fn, cfg, tmp_path / "plain", torch.device("cpu"), evaluate=evaluate)
+    floored = train(_regression()[0], loss_fn, cfg, tmp_path / "floor", torch.device("cpu"),
+                    evaluate=lambda m: evaluate(m) + 100.0)
+    assert floored.stop == "plateau" and floored.steps < plain.steps and floored.guard_curve == []
+    guarded = train(_regression()[0], loss_fn, cfg, tmp_path / "guard", torch.device("cpu"),
+                    evaluate=lambda m: (evaluate(m) + 100.0, evaluate(m)))
+    assert (guarded.stop, guarded.steps) == (plain.stop, plain.steps)
+    assert guarded.guard_curve == plain.val_curve  # the same weights, the same scores
+    assert [v for _, v in guarded.val_curve] == pytest.approx([v + 100.0 for _, v in plain.val_curve])
+    summary = training_summary(guarded, cfg=cfg)
+    assert summary["guard_curve"] == guarded.guard_curve and summary["plateau_rule"]["guard_gain"] < cfg.plateau_rel
+    # interrupted after a checkpoint and resumed, it reads the guard's curve back: the same stop
+    calls = {"n": 0}
+
+    def dying(m, generator, shard):
+        calls["n"] += 1
+        if calls["n"] == guarded.steps - 5:
+            raise KeyboardInterrupt
+        return loss_fn(m, generator, shard)
+
+    both = lambda m: (evaluate(m) + 100.0, evaluate(m))  # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        train(_regression()[0], dying, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=both)
+    resumed = train(_regression()[0], loss_fn, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=both)
+    assert (resumed.steps, resumed.guard_curve) == (guarded.steps, guarded.guard_curve)
+
+
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "gpt2", "phi3"]
 
 

@@ -6,9 +6,8 @@ import torch
 from sklearn.neighbors import NearestNeighbors
 
 from geoprobe.errors import BadInput
-from geoprobe.geometry import (GeometrySettings, bootstrap_counts, distinct_rows, knn,
-                               layer_geometry,
-                               weighted_median)
+from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
+from geoprobe.proxies import distinct_rows, knn, weighted_median
 from geoprobe.ranking import rank_layers, selection_score, zscore
 from bench.naive_geometry import gaussian, slow_reference
 
@@ -186,15 +185,15 @@ def test_massive_channels_are_listed_and_excluding_them_equals_computing_without
 
 
 def test_fewer_states_than_dimensions_uses_the_gram_matrix_with_the_same_numbers(monkeypatch):
-    import geoprobe.geometry as geometry
+    import geoprobe.proxies as proxies
 
     lam = np.geomspace(10.0, 0.01, 96)
     x = gaussian(80, lam, seed=4)  # N = 80 < d = 96
     settings = dict(bootstrap=20, per_doc=4, anchors=60, k=8, pairs=500)
     gram = run(x, **settings)
-    values, vectors = geometry.covariance_spectrum(x - x.mean(0), len(x))
+    values, vectors = proxies.covariance_spectrum(x - x.mean(0), len(x))
     assert values.shape == (79,) and torch.allclose(vectors.T @ vectors, torch.eye(79, dtype=x.dtype), atol=1e-8)
-    monkeypatch.setattr(geometry, "GRAM_BELOW", 0.0)  # force the d x d eigendecomposition
+    monkeypatch.setattr(proxies, "GRAM_BELOW", 0.0)  # force the d x d eigendecomposition
     full = run(x, **settings)
     for norm in ("none", "trace"):
         for proxy in ("curv", "mono", "erank"):

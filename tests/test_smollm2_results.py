@@ -237,7 +237,7 @@ def test_the_shape_study_pairs_each_variant_with_the_sweeps_bridge_of_its_seed(t
 
     from bench.bridge_design import shape_study
 
-    monkeypatch.setattr("experiments.smollm2_results.RECORD", tmp_path / "records")  # not the real sweep's
+    monkeypatch.setattr("experiments.records.SMOLLM2", tmp_path / "records")  # not the real sweep's
 
     def bridge(nmse_dim, stop="plateau", steps=3000, curve=((0, 0.3), (1000, 0.2), (3000, 0.1))):
         return {"nmse_dim": nmse_dim, "stop": stop, "steps_run": steps, "val_curve": [list(p) for p in curve]}
@@ -582,14 +582,14 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
     assert "oracle layer" not in line  # the oracle is the chosen layer: one row, said once
     # every other trained generator (not the AR ceiling), per evaluator; sed and mdlm have no trigram figure
     assert "by Gen.PPL against the 3 rows of the other generators trained at the same budget, under SmolLM2 it is " \
-           "lower than 1 (dsl · mdlm), higher than 1 (sed · ancestral), with intervals overlapping 1 (mdlm · mdlm); " \
-           "under the KJV trigram it is higher than 1 (dsl · mdlm), not compared with 2 (sed · ancestral, " \
-           "mdlm · mdlm)" in line
+           "lower than 1 (DSL · mdlm), higher than 1 (SED · ancestral), with intervals overlapping 1 (MDLM · mdlm); " \
+           "under the KJV trigram it is higher than 1 (DSL · mdlm), not compared with 2 (SED · ancestral, " \
+           "MDLM · mdlm)" in line
     assert "SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no ceiling for " \
         "KJV text) has Gen.PPL 40 (37–45) under SmolLM2" in line
     # a row without MAUVE or a Gen.PPL (no references, nothing scored) is written without them
     bare = {**row("results/codar", None, None, None), "mauve": None, "sampler": "ancestral", "train_tokens": 8e6}
-    assert "not compared with 1 (codar · ancestral)" in generation_line(verdict, rows[:3] + [bare])
+    assert "not compared with 1 (CoDAR · ancestral)" in generation_line(verdict, rows[:3] + [bare])
     assert "has no row" in generation_line(verdict, rows[1:])
 
 
@@ -648,32 +648,36 @@ def test_the_diffusion_sweep_flags_train_the_default_bridge_at_the_regression_sw
 
 def test_the_diffusion_studys_choice_follows_its_registered_rule():
     """bench/bridge_design.diffusion_choice, on made-up rows where each clause decides: the lowest
-    mean crps_dim wins unless a variant within 1 % has a lower posterior-mean nmse_dim_1step; K is
-    the smallest whose crps_dim is within 1 % of K = 32's at both layers; a missing row refuses."""
+    mean noisy crps_dim at K = 32 wins unless a variant within 1 % has a lower posterior-mean
+    nmse_dim_1step; K is the smallest whose noisy crps_dim and sample nmse_dim are both within 1 %
+    of K = 32's, either side, at both layers; a missing row refuses."""
     from bench.bridge_design import diffusion_choice
 
-    def rows(crps: dict, one_step: dict):
-        return [{"variant": name, "layer": layer, "seed": 0, "crps_dim": crps[name] * (1 if layer == 3 else 1.2),
-                 "nmse_dim_1step": one_step[name]} for name in crps for layer in (3, 9)]
-
     names = ["diffusion sb0.5", "diffusion sb1", "diffusion sb2", "diffusion sb1 tau0"]
-    kscan = [{"variant": "diffusion sb2", "layer": layer, "k": k, "crps_dim": {2: 0.5, 4: 0.304, 8: 0.302, 16: 0.301,
-                                                                                 32: 0.300}[k] + (0.01 if layer == 9 else 0)}
-             for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
-    one_step = dict(zip(names, (0.10, 0.11, 0.12, 0.13)))
-    choice = diffusion_choice(rows(dict(zip(names, (0.40, 0.35, 0.30, 0.33))), one_step), kscan)
+    finished = [{"variant": name, "layer": layer, "seed": 0, "nmse_dim_1step": one_step}
+                for name, one_step in zip(names, (0.10, 0.11, 0.12, 0.13)) for layer in (3, 9)]
+    # noisy crps_dim by K: K = 4 is 1.3 % above K = 32's; K = 8's sample nmse_dim is 2 % BELOW
+    # (a collapsing sampler), so K = 16 is the first within 1 % either side of both
+    crps_by_k = {2: 0.5, 4: 0.304, 8: 0.302, 16: 0.301, 32: 0.300}
+    nmse_by_k = {2: 0.4, 4: 0.25, 8: 0.245, 16: 0.2505, 32: 0.25}
+
+    def scan(at_32: dict) -> list[dict]:
+        return [{"variant": name, "layer": layer, "k": k, "nmse_dim": nmse_by_k[k],
+                 "crps_dim_noisy": (crps_by_k[k] - 0.300 + at_32[name]) * (1 if layer == 3 else 1.2)}
+                for name in names for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
+
+    choice = diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.35, 0.30, 0.33)))))
     assert choice["variant"] == "diffusion sb2" and choice["sigma_b"] == 2.0 and choice["tau_zero"] == 0.0
-    # K = 4: 0.304 / 0.300 is 1.3 % above at layer 3: K = 8 (0.302, 0.312 / 0.310) is the first within 1 %
-    assert choice["bridge_steps"] == 8
-    # sb1 within 1 % of sb2's crps with a lower nmse_dim_1step wins; its K scan is then the one read
-    for row in kscan:
-        row["variant"] = "diffusion sb1"
-    tied = diffusion_choice(rows(dict(zip(names, (0.40, 0.302, 0.30, 0.33))), one_step), kscan)
+    assert choice["bridge_steps"] == 16
+    nmse_by_k[8] = 0.2501  # now K = 8 is within 1 % on both scores
+    assert diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.35, 0.30, 0.33)))))["bridge_steps"] == 8
+    # sb1 within 1 % of sb2's noisy crps, with a lower nmse_dim_1step, wins
+    tied = diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.302, 0.30, 0.33)))))
     assert tied["variant"] == "diffusion sb1" and tied["sigma_b"] == 1.0
     with pytest.raises(ValueError, match="lacks"):
-        diffusion_choice(rows(dict(zip(names, (0.40, 0.302, 0.30, 0.33))), one_step), kscan[:-1])
+        diffusion_choice(finished, scan(dict(zip(names, (0.40, 0.302, 0.30, 0.33))))[:-1])
     with pytest.raises(ValueError, match="has not finished"):
-        diffusion_choice([r for r in rows(dict(zip(names, (0.4, 0.3, 0.3, 0.3))), one_step) if r["layer"] == 3], kscan)
+        diffusion_choice([r for r in finished if r["layer"] == 3], scan(dict(zip(names, (0.4, 0.3, 0.3, 0.3)))))
 
 
 def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
@@ -684,10 +688,38 @@ def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
 
     choice = tmp_path / "choice.json"
     choice.write_text(json.dumps({"sigma_b": 2.0, "tau_zero": 0.25, "bridge_steps": 8}))
+    with pytest.raises(SystemExit, match="--confirm"):  # chosen at 600 steps, not yet confirmed at the plateau
+        chosen_diffusion(choice)
+    choice.write_text(json.dumps({"sigma_b": 2.0, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
     flags = [*DIFFUSION["sweep"], *chosen_diffusion(choice)]
     pairs = [a for a in flags if a != "--ceiling"]
     given = {name[2:].replace("-", "_"): value for name, value in zip(pairs[::2], pairs[1::2]) if name != "--layers"}
     network = bridge_settings(**given).network
     assert (network.sigma_b, network.tau_zero, network.bridge_steps, network.d_model) == (2.0, 0.25, 8, 320)
-    with pytest.raises(SystemExit, match="--choose"):
+    with pytest.raises(SystemExit, match="--k-scan"):
         chosen_diffusion(ROOT / "experiments" / "records" / "bridge-design" / "no-such-choice.json")
+
+
+def test_the_choice_is_overturned_only_by_a_converged_runner_up_better_by_more_than_1_percent():
+    """bench/bridge_design.confirmed_choice: at the plateau (layer 3, seed 1) the runner-up replaces
+    the chosen variant only when both stopped by their plateau and its noisy CRPS is > 1 % lower;
+    the replacement takes its own K by the K rule; otherwise the choice stands, and says why."""
+    from bench.bridge_design import confirmed_choice
+
+    names = ["diffusion sb0.5", "diffusion sb1", "diffusion sb2", "diffusion sb1 tau0"]
+    choice = {"variant": "diffusion sb1", "sigma_b": 1.0, "tau_zero": 0.0, "bridge_steps": 16, "layers": [3, 9],
+              "crps_dim_noisy": dict(zip(names, (0.32, 0.30, 0.31, 0.33))), "why": []}
+    kscan = [{"variant": "diffusion sb2", "layer": layer, "k": k, "nmse_dim": 0.25,
+              "crps_dim_noisy": {2: 0.4, 4: 0.301, 8: 0.3, 16: 0.3, 32: 0.3}[k]} for layer in (3, 9) for k in (2, 4, 8, 16, 32)]
+
+    def scores(chosen, runner, stops=("plateau", "plateau")):
+        return {"diffusion sb1": {"crps_dim_noisy": chosen, "stop": stops[0], "steps_run": 2000},
+                "diffusion sb2": {"crps_dim_noisy": runner, "stop": stops[1], "steps_run": 2500}}
+
+    kept = confirmed_choice(choice, scores(0.30, 0.298), kscan)  # 0.7 % lower: within 1 %
+    assert kept["confirmed"] and kept["variant"] == "diffusion sb1" and kept["bridge_steps"] == 16
+    assert "the choice stands" in kept["why"][-1]
+    turned = confirmed_choice(choice, scores(0.30, 0.29), kscan)
+    assert (turned["variant"], turned["sigma_b"], turned["bridge_steps"]) == ("diffusion sb2", 2.0, 4)
+    capped = confirmed_choice(choice, scores(0.30, 0.20, ("plateau", "cap")), kscan)
+    assert capped["variant"] == "diffusion sb1" and "did not stop by its plateau" in capped["why"][-1]

@@ -119,7 +119,7 @@ def test_the_ceiling_control_says_whether_the_bridges_order_the_layers_as_the_re
 
 
 def test_the_ceilings_gap_to_the_bridges_is_stated_and_a_regression_above_them_is_no_ceiling():
-    from geoprobe.verdict import ceiling_gap_line
+    from geoprobe.report.verdict_text import ceiling_gap_line
 
     means = {1: 0.2, 2: 0.3, 3: 0.25, 4: 0.5, 5: 0.4}
     rows = rows_for({l: [m, m + 0.01, m - 0.01] for l, m in means.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,10 @@ PANELS = [("curv", "local curvature m_curv", "1/λmax of kNN covariance"),
           ("mono", "global monotonicity m_mono", "median Rayleigh quotient of P"),
           ("erank", "effective rank k", "tr(Σ)/λmax(Σ)"),
           ("score", "selection score s", "z(curv)+z(mono)−z(erank)")]
+
+
+# the comparison's bar groups: the pretrained AR ceiling, a kind set apart (its legend name), the other trained ones
+CEILING_GROUP = "pretrained AR ceiling"
 
 
 def save_figure(fig, path: Path) -> Path:
@@ -132,4 +137,77 @@ def sweep_plot(verdict: dict, path: Path, model: str) -> Path:
     right.set_title("both against layer (the depth control)")
     right.grid(alpha=0.3)
     fig.suptitle(f"Layer sweep of {model}: does the geometry score predict the bridge's loss?", fontsize=11)
+    return save_figure(fig, path)
+
+
+def _positive(values) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v) and v > 0]
+
+
+def _wide(values) -> bool:
+    """Whether Gen.PPL values span a range wide enough for a log axis (max/min > 3)."""
+    finite = _positive(values)
+    return bool(finite) and max(finite) / min(finite) > 3
+
+
+def steps_plot(rows: list[dict], path: Path) -> Path:
+    """Gen.PPL and MAUVE against sampling steps, one line per generator and sampler (`rows`:
+    comparison rows, sorted by generator, sampler and steps)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    lines: dict[str, list[dict]] = {}
+    for r in rows:
+        lines.setdefault(f"{r['generator']} · {r['sampler']}", []).append(r)
+    for label, group in lines.items():
+        steps = [r["steps"] for r in group]
+        left.plot(steps, [r["gen_ppl"] for r in group], marker="o", label=label)
+        right.plot(steps, [r.get("mauve") if r.get("mauve") is not None else math.nan for r in group],
+                   marker="o", label=label)
+    left.set_ylabel("Gen.PPL under the evaluator (lower is better)")
+    right.set_ylabel("MAUVE vs. references (higher is better)")
+    if _wide([r["gen_ppl"] for r in rows]):
+        left.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    for ax, title in ((left, "Gen.PPL against sampling steps"), (right, "MAUVE against sampling steps")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["steps"] for r in rows}))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("sampling steps (log scale)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    right.legend(fontsize=7, loc="best")
+    return save_figure(fig, path)
+
+
+def compare_plot(rows: list[dict], groups: list[str | None], path: Path) -> Path:
+    """Two bar panels, one bar per generator: Gen.PPL and MAUVE (± std over k-means seeds).
+
+    Args:
+        rows: comparison rows (generator, sampler, gen_ppl, mauve, mauve_std, budget, samples).
+        groups: each row's group: CEILING_GROUP (gray), a kind's legend name (orange) or None (blue).
+    """
+    labels = [f"{r['generator']} · {r['sampler']}" for r in rows]
+    colors = ["tab:gray" if g == CEILING_GROUP else "tab:orange" if g is not None else "tab:blue" for g in groups]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.8), sharey=True)
+    y = list(range(len(rows)))
+    ppl = [r["gen_ppl"] if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) else math.nan for r in rows]
+    left.barh(y, ppl, color=colors)
+    finite = _positive(ppl)
+    if _wide(ppl):
+        left.set_xscale("log")
+    left.set_xlim(left=min(finite) * 0.9 if finite else 0)
+    mauve = [r["mauve"] if r.get("mauve") is not None else math.nan for r in rows]
+    right.barh(y, mauve, xerr=[r.get("mauve_std") or 0 for r in rows], color=colors, capsize=3)
+    right.set_xlim(0, 1.05)
+    left.set_yticks(y, labels, fontsize=8)
+    left.invert_yaxis()
+    budget = rows[0]["budget"] if rows else ""
+    left.set_xlabel("Gen.PPL under the evaluator (lower is better)")
+    right.set_xlabel("MAUVE vs. references, mean ± std over seeds (higher is better)")
+    apart = list(dict.fromkeys(g for g in groups if g not in (None, CEILING_GROUP)))
+    legend = [f"gray: {CEILING_GROUP}"] * (CEILING_GROUP in groups) + [f"orange: {g}" for g in apart]
+    left.set_title(f"Gen.PPL ({budget} budget{'; ' if legend else ''}{', '.join(legend)})", fontsize=10)
+    right.set_title(f"MAUVE ({rows[0].get('samples') if rows else '?'} samples per generator)", fontsize=10)
+    for ax in (left, right):
+        ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path)

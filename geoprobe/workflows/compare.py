@@ -1,4 +1,4 @@
-"""The matched-budget comparison table, its plot and the quality-against-steps curve.
+"""The matched-budget comparison table and the quality-against-steps table (their plots: geoprobe/report/plots.py).
 
 A generator's row joins three files that the other commands write: the samples file
 (`geoprobe sample`), its metadata row in `samples.meta.jsonl` (sampler, steps, NFE, wall time,
@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from geoprobe.bridges.checkpoint import training_tokens
+from geoprobe.bridges.kinds import highlight_of
 from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable
@@ -193,75 +194,20 @@ def write_comparison(rows: list[dict], out: Path) -> tuple[Path, Path]:
     return out / "compare.csv", compare_plot(rows, out / "plots" / "compare.png")
 
 
-def _positive(values) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v) and v > 0]
-
-
-def _wide(values) -> bool:
-    """Whether Gen.PPL values span a range wide enough for a log axis (max/min > 3)."""
-    finite = _positive(values)
-    return bool(finite) and max(finite) / min(finite) > 3
-
-
 def steps_curve(rows: list[dict], out: Path) -> tuple[Path, Path]:
     """steps.csv and plots/steps.png: Gen.PPL and MAUVE against sampling steps, one line per sampler."""
-    from geoprobe.report.plots import plt, save_figure
+    from geoprobe.report.plots import steps_plot
 
     out = Path(out)
     rows = sorted(rows, key=lambda r: (r["generator"], r["sampler"], r["steps"] or 0))
     write_rows(out / "steps.csv", rows, COLUMNS[:-1])  # no budget column: the steps differ by design
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    lines: dict[str, list[dict]] = {}
-    for r in rows:
-        lines.setdefault(f"{r['generator']} · {r['sampler']}", []).append(r)
-    for label, group in lines.items():
-        steps = [r["steps"] for r in group]
-        left.plot(steps, [r["gen_ppl"] for r in group], marker="o", label=label)
-        right.plot(steps, [r.get("mauve") if r.get("mauve") is not None else math.nan for r in group],
-                   marker="o", label=label)
-    left.set_ylabel("Gen.PPL under the evaluator (lower is better)")
-    right.set_ylabel("MAUVE vs. references (higher is better)")
-    if _wide([r["gen_ppl"] for r in rows]):
-        left.set_yscale("log")
-    from matplotlib.ticker import ScalarFormatter
-
-    for ax, title in ((left, "Gen.PPL against sampling steps"), (right, "MAUVE against sampling steps")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["steps"] for r in rows}))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.set_xlabel("sampling steps (log scale)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    right.legend(fontsize=7, loc="best")
-    return out / "steps.csv", save_figure(fig, out / "plots" / "steps.png")
+    return out / "steps.csv", steps_plot(rows, out / "plots" / "steps.png")
 
 
 def compare_plot(rows: list[dict], path: Path) -> Path:
-    """Two bar panels, one bar per generator: Gen.PPL and MAUVE (± std over k-means seeds)."""
-    from geoprobe.report.plots import plt, save_figure
+    """plots/compare.png (geoprobe/report/plots.py), each row's group from the kinds table: the
+    pretrained AR ceiling (no training budget), a kind the table sets apart, or the other trained ones."""
+    from geoprobe.report.plots import CEILING_GROUP, compare_plot as draw
 
-    labels = [f"{r['generator']} · {r['sampler']}" for r in rows]
-    colors = ["tab:gray" if r["train_tokens"] is None else "tab:orange" if r["generator_kind"] == "bridge"
-              else "tab:blue" for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.8), sharey=True)
-    y = list(range(len(rows)))
-    ppl = [r["gen_ppl"] if r["gen_ppl"] is not None and math.isfinite(r["gen_ppl"]) else math.nan for r in rows]
-    left.barh(y, ppl, color=colors)
-    finite = _positive(ppl)
-    if _wide(ppl):
-        left.set_xscale("log")
-    left.set_xlim(left=min(finite) * 0.9 if finite else 0)
-    mauve = [r["mauve"] if r.get("mauve") is not None else math.nan for r in rows]
-    right.barh(y, mauve, xerr=[r.get("mauve_std") or 0 for r in rows], color=colors, capsize=3)
-    right.set_xlim(0, 1.05)
-    left.set_yticks(y, labels, fontsize=8)
-    left.invert_yaxis()
-    budget = rows[0]["budget"] if rows else ""
-    left.set_xlabel("Gen.PPL under the evaluator (lower is better)")
-    right.set_xlabel("MAUVE vs. references, mean ± std over seeds (higher is better)")
-    legend = ["gray: pretrained AR ceiling"] * ("tab:gray" in colors) + ["orange: bridges"] * ("tab:orange" in colors)
-    left.set_title(f"Gen.PPL ({budget} budget{'; ' if legend else ''}{', '.join(legend)})", fontsize=10)
-    right.set_title(f"MAUVE ({rows[0].get('samples') if rows else '?'} samples per generator)", fontsize=10)
-    for ax in (left, right):
-        ax.grid(axis="x", alpha=0.3)
-    return save_figure(fig, path)
+    groups = [CEILING_GROUP if r["train_tokens"] is None else highlight_of(r["generator_kind"]) for r in rows]
+    return draw(rows, groups, path)

@@ -3,8 +3,8 @@ sd of every loss), the tests and the controls."""
 
 from __future__ import annotations
 
-from geoprobe.verdict import (CEILING_CONTROL, LAYER_CONTROLS, LOOKUP_CONTROLS, LOSSES, SCORE_VARIANTS,
-                              current_statement)
+from geoprobe.report.verdict_text import CEILING_CONTROL, LOOKUP_CONTROLS, SCORE_VARIANTS
+from geoprobe.verdict import LAYER_CONTROLS, LOSSES, current_statement
 from geoprobe.workflows.compare import markdown_table
 
 # the per-layer table's columns beside the losses: the controls' nmse_dim and how the bridges stopped
