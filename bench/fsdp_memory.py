@@ -90,9 +90,9 @@ def main() -> None:
                 for kind in ("ddp", "fsdp")}
     config = load_config(resolve_source(str(model)))
     micro = BATCH // RANKS
-    plans = {"one process": dsl_training_bytes(config, D_TOK, BATCH, SEQ),
-             "ddp": dsl_training_bytes(config, D_TOK, micro, SEQ, ranks=RANKS),
-             "fsdp": dsl_training_bytes(config, D_TOK, micro, SEQ, ranks=RANKS, fsdp=True)}
+    plans = {"one process": dsl_training_bytes(config, d_tok=D_TOK, batch_size=BATCH, seq_len=SEQ),
+             "ddp": dsl_training_bytes(config, d_tok=D_TOK, batch_size=micro, seq_len=SEQ, ranks=RANKS),
+             "fsdp": dsl_training_bytes(config, d_tok=D_TOK, batch_size=micro, seq_len=SEQ, ranks=RANKS, fsdp=True)}
     print(f"DSL on the tiny Llama (d = 256, 8 blocks, V = 320, d_tok {D_TOK}), float32, global batch {BATCH} x {SEQ} "
           f"on {RANKS} gloo ranks; bytes per rank (rank 0 / rank 1)")
     print(f"  {'':26s} {'DDP':>21s} {'FSDP':>21s}")

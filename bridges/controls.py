@@ -145,7 +145,7 @@ def _predict(split, rows, embeddings, window, mx, my, weight, base=None) -> torc
     return torch.cat(out) if out else torch.zeros(0, len(my), device=weight.device)
 
 
-def ridge_control(train, stop, query, layer: int, embeddings: torch.Tensor, window: int = 4,
+def ridge_control(train, stop, query, *, layer: int, embeddings: torch.Tensor, window: int = 4,
                   lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0), max_rows: int = 65536, seed: int = 0,
                   rows: torch.Tensor | None = None, stop_rows: torch.Tensor | None = None, base=None):
     """Ridge regression of h_l (less `base(ids)` where given: a ridge on what a per-token
@@ -217,7 +217,7 @@ def layer_controls(states, layer: int, embeddings: torch.Tensor, massive_factor:
                                                                             ("stop", states.stop))}
     stop = states.stop if len(fit["stop"]) else None
     lookup = lookup_table(states.train, layer, fit["train"])
-    ridges = {name: ridge_control(states.train, stop, states.val, layer, embeddings, window=window,
+    ridges = {name: ridge_control(states.train, stop, states.val, layer=layer, embeddings=embeddings, window=window,
                                   lambdas=(1e-3, 1e-2, 1e-1, 1.0, 10.0) if stop is not None else (1e-2,),
                                   rows=fit["train"], stop_rows=fit["stop"] if stop is not None else None, base=base)
               for name, base in (("ridge", None), ("lookup_ridge", lookup))}

@@ -291,8 +291,8 @@ def check_init_fits(spec: str, d_tok: int, batch_size: int, seq_len: int, device
     mixed = device.type == "cuda" and Precision.parse(precision) is not Precision.FLOAT32
 
     def need(n: int, micro: int, checkpointing: bool, fsdp: bool = execution.fsdp, weights: str = kind) -> int:
-        return dsl_training_bytes(config, d_tok, micro, seq_len, count, precision=weights, ranks=n, fsdp=fsdp,
-                                  checkpointing=checkpointing, mixed=mixed)
+        return dsl_training_bytes(config, d_tok=d_tok, batch_size=micro, seq_len=seq_len, parameters=count,
+                                  precision=weights, ranks=n, fsdp=fsdp, checkpointing=checkpointing, mixed=mixed)
 
     planned = need(ranks, batch_size // (ranks * execution.grad_accum), execution.activation_checkpointing)
     if planned > free:
@@ -398,7 +398,7 @@ def sequences(ids: list[int], seq_len: int) -> torch.Tensor:
     return torch.tensor(np.asarray(ids[: n * seq_len], dtype=np.int64)).view(n, seq_len)
 
 
-def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, out: Path, device: torch.device,
+def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, *, out: Path, device: torch.device,
               progress=None, world: World = SINGLE, stop_rows: torch.Tensor | None = None,
               execution: Execution = Execution()) -> Trained:
     """Train on rows of `data` (n, L); each step draws its batch and SNRs from its own seed.
@@ -410,7 +410,7 @@ def train_dsl(model: DSLModel, data: torch.Tensor, settings: DSLTrainSettings, o
         Path(out).mkdir(parents=True, exist_ok=True)
         save_config(out, "dsl", model.cfg, asdict(settings), budget(settings), {})
     loss_fn, watch = dsl_objective(model, data, settings, device, stop_rows, sharded=execution.fsdp)
-    return train(model, loss_fn, settings.train, out, device, progress=progress, world=world, evaluate=watch,
+    return train(model, loss_fn, settings.train, out=out, device=device, progress=progress, world=world, evaluate=watch,
                  execution=execution)
 
 
@@ -503,7 +503,7 @@ def dsl_tokenizer(spec: str, documents: list[str] | None = None):
     return load_tokenizer(spec)  # a model's own tokenizer: the loader every command uses
 
 
-def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSettings, shape: DSLConfig,
+def fit_dsl(out: Path, corpus: str, tokenizer: str | None, *, settings: DSLTrainSettings, shape: DSLConfig,
             table_init: str = "random", init: Path | None = None, init_from: str | None = None, force: bool = False,
             device: str = "auto", progress=None, world: World = SINGLE, execution: Execution = Execution(),
             log_to: str = "none", deterministic: bool = False) -> dict | None:
@@ -547,7 +547,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                         or old.get("identity") != identity:
                     raise BadInput(f"{out} holds another training run; use another --out or --force")
                 tok = load_saved_tokenizer(out)
-                model = _resumed_model(old, out, tok, tokenizer, table_init, init, init_from, seed, dtype)
+                model = _resumed_model(old, out, tok, tokenizer=tokenizer, table_init=table_init, init=init,
+                                       init_from=init_from, seed=seed, dtype=dtype)
             else:
                 if not is_empty(out):
                     raise BadInput(f"output directory {out} is not empty and holds no checkpoint; use another --out")
@@ -572,8 +573,8 @@ def fit_dsl(out: Path, corpus: str, tokenizer: str | None, settings: DSLTrainSet
                 return metrics
 
             with tracking(log_to, settings.train.batch_size * settings.seq_len):
-                return fit_model(model, loss_fn, settings.train, out, target, score, "DSL model", progress=progress,
-                                 world=world, watch=watch, reload=False, execution=execution)
+                return fit_model(model, loss_fn, settings.train, out=out, device=target, score=score, title="DSL model",
+                                 progress=progress, world=world, watch=watch, reload=False, execution=execution)
         finally:
             if progress is not None:
                 progress.stop()
@@ -598,7 +599,7 @@ def _new_model(tok, tokenizer: str, shape: DSLConfig, table_init: str, init: Pat
     return model
 
 
-def _resumed_model(old: dict, out: Path, tok, tokenizer: str, table_init: str, init: Path | None,
+def _resumed_model(old: dict, out: Path, tok, *, tokenizer: str, table_init: str, init: Path | None,
                    init_from: str | None, seed: int, dtype: torch.dtype) -> DSLModel:
     """The model of a directory's run: its weights come from the checkpoint when there is one;
     a run stopped before its first checkpoint starts as a new one (from its pretrained LM too)."""

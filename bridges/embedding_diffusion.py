@@ -348,7 +348,7 @@ def baseline_settings(kind: str, **flags) -> tuple[BaselineTrainSettings, Embedd
     return BaselineTrainSettings(**run, train=TrainConfig(**train)), preset(kind, **shape)
 
 
-def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, settings: BaselineTrainSettings,
+def fit_baseline(out: Path, kind: str, corpus: str, *, tokenizer: str | None, settings: BaselineTrainSettings,
                  shape: EmbeddingDiffusionConfig, force: bool = False, device: str = "auto", progress=None,
                  world: World = SINGLE, log_to: str = "none", deterministic: bool = False) -> dict | None:
     """Train (or resume) a `kind` baseline in `out` on `corpus`; score the kept weights' loss terms
@@ -411,8 +411,8 @@ def fit_baseline(out: Path, kind: str, corpus: str, tokenizer: str | None, setti
                         **({"stop_rows_disjoint": disjoint} if watch is not None else {})}
 
             with tracking(log_to, settings.train.batch_size * settings.seq_len):
-                return fit_model(model, loss_fn, settings.train, out, target, score, TITLES[kind],
-                                 progress=progress, world=world, watch=watch)
+                return fit_model(model, loss_fn, settings.train, out=out, device=target, score=score,
+                                 title=TITLES[kind], progress=progress, world=world, watch=watch)
         finally:
             if progress is not None:
                 progress.stop()

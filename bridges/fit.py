@@ -41,7 +41,7 @@ NOISY_SNRS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 STATISTICS_ROWS = 65_536  # training positions the standardisation and the carry are fitted on
 
 
-def bridge_training(steps: int, batch_size: int, lr: float, seed: int, until: str, eval_every: int,
+def bridge_training(*, steps: int, batch_size: int, lr: float, seed: int, until: str, eval_every: int,
                     precision: str = "auto", plateau_rel: float = TrainConfig.plateau_rel,
                     min_steps: int | None = None, plateau_scale: str = TrainConfig.plateau_scale) -> TrainConfig:
     """A bridge run's training settings, checked: warmup a tenth of the steps (at most 100), EMA
@@ -211,7 +211,7 @@ MASSIVE_FACTOR = GeometrySettings.massive_factor  # the scan's default rule for 
 
 
 @torch.no_grad()
-def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int = 0,
+def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, *, seed: int = 0,
              full: bool = True, massive_factor: float | None = MASSIVE_FACTOR, ref_ce: float | None = None,
              steps: int | None = None) -> dict:
     """Validation losses on a fixed held-out split of cached states, with a fixed seed.
@@ -373,7 +373,7 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
     return True
 
 
-def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, train_cfg: TrainConfig,
+def fit_bridge(backbone, layer: int, states: TeacherStates, *, cfg: BridgeConfig, train_cfg: TrainConfig,
                out: Path, identity: dict, progress=None, world: World = SINGLE,
                massive_factor: float | None = MASSIVE_FACTOR, controls: dict | None = None) -> dict:
     """Train (or resume) the bridge at `layer` into `out` from the run's cached teacher states,
@@ -434,5 +434,6 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, cfg: BridgeConfig, t
                              steps=1)["nmse_dim"])
         return validate(model, teacher, watched, train_cfg.batch_size, full=False, massive_factor=massive_factor)["nmse_dim"]
 
-    return fit_model(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out, device,
-                     score, f"bridge at layer {layer}", progress=progress, world=world, watch=watch)
+    return fit_model(bridge, training_loss(bridge, teacher, states, train_cfg.batch_size), train_cfg, out=out,
+                     device=device, score=score, title=f"bridge at layer {layer}", progress=progress, world=world,
+                     watch=watch)

@@ -527,7 +527,7 @@ def _evaluation(run: _Run, evaluate: Callable, at: int, state: TrainingState, be
     return plateaued(state.val_curve, cfg) and (not state.guard_curve or plateaued(state.guard_curve, cfg))
 
 
-def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
+def train(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, *, out: Path, device: torch.device,
           progress=None, world: World = SINGLE, evaluate: Callable[[torch.nn.Module], float] | None = None,
           execution: Execution = Execution()) -> Trained:
     """Train `model` in place; `loss_fn(model, generator, shard) -> scalar loss` draws the
@@ -624,7 +624,7 @@ def training_summary(trained: Trained, window: int = 20, cfg: TrainConfig | None
             "steps_per_second": round(trained.session_steps / trained.seconds, 3) if trained.seconds else None}
 
 
-def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: Path, device: torch.device,
+def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, *, out: Path, device: torch.device,
               score: Callable[[torch.nn.Module, Trained], dict], title: str, progress=None, world: World = SINGLE,
               watch: Callable[[torch.nn.Module], float] | None = None, reload: bool = True,
               execution: Execution = Execution()) -> dict | None:
@@ -635,7 +635,7 @@ def fit_model(model: torch.nn.Module, loss_fn: Callable, cfg: TrainConfig, out: 
     plot). Returns the metrics on rank 0 (None on the other data-parallel ranks, which
     neither score nor write). `reload` False: `score` reads the saved weights itself (a large
     model is then not loaded twice). `execution`: how the training runs (bridges/parallel.py)."""
-    trained = train(model, loss_fn, cfg, out, device, progress=progress, world=world, evaluate=watch,
+    trained = train(model, loss_fn, cfg, out=out, device=device, progress=progress, world=world, evaluate=watch,
                     execution=execution)
     if not world.is_main:
         return None

@@ -62,7 +62,7 @@ def train_baseline(out: Path, kind: str, seed: int, name: str | None = None, **c
     settings, shape = baseline_settings(kind, **{**TRAINING, "lr": 2e-3, **changed}, steps=CAP, seed=seed,
                                         d_model=SMALL["d_model"], n_layers=SMALL["n_layers"], n_heads=SMALL["n_heads"])
     began = time.perf_counter()
-    metrics = fit_baseline(folder, kind, CORPUS, MODEL, settings, shape, device="cpu")
+    metrics = fit_baseline(folder, kind, CORPUS, tokenizer=MODEL, settings=settings, shape=shape, device="cpu")
     log(f"trained {name or kind} seed {seed}: {metrics['steps_run']} steps ({metrics['stop']}), "
         f"{time.perf_counter() - began:.0f} s")
     return metrics

@@ -109,7 +109,7 @@ def train_variant(out: Path, name: str, seed: int) -> dict:
     settings, shape = dsl_settings(**{**TRAINING, "lr": lr, **never}, snr=snr, steps=cap, seed=seed, **SMALL)
     init = out / "models" / f"{start}-seed{seed}" if start == "mdlm" else None
     began = time.perf_counter()
-    metrics = fit_dsl(folder, CORPUS, MODEL, settings, shape, init=init,
+    metrics = fit_dsl(folder, CORPUS, MODEL, settings=settings, shape=shape, init=init,
                       init_from=start if start == MODEL else None, device="cpu")
     log(f"trained {name} seed {seed}: {metrics['steps_run']} steps ({metrics['stop']}), "
         f"{time.perf_counter() - began:.0f} s")
@@ -146,7 +146,7 @@ def held_out_bound(folder: Path) -> dict:
 
 # --- stage 2: samplers -----------------------------------------------------------------------
 
-def score_samples(folder: Path, model: Path, sampler: str, steps: int, switch_snr: float = 5.0,
+def score_samples(folder: Path, model: Path, sampler: str, steps: int, *, switch_snr: float = 5.0,
                   decode: str = "stack", length: int = LENGTH, start: str = "document", num: int = NUM) -> dict:
     from geoprobe.workflows.generate import SampleSettings, generate
     from geoprobe.metrics.text import text_metrics, token_metrics, word_text
@@ -243,7 +243,7 @@ def recipe_model(out: Path, name: str, seed: int, snr: str, steps: int, lr: floa
         fixed = {**TRAINING, "eval_every": 0, "save_every": max(1, steps // 4), "warmup": min(TRAINING["warmup"], steps // 10)}
         settings, shape = dsl_settings(**{**fixed, "lr": lr}, snr=snr, steps=steps, seed=seed, **SMALL)
         began = time.perf_counter()
-        fit_dsl(folder, CORPUS, MODEL, settings, shape, init=init, device="cpu")
+        fit_dsl(folder, CORPUS, MODEL, settings=settings, shape=shape, init=init, device="cpu")
         log(f"recipe: trained {name} seed {seed} ({steps} steps), {time.perf_counter() - began:.0f} s")
     held_out_bound(folder)
     return folder

@@ -187,7 +187,7 @@ def _distinct_reference(x: torch.Tensor, n: int, offset: int, settings: Geometry
     return reference, reference_ids, inverse, local_position
 
 
-def _union_curvature(x, union_rows, offset, reference, reference_ids, inverse, local_position, scale,
+def _union_curvature(x, union_rows, offset, *, reference, reference_ids, inverse, local_position, scale,
                      settings: GeometrySettings, world: World) -> torch.Tensor:
     """1 / lambda of every row in `union_rows` (the anchors of every draw): a row's curvature does
     not depend on the draw, so it is computed once for the union."""
@@ -236,8 +236,9 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     # of the rows the draws overlap, and R more draws cost far less than R times one
     draws = [draw_samples(n, settings, rng_key, reseed) for reseed in range(settings.reseeds + 1)]
     union = np.unique(np.concatenate([anchors for anchors, _, _ in draws]))
-    union_curv = _union_curvature(x, torch.from_numpy(union).to(x.device), offset, reference, reference_ids, inverse,
-                                  local_position, scale, settings, world)
+    union_curv = _union_curvature(x, torch.from_numpy(union).to(x.device), offset, reference=reference,
+                                  reference_ids=reference_ids, inverse=inverse, local_position=local_position,
+                                  scale=scale, settings=settings, world=world)
 
     def estimate(reseed: int):
         """Per-anchor curvatures and per-pair monotonicities (pairs of non-identical states) for one draw."""
@@ -253,8 +254,9 @@ def layer_geometry(states: torch.Tensor, docs: torch.Tensor, settings: GeometryS
     reseeded = [estimate(r)[:2] for r in range(1, settings.reseeds + 1)]
     reps = {"none": {}, "trace": {}}
     if counts is not None and len(counts):
-        reps = _bootstrap(x, docs[offset:offset + len(x)], counts, spectrum["eigenvectors"], curv_values,
-                          docs[anchor_rows], mono_values, docs[i], docs[j], world)
+        reps = _bootstrap(x, docs[offset:offset + len(x)], counts, eigenvectors=spectrum["eigenvectors"],
+                          curv_values=curv_values, anchor_docs=docs[anchor_rows], mono_values=mono_values,
+                          docs_i=docs[i], docs_j=docs[j], world=world)
     summary = spectrum_summary(spectrum["eigenvalues"])
     result = {
         "layer": layer, "n_states": n_all, "n_used": n, "massive": int(massive_all.sum()),
@@ -352,7 +354,7 @@ def _neighbourhood_lambda_shared(reference, local_position, neighbours, world: W
     return neighbourhood_lambda_max(_complete(reference, local_position[needed], world), position, chunk=chunk)
 
 
-def _bootstrap(centred, docs, counts, eigenvectors, curv_values, anchor_docs, mono_values, docs_i, docs_j,
+def _bootstrap(centred, docs, counts, *, eigenvectors, curv_values, anchor_docs, mono_values, docs_i, docs_j,
                world: World = SINGLE):
     """Replicate proxies for every row of `counts`, from per-document sufficient statistics
     (`centred` and `docs`: this rank's rows; the statistics are summed over ranks)."""

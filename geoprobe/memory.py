@@ -67,7 +67,7 @@ WHOLE_UNIT_BYTES = 8  # an FSDP unit held whole: its weights and their gradient 
 DDP_BUCKET_BYTES = 4  # DistributedDataParallel's gradient buckets: a float32 copy of every gradient
 
 
-def dsl_training_bytes(config, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None,
+def dsl_training_bytes(config, *, d_tok: int, batch_size: int, seq_len: int, parameters: int | None = None,
                        precision: str = "float32", ranks: int = 1, fsdp: bool = False, checkpointing: bool = False,
                        mixed: bool = False) -> int:
     """Device memory per rank of `dsl train --init-from` a causal LM of `config` (bridges/train.py's

@@ -136,7 +136,7 @@ def scan_config(model: str, corpus: str | None = None, doc_blocks: int | None = 
                          **flags)
 
 
-def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, weights: str = WEIGHTS, log: bool = False,
+def scan(out: Path, cfg: ExtractConfig, settings: GeometrySettings, *, weights: str = WEIGHTS, log: bool = False,
          force: bool = False, rank: int | None = None, world_size: int | None = None, extract_progress=None,
          geometry_progress=None) -> dict | None:
     """What `geoprobe scan` does: every check before any slow work, then, holding `out`,

@@ -69,7 +69,7 @@ class ScanPlan:
         return {**asdict(self), "activation_bytes": self.activation_bytes, "memory_bytes": self.memory_bytes}
 
 
-def plan_scan(model: str, out: Path, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
+def plan_scan(model: str, out: Path, *, tokens: int, seq_len: int, layers: str, storage: str, batch_size: int,
               device: str, dtype: str, trust_remote_code: bool = False,
               settings: GeometrySettings | None = None) -> ScanPlan:
 

@@ -168,7 +168,7 @@ class RevealState:
         return z * revealed[..., None]
 
 
-def check_flags(steps=None, top_p=None, per_step=None, eta=None, eta_cap=None, switch_snr=None, num=None,
+def check_flags(*, steps=None, top_p=None, per_step=None, eta=None, eta_cap=None, switch_snr=None, num=None,
                 length=None, top_p_rule=None, t_on=None, t_off=None, alpha_on=None, continuous_steps=None,
                 confidence=None, **_) -> None:
     """The range of every sampling flag, in one place (None: not given). Each sampler checks its

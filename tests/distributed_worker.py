@@ -65,7 +65,7 @@ def train_worker(rank: int, world_size: int, port: int, out: str, stop_at: int) 
 
         cfg = TrainConfig(steps=6, batch_size=8, lr=0.05, warmup=2, save_every=2, precision="float32")
         try:
-            train(model, loss_fn, cfg, Path(out), torch.device("cpu"), world=world_from())
+            train(model, loss_fn, cfg, out=Path(out), device=torch.device("cpu"), world=world_from())
         except RuntimeError as exc:
             if "simulated crash" not in str(exc):
                 raise
@@ -110,8 +110,8 @@ def train_dsl_problem(out: str, backbone: str | None, execution, world, stop_at:
         return loss_fn(m, generator, shard)
 
     try:
-        return train(model, crashing, settings.train, Path(out), torch.device("cpu"), world=world, evaluate=watch,
-                     execution=execution)
+        return train(model, crashing, settings.train, out=Path(out), device=torch.device("cpu"), world=world,
+                     evaluate=watch, execution=execution)
     except RuntimeError as exc:
         if "simulated crash" not in str(exc):
             raise

@@ -198,7 +198,7 @@ def fit(kind: str, out, data, steps: int, seed: int = 0, model_seed: int = 0, sa
         rows = torch.randint(0, len(data), (cfg.batch_size,), generator=generator)
         return m.losses(data[rows], m.draw(data[rows], generator))["loss"]
 
-    train(model, loss_fn, cfg, out, torch.device("cpu"))
+    train(model, loss_fn, cfg, out=out, device=torch.device("cpu"))
     return model
 
 

@@ -40,9 +40,9 @@ def small(layer, llama, **kw):
 @pytest.mark.slow
 def test_layer0_bridge_learns_the_identity_at_clean_condition(llama, states, tmp_path):
     before = {k: v.clone() for k, v in llama.model.state_dict().items()}
-    metrics = fit_bridge(llama, 0, states, small(0, llama),
-                         TrainConfig(steps=300, batch_size=8, lr=3e-3, warmup=10, ema=0.9, save_every=300),
-                         tmp_path / "b0", {"layer": 0})
+    metrics = fit_bridge(llama, 0, states, cfg=small(0, llama),
+                         train_cfg=TrainConfig(steps=300, batch_size=8, lr=3e-3, warmup=10, ema=0.9, save_every=300),
+                         out=tmp_path / "b0", identity={"layer": 0})
     assert metrics["nmse"] < 0.05, metrics  # 0.012-0.013 over seeds 0-2 (150 steps: 0.033-0.051)
     assert metrics["delta_ce"] < 0.05
     assert metrics["round_accuracy"] > 0.9  # the rounding baseline decodes the clean tokens back
@@ -387,16 +387,16 @@ def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, states, tmp_pa
     from geoprobe.bridges.fit import corpus_support
     from geoprobe.bridges.hidden import load_bridge
 
-    fit_bridge(llama, 1, states, small(1, llama), TrainConfig(steps=4, batch_size=4, save_every=4),
-               tmp_path / "b", {"layer": 1})
+    fit_bridge(llama, 1, states, cfg=small(1, llama), train_cfg=TrainConfig(steps=4, batch_size=4, save_every=4),
+               out=tmp_path / "b", identity={"layer": 1})
     loaded, record = load_bridge(tmp_path / "b")
     expected = corpus_support([*blocks[0], *blocks[1]], llama.tokenizer)
     assert record["network"]["support_size"] == len(expected) < llama.config.vocab_size
     assert torch.equal(loaded.support, expected)
     assert set(llama.tokenizer.all_special_ids) <= set(expected.tolist())
     assert set(np.concatenate([b.tokens for b in blocks[0]]).tolist()) <= set(expected.tolist())
-    fit_bridge(llama, 1, states, small(1, llama, vocab="all"), TrainConfig(steps=4, batch_size=4, save_every=4),
-               tmp_path / "all", {"layer": 1})
+    fit_bridge(llama, 1, states, cfg=small(1, llama, vocab="all"),
+               train_cfg=TrainConfig(steps=4, batch_size=4, save_every=4), out=tmp_path / "all", identity={"layer": 1})
     assert load_bridge(tmp_path / "all")[1]["network"]["support_size"] == 0
 
 
@@ -408,7 +408,7 @@ def test_a_bridge_recorded_before_a_field_existed_is_read_with_its_old_value(lla
     from geoprobe.errors import BadInput
 
     cfg, train_cfg = small(1, llama, conv_window=0), TrainConfig(steps=4, batch_size=4, save_every=4)
-    fit_bridge(llama, 1, states, cfg, train_cfg, tmp_path / "b", {"layer": 1})
+    fit_bridge(llama, 1, states, cfg=cfg, train_cfg=train_cfg, out=tmp_path / "b", identity={"layer": 1})
     path = tmp_path / "b" / "config.json"
     record = json.loads(path.read_text())
     del record["network"]["conv_window"]

@@ -147,7 +147,7 @@ def test_ridge_matches_sklearn_single_lambda(rng, emb):
     train, _, query = noisy_problem(rng, emb)
     window = 3
     for lam in (1e-2, 1.0):
-        pred, info = ridge_control(train, None, query, LAYER, emb, window=window, lambdas=(lam,))
+        pred, info = ridge_control(train, None, query, layer=LAYER, embeddings=emb, window=window, lambdas=(lam,))
         model = sklearn_ridge(train, emb, window, lam)
         want = model.predict(window_features(query, emb, window).double().numpy())
         assert pred.shape == (len(query.ids), D) and pred.dtype == torch.float32
@@ -159,7 +159,7 @@ def test_ridge_matches_sklearn_single_lambda(rng, emb):
 def test_ridge_lambda_selection_matches_sklearn(rng, emb):
     train, stop, query = noisy_problem(rng, emb)
     window, lambdas = 4, (1e-3, 1e-2, 1e-1, 1.0, 10.0)
-    _, info = ridge_control(train, stop, query, LAYER, emb, window=window, lambdas=lambdas)
+    _, info = ridge_control(train, stop, query, layer=LAYER, embeddings=emb, window=window, lambdas=lambdas)
     rows = non_bos(stop)
     x_stop = window_features(stop, emb, window, torch.from_numpy(rows)).double().numpy()
     y_stop = stop.states[LAYER].double().numpy()[rows]
@@ -180,7 +180,7 @@ def test_ridge_recovers_planted_map_where_lookup_cannot(rng, emb):
     query = planted(make_split(rng, 10), emb, weight, 1, noise=0.01, seed=10)
     rows = torch.from_numpy(non_bos(query))
     target = query.states[LAYER][rows]
-    pred, info = ridge_control(train, stop, query, LAYER, emb)
+    pred, info = ridge_control(train, stop, query, layer=LAYER, embeddings=emb)
     assert nmse_dim(pred[rows], target) < 0.01
     lookup = token_lookup(train, LAYER, query)
     assert nmse_dim(lookup[rows], target) > 0.3
@@ -192,9 +192,9 @@ def test_ridge_subsample_is_seeded(rng, emb):
     train, stop, query = noisy_problem(rng, emb, n_train=20)
     available = len(non_bos(train))
     max_rows = available // 3
-    a, info_a = ridge_control(train, stop, query, LAYER, emb, max_rows=max_rows, seed=11)
-    b, info_b = ridge_control(train, stop, query, LAYER, emb, max_rows=max_rows, seed=11)
-    c, _ = ridge_control(train, stop, query, LAYER, emb, max_rows=max_rows, seed=12)
+    a, info_a = ridge_control(train, stop, query, layer=LAYER, embeddings=emb, max_rows=max_rows, seed=11)
+    b, info_b = ridge_control(train, stop, query, layer=LAYER, embeddings=emb, max_rows=max_rows, seed=11)
+    c, _ = ridge_control(train, stop, query, layer=LAYER, embeddings=emb, max_rows=max_rows, seed=12)
     assert info_a["train_rows"] == max_rows and info_a["subsampled"]
     assert info_a["train_rows_available"] == available
     assert torch.equal(a, b) and info_a == info_b
@@ -208,7 +208,7 @@ def test_lookup_ridge_is_the_lookup_plus_sklearns_ridge_on_its_residual(rng, emb
 
     train, _, query = noisy_problem(rng, emb)
     window, lam = 2, 0.1
-    pred, info = ridge_control(train, None, query, LAYER, emb, window=window, lambdas=(lam,),
+    pred, info = ridge_control(train, None, query, layer=LAYER, embeddings=emb, window=window, lambdas=(lam,),
                                base=lookup_table(train, LAYER))
     ids, y = train.ids.numpy(), train.states[LAYER].double().numpy()
     table = {i: y[ids == i].mean(0) for i in np.unique(ids)}
@@ -241,8 +241,8 @@ def test_lookup_ridge_recovers_a_table_plus_context_that_neither_part_does(rng, 
     train, stop, query = make(200), make(20), make(20)
     rows = torch.from_numpy(non_bos(query))
     target = query.states[LAYER][rows]
-    both, _ = ridge_control(train, stop, query, LAYER, emb, window=1, base=lookup_table(train, LAYER))
-    ridge, _ = ridge_control(train, stop, query, LAYER, emb, window=1)
+    both, _ = ridge_control(train, stop, query, layer=LAYER, embeddings=emb, window=1, base=lookup_table(train, LAYER))
+    ridge, _ = ridge_control(train, stop, query, layer=LAYER, embeddings=emb, window=1)
     assert nmse_dim(both[rows], target) < 0.02
     assert nmse_dim(token_lookup(train, LAYER, query)[rows], target) > 0.1
     assert nmse_dim(ridge[rows], target) > 0.3

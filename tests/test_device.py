@@ -114,18 +114,18 @@ def test_dsl_training_never_waits_for_the_device_between_saves(tmp_path, float32
 
     def run(steps):
         settings = DSLTrainSettings(train=TrainConfig(steps=steps, batch_size=4, save_every=steps))
-        return train_dsl(dsl_model().train(), data, settings, tmp_path / f"s{steps}", DEVICE)
+        return train_dsl(dsl_model().train(), data, settings, out=tmp_path / f"s{steps}", device=DEVICE)
 
     short, before, _ = syncs_of_training(2, run)
     long, where, library = syncs_of_training(6, run)
     assert long == short and not library, where - before  # the four extra steps added no wait: losses are read at saves only
     plain = train_dsl(dsl_model().train(), data, DSLTrainSettings(train=TrainConfig(steps=6, batch_size=4,
                                                                                     save_every=6)),
-                      tmp_path / "cpu", torch.device("cpu"))
+                      out=tmp_path / "cpu", device=torch.device("cpu"))
     with accelerator():
         again = train_dsl(dsl_model().train(), data,
                           DSLTrainSettings(train=TrainConfig(steps=6, batch_size=4, save_every=6)),
-                          tmp_path / "device", DEVICE)
+                          out=tmp_path / "device", device=DEVICE)
     torch.testing.assert_close(torch.tensor(again.curve), torch.tensor(plain.curve))
 
 
@@ -145,8 +145,9 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     def run(steps):
         llama.model.to(DEVICE)
         try:
-            return fit_bridge(llama, 1, blocks, cfg, TrainConfig(steps=steps, batch_size=2, save_every=steps),
-                              tmp_path / f"s{steps}", {"test": steps})
+            return fit_bridge(llama, 1, blocks, cfg=cfg,
+                              train_cfg=TrainConfig(steps=steps, batch_size=2, save_every=steps),
+                              out=tmp_path / f"s{steps}", identity={"test": steps})
         finally:
             llama.model.to("cpu")
 
@@ -156,8 +157,8 @@ def test_bridge_training_and_the_hybrid_sampler_run_on_the_device(llama, blocks,
     # transformers' waits grow with the backbone forwards alone (one per step, and those of the
     # statistics and validation passes): at most 4 per added step
     assert sum((library - library_short).values()) <= 4 * 3, library - library_short
-    on_cpu = fit_bridge(llama, 1, blocks, cfg, TrainConfig(steps=5, batch_size=2, save_every=5), tmp_path / "cpu",
-                        {"test": 5})
+    on_cpu = fit_bridge(llama, 1, blocks, cfg=cfg, train_cfg=TrainConfig(steps=5, batch_size=2, save_every=5),
+                        out=tmp_path / "cpu", identity={"test": 5})
     on_device = json.loads((tmp_path / "s5" / "metrics.json").read_text())
     for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
         assert on_device[key] == pytest.approx(on_cpu[key], rel=1e-4), key
@@ -223,8 +224,9 @@ def test_the_device_pool_uploads_no_states_and_trains_the_same_bridge(llama, blo
             llama.model.to(DEVICE)
             try:
                 states = pooled_copy(blocks, DEVICE) if use_pool else blocks
-                metrics[name] = fit_bridge(llama, 1, states, cfg, TrainConfig(steps=4, batch_size=2, save_every=4),
-                                           tmp_path / name, {"test": name})
+                metrics[name] = fit_bridge(llama, 1, states, cfg=cfg,
+                                           train_cfg=TrainConfig(steps=4, batch_size=2, save_every=4),
+                                           out=tmp_path / name, identity={"test": name})
             finally:
                 llama.model.to("cpu")
     for key in ("nmse", "nmse_dim", "delta_ce", "objective"):
@@ -356,9 +358,9 @@ def test_dsl_init_from_training_memory_is_what_the_plan_says(llama, batch, lengt
                                                                   precision=precision, eval_every=plateau))
     with accelerator() as acc:
         before = acc.live_bytes
-        train_dsl(model, data, settings, tmp_path, DEVICE, stop_rows=data[:2] if plateau else None)
+        train_dsl(model, data, settings, out=tmp_path, device=DEVICE, stop_rows=data[:2] if plateau else None)
         measured = acc.peak_bytes - before
-    planned = dsl_training_bytes(llama.config, 8, batch, length, precision=precision)
+    planned = dsl_training_bytes(llama.config, d_tok=8, batch_size=batch, seq_len=length, precision=precision)
     assert 0.8 < measured / planned < 1.2, (measured, planned)
 
 
@@ -368,12 +370,12 @@ def test_dsl_init_from_that_will_not_fit_is_refused_before_loading(llama, corpus
     from geoprobe.errors import BadInput
     from geoprobe.memory import dsl_training_bytes
 
-    need = dsl_training_bytes(llama.config, 8, 4, 16)
+    need = dsl_training_bytes(llama.config, d_tok=8, batch_size=4, seq_len=16)
     monkeypatch.setattr(geoprobe.bridges.dsl, "memory_available", lambda device: need - 1)
     monkeypatch.setattr(geoprobe.bridges.dsl, "load_backbone", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(BadInput, match="needs about .* on cpu .* is free"):
-        fit_dsl(tmp_path / "dsl", str(corpus_txt), None, DSLTrainSettings(
-            seq_len=16, train=TrainConfig(steps=2, batch_size=4)), DSLConfig(vocab_size=0, d_tok=8),
+        fit_dsl(tmp_path / "dsl", str(corpus_txt), None, settings=DSLTrainSettings(
+            seq_len=16, train=TrainConfig(steps=2, batch_size=4)), shape=DSLConfig(vocab_size=0, d_tok=8),
             init_from=llama.model.name_or_path, device="cpu")
     assert not (tmp_path / "dsl").exists()
 

@@ -130,8 +130,8 @@ def test_a_diffusion_bridge_records_its_samples_spread_and_is_judged_by_its_post
     controls = {"control_lookup_nmse_dim": 10.0, "control_lookup_ridge_nmse_dim": 10.0}
     train = TrainConfig(steps=6, batch_size=4, save_every=6, eval_every=3, eval_at_start=True, schedule="constant",
                         warmup=1)
-    metrics = fit_bridge(llama, 2, states, small(llama, bridge_steps=4), train, tmp_path / "b", {"layer": 2},
-                         controls=controls)
+    metrics = fit_bridge(llama, 2, states, cfg=small(llama, bridge_steps=4), train_cfg=train, out=tmp_path / "b",
+                         identity={"layer": 2}, controls=controls)
     assert metrics["bridge_kind"] == "diffusion"
     assert metrics["crps_dim"] > 0 and metrics["nmse_dim"] > metrics["nmse_dim_1step"] * 0.5
     assert metrics["beats_lookup"] is True  # 10 is far above any nmse_dim here
@@ -145,7 +145,8 @@ def test_a_diffusion_bridge_records_its_samples_spread_and_is_judged_by_its_post
     assert list(guard) == [s for s, _ in metrics["val_curve"]]
     assert guard[metrics["best_step"]] == pytest.approx(
         validate(bridge, Teacher(llama, 2), states.stop, 4, full=False, steps=1)["nmse_dim"], rel=1e-6)
-    regression = fit_bridge(llama, 2, states, small(llama, **REGRESSION), train, tmp_path / "r", {"layer": 2})
+    regression = fit_bridge(llama, 2, states, cfg=small(llama, **REGRESSION), train_cfg=train, out=tmp_path / "r",
+                            identity={"layer": 2})
     assert regression["bridge_kind"] == "regression" and "crps_dim" not in regression
     assert "guard_curve" not in regression
 

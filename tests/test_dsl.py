@@ -42,7 +42,7 @@ def test_a_trained_dsl_model_beats_the_unigram_entropy(tmp_path):
     model = small_model()
     settings = DSLTrainSettings(snr="mixed", seq_len=32,
                                 train=TrainConfig(steps=300, batch_size=32, lr=2e-3, warmup=30, save_every=300))
-    curve = train_dsl(model, data, settings, tmp_path / "dsl", torch.device("cpu")).curve
+    curve = train_dsl(model, data, settings, out=tmp_path / "dsl", device=torch.device("cpu")).curve
     assert sum(l for _, l in curve[-20:]) / 20 < 0.7 * sum(l for _, l in curve[:20]) / 20
     trained = load_dsl(tmp_path / "dsl")
     held_out = markov_sequences(32, 32, seed=1)
@@ -70,7 +70,7 @@ def train_until_interrupted(data, settings, out, at_call: int = 16):
     DSLModel.loss = dying_loss
     try:
         with pytest.raises(KeyboardInterrupt):
-            train_dsl(small_model(), data, settings, out, torch.device("cpu"))
+            train_dsl(small_model(), data, settings, out=out, device=torch.device("cpu"))
     finally:
         DSLModel.loss = original
 
@@ -79,14 +79,14 @@ def test_training_resumes_to_the_result_of_an_uninterrupted_run(tmp_path):
     data = markov_sequences(128, 16, seed=2)
     cfg = TrainConfig(steps=20, batch_size=8, lr=1e-3, warmup=5, save_every=10, seed=3)
     settings = DSLTrainSettings(seq_len=16, train=cfg)
-    train_dsl(small_model(), data, settings, tmp_path / "full", torch.device("cpu"))
+    train_dsl(small_model(), data, settings, out=tmp_path / "full", device=torch.device("cpu"))
 
     train_until_interrupted(data, settings, tmp_path / "cut")
     assert (tmp_path / "cut" / CHECKPOINT).is_file()
     with safe_open(tmp_path / "cut" / CHECKPOINT, "pt") as handle:
         before = float(handle.metadata()["seconds"])  # the first session's 10 steps
     resumed = small_model(seed=99)  # weights come from the checkpoint, not from this init
-    trained = train_dsl(resumed, data, settings, tmp_path / "cut", torch.device("cpu"))
+    trained = train_dsl(resumed, data, settings, out=tmp_path / "cut", device=torch.device("cpu"))
     a, b = load_dsl(tmp_path / "full").state_dict(), load_dsl(tmp_path / "cut").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
@@ -107,8 +107,8 @@ def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
         return DSLTrainSettings(seq_len=16, train=TrainConfig(steps=30, batch_size=8, lr=1e-3, warmup=5,
                                                               save_every=10, seed=3, precision=precision))
 
-    half = train_dsl(small_model(), data, settings("bfloat16"), tmp_path / "full", torch.device("cpu"))
-    single = train_dsl(small_model(), data, settings("float32"), tmp_path / "f32", torch.device("cpu"))
+    half = train_dsl(small_model(), data, settings("bfloat16"), out=tmp_path / "full", device=torch.device("cpu"))
+    single = train_dsl(small_model(), data, settings("float32"), out=tmp_path / "f32", device=torch.device("cpu"))
     tail = [sum(l for _, l in run.curve[-10:]) / 10 for run in (half, single)]
     assert tail[0] < 0.8 * math.log(V)  # it learned
     assert abs(tail[0] - tail[1]) < 0.03 * tail[1], tail
@@ -119,7 +119,7 @@ def test_bfloat16_weights_train_as_float32_does_and_resume_exactly(tmp_path):
         assert f.get_tensor("opt.head.weight.exp_avg_sq").dtype == torch.float32
 
     train_until_interrupted(data, settings("bfloat16"), tmp_path / "cut")
-    train_dsl(small_model(seed=99), data, settings("bfloat16"), tmp_path / "cut", torch.device("cpu"))
+    train_dsl(small_model(seed=99), data, settings("bfloat16"), out=tmp_path / "cut", device=torch.device("cpu"))
     a, b = load_dsl(tmp_path / "full").state_dict(), load_dsl(tmp_path / "cut").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
@@ -297,19 +297,19 @@ def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_t
 
     cfg = TrainConfig(steps=2000, batch_size=16, lr=2e-2, warmup=5, save_every=50, eval_every=10, min_steps=50)
     model, loss_fn, evaluate = _regression()
-    done = train(model, loss_fn, cfg, tmp_path / "full", torch.device("cpu"), evaluate=evaluate)
+    done = train(model, loss_fn, cfg, out=tmp_path / "full", device=torch.device("cpu"), evaluate=evaluate)
     assert done.stop == "plateau" and 50 <= done.steps < 2000
     curve = done.val_curve
     assert plateaued(curve, cfg) and not any(plateaued(curve[:i], cfg) for i in range(1, len(curve)))
     assert curve[-1][1] < 0.5 * curve[0][1]  # it did learn before it stopped
     assert [s for s, _ in curve] == list(range(10, done.steps + 1, 10))
     # a fixed budget ignores the rule; a cap too small to plateau says so
-    fixed = train(_regression()[0], loss_fn, TrainConfig(steps=30, batch_size=16, warmup=5), tmp_path / "fixed",
-                  torch.device("cpu"), evaluate=evaluate)
+    fixed = train(_regression()[0], loss_fn, TrainConfig(steps=30, batch_size=16, warmup=5), out=tmp_path / "fixed",
+                  device=torch.device("cpu"), evaluate=evaluate)
     assert fixed.stop == "budget" and fixed.steps == 30 and fixed.val_curve == []
     capped = train(_regression()[0], loss_fn, TrainConfig(steps=30, batch_size=16, warmup=5, eval_every=10,
-                                                          min_steps=50), tmp_path / "cap", torch.device("cpu"),
-                   evaluate=evaluate)
+                                                          min_steps=50),
+                   out=tmp_path / "cap", device=torch.device("cpu"), evaluate=evaluate)
     assert capped.stop == "cap" and capped.steps == 30 and len(capped.val_curve) == 3
     # interrupted after a checkpoint, resumed: the same stop and the same weights
     calls = {"n": 0}
@@ -321,8 +321,9 @@ def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_t
         return loss_fn(m, generator, shard)
 
     with pytest.raises(KeyboardInterrupt):
-        train(_regression()[0], dying, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=evaluate)
-    again = train(_regression(seed=0)[0], loss_fn, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=evaluate)
+        train(_regression()[0], dying, cfg, out=tmp_path / "cut", device=torch.device("cpu"), evaluate=evaluate)
+    again = train(_regression(seed=0)[0], loss_fn, cfg, out=tmp_path / "cut", device=torch.device("cpu"),
+                  evaluate=evaluate)
     assert (again.steps, again.stop, again.val_curve) == (done.steps, done.stop, done.val_curve)
     a, b = load_file(tmp_path / "full" / WEIGHTS), load_file(tmp_path / "cut" / WEIGHTS)
     for key in a:
@@ -336,11 +337,11 @@ def test_a_guarded_plateau_waits_for_both_curves_and_keeps_the_scores_best_weigh
     stops (its curve is the same), and a resumed run keeps the guard's curve."""
     cfg = TrainConfig(steps=2000, batch_size=16, lr=2e-2, warmup=5, save_every=50, eval_every=10, min_steps=50)
     model, loss_fn, evaluate = _regression()
-    plain = train(model, loss_fn, cfg, tmp_path / "plain", torch.device("cpu"), evaluate=evaluate)
-    floored = train(_regression()[0], loss_fn, cfg, tmp_path / "floor", torch.device("cpu"),
+    plain = train(model, loss_fn, cfg, out=tmp_path / "plain", device=torch.device("cpu"), evaluate=evaluate)
+    floored = train(_regression()[0], loss_fn, cfg, out=tmp_path / "floor", device=torch.device("cpu"),
                     evaluate=lambda m: evaluate(m) + 100.0)
     assert floored.stop == "plateau" and floored.steps < plain.steps and floored.guard_curve == []
-    guarded = train(_regression()[0], loss_fn, cfg, tmp_path / "guard", torch.device("cpu"),
+    guarded = train(_regression()[0], loss_fn, cfg, out=tmp_path / "guard", device=torch.device("cpu"),
                     evaluate=lambda m: (evaluate(m) + 100.0, evaluate(m)))
     assert (guarded.stop, guarded.steps) == (plain.stop, plain.steps)
     assert guarded.guard_curve == plain.val_curve  # the same weights, the same scores
@@ -358,8 +359,8 @@ def test_a_guarded_plateau_waits_for_both_curves_and_keeps_the_scores_best_weigh
 
     both = lambda m: (evaluate(m) + 100.0, evaluate(m))  # noqa: E731
     with pytest.raises(KeyboardInterrupt):
-        train(_regression()[0], dying, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=both)
-    resumed = train(_regression()[0], loss_fn, cfg, tmp_path / "cut", torch.device("cpu"), evaluate=both)
+        train(_regression()[0], dying, cfg, out=tmp_path / "cut", device=torch.device("cpu"), evaluate=both)
+    resumed = train(_regression()[0], loss_fn, cfg, out=tmp_path / "cut", device=torch.device("cpu"), evaluate=both)
     assert (resumed.steps, resumed.guard_curve) == (guarded.steps, guarded.guard_curve)
 
 
@@ -476,7 +477,7 @@ def test_training_with_evaluations_keeps_the_best_ema_weights(shape, tmp_path):
         return scripted[len(seen) - 1]
 
     cfg = TrainConfig(steps=60, batch_size=16, lr=2e-2, warmup=5, save_every=20, eval_every=10, min_steps=1000)
-    done = train(model, loss_fn, cfg, tmp_path, torch.device("cpu"), evaluate=evaluate)
+    done = train(model, loss_fn, cfg, out=tmp_path, device=torch.device("cpu"), evaluate=evaluate)
     assert done.stop == "cap" and len(seen) == 6
     best = int(np.argmin(scripted))  # a tie keeps the earliest
     assert done.best_step == 10 * (best + 1)

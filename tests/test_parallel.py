@@ -28,7 +28,7 @@ def trained(tmp_path, name: str, execution: Execution):
     data = torch.randint(0, 40, (48, 12), generator=torch.Generator().manual_seed(0))
     settings = DSLTrainSettings(seq_len=12, train=TrainConfig(steps=5, batch_size=8, lr=3e-3, warmup=2, save_every=5,
                                                               precision="float32"))
-    run = train_dsl(tiny_dsl(), data, settings, tmp_path / name, CPU, execution=execution)
+    run = train_dsl(tiny_dsl(), data, settings, out=tmp_path / name, device=CPU, execution=execution)
     return run, load_file(tmp_path / name / "checkpoint.safetensors")
 
 
@@ -98,7 +98,7 @@ def test_fsdp_memory_per_rank_shards_the_training_state_and_ddp_adds_its_buckets
     lm = parameter_count(config)
 
     def plan(**layout):
-        return dsl_training_bytes(config, 8, 4, 16, lm, **layout)
+        return dsl_training_bytes(config, d_tok=8, batch_size=4, seq_len=16, parameters=lm, **layout)
 
     # FSDP: only the 20 bytes per parameter are divided by the ranks; the units held whole are not
     assert plan(fsdp=True, ranks=2) - plan(fsdp=True, ranks=4) == pytest.approx(20 * lm / 2 - 20 * lm / 4, abs=2)
@@ -122,7 +122,7 @@ def test_a_refusal_on_a_gpu_names_a_fsdp_layout_that_the_plan_then_accepts(llama
     import geoprobe.bridges.dsl
 
     folder, cuda = llama.model.name_or_path, torch.device("cuda", 0)
-    free = int(share * dsl_training_bytes(llama.config, 8, 8, 16, precision="float32"))
+    free = int(share * dsl_training_bytes(llama.config, d_tok=8, batch_size=8, seq_len=16, precision="float32"))
     monkeypatch.setattr(geoprobe.bridges.dsl, "memory_available", lambda device: free)
     with pytest.raises(BadInput) as refusal:
         check_init_fits(folder, 8, 8, 16, cuda, "float32")

@@ -96,7 +96,7 @@ def test_a_resumed_run_purges_the_events_of_the_steps_it_repeats(tmp_path):
             return loss_fn(m, generator, shard)
 
         with tracking("tensorboard"):
-            train(model, crashing, settings.train, tmp_path, torch.device("cpu"))
+            train(model, crashing, settings.train, out=tmp_path, device=torch.device("cpu"))
 
     with pytest.raises(RuntimeError, match="simulated crash"):
         session(10)

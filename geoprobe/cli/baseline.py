@@ -65,8 +65,8 @@ def train_cmd(
                                           until=plain(until), eval_every=eval_every, min_steps=min_steps, save_every=save_every,
                                           precision=plain(precision), seq_len=seq_len, **shape)
     resolve_device(device)
-    metrics = fit_baseline(out, kind, corpus, tokenizer, settings, network, force=force, device=device,
-                           progress=progress(f"baseline train {kind}", "step"), world=world_from(), log_to=log_to,
-                           deterministic=deterministic)
+    metrics = fit_baseline(out, kind, corpus, tokenizer=tokenizer, settings=settings, shape=network, force=force,
+                           device=device, progress=progress(f"baseline train {kind}", "step"), world=world_from(),
+                           log_to=log_to, deterministic=deterministic)
     if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"baseline train {kind} → {out}")

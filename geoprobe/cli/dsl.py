@@ -82,10 +82,10 @@ def train_cmd(
                                    d_model=d_model, n_layers=n_layers, n_heads=n_heads, norm_input=norm_input,
                                    learn_table=not freeze_table)
     resolve_device(device)
-    metrics = fit_dsl(out, corpus, tokenizer, settings, shape, table_init=table_init, init=init, init_from=init_from,
-                      force=force, device=device, progress=progress("dsl train", "step"), world=world_from(),
-                      execution=Execution(fsdp, grad_accum, activation_checkpointing), log_to=log_to,
-                      deterministic=deterministic)
+    metrics = fit_dsl(out, corpus, tokenizer, settings=settings, shape=shape, table_init=table_init, init=init,
+                      init_from=init_from, force=force, device=device, progress=progress("dsl train", "step"),
+                      world=world_from(), execution=Execution(fsdp, grad_accum, activation_checkpointing),
+                      log_to=log_to, deterministic=deterministic)
     if metrics is not None:  # data-parallel ranks: rank 0 evaluates and reports
         _report(metrics, f"dsl train → {out}")
 

@@ -55,8 +55,9 @@ geometry_flags = with_settings(GEOMETRY_FLAGS, {**vars(GEOMETRY), "keep_massive"
 def _show_plan(model, out, cfg, settings) -> None:
     """--plan: the figures, then a one-line refusal when the disk or memory will not hold them."""
 
-    plan = plan_scan(model, out, cfg.tokens, cfg.seq_len, cfg.layers, cfg.storage, cfg.batch_size, cfg.device,
-                     cfg.dtype, cfg.trust_remote_code, settings)
+    plan = plan_scan(model, out, tokens=cfg.tokens, seq_len=cfg.seq_len, layers=cfg.layers, storage=cfg.storage,
+                     batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype,
+                     trust_remote_code=cfg.trust_remote_code, settings=settings)
 
     show(plan.record(), lambda: print_table(f"plan for {model} on {plan.device} ({plan.dtype})", ["need", "size", "detail"], [
             ["parameters", human(plan.parameter_bytes), f"{plan.parameters:,} x {plan.dtype}"],
@@ -166,7 +167,7 @@ def scan(
         parse_weights(weights)
         _show_plan(model, out, cfg, settings)
         return
-    result = scan_run(out, cfg, settings, weights, log, force, rank, world_size,
+    result = scan_run(out, cfg, settings, weights=weights, log=log, force=force, rank=rank, world_size=world_size,
                       extract_progress=progress("extract", "tok"), geometry_progress=progress("geometry", "layer"))
     if result is not None:
         _show_ranking(result)

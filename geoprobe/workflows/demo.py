@@ -173,7 +173,8 @@ def testbed_experiment(out: Path, device: str, step: Steps) -> dict:
     for name, snr in {"dsl": "mixed", "mdlm": "endpoint"}.items():  # DSL, and the endpoint-only MDLM model
         settings, shape = dsl_settings(snr=snr, steps=p.dsl_steps, batch_size=p.dsl_batch, seq_len=p.dsl_seq,
                                        lr=p.dsl_lr, d_model=p.dsl_width, n_layers=2)
-        step(f"dsl train --snr {snr}", fit_dsl, out / name, corpus, model, settings, shape, device=device)
+        step(f"dsl train --snr {snr}", fit_dsl, out / name, corpus, model, settings=settings, shape=shape,
+             device=device)
     table = {f"dsl-{s}": (out / "dsl", s, "stack") for s in DSL_SAMPLERS}
     table["mdlm-mdlm"] = (out / "mdlm", "mdlm", "stack")
     for role in ("chosen", "worst", "oracle"):  # the same layer may play two roles: one row

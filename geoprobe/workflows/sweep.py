@@ -201,8 +201,9 @@ class BridgeSettings:
         check_log_to(self.log_to)
         if self.train_tokens < 1:
             raise BadInput(f"--train-tokens must be at least 1, got {self.train_tokens}")
-        return bridge_training(self.steps, self.batch_size, self.lr, self.seed, self.until, self.eval_every,
-                               self.network.precision, self.plateau_rel, self.min_steps, self.plateau_scale)
+        return bridge_training(steps=self.steps, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
+                               until=self.until, eval_every=self.eval_every, precision=self.network.precision,
+                               plateau_rel=self.plateau_rel, min_steps=self.min_steps, plateau_scale=self.plateau_scale)
 
     def network_at(self, layer: int, backbone) -> BridgeConfig:
         return replace(self.network, layer=layer, vocab_size=backbone.config.vocab_size,
@@ -318,8 +319,9 @@ def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSetting
     bar = bars(f"bridge layer {layer}") if bars else None
     try:
         with tracking(settings.log_to, train_cfg.batch_size * source.seq_len):
-            return fit_bridge(source.backbone, layer, states, cfg, train_cfg, out, identity(source, layer),
-                              progress=bar, world=world, massive_factor=source.massive_factor, controls=controls), out
+            return fit_bridge(source.backbone, layer, states, cfg=cfg, train_cfg=train_cfg, out=out,
+                              identity=identity(source, layer), progress=bar, world=world,
+                              massive_factor=source.massive_factor, controls=controls), out
     finally:
         if bar is not None:
             bar.stop()
