@@ -151,6 +151,18 @@ def test_no_library_function_is_longer_than_80_lines():
     assert long == []
 
 
+def test_no_library_function_takes_more_than_8_positional_parameters():
+    """A long signature takes its later parameters by keyword (after `*`), so a call names them."""
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                positional = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                if len(positional) > 8:
+                    long.append(f"{name}.{node.name} ({len(positional)} positional)")
+    assert long == []
+
+
 def test_only_the_registry_and_the_record_read_a_checkpoints_kind():
     """bridges/kinds.py is the one table of model kinds: no other module branches on a record's
     "kind" (checkpoint.py only reads and writes the field)."""
