@@ -46,9 +46,10 @@ import geoprobe
 sys.path.insert(0, sys.argv[1])
 spec = importlib.util.find_spec("geoprobe.samplers")
 source = Path(spec.origin).read_text()
-table = "LeftToRight, Ancestral)}"
-assert source.count(table) == 1, "the SAMPLERS table moved: update this test"
-source = "from one_shot import OneShot\\n" + source.replace(table, "LeftToRight, Ancestral, OneShot)}")
+table, last_import = "LeftToRight, Ancestral)}", "from geoprobe.samplers.roar import ROAR\\n"
+assert source.count(table) == 1 and source.count(last_import) == 1, "samplers/__init__.py moved: update this test"
+source = source.replace(table, "LeftToRight, Ancestral, OneShot)}").replace(
+    last_import, last_import + "from one_shot import OneShot\\n")
 module = importlib.util.module_from_spec(spec)
 sys.modules["geoprobe.samplers"] = geoprobe.samplers = module
 exec(compile(source, spec.origin, "exec"), module.__dict__)
