@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,9 +67,17 @@ def run_cli(*args, env=None, timeout=600, background=False):
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     if background:
         return subprocess.Popen(argv, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=as_a_terminal_would)
     return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, preexec_fn=as_a_terminal_would)
+
+
+def as_a_terminal_would() -> None:
+    """Ctrl-C's default disposition in the child, as a terminal's foreground job has it: a test
+    run started with `&` by a non-interactive shell ignores SIGINT, an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler, so the CLI would
+    never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def invoke(*args) -> tuple[int, str, str]:
