@@ -292,6 +292,19 @@ def _regression(seed=0):
     return model, loss_fn, evaluate
 
 
+def dies_at(loss_fn, call: int):
+    """`loss_fn`, which raises KeyboardInterrupt (a Ctrl-C) at its `call`-th call."""
+    calls = {"n": 0}
+
+    def dying(m, generator, shard):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return loss_fn(m, generator, shard)
+
+    return dying
+
+
 def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_the_same_stop(tmp_path):
     from safetensors.torch import load_file
 
@@ -312,13 +325,7 @@ def test_plateau_rule_stops_where_the_validation_curve_flattens_and_resumes_to_t
                    out=tmp_path / "cap", device=torch.device("cpu"), evaluate=evaluate)
     assert capped.stop == "cap" and capped.steps == 30 and len(capped.val_curve) == 3
     # interrupted after a checkpoint, resumed: the same stop and the same weights
-    calls = {"n": 0}
-
-    def dying(m, generator, shard):
-        calls["n"] += 1
-        if calls["n"] == done.steps - 20:
-            raise KeyboardInterrupt
-        return loss_fn(m, generator, shard)
+    dying = dies_at(loss_fn, done.steps - 20)
 
     with pytest.raises(KeyboardInterrupt):
         train(_regression()[0], dying, cfg, out=tmp_path / "cut", device=torch.device("cpu"), evaluate=evaluate)
@@ -349,13 +356,7 @@ def test_a_guarded_plateau_waits_for_both_curves_and_keeps_the_scores_best_weigh
     summary = training_summary(guarded, cfg=cfg)
     assert summary["guard_curve"] == guarded.guard_curve and summary["plateau_rule"]["guard_gain"] < cfg.plateau_rel
     # interrupted after a checkpoint and resumed, it reads the guard's curve back: the same stop
-    calls = {"n": 0}
-
-    def dying(m, generator, shard):
-        calls["n"] += 1
-        if calls["n"] == guarded.steps - 5:
-            raise KeyboardInterrupt
-        return loss_fn(m, generator, shard)
+    dying = dies_at(loss_fn, guarded.steps - 5)
 
     both = lambda m: (evaluate(m) + 100.0, evaluate(m))  # noqa: E731
     with pytest.raises(KeyboardInterrupt):

@@ -7,11 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from tests.helpers import invoke
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # "Write a class that subclasses Sampler. Declare its knobs as dataclass fields with their
 # defaults. Implement run(model, num, length, generator)": one denoiser call on the all-masked
@@ -38,7 +41,7 @@ class OneShot(Sampler):
 # "Add it to SAMPLERS in samplers/__init__.py": the package's own source with the class added
 # to the table, loaded as geoprobe.samplers in a fresh process before anything imports it
 REGISTERED = '''
-import contextlib, importlib.util, io, json, sys
+import importlib.util, json, sys
 from pathlib import Path
 
 import geoprobe
@@ -54,18 +57,8 @@ module = importlib.util.module_from_spec(spec)
 sys.modules["geoprobe.samplers"] = geoprobe.samplers = module
 exec(compile(source, spec.origin, "exec"), module.__dict__)
 
-from geoprobe.cli.app import main
-
-
-def invoke(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-    return [code, out.getvalue(), err.getvalue()]
+sys.path.insert(0, sys.argv[3])  # the repository: the tests' own in-process CLI call
+from tests.helpers import invoke
 
 
 model, out = sys.argv[2], Path(sys.argv[1]) / "samples"
@@ -125,7 +118,7 @@ def test_a_sampler_added_to_the_table_reaches_geoprobe_sample(tmp_path, corpus_t
                           "--batch-size", 2, "--seq-len", 16, "--d-model", 16, "--n-layers", 1, "--out", dsl,
                           "--device", "cpu")
     assert code == 0, err
-    done = subprocess.run([sys.executable, "-c", REGISTERED, str(tmp_path), str(dsl)], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", REGISTERED, str(tmp_path), str(dsl), str(ROOT)], capture_output=True,
                           text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
