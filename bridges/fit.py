@@ -165,8 +165,10 @@ def grid_objective(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_s
             a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"])
         target = got[layer]
         weight = bridge.scored(target, positions_weight(mask))
-        still = torch.zeros_like(target) if cfg.sigma_b > 0 else None  # at tau = 0 the bridge noise is 0
-        seq = upload(at_zero, ids.device)[:, None] * bridge.position_errors(a, target, torch.zeros(len(ids)), still)
+        seq = torch.zeros_like(weight)
+        if bool(at_zero.any()):  # the tau = 0 term, where a row has that mass (none has with tau_zero 0)
+            still = torch.zeros_like(target) if cfg.sigma_b > 0 else None  # at tau = 0 the bridge noise is 0
+            seq = upload(at_zero, ids.device)[:, None] * bridge.position_errors(a, target, torch.zeros(len(ids)), still)
         for tau in taus:
             eps = torch.randn(target.shape, generator=g) if cfg.sigma_b > 0 else None
             err = bridge.position_errors(a, target, tau.expand(len(ids)), eps)
