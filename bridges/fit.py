@@ -98,6 +98,8 @@ def fit_statistics(bridge: HiddenBridge, states: TeacherStates, massive_factor: 
     bridge.set_statistics(source[keep].to(device), target[keep].to(device), limit)
     if bridge.cfg.carry == "lookup":  # the lookup control's own table, on the rows it is fitted on
         named = bridge.support if bridge.cfg.support_size else torch.arange(bridge.cfg.vocab_size)
+        if bridge.unseen_row:  # an id no token has: the lookup's overall mean, for tokens outside the support
+            named = torch.cat([named, torch.tensor([bridge.cfg.vocab_size], device=named.device)])
         fitted = fitted_rows(states.train, layer, massive_factor)
         bridge.set_lookup(token_lookup(states.train, layer, named.cpu(), fitted).to(device))
 
@@ -351,7 +353,7 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
     old = read_config(out, "bridge")
     # a record from before a field existed holds that field's old value (as load_bridge reads it)
     network, old_network = asdict(cfg), {**OLDER_BRIDGES, **old["network"]}
-    if cfg.vocab == "corpus" and not cfg.support_size:
+    if cfg.vocab in ("corpus", "train") and not cfg.support_size:
         old_network["support_size"] = network["support_size"]
     if old.get("identity") != identity or old_network != network:
         keys = differing_keys(old.get("identity", {}), identity) or [
@@ -399,8 +401,8 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, *, cfg: BridgeConfig
         raise BadInput(f"layer {layer} is not among the cached teacher states (layers {list(states.layers)})")
     teacher = Teacher(backbone, layer)
     device = backbone.input_device
-    blocks = [*states.train.blocks, *states.stop.blocks, *states.val.blocks]
-    support = corpus_support(blocks, backbone.tokenizer) if cfg.vocab == "corpus" else None
+    blocks = [*states.train.blocks, *([] if cfg.vocab == "train" else [*states.stop.blocks, *states.val.blocks])]
+    support = corpus_support(blocks, backbone.tokenizer) if cfg.vocab in ("corpus", "train") else None
     if support is not None:
         cfg = replace(cfg, support_size=len(support))
         check_bridge_dir(out, cfg, train_cfg, identity)  # a resumed folder: the support size too

@@ -115,8 +115,10 @@ class BridgeConfig:
     # standardisation of source and target: "channel" (each channel by its own mean and spread, so
     # the loss weighs channels as nmse_dim does) or "scalar" (one scale per layer: older bridges)
     scale: str = "channel"
-    # the converter's vocabulary: "corpus" = the tokens of the training corpus and the specials
-    # (support_size of them, ids in the `support` buffer), "all" = the backbone's whole vocabulary
+    # the converter's vocabulary: "corpus" = the tokens of the corpus's blocks (every split) and the
+    # specials (support_size of them, ids in the `support` buffer), "train" = those of the training
+    # blocks alone and the specials (no held-out token in the support; a token outside it is read,
+    # at clean condition, as the lookup's overall mean), "all" = the backbone's whole vocabulary
     vocab: str = "corpus"
     support_size: int = 0  # 0: the whole vocabulary
     precision: str = "auto"  # auto: the mixture's product in bf16 where the device has it natively
@@ -145,6 +147,7 @@ REGRESSION = {"sigma_b": 0.0, "tau_zero": 1.0, "bridge_steps": 1, "regression_fr
 # the ceiling control: the same network as the plain clean regression (every row clean, tau = 0)
 CEILING = {**REGRESSION, "regression_frac": 1.0}
 ATTENTIONS = ("bidirectional", "causal")
+VOCABS = ("corpus", "train", "all")
 
 
 def check_bridge_flags(cfg: BridgeConfig) -> None:
@@ -155,8 +158,8 @@ def check_bridge_flags(cfg: BridgeConfig) -> None:
         raise BadInput("--precision bfloat16 is for dsl train; a bridge trains with auto or float32")
     if carry not in ("lookup", "channel"):
         raise BadInput(f"--carry must be lookup or channel, got {carry!r}")
-    if vocab not in ("corpus", "all"):
-        raise BadInput(f"--vocab must be corpus or all, got {vocab!r}")
+    if vocab not in VOCABS:
+        raise BadInput(f"--vocab must be one of {', '.join(VOCABS)}, got {vocab!r}")
     if not 0 <= sigma_b < float("inf"):  # also refuses NaN
         raise BadInput(f"--sigma-b must be finite and >= 0, got {sigma_b}")
     if not 0 <= tau_zero <= 1:
@@ -214,8 +217,9 @@ class HiddenBridge(nn.Module):
         if cfg.scale == "channel":
             self.register_buffer("carry_gain", torch.ones(d))
             self.register_buffer("massive_norm", torch.tensor(float("inf")))
-        if cfg.carry == "lookup":  # one row per token the converter can name, in backbone units
-            self.register_buffer("lookup", torch.zeros(cfg.support_size or cfg.vocab_size, d))
+        if cfg.carry == "lookup":  # one row per token the converter can name, in backbone units (and,
+            # with a training support, one more: the overall mean, for a token outside it)
+            self.register_buffer("lookup", torch.zeros((cfg.support_size or cfg.vocab_size) + self.unseen_row, d))
 
     def set_statistics(self, source: torch.Tensor, target: torch.Tensor, massive_norm: float = float("inf")) -> None:
         """From (n, d) samples of layer 0 and layer l at the same positions: each channel's mean
@@ -243,6 +247,12 @@ class HiddenBridge(nn.Module):
         """Channels of `source`'s output: layer 0's mixture, and with a lookup carry the carry
         and the converter's two doubt channels."""
         return 2 * self.cfg.hidden_size + 2 if self.cfg.carry == "lookup" else self.cfg.hidden_size
+
+    @property
+    def unseen_row(self) -> int:
+        """1 when a token may fall outside the support (a training support): the lookup then has a
+        last row for it."""
+        return int(self.cfg.vocab == "train" and self.cfg.support_size > 0)
 
     def set_lookup(self, table: torch.Tensor) -> None:
         """Each support token's (or each vocabulary token's) mean training state at layer l,
@@ -272,7 +282,8 @@ class HiddenBridge(nn.Module):
                 # centred, so that a bf16 table rounds each channel at the scale of its spread,
                 # not of its mean (massive channels); `source` adds the mean back, exactly, as
                 # the mixture's weights sum to 1
-                rows = torch.cat([rows, self.lookup - self.target_mean], dim=1)
+                named = self.lookup[:len(self.lookup) - self.unseen_row]  # the support's rows
+                rows = torch.cat([rows, named - self.target_mean], dim=1)
             fast = Precision.parse(self.cfg.precision) is Precision.AUTO and native_bf16(embeddings.device)
             self._kept = kept = (embeddings, rows.to(torch.bfloat16 if fast else rows.dtype))
         return kept[1]
@@ -319,12 +330,23 @@ class HiddenBridge(nn.Module):
             # only on the noisy rows (a quarter of the batch is clean in training)
             a = embeddings[clean_tokens].to(table.dtype)
             if lookup:
-                slots = torch.searchsorted(self.support, clean_tokens) if self.cfg.support_size else clean_tokens
+                slots = self.lookup_slots(clean_tokens)
                 a = torch.cat([a, self.lookup[slots], a.new_zeros(*a.shape[:-1], 2)], dim=-1)
             noisy = upload((~clean).nonzero(as_tuple=True)[0], z.device)
             if len(noisy):
                 a = a.index_put((noisy,), mixed(z[noisy]))
         return a + F.pad(offsets, (0, self.source_width - self.cfg.hidden_size))
+
+    def lookup_slots(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Each token's row in `lookup`: its support slot, or (a training support) the last row,
+        the overall mean, for a token outside the support."""
+        if not self.cfg.support_size:
+            return tokens
+        slots = torch.searchsorted(self.support, tokens)
+        if not self.unseen_row:
+            return slots
+        slots = slots.clamp(max=self.cfg.support_size - 1)
+        return torch.where(self.support[slots] == tokens, slots, self.cfg.support_size)
 
     def standardise_source(self, a):
         if self.cfg.carry == "lookup":

@@ -106,7 +106,7 @@ NOTES = RECORD / "notes.md"
 # the default (diffusion) objective, 2 seeds; its records and page are its own. Its ceiling controls
 # are the regression sweep's (the same network as the plain clean regression): restored from RECORD
 DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
-             "sweep": ["--layers", "1-12", *CAP_AND_RULE, *SHAPE, "--ceiling"], "seeds": "0,1",
+             "sweep": ["--layers", "1-12", *CAP_AND_RULE, *SHAPE, "--vocab", "train", "--ceiling"], "seeds": "0,1",
              "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"

@@ -629,21 +629,22 @@ def test_the_diffusion_sweep_shares_the_scan_and_the_ceilings_but_not_the_bridge
 
 
 def test_the_diffusion_sweep_flags_train_the_default_bridge_at_the_regression_sweeps_width():
-    """DIFFUSION's sweep is SWEEP without --regression: the same cap, rule and width, the default
-    (diffusion) objective; its ceiling settings are the regression sweep's ceilings'."""
+    """DIFFUSION's sweep is SWEEP without --regression and with a training support (amendment 14):
+    the same cap, rule and width, the default (diffusion) objective; its ceiling settings are the
+    regression sweep's ceilings', whose records it reuses."""
     from dataclasses import replace
 
     from experiments.smollm2_results import DIFFUSION
     from geoprobe.workflows.sweep import bridge_settings, ceiling_settings
 
-    assert [a for a in SWEEP if a != "--regression"] == DIFFUSION["sweep"]
-    assert DIFFUSION["seeds"] == "0,1"
-    diffusion = bridge_settings(steps=4000, eval_every=50, d_model=320)
+    assert [a for a in SWEEP if a != "--regression"] == [a for a in DIFFUSION["sweep"] if a not in ("--vocab", "train")]
+    assert DIFFUSION["seeds"] == "0,1" and DIFFUSION["sweep"][DIFFUSION["sweep"].index("--vocab") + 1] == "train"
+    diffusion = bridge_settings(steps=4000, eval_every=50, d_model=320, vocab="train")
     regression = bridge_settings(steps=4000, eval_every=50, d_model=320, regression=True)
     assert diffusion.network.sigma_b > 0 and diffusion.network.tau_zero < 1 and regression.network.sigma_b == 0
     assert ceiling_settings(diffusion) == ceiling_settings(regression)
     assert replace(diffusion.network, **{k: getattr(regression.network, k) for k in
-                                         ("sigma_b", "tau_zero", "bridge_steps", "regression_frac")}) == regression.network
+                                         ("sigma_b", "tau_zero", "bridge_steps", "regression_frac", "vocab")}) == regression.network
 
 
 def test_the_diffusion_studys_choice_follows_its_registered_rule():
@@ -692,10 +693,11 @@ def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
         chosen_diffusion(choice)
     choice.write_text(json.dumps({"sigma_b": 2.0, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
     flags = [*DIFFUSION["sweep"], *chosen_diffusion(choice)]
-    pairs = [a for a in flags if a != "--ceiling"]
+    pairs = [a for a in flags if a != "--ceiling"]  # every other flag takes a value
     given = {name[2:].replace("-", "_"): value for name, value in zip(pairs[::2], pairs[1::2]) if name != "--layers"}
     network = bridge_settings(**given).network
-    assert (network.sigma_b, network.tau_zero, network.bridge_steps, network.d_model) == (2.0, 0.25, 8, 320)
+    assert (network.sigma_b, network.tau_zero, network.bridge_steps, network.d_model, network.vocab) == (
+        2.0, 0.25, 8, 320, "train")
     with pytest.raises(SystemExit, match="--k-scan"):
         chosen_diffusion(ROOT / "experiments" / "records" / "bridge-design" / "no-such-choice.json")
 

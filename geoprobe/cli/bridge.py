@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from geoprobe.bridges.hidden import ATTENTIONS
+from geoprobe.bridges.hidden import ATTENTIONS, VOCABS
 from geoprobe.cli.options import (BatchSize, Deterministic, Device, DeviceMap, Dtype, EvalEvery, Force, Layers, LogTo,
     Precision, Seed, Steps, Until, choices, plain, with_settings)
 from geoprobe.cli.output import progress, show
@@ -54,8 +54,8 @@ SETTINGS = {
     "seed": Seed,
     "until": Until,
     "eval_every": EvalEvery,
-    "vocab": Annotated[choices("Vocab", ("corpus", "all")), typer.Option("--vocab", help="The converter's tokens: "
-                                                                        "those of the corpus (exact, faster), or all.")],
+    "vocab": Annotated[choices("Vocab", VOCABS), typer.Option("--vocab", help="The converter's tokens: "
+                                                                        "the corpus's, the training blocks', or all.")],
     "precision": Precision,
     "log_to": LogTo,
     "deterministic": Deterministic,

@@ -343,8 +343,12 @@ def ceiling_dir(run: Path, layer: int) -> Path:
 
 def ceiling_settings(settings: BridgeSettings) -> BridgeSettings:
     """The ceiling control: the same network and budget trained as the plain clean regression
-    (every sequence at clean condition and tau = 0, one sampler step), seed 0."""
-    return replace(settings, seed=0, network=replace(settings.network, **CEILING))
+    (every sequence at clean condition and tau = 0, one sampler step), seed 0. A training support
+    becomes the corpus's: at clean condition both give every token the same carry (a token the
+    training blocks lack gets the training mean either way), and so a sweep on a training support
+    reuses the corpus-support ceilings a regression sweep trained."""
+    vocab = "corpus" if settings.network.vocab == "train" else settings.network.vocab
+    return replace(settings, seed=0, network=replace(settings.network, **CEILING, vocab=vocab))
 
 
 def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | None = None, *,
