@@ -153,7 +153,7 @@ def main() -> None:
                              "must be in --out) into OUT/k-scan.json, and exit")
     parser.add_argument("--choose", action="store_true",
                         help="apply the diffusion study's registered rule to its finished variants and K scan; "
-                             "write OUT/choice.json and its record")
+                             "write OUT/choice.json (the record is written by --confirm)")
     parser.add_argument("--confirm", action="store_true",
                         help="train the chosen variant and the runner-up to the plateau at layer 3, seed 1, and "
                              "confirm or overturn the choice by their noisy CRPS at K = 32")
@@ -173,25 +173,27 @@ def main() -> None:
     from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_dir, cached_states, layer_controls, open_source, \
         train_bridge
 
-    names = list(VARIANTS) if args.variants == "all" else [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
+    # "all": every variant but the confirmation's, which train only under --confirm (its layer and seed)
+    names = ([n for n in VARIANTS if not n.startswith("confirm ")] if args.variants == "all"
+             else [list(VARIANTS)[int(i)] for i in args.variants.split(",")])
+    if args.confirm:  # the two best variants by the rule, at the confirmation's layer and seed
+        choice = json.loads((args.out / "choice.json").read_text())
+        names = [name.replace("diffusion", "confirm") for name in ranked(choice)[:2]]
+        args.layers, args.seed = str(CONFIRM_LAYER), CONFIRM_SEED
     if args.status:  # before the restore below, which writes
         print("\n".join(progress_of([(f"{name}, layer {layer}, seed {args.seed}",
                                         bridge_dir(args.out / folder_of(name), int(layer), args.seed))
                                        for name in names for layer in args.layers.split(",")])))
         return
-    if args.confirm:  # the two best variants by the rule (its tracked record), at the confirmation's layer and seed
-        choice = json.loads((RECORDS / "choice.json").read_text())
-        names = [name.replace("diffusion", "confirm") for name in ranked(choice)[:2]]
-        args.layers, args.seed = str(CONFIRM_LAYER), CONFIRM_SEED
     for name in names:  # a fresh clone keeps the variants another machine finished (as make results does)
         restore(args.out / folder_of(name), RECORDS / folder_of(name))
     if args.page_only:
         write_page(finished(args.out), args)
         return
-    if args.choose:
-        choice = diffusion_choice(finished(args.out), json.loads((args.out / "k-scan.json").read_text()))
-        for path in (args.out / "choice.json", RECORDS / "choice.json"):
-            write_json_atomic(path, choice)
+    if args.choose:  # into OUT only: the tracked record is the confirmed choice (`--confirm`), so that
+        # make's target (the record) is not up to date before the confirmation ran
+        choice = diffusion_choice(finished(args.out), json.loads((RECORDS / "k-scan.json").read_text()))
+        write_json_atomic(args.out / "choice.json", choice)
         print("\n".join(choice["why"]), flush=True)
         return
     layers = [int(x) for x in args.layers.split(",")]
@@ -241,7 +243,7 @@ def confirm_choice(source, states, choice: dict, names: list[str], args) -> None
 
     scores = {}
     for name in names:
-        bridge, _ = load_bridge(bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED))
+        bridge, _ = load_bridge(weighted(bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED)))
         metrics = json.loads((bridge_dir(args.out / folder_of(name), CONFIRM_LAYER, CONFIRM_SEED)
                               / "metrics.json").read_text())
         row = sample_scores(bridge, Teacher(source.backbone, CONFIRM_LAYER), states.val, 8, K_GRID[-1], noisy=True)
@@ -277,6 +279,17 @@ def confirmed_choice(choice: dict, scores: dict, kscan: list[dict]) -> dict:
     return out
 
 
+def weighted(folder: Path) -> Path:
+    """`folder`, when it holds the bridge's weights; one line otherwise: a bridge restored from
+    its record (another machine trained it) has none, and the K scan and the confirmation sample."""
+    from geoprobe.bridges.checkpoint import WEIGHTS
+
+    if not (folder / WEIGHTS).is_file():
+        raise SystemExit(f"{folder} holds a bridge's record but not its weights (it was trained on another "
+                         f"machine): remove that folder and rerun, which trains it again")
+    return folder
+
+
 def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
     """Each trained diffusion variant's samples at every K of K_GRID: nmse_dim and crps_dim on
     the validation split (the study's choice of K), printed and kept in OUT/k-scan.json."""
@@ -288,8 +301,7 @@ def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
     rows = []
     for name in names:
         for layer in layers:
-            folder = bridge_dir(args.out / folder_of(name), layer, args.seed)
-            bridge, _ = load_bridge(folder)
+            bridge, _ = load_bridge(weighted(bridge_dir(args.out / folder_of(name), layer, args.seed)))
             teacher = Teacher(source.backbone, layer)
             for k in K_GRID:
                 row = {"variant": name, "layer": layer, "k": k,

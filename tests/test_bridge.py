@@ -400,34 +400,42 @@ def test_a_trained_bridge_keeps_the_corpus_support(llama, blocks, states, tmp_pa
     assert load_bridge(tmp_path / "all")[1]["network"]["support_size"] == 0
 
 
-def test_a_training_support_holds_no_held_out_token_and_reads_one_as_the_training_mean(llama, blocks, states,
-                                                                                         tmp_path):
+def test_a_training_support_holds_no_held_out_token_and_reads_one_as_the_training_mean(llama, blocks, tmp_path):
     """--vocab train: the support is the training blocks' tokens and the specials only, so a token
-    seen only in held-out blocks is not among the converter's candidates; at clean condition a
-    token outside the support has the mean training state as its lookup carry (computed here from
-    the states), and a support token its own row."""
+    seen only in a held-out block (put there here) is not among the converter's candidates, while
+    the corpus support holds it; at clean condition a token outside the support has the mean
+    training state as its lookup carry (computed here from the states), a support token its own row."""
+    from dataclasses import replace
+
     from geoprobe.bridges.fit import MASSIVE_FACTOR, corpus_support
     from geoprobe.bridges.hidden import load_bridge
     from geoprobe.bridges.scoring import fitted_rows
+    from geoprobe.bridges.states import teacher_states
 
-    fit_bridge(llama, 1, states, cfg=small(1, llama, vocab="train"),
-               train_cfg=TrainConfig(steps=4, batch_size=4, save_every=4), out=tmp_path / "b", identity={"layer": 1})
+    trained = corpus_support(blocks[0], llama.tokenizer)
+    held_out = next(i for i in range(llama.config.vocab_size) if i not in set(trained.tolist()))
+    first = blocks[1][0]
+    tokens = first.tokens.copy()
+    tokens[3] = held_out
+    states = teacher_states(llama, blocks[0], [], [replace(first, tokens=tokens), *blocks[1][1:]], [1])
+    train_cfg = TrainConfig(steps=4, batch_size=4, save_every=4)
+    fit_bridge(llama, 1, states, cfg=small(1, llama, vocab="train"), train_cfg=train_cfg, out=tmp_path / "b",
+               identity={"layer": 1})
+    fit_bridge(llama, 1, states, cfg=small(1, llama), train_cfg=train_cfg, out=tmp_path / "c", identity={"layer": 1})
     bridge, record = load_bridge(tmp_path / "b")
-    expected = corpus_support(blocks[0], llama.tokenizer)
-    assert torch.equal(bridge.support, expected) and record["network"]["support_size"] == len(expected)
-    # a token outside the support (the tiny corpus's held-out blocks use none: any other id stands in)
-    outside = next(i for i in range(llama.config.vocab_size) if i not in set(expected.tolist()))
-    seen = int(expected[len(expected) // 2])
-    tokens = torch.tensor([[seen, outside]])
-    assert bridge.lookup_slots(tokens).tolist() == [[len(expected) // 2, len(expected)]]
+    assert torch.equal(bridge.support, trained) and record["network"]["support_size"] == len(trained)
+    assert held_out not in bridge.support.tolist() and held_out in load_bridge(tmp_path / "c")[0].support.tolist()
+    seen = int(trained[len(trained) // 2])
+    pair = torch.tensor([[seen, held_out]])
+    assert bridge.lookup_slots(pair).tolist() == [[len(trained) // 2, len(trained)]]
     mean = states.train.states[1][fitted_rows(states.train, 1, MASSIVE_FACTOR)].double().mean(0).float()
     torch.testing.assert_close(bridge.lookup[-1], mean, rtol=1e-5, atol=1e-5)
     teacher = Teacher(llama, 1)
     a = bridge.source(torch.zeros(1, 2, bridge.cfg.d_tok), teacher.embeddings, torch.zeros(1, 2, llama.hidden_size),
-                      tokens, torch.ones(1, dtype=torch.bool))
+                      pair, torch.ones(1, dtype=torch.bool))
     d = llama.hidden_size
     torch.testing.assert_close(a[0, 1, d:2 * d], mean, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(a[0, 0, d:2 * d], bridge.lookup[len(expected) // 2])
+    torch.testing.assert_close(a[0, 0, d:2 * d], bridge.lookup[len(trained) // 2])
 
 
 def test_a_bridge_recorded_before_a_field_existed_is_read_with_its_old_value(llama, states, tmp_path):
