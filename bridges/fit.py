@@ -253,7 +253,7 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
             errors_1.append(((reconstruct(bridge, teacher, ids, hl, g, steps=1)[0] - hl) ** 2)[keep].cpu())
         if spread:  # per channel: E|X - h| - |X - X'| / 2 from two samples, the CRPS's unbiased estimate
             other = reconstruct(bridge, teacher, ids, hl, g)[0]
-            crps.append(((h_hat - hl).abs() + (other - hl).abs() - (h_hat - other).abs())[keep].cpu() / 2)
+            crps.append(crps_pair(h_hat, other, hl)[keep].cpu())
         if layer == 0:  # the rounding baseline's decoder: nearest token embedding
             e = teacher.embeddings
             plain = h_hat - offsets
@@ -309,13 +309,13 @@ def sample_scores(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_si
         first, second = (reconstruct(bridge, teacher, ids, hl, g, steps=steps)[0] for _ in range(2))
         targets.append(hl[keep].cpu())
         errors.append(((first - hl) ** 2)[keep].cpu())
-        crps.append(((first - hl).abs() + (second - hl).abs() - (first - second).abs())[keep].cpu() / 2)
+        crps.append(crps_pair(first, second, hl)[keep].cpu())
         offsets = teacher.offsets(ids.shape[1])
         for s, rows in by_snr.items():  # one channel draw per SNR, two samples from it
             z = channel(bridge.table(), ids, torch.full(ids.shape, s, device=ids.device), generator=g_noisy)
             a = bridge.source(z, teacher.embeddings, offsets)
             one, two = (bridge.sample(a, steps=steps, generator=g_noisy) for _ in range(2))
-            rows.append(((one - hl).abs() + (two - hl).abs() - (one - two).abs())[keep].cpu() / 2)
+            rows.append(crps_pair(one, two, hl)[keep].cpu())
     target = torch.cat(targets).double()
     scored = scored_rows(target, massive_factor)
     scores = {"steps": steps, "nmse_dim": state_losses(target[scored], torch.cat(errors).double()[scored])["nmse_dim"],
@@ -325,6 +325,12 @@ def sample_scores(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_si
                                      for s, v in by_snr.items()}
         scores["crps_dim_noisy"] = float(np.mean(list(scores["crps_dim_by_snr"].values())))
     return scores
+
+
+def crps_pair(one: torch.Tensor, two: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Per entry, the CRPS's unbiased estimate from two independent samples of the law:
+    E|X - h| - E|X - X'| / 2."""
+    return ((one - h).abs() + (two - h).abs() - (one - two).abs()) / 2
 
 
 def crps_dim(target: torch.Tensor, crps: torch.Tensor) -> float:
