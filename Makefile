@@ -62,7 +62,7 @@ results: .venv/.installed .kjv .jemalloc
 # not recorded (4 variants x 2 layers x 600 steps, the K scan, the choice, then its two best trained to
 # their plateau at layer 3, seed 1; needs `make results`' scan). Only the confirmation writes the
 # record, so an interrupted chain reruns from where it stopped
-DESIGN := $(PY) bench/bridge_design.py --run runs/results/run --layers 3,9 --variants 19,18,20,21 --out runs/bridge-design
+DESIGN := $(KEEP_PAGES) $(PY) bench/bridge_design.py --run runs/results/run --layers 3,9 --variants 19,18,20,21 --out runs/bridge-design
 experiments/records/bridge-design/choice.json:
 	HF_HUB_OFFLINE=1 $(DESIGN)
 	HF_HUB_OFFLINE=1 $(DESIGN) --k-scan
