@@ -12,6 +12,10 @@ bridge at layer 2 over a 9,578-token corpus support (the KJV's size), float32 on
 Both draw the same tokens (checked here; tests/test_samplers_step.py checks it exactly). Per
 sampler: tokens/s (num x length / seconds, best of `--repeats`, before and after interleaved), and the logits a step holds.
 
+A second table does the same for a DSL model from scratch (d = 256, 4 blocks, the same
+vocabulary): before, its float32 logits kept at every position between calls; after, its final
+states kept (`DSLModel.features`) and the head applied where a step draws.
+
     python bench/sampler_step.py [--num 4] [--length 32] [--repeats 3]
 """
 
@@ -29,6 +33,7 @@ import transformers
 
 from geoprobe.backbone import Backbone
 from geoprobe.bridges.channel import posterior_logits
+from geoprobe.bridges.dsl import DSLConfig, DSLModel
 from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, Teacher
 from geoprobe.files import human
 from geoprobe.samplers import make_sampler
@@ -106,6 +111,19 @@ def before(sampler, model, num, length, seed=0) -> torch.Tensor:
     return state.tokens
 
 
+class WholeLogits:
+    """A DSL model as the samplers drove it before `features`: float32 logits at every position."""
+
+    def __init__(self, model: DSLModel):
+        self.model, self.vocab_size, self.s_max = model, model.vocab_size, model.s_max
+
+    def token_table(self):
+        return self.model.token_table()
+
+    def __call__(self, z):
+        return self.model(z)
+
+
 def timed(runs: dict, repeats: int) -> dict:
     """{label: (best seconds, tokens)}, the runs interleaved, so that a load that comes and goes
     on a shared machine falls on both alike."""
@@ -129,18 +147,28 @@ def main():
     make_sampler("roar").sample(model, 1, 4)  # warm-up
     print(f"hybrid: Llama d={WIDTH}, {LAYERS} layers, V={VOCAB:,}, support {SUPPORT:,}, bridge at layer {LAYER} "
           f"(K=4); {num} samples x {length} tokens, float32, torch threads {torch.get_num_threads()}")
+    table(lambda sampler, name, knobs: before(sampler, model, num, length), model, num, length, args.repeats)
+    dsl = DSLModel(DSLConfig(vocab_size=VOCAB, d_tok=64, d_model=WIDTH, n_layers=4, n_heads=4)).eval()
+    print(f"\nDSL from scratch: d={WIDTH}, 4 blocks, V={VOCAB:,}; the same samples; before: its logits kept "
+          f"at every position, after: its final states ({human(num * length * WIDTH * 4)} a call against "
+          f"{human(num * length * VOCAB * 4)})")
+    table(lambda sampler, name, knobs: make_sampler(name, **knobs).sample(WholeLogits(dsl), num, length).tokens,
+          dsl, num, length, args.repeats)
+
+
+def table(old_run, model, num: int, length: int, repeats: int) -> None:
+    """One line per sampler: before and after side by side (`old_run(sampler, name, knobs)` the before)."""
     print(f"{'sampler':12s} {'before tok/s':>12s} {'after tok/s':>12s} {'ratio':>6s} {'logits before':>14s} "
           f"{'after':>10s}  same tokens")
     for name, knobs in (("roar", {}), ("mdlm", {"steps": 32})):
         sampler = make_sampler(name, **knobs)
-        got = timed({"before": lambda: before(sampler, model, num, length),
-                     "after": lambda: make_sampler(name, **knobs).sample(model, num, length).tokens}, args.repeats)
+        got = timed({"before": lambda: old_run(sampler, name, knobs),
+                     "after": lambda: make_sampler(name, **knobs).sample(model, num, length).tokens}, repeats)
         (old, old_tokens), (new, new_tokens) = got["before"], got["after"]
         # the plan's estimate (samplers/plan.py) at every position, and at the positions drawn at
         full, drawn = logits_bytes(num * length, VOCAB), logits_bytes(sampler.logit_rows(num, length), VOCAB)
         print(f"{name:12s} {num * length / old:12.1f} {num * length / new:12.1f} {old / new:6.2f} {human(full):>14s} "
               f"{human(drawn):>10s}  {torch.equal(old_tokens, new_tokens)}")
-
 
 if __name__ == "__main__":
     main()

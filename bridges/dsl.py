@@ -127,15 +127,19 @@ class DSLModel(nn.Module):
         table = pretrained.get_input_embeddings()
         self.embed.weight.copy_(table(torch.arange(self.cfg.vocab_size, device=table.weight.device)))
 
-    def pretrained_logits(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        """(B, L, d) inputs -> (B, L, V) logits through the pretrained blocks (bidirectional
-        unless `causal`) after a clean BOS position; position i is scored by output i - 1."""
+    def pretrained_states(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """(B, L, d) inputs -> (B, L, d) final states of the pretrained blocks (bidirectional unless
+        `causal`) after a clean BOS position; position i is read at output i - 1."""
         bos = self.embed.weight[self.cfg.bos_id].to(x.dtype).expand(len(x), 1, -1)
         x = torch.cat([bos, x], dim=1)
         # a 4-D mask is used as given by every architecture's mask builder: all zeros = full attention
         mask = None if causal else torch.zeros(len(x), 1, x.shape[1], x.shape[1], dtype=x.dtype, device=x.device)
-        hidden = self.lm.base_model(inputs_embeds=x, attention_mask=mask, use_cache=False).last_hidden_state
-        return self.lm.get_output_embeddings()(hidden)[:, :-1]
+        return self.lm.base_model(inputs_embeds=x, attention_mask=mask, use_cache=False).last_hidden_state[:, :-1]
+
+    def pretrained_logits(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """(B, L, d) inputs -> (B, L, V) logits through the pretrained blocks and head
+        (`pretrained_states`, then the head)."""
+        return self.lm.get_output_embeddings()(self.pretrained_states(x, causal))
 
     def decoder_blocks(self) -> list[nn.Module]:
         """The blocks FSDP shards one by one and activation checkpointing recomputes."""
@@ -158,12 +162,25 @@ class DSLModel(nn.Module):
         return self.table()
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.logits_of(self.features(z), z)
+
+    def features(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, L, d): the final states the head reads at each position (for a pretrained LM, the
+        state one position to the left: output i - 1 scores position i). A sampler keeps these and
+        runs `logits_of` only where it draws a token (samplers/base.py `CountingDenoiser`)."""
         probs = self.converter(z, self.table())
         x = Converter.mix(probs, self.embed.weight, self.mask_vector)
         if self.norm_proj is not None:
             x = x + self.norm_proj(torch.log1p(z.norm(dim=-1, keepdim=True)).to(self.norm_proj.weight.dtype))
         x = x.to(self.embed.weight.dtype)  # the network's dtype (bfloat16 under --precision bfloat16)
-        logits = self.pretrained_logits(x) if self.lm is not None else self.head(self.transformer(x))
+        return self.pretrained_states(x) if self.lm is not None else self.transformer(x)
+
+    def logits_of(self, features: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of the positions whose `features` (..., d) are given, in the network's
+        dtype; ids past the tokenizer's vocabulary at the dtype's lowest value. `z` is unused (the
+        head reads the features alone) and kept for the protocol."""
+        head = self.head if self.lm is None else self.lm.get_output_embeddings()
+        logits = head(features)
         known = self.cfg.tokenizer_size
         if known is not None and known < logits.shape[-1]:  # out of place: the logits may be a view
             padding = torch.arange(known, logits.shape[-1], device=logits.device)

@@ -141,6 +141,53 @@ def test_the_hybrids_head_on_some_positions_is_its_full_logits_there(tiny_models
         assert backbone.config.final_logit_softcapping and full.abs().max() < 30.0 + z.abs().sum(-1).max()
 
 
+class WholeLogits:
+    """A DSL model seen as a denoiser without a separate head: the sampler keeps its float32
+    logits at every position (the path every DSL model took before `features`)."""
+
+    def __init__(self, model):
+        self.model, self.vocab_size, self.s_max = model, model.vocab_size, model.s_max
+
+    def token_table(self):
+        return self.model.token_table()
+
+    def __call__(self, z):
+        return self.model(z)
+
+
+def dsl_models(tiny_models):
+    """A DSL from scratch with a padded vocabulary, and one from a pretrained tiny Llama."""
+    from geoprobe.bridges.dsl import DSLConfig, DSLModel, pretrained_dsl
+
+    scratch = DSLModel(DSLConfig(vocab_size=40, d_tok=8, d_model=32, n_layers=2, n_heads=4, tokenizer_size=37), seed=3)
+    backbone = load_backbone(str(tiny_models("llama")), device="cpu", dtype="float32")
+    return {"scratch": scratch.eval(), "pretrained": pretrained_dsl(str(tiny_models("llama")), backbone.tokenizer,
+                                                                    d_tok=16).eval()}
+
+
+@pytest.mark.parametrize("which", ["scratch", "pretrained"])
+def test_a_dsl_models_head_on_some_positions_is_its_logits_there_and_samples_the_same_tokens(tiny_models, which):
+    """The DSL's `logits_of` on chosen positions of `features` equals its own call there (its
+    padded ids at the lowest value), and mdlm and roar draw exactly the tokens they drew from
+    its logits at every position, with the same network calls."""
+    model = dsl_models(tiny_models)[which]
+    d_tok, vocab = model.cfg.d_tok, model.vocab_size
+    z = 3 * torch.randn(2, 6, d_tok, generator=torch.Generator().manual_seed(1))
+    rows, cols = torch.tensor([0, 1, 1]), torch.tensor([5, 0, 2])
+    with torch.no_grad():
+        full = model(z)
+        torch.testing.assert_close(model.logits_of(model.features(z)[rows, cols], z[rows, cols]), full[rows, cols],
+                                   rtol=0, atol=1e-5)
+    if model.cfg.tokenizer_size:
+        assert (full[..., model.cfg.tokenizer_size:] == torch.finfo(full.dtype).min).all()
+    for name, knobs in [("mdlm", {"steps": 8}), ("roar", {"per_step": 2})]:
+        split = make_sampler(name, **knobs).sample(model, 3, 6, seed=5)
+        whole = make_sampler(name, **knobs).sample(WholeLogits(model), 3, 6, seed=5)
+        assert torch.equal(split.tokens, whole.tokens), name
+        assert (split.nfe, split.rows) == (whole.nfe, whole.rows)
+        assert split.tokens.max() < (model.cfg.tokenizer_size or vocab)
+
+
 def test_the_teachers_offsets_are_computed_once_per_length(tiny_models):
     backbone = load_backbone(str(tiny_models("gpt2")), device="cpu")
     model = hybrid(backbone)
