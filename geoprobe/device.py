@@ -40,6 +40,23 @@ class Precision(str, Enum):
         return getattr(torch, self.weights)
 
 
+
+def flush_denormals() -> bool:
+    """Treat float numbers below the smallest normal (about 1.2e-38 in float32) as zero on the CPU.
+
+    A softmax over a large vocabulary at a clean channel state puts most tokens at such values,
+    and the CPU multiplies them in microcode: the DSL converter's mixing product at SmolLM2's
+    vocabulary took 6.0 s a call with them and 0.08 s without, with the same bits out
+    (bench/denormals.py). The setting is per thread, and the CPU's worker threads inherit it
+    when they start, so it applies when this module is first imported, before any parallel work
+    starts the pool. GEOPROBE_DENORMALS=1 keeps them (the bench's baseline). Returns whether it applied."""
+    if os.environ.get("GEOPROBE_DENORMALS") == "1":
+        return False
+    return torch.set_flush_denormal(True)
+
+
+flush_denormals()  # process-wide from the first geoprobe module that computes
+
 def upload(x: torch.Tensor, device) -> torch.Tensor:
     """A host tensor on `device` without the host waiting: on CUDA a copy from pageable memory
     waits until the device has run everything queued before it (the previous training step), so
