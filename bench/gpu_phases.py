@@ -194,7 +194,7 @@ def load_phase(ctx: Context, found: dict) -> None:
     from geoprobe.backbone import load_backbone
 
     began = time.perf_counter()
-    ctx.backbone = load_backbone(ctx.model, device=ctx.device.type, dtype="float32" if ctx.tiny else "bfloat16")
+    ctx.backbone = load_backbone(ctx.model, device=str(ctx.device), dtype="float32" if ctx.tiny else "bfloat16")
     synchronize(ctx.device)
     found.update(load_seconds=round(time.perf_counter() - began, 2), layers=ctx.backbone.num_layers,
                  hidden_size=ctx.backbone.hidden_size, dtype=str(ctx.backbone.dtype).removeprefix("torch."))
@@ -329,17 +329,23 @@ def step_flops(model, loss_fn, device: torch.device) -> int:
     return counter.get_total_flops()
 
 
-def bridge_run(ctx: Context, states, batch: int, seq: int, steps: int, pool: str) -> dict:
+def fitted_bridge(ctx: Context, states):
+    """A default-shape bridge over the states' own support, its statistics fitted from them."""
+    from geoprobe.bridges.fit import fit_statistics
+
+    bridge = default_bridge(ctx, torch.unique(torch.cat([states.train.ids, states.val.ids])))
+    fit_statistics(bridge, states)
+    return bridge
+
+
+def bridge_run(ctx: Context, bridge, states, batch: int, seq: int, steps: int, pool: str) -> dict:
     """The library's bridge step at batch x seq from `states` (pooled on the device or not)."""
-    from geoprobe.bridges.fit import fit_statistics, training_loss
+    from geoprobe.bridges.fit import training_loss
     from geoprobe.bridges.hidden import Teacher
     from geoprobe.bridges.parallel import Execution
     from geoprobe.bridges.train import Shard, TrainConfig, _Run
     from geoprobe.distributed import SINGLE
 
-    support = torch.unique(torch.cat([states.train.ids, states.val.ids]))
-    bridge = default_bridge(ctx, support)
-    fit_statistics(bridge, states)
     loss_fn = training_loss(bridge, Teacher(ctx.backbone, ctx.shape.layer), states, batch)
     flops = step_flops(bridge, loss_fn, ctx.device)
     cfg = TrainConfig(steps=10**6, batch_size=batch, lr=1e-4, warmup=1, save_every=0)
@@ -371,11 +377,12 @@ def bridge_phase(ctx: Context, found: dict) -> None:
         blocks = blocks_of(ctx, pool + 2, seq)
         states = teacher_states(ctx.backbone, blocks[:pool], [], blocks[pool:], [ctx.shape.layer])
         if number == 0:  # the host pool (each batch copied row by row, then uploaded) beside the device pool
-            found["runs"].append(bridge_run(ctx, states, batch, seq, steps, "host"))
+            found["runs"].append(bridge_run(ctx, fitted_bridge(ctx, states), states, batch, seq, steps, "host"))
+        bridge = fitted_bridge(ctx, states)  # from the host's states, as a sweep fits them
         for split in (states.train, states.stop, states.val):
             split.to_device(ctx.device)
-        found["runs"].append(bridge_run(ctx, states, batch, seq, steps, "device"))
-        del states
+        found["runs"].append(bridge_run(ctx, bridge, states, batch, seq, steps, "device"))
+        del states, bridge
 
 
 def split_update(run, step: int, shard, splits: Splits) -> torch.Tensor:
@@ -465,6 +472,16 @@ def randomise(model, seed: int = 0) -> None:
         t.fill_(1.0) if name.endswith("norm.weight") else t.normal_(0.0, 0.02, generator=generator)
 
 
+def optimiser_bytes(run) -> int:
+    """Bytes of this rank's trained weights, their gradients and AdamW's state tensors."""
+    from geoprobe.bridges.parallel import local
+
+    size = lambda t: local(t).numel() * local(t).element_size() if t is not None else 0
+    params = list(run.params.values())
+    state = [v for s in run.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+    return sum(size(p) + size(p.grad) for p in params) + sum(size(v) for v in state)
+
+
 def dsl_run(ctx: Context, config, precision: str, fsdp: bool, found: dict) -> None:
     """Steps of the DSL over `config` at the shape's batch, timed and split, into `found`."""
     from geoprobe.bridges.dsl import DSLTrainSettings, dsl_objective
@@ -502,6 +519,10 @@ def dsl_run(ctx: Context, config, precision: str, fsdp: bool, found: dict) -> No
         found.update(steps=steps, seconds=round(seconds, 4), steps_per_second=round(steps / seconds, 4),
                      tokens_per_second=round(steps * batch * seq / seconds, 1), loss=float(loss),
                      splits_seconds=splits.seconds(seconds, "host"), peak_allocated_gib=peak_gib(ctx.device))
+        # what AdamW reads at least once a step: this rank's weights, gradients and moments
+        held = optimiser_bytes(run)
+        found.update(optimiser_state_gib=round(held / 2**30, 3),
+                     optimiser_gb_per_second=round(held * steps / max(found["splits_seconds"]["optimiser"], 1e-9) / 1e9, 2))
         if found["peak_allocated_gib"] is not None:
             found["peak_over_plan"] = round(found["peak_allocated_gib"] / found["planned_gib"], 4)
     finally:
@@ -694,7 +715,8 @@ def main(argv=None) -> int:
     from geoprobe.device import choose_determinism
 
     choose_determinism(False)
-    device = resolve_device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    # cuda:0, not cuda: bridges/parallel.py's join_group (FSDP in one process) needs the index
+    device = resolve_device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda:0")
     shape = TINY if args.tiny else GPU
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "phases.json"
