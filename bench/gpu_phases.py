@@ -363,10 +363,12 @@ def bridge_run(ctx: Context, bridge, states, batch: int, seq: int, steps: int, p
     finally:
         run.close()
     rate = flops * steps / seconds / 1e12
-    return {"pool": pool, "batch": batch, "seq": seq, "steps": steps, "seconds": round(seconds, 4),
-            "tokens_per_second": round(steps * batch * seq / seconds, 1), "ms_per_step": round(1000 * seconds / steps, 3),
-            "gflop_per_step": round(flops / 1e9, 2), "achieved_tflops": round(rate, 4),
-            "gemm_fraction": round(rate / ctx.gemm, 5) if ctx.gemm else None, "peak_allocated_gib": peak_gib(ctx.device)}
+    return {"pool": pool, "batch": batch, "seq": seq, "steps": steps, "support": bridge.cfg.support_size,
+            "width": bridge.cfg.d_model, "blocks": bridge.cfg.n_layers, "seconds": round(seconds, 4),
+            "tokens_per_second": round(steps * batch * seq / seconds, 1),
+            "ms_per_step": round(1000 * seconds / steps, 3), "gflop_per_step": round(flops / 1e9, 2),
+            "achieved_tflops": round(rate, 4), "gemm_fraction": round(rate / ctx.gemm, 5) if ctx.gemm else None,
+            "peak_allocated_gib": peak_gib(ctx.device)}
 
 
 def bridge_phase(ctx: Context, found: dict) -> None:
@@ -506,7 +508,8 @@ def dsl_run(ctx: Context, config, precision: str, fsdp: bool, found: dict) -> No
     with torch.no_grad():
         for key, value in run.ema.items():
             local(value).copy_(local(run.params[key]))
-    found.update(parameters=sum(p.numel() for p in model.parameters()), build_seconds=round(time.perf_counter() - began, 2))
+    found.update(parameters=sum(p.numel() for p in model.parameters()),
+                 build_seconds=round(time.perf_counter() - began, 2))
     try:
         split_update(run, 0, Shard(), Splits(ctx.device))  # warm-up: the optimiser's state, the kernels
         splits = Splits(ctx.device)
@@ -521,8 +524,9 @@ def dsl_run(ctx: Context, config, precision: str, fsdp: bool, found: dict) -> No
                      splits_seconds=splits.seconds(seconds, "host"), peak_allocated_gib=peak_gib(ctx.device))
         # what AdamW reads at least once a step: this rank's weights, gradients and moments
         held = optimiser_bytes(run)
+        optimiser = max(found["splits_seconds"]["optimiser"], 1e-9)
         found.update(optimiser_state_gib=round(held / 2**30, 3),
-                     optimiser_gb_per_second=round(held * steps / max(found["splits_seconds"]["optimiser"], 1e-9) / 1e9, 2))
+                     optimiser_gb_per_second=round(held * steps / optimiser / 1e9, 2))
         if found["peak_allocated_gib"] is not None:
             found["peak_over_plan"] = round(found["peak_allocated_gib"] / found["planned_gib"], 4)
     finally:
@@ -600,7 +604,8 @@ def geometry_phase(ctx: Context, found: dict) -> None:
         synchronize(ctx.device)
         seconds = time.perf_counter() - began
         planned = peak_bytes(n, d, settings) - 4 * n * d  # the layer itself is already allocated
-        run = {"drop_massive_channels": drop, "seconds": round(seconds, 4), "splits_seconds": splits.seconds(seconds, "other"),
+        run = {"drop_massive_channels": drop, "seconds": round(seconds, 4),
+               "splits_seconds": splits.seconds(seconds, "other"),
                "massive_channels": len(result["massive_channels"]), "channels_used": result["channels_used"],
                "planned_gib": round(planned / 2**30, 3)}
         if ctx.device.type == "cuda":
