@@ -1,31 +1,35 @@
 #!/usr/bin/env bash
-# The GPU figures of geoprobe on one lent H200 (at most 10 minutes a command, a few small files
-# back from $OUT), on the paths a user's run takes. Steps, in order of value (seconds measured on
-# one H200 on 2026-12-04, 457 in all; each has its own timeout, and a global deadline, 540 s by
-# default, skips what is left):
+# The GPU figures of geoprobe on one lent H200 or H100 (at most 10 minutes a command, a few small
+# files back from $OUT), on the paths a user's run takes. Steps, in order of value (seconds measured
+# on one H200 on 2026-12-04, the phases estimated; each has its own timeout, and a global deadline,
+# 540 s by default, skips what is left; about 510 s in all by these figures):
 #   preflight  import check of every module the steps use, versions, GPU, free host memory and
 #              disk, measured ceilings (bf16 GEMM, copy, fp64 eigh, batched eigvalsh)      11 s
-#   agree      a tiny case on the CPU and on CUDA with the same flags (states, proxies, ranking,
-#              a DSL's loss curve), and CUDA's geometry.json against a rerun's, byte for byte  83 s
 #   fixture    a random-weight Llama-3.1-8B-Instruct built on the machine (no network there),
 #              real vocabulary size (128,256), a massive channel through every block        58 s
+#   phases     bench/gpu_phases.py: the backbone loaded once, then forward with determinism on
+#              and off, roar through a default bridge at --num 4/16/64 (bridge, blocks, head,
+#              host), bridge steps from the host and the device pool at 8 x 128 and 64 x 512,
+#              the 8B DSL step split (forward, backward, clipping, optimiser, EMA; 12 blocks
+#              where 32 do not fit: an H100), FSDP on one GPU, one layer's geometry at N = 200k
+#              by phase with both massive-channel choices; each phase under its own deadline
+#                                                                                ~140 s (estimated)
 #   scan       204,800 forwarded tokens (bfloat16, all 33 layers): forward rate after the first
 #              batch, geometry on the Gram path (3,200 rows < d = 4,096)                   36 s
-#   dsl_init   `dsl train --init-from` the 8B fixture, --precision bfloat16, 20 steps of 8 x 128:
-#              the memory plan beside CUDA's peak (the 8B DSL fits one H200 or not)        88 s
+#   agree      a tiny case on the CPU and on CUDA with the same flags (states, proxies, ranking,
+#              a DSL's loss curve), and CUDA's geometry.json against a rerun's, byte for byte  83 s
 #   scan_dxd   5 blocks at every position (~10k rows >= 2d) at three layers: the d x d path 21 s
-#   geometry   one layer at N = 200k x 4,096 (synthetic, repeated rows): seconds, peak vs plan  ~8 s
-#   bridge     `geoprobe bridge --layer 3`, 200 steps                                     115 s
 #   dsl        `geoprobe dsl train` at V = 128,256, 200 steps, then its likelihoods         23 s
+#   bridge     `geoprobe bridge --layer 3`, 200 steps                                     115 s
 #   sample     `geoprobe sample --sampler roar` through the bridge                         22 s
 # A step that fails, is killed or times out is recorded and the run goes on (a step whose input
 # step did not succeed is skipped). Each step's figures are printed and added to
 # $OUT/gpu_check.json as it ends; the summary (every step's status, the goals) is printed and
 # written even when the deadline cut the run short.
 #
-# $OUT holds only small files: gpu_check.json (figures and statuses), preflight.json,
-# gpu_memory.log (CUDA: nvidia-smi every 250 ms), errors.txt (the log tails of the steps that did
-# not succeed). Everything large (the 16 GB fixture, runs, checkpoints, full logs) lives under
+# $OUT holds only small files: gpu_check.json (figures and statuses), preflight.json, phases.json
+# (every phase's figures), gpu_memory.log (CUDA: nvidia-smi every 250 ms), errors.txt (the log
+# tails of the steps that did not succeed). Everything large (the 16 GB fixture, runs, checkpoints, full logs) lives under
 # $GPU_CHECK_WORK (a temporary folder on local disk, removed at the end unless given).
 #
 #   bash bench/gpu_check.sh            # on the GPU machine
@@ -55,7 +59,7 @@ MODEL=meta-llama/Llama-3.1-8B-Instruct
 GP=("$PY" -m geoprobe --format json)
 
 if [[ $TINY == 1 ]]; then
-  DEVICE=cpu DTYPE=float32 SEQ=64 POSITIONS=random:16 TOKENS=1600 ANCHORS=256 STEPS=20 BATCH=4 BSEQ=32 INIT_STEPS=4
+  DEVICE=cpu DTYPE=float32 SEQ=64 POSITIONS=random:16 TOKENS=1600 ANCHORS=256 STEPS=20 BATCH=4 BSEQ=32
   DXD_SEQ=64 DXD_TOKENS=320 DXD_LAYERS=1,3
   CORPUS="synthetic:hmm?docs=200&length=120&seed=1" FIXTURE=(--tiny) PREFLIGHT=(--tiny)
   LIMIT=300  # every step's timeout on a shared CPU
@@ -63,12 +67,11 @@ else
   # the first 2,048-token block of 100 documents (~2,270 tokens each) = 204,800 forwarded tokens;
   # 32 random positions of each stored: 3,200 rows x 33 layers
   DEVICE=cuda DTYPE=bfloat16 SEQ=2048 POSITIONS=random:32 TOKENS=3200 ANCHORS=2048 STEPS=200 BATCH=8 BSEQ=128
-  INIT_STEPS=20
   DXD_SEQ=2048 DXD_TOKENS=10000 DXD_LAYERS=1,16,31
   CORPUS="synthetic:hmm?docs=110&length=1000&seed=1" FIXTURE=() PREFLIGHT=()
   LIMIT=
-  # psutil's available RAM starts small and grows on some of these VMs: dsl_init's host guard
-  # (two bfloat16 copies of 8B weights, 32 GB) reads this instead, 80% of the host's total
+  # psutil's available RAM starts small and grows on some of these VMs: the host guards (loading
+  # the 8B, the teacher states' room) read this instead, 80% of the host's total
   total_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null || echo 0)
   export GEOPROBE_HOST_MEMORY_GIB=${GEOPROBE_HOST_MEMORY_GIB:-$((total_kib * 8 / 10 / 1048576))}
 fi
@@ -99,8 +102,8 @@ step() {  # step NAME TIMEOUT NEEDS COMMAND...: run it under its timeout and the
   ((left < limit)) && { limit=$left; cut=" (deadline)"; }
   echo "== $name (timeout ${limit} s)" >&2
   began=$SECONDS from=$(memory_lines)
-  # --kill-after: a step that ignores SIGTERM is killed 10 s later
-  GPU_CHECK_STEP=$name timeout --kill-after=10 "$limit" "$@" \
+  # --kill-after: a step that ignores SIGTERM is killed 10 s later; GPU_CHECK_LIMIT: its own deadline
+  GPU_CHECK_STEP=$name GPU_CHECK_LIMIT=$limit timeout --kill-after=10 "$limit" "$@" \
     > "$WORK/logs/$name.out" 2> "$WORK/logs/$name.err" < /dev/null &
   STEP_PID=$!
   if [[ $name == "$KILL" ]]; then  # fault injection: the step's process dies as under the OOM killer
@@ -138,27 +141,23 @@ if command -v nvidia-smi >/dev/null && [[ $TINY == 0 ]]; then  # every process's
 fi
 
 step preflight 90 "" "$PY" bench/gpu_preflight.py "$OUT" "$WORK" "${PREFLIGHT[@]}"
-# CPU against CUDA on a tiny case, and CUDA twice: are the GPU's numbers right at all (seconds)
-step agree 150 "" "$PY" bench/gpu_agree.py "$WORK" "${PREFLIGHT[@]}"
 step fixture 240 "" "$PY" -m geoprobe.fixtures "$MODEL" --hf-home "$HF_HOME" "${FIXTURE[@]}"
+# what this run is for (issue 63): where the GPU's time goes, phase by phase, in one process
+step phases 300 fixture "$PY" bench/gpu_phases.py "$OUT" --model "$MODEL" "${PREFLIGHT[@]}"
 step scan 180 fixture "${GP[@]}" scan "$MODEL" --corpus "$CORPUS" --tokens $TOKENS --seq-len $SEQ \
   --positions $POSITIONS --doc-blocks 1 --anchors $ANCHORS --device $DEVICE --dtype $DTYPE --batch-size 8 \
   --out "$WORK/run"
-# the 8B DSL on one H200 (fits or not) is the figure nothing else gives: right after the scan.
-# --save-every 0 --eval-every 0: no checkpoint write or scoring inside the timed loop
-step dsl_init 300 fixture "${GP[@]}" dsl train --corpus "$CORPUS" --init-from "$MODEL" --precision bfloat16 \
-  --steps $INIT_STEPS --batch-size $BATCH --seq-len $BSEQ --warmup 2 --save-every 0 --eval-every 0 \
-  --out "$WORK/dsl_init" --device $DEVICE
-rm -rf "$WORK/dsl_init"  # its 16 GB of final weights: the disk holds 64 GiB
+# CPU against CUDA on a tiny case, and CUDA twice: are the GPU's numbers right at all (seconds)
+step agree 150 "" "$PY" bench/gpu_agree.py "$WORK" "${PREFLIGHT[@]}"
 step scan_dxd 150 fixture "${GP[@]}" scan "$MODEL" --corpus "$CORPUS" --tokens $DXD_TOKENS --seq-len $DXD_SEQ \
   --positions all --doc-blocks 1 --layers $DXD_LAYERS --anchors $ANCHORS --device $DEVICE --dtype $DTYPE \
   --batch-size 2 --out "$WORK/run_dxd"
-step geometry 90 "" "$PY" bench/gpu_geometry.py "${PREFLIGHT[@]}"
-step bridge 180 scan "${GP[@]}" bridge --run "$WORK/run" --layer 3 --steps $STEPS --until steps --batch-size $BATCH \
-  --seq-len $BSEQ --device $DEVICE --dtype $DTYPE
+# --save-every 0 --eval-every 0: no checkpoint write or scoring inside the timed loop
 step dsl 120 fixture "${GP[@]}" dsl train --corpus "$CORPUS" --tokenizer "$MODEL" --steps $STEPS --batch-size 16 \
   --seq-len $BSEQ --warmup 10 --save-every 0 --eval-every 0 --out "$WORK/dsl" --device $DEVICE
+step bridge 180 scan "${GP[@]}" bridge --run "$WORK/run" --layer 3 --steps $STEPS --until steps --batch-size $BATCH \
+  --seq-len $BSEQ --device $DEVICE --dtype $DTYPE
 step sample 90 bridge "${GP[@]}" sample --model "$WORK/run/bridges/layer-03/seed-0" --sampler roar --num 4 \
   --length $BSEQ --out "$WORK/samples" --device $DEVICE
 # the exit status: 0 when every step succeeded (the summary says which did not)
-[[ $SUCCEEDED == " preflight agree fixture scan dsl_init scan_dxd geometry bridge dsl sample " ]]
+[[ $SUCCEEDED == " preflight fixture phases scan agree scan_dxd dsl bridge sample " ]]

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow  # minutes: not in `make check`
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SMALL_FILES = {"gpu_check.json", "preflight.json", "gpu_memory.log", "errors.txt"}  # all $OUT may hold
-ORDER = ["preflight", "agree", "fixture", "scan", "dsl_init", "scan_dxd", "geometry", "bridge", "dsl", "sample"]  # by value
+SMALL_FILES = {"gpu_check.json", "preflight.json", "phases.json", "gpu_memory.log", "errors.txt"}  # all $OUT may hold
+ORDER = ["preflight", "fixture", "phases", "scan", "agree", "scan_dxd", "dsl", "bridge", "sample"]  # by value
 
 
 def gpu_check(out: Path, timeout: int, **env) -> subprocess.CompletedProcess:
@@ -51,14 +51,15 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
     assert figures["tiny"] and figures["tokens_forwarded"] == 100 * 64  # the first block of 100 documents
     for key in ("forwarded_tokens_per_second", "stored_rows_per_second", "geometry_seconds_per_layer",
                 "dxd_geometry_seconds_per_layer", "bridge_tokens_per_second", "dsl_steps_per_second",
-                "sample_tokens_per_second", "dsl_init_steps_per_second", "dsl_init_planned_gib",
+                "sample_tokens_per_second", "roar_num4_tokens_per_second", "dsl_step_steps_per_second",
+                "fsdp_steps_per_second", "forward_determinism_cost", "geometry_keep_channels_seconds",
                 "host_memory_available_gib", "gemm_tflops"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
     # the agreement step's code path: the second device is the CPU again, so everything is equal
     assert figures["agree_device"] == "cpu" and figures["agree_within_tolerance"]
     assert figures["agree_states_over_spread"] == figures["agree_proxy_relative"] == figures["agree_dsl_loss_relative"] == 0
     assert figures["agree_same_ranking"] and figures["agree_rerun_geometry_identical"]
-    assert figures["geometry_rows"] == 4000 and figures["geometry_seconds"] > 0
+    assert set(figures["phases_status"].values()) == {"ok"} and figures["phases_ok"] == 7  # every phase ran
     assert figures["dxd_rows"] >= 2 * 64  # the d x d path (the tiny fixture's d is 64)
     # the rate after the first batch counts the tokens after it only
     manifest = json.loads((work / "run" / "manifest.json").read_text())
@@ -67,7 +68,7 @@ def test_gpu_check_tiny_runs_every_step_and_reports_every_figure(tmp_path):
     assert done.stdout.index("preflight_status") < done.stdout.index("fixture_status")
     assert done.stdout.index("dsl_steps_per_second") < done.stdout.index("sample_tokens_per_second")
     assert done.stdout.index("sample_status") < done.stdout.index("== summary")
-    assert figures["dsl_init_peak_allocated_gib"] is None  # CUDA measures it; the CPU run has only the plan
+    assert figures["dsl_step_peak_over_plan"] is None  # CUDA measures it; the CPU run has only the plan
     assert len((work / "samples" / "samples.jsonl").read_text().splitlines()) == 4
 
 
@@ -85,7 +86,7 @@ exit 0
 
 def test_a_killed_a_timed_out_and_a_failed_step_and_the_deadline_leave_the_other_figures(tmp_path):
     """The steps' commands are stand-ins (the run above is the real one): scan's figures are canned,
-    dsl_init outlives its 1 s timeout, scan_dxd is SIGKILLed, bridge fails, dsl runs into the 12 s
+    phases outlives its 1 s timeout, scan_dxd is SIGKILLed, dsl fails, bridge runs into the 12 s
     deadline, and sample is skipped. Each is recorded, the rest go on, the summary comes."""
     fake = tmp_path / "fake"
     fake.mkdir()
@@ -95,23 +96,23 @@ def test_a_killed_a_timed_out_and_a_failed_step_and_the_deadline_leave_the_other
     (fake / "scan.json").write_text(json.dumps({"timing": {
         "warm_seconds": 2.0, "warm_tokens": 4000, "tokens_forwarded": 5000, "forward_seconds": 3.0, "rows": 100,
         "geometry_seconds_per_layer": 0.5}}))
-    for name in ("dsl_init", "scan_dxd", "dsl"):
+    for name in ("phases", "scan_dxd", "bridge"):
         (fake / f"{name}.sleep").touch()
-    (fake / "bridge.fail").touch()
+    (fake / "dsl.fail").touch()
     out = tmp_path / "out"
     began = time.monotonic()
-    done = gpu_check(out, 120, PY=str(python), GPU_CHECK_DEADLINE="12", GPU_CHECK_TIMEOUT_dsl_init="1",
+    done = gpu_check(out, 120, PY=str(python), GPU_CHECK_DEADLINE="12", GPU_CHECK_TIMEOUT_phases="1",
                      GPU_CHECK_KILL="scan_dxd")
-    assert time.monotonic() - began < 12 + 20  # the deadline held (dsl's sleep is 60 s)
+    assert time.monotonic() - began < 12 + 20  # the deadline held (bridge's sleep is 60 s)
     assert done.returncode != 0  # not every step succeeded
     figures = json.loads((out / "gpu_check.json").read_text())
     status = {name: state["status"] for name, state in figures["steps"].items()}
     assert list(status) == ORDER, status
-    assert status["preflight"] == status["fixture"] == status["scan"] == "ok"
-    assert status["dsl_init"] == "timed out after 1 s"
+    assert status["preflight"] == status["fixture"] == status["scan"] == status["agree"] == "ok"
+    assert status["phases"] == "timed out after 1 s"
     assert status["scan_dxd"] == "killed (signal 9)"
-    assert status["bridge"] == "failed (exit 3)"
-    assert status["dsl"].startswith("timed out") and status["dsl"].endswith("(deadline)")
+    assert status["dsl"] == "failed (exit 3)"
+    assert status["bridge"].startswith("timed out") and status["bridge"].endswith("(deadline)")
     assert status["sample"] == "skipped (deadline)"
     # the import check ran first, the skipped step not at all
     assert (fake / "order").read_text().split() == ORDER[:-1]
@@ -120,7 +121,7 @@ def test_a_killed_a_timed_out_and_a_failed_step_and_the_deadline_leave_the_other
     assert figures["gpu"] == "none"
     assert_only_small_files(out)
     errors = (out / "errors.txt").read_text()
-    for line in ("== dsl_init: timed out", "== scan_dxd: killed (signal 9)", "== bridge: failed (exit 3)", "broken"):
+    for line in ("== phases: timed out", "== scan_dxd: killed (signal 9)", "== dsl: failed (exit 3)", "broken"):
         assert line in errors
     summary = done.stdout[done.stdout.index("== summary"):]
     assert all(name in summary for name in ORDER) and "skipped (deadline)" in summary
