@@ -94,7 +94,8 @@ def join_group(device: torch.device) -> None:
     """A process group of one when none was started (FSDP needs one even on a single device)."""
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
+        if device.type == "cuda":  # `cuda` without an index (--device auto) names the current one
+            device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
             torch.cuda.set_device(device)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 **({"device_id": device} if device.type == "cuda" else {}))
