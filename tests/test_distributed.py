@@ -186,8 +186,9 @@ def test_two_rank_sweep_splits_its_bridges_and_gives_the_one_rank_rows(tmp_path,
     """The sweep's bridges (2 layers x 2 seeds and the ceilings) split over 2 ranks, each bridge
     trained by one rank alone: the same rows as one process, bit for bit, and the teacher pass
     run once in all (each block forwarded by one rank)."""
-    flags = ["--layers", "1-2", "--seeds", "0,1", "--ceiling", "--steps", 6, "--eval-every", 3, "--batch-size", 4,
-             "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--precision", "float32", "--device", "cpu"]
+    flags = ["--layers", "1-2", "--seeds", "0,1", "--ceiling", "--steps", 4, "--eval-every", 2, "--batch-size", 4,
+             "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--bridge-steps", 4, "--precision", "float32",
+             "--device", "cpu"]
     one, two = (copy_run(scanned_run, tmp_path / name) for name in ("one", "two"))
     single = run_cli("-q", "sweep", "--run", one, *flags, env=ONE_THREAD)
     assert single.returncode == 0, single.stderr
