@@ -105,8 +105,8 @@ class World:
         if error is not None:
             raise error
         if failed:
-            raise RuntimeError(f"rank {', '.join(map(str, failed))} stopped with an error (above); rank {self.rank} "
-                               "stops too")
+            ranks = ", ".join(map(str, failed))
+            raise RuntimeError(f"rank {ranks} stopped with an error (above); rank {self.rank} stops too")
         return result
 
     @property

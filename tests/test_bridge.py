@@ -631,7 +631,8 @@ def test_the_shared_teacher_pass_gives_one_process_states(llama, blocks, tmp_pat
         assert ours.states.keys() == {0, 2} and all(torch.equal(ours.states[l], one.states[l]) for l in (0, 2))
     record = json.loads((tmp_path / "pass.json").read_text())
     assert record["blocks"] == [11, 2, 5] and not list(tmp_path.glob("part-*"))
-    # 7 batches: rank 0 the first 3 (9 training blocks), rank 1 the rest (2 training, the stopping and validation blocks)
+    # 7 batches: rank 0 the first 3 (9 training blocks), rank 1 the rest (2 training blocks, the
+    # stopping and the validation blocks)
     assert [r["ranges"] for r in record["ranks"]] == [[[0, 9], [0, 0], [0, 0]], [[9, 11], [0, 2], [0, 5]]]
     assert [r["forwarded"] for r in record["ranks"]] == [9, 9]
 

@@ -280,14 +280,16 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
 
 
 def controls_saved(source: Source, layer: int, root: Path) -> bool:
-    """Whether root's controls.json of `layer` holds the controls of these data (`layer_controls` reads them)."""
+    """Whether root's controls.json of `layer` holds the controls of these data (as `layer_controls`
+    reads it)."""
     path = layer_dir(root, layer) / "controls.json"
     return path.is_file() and json.loads(path.read_text()).get("identity") == {**identity(source, layer),
                                                                                 "controls": CONTROLS_VERSION}
 
 
 def finished(source: Source, job: tuple, force: bool) -> bool:
-    """Whether the bridge of `job` (layer, settings, folder) is trained and recorded (fit_bridge returns its metrics)."""
+    """Whether the bridge of `job` (layer, settings, folder) is trained and recorded (fit_bridge then
+    returns its metrics)."""
     from geoprobe.bridges.checkpoint import METRICS
     from geoprobe.bridges.fit import check_bridge_dir
 
@@ -426,8 +428,9 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
             states = cached_states(source, [layer], bars)
             controls = layer_controls(source, states, layer, root)
             return train_bridge(source, layer, root, settings, states, controls=controls, force=force, bars=bars)
-        states, controls = rank_work(source, root, world, layers=[layer], jobs=[(layer, settings, bridge_dir(root, layer, settings.seed))],
-                                     owned=[layer] if world.is_main else [], force=force, bars=bars,
+        job = (layer, settings, bridge_dir(root, layer, settings.seed))
+        states, controls = rank_work(source, root, world, layers=[layer], jobs=[job], force=force, bars=bars,
+                                     owned=[layer] if world.is_main else [],
                                      folder=layer_dir(root, layer) / f"teacher-states-seed-{settings.seed}")
         return train_bridge(source, layer, root, settings, states, controls=controls[layer], force=force, bars=bars)
 
