@@ -15,6 +15,10 @@ On a GPU the states move onto it when they fit (`pool_on_device`, at most DEVICE
 memory beside the loaded backbone): a step's batch is then one gather there, not a copy of each
 row into host zeros, a pinned copy and an upload of the (B, L, d) batch per layer (the same
 numbers: tested), and the host RAM they took is freed.
+
+Under torchrun the ranks share one pass (`shared_teacher_states`): each forwards a contiguous
+share of the batches one process forms, writes it to the run's directory, and reads the others'.
+A rank keeps the layers it trains; `check_room` plans that per rank.
 """
 
 from __future__ import annotations
