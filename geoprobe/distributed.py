@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from geoprobe.errors import BadInput
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,29 @@ class World:
     def share(self, n: int) -> tuple[int, int]:
         """This rank's contiguous range [lo, hi) of n items (sizes differ by at most one)."""
         return n * self.rank // self.size, n * (self.rank + 1) // self.size
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank (the same answer on every rank)."""
+        return bool(self.sum(torch.tensor([float(flag)])).item())
+
+    def together(self, work: Callable[[], T]) -> T:
+        """`work()` on every rank, then one sum: where it raised on any rank, every rank raises (that
+        rank its own error, the others one naming the failed ranks) instead of waiting for the
+        failed ranks at the next collective."""
+        error = None
+        try:
+            result = work()
+        except Exception as exc:  # noqa: BLE001 (re-raised below, after the other ranks know)
+            error = exc
+        failed = torch.zeros(self.size)
+        failed[self.rank] = error is not None
+        failed = [r for r, flag in enumerate(self.sum(failed).tolist()) if flag]
+        if error is not None:
+            raise error
+        if failed:
+            ranks = ", ".join(map(str, failed))
+            raise RuntimeError(f"rank {ranks} stopped with an error (above); rank {self.rank} stops too")
+        return result
 
     @property
     def _wire(self) -> torch.device:

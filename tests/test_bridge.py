@@ -594,6 +594,74 @@ def test_the_teacher_states_plan_refuses_what_does_not_fit():
         check_room(1000, [0, 3], 576, available=10 ** 6)
 
 
+def test_the_plan_per_rank_counts_the_layers_a_rank_keeps_and_its_share_of_the_pass(monkeypatch):
+    """Ranks that split the layers keep layer 0 and their own (`held`) after forwarding 1/WORLD_SIZE
+    of the positions at every layer: the larger of the two is one rank's need, times the ranks on the host."""
+    from geoprobe.bridges.states import check_room
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    layers, d = [0, 1, 2, 3, 4, 5, 6, 7, 8], 64
+    assert check_room(1000, layers, d, available=10 ** 9, held=[0, 1, 2]) == 1000 * 3 * d * 4  # held > the share
+    assert check_room(1000, layers, d, available=10 ** 9, held=[0]) == 250 * 9 * d * 4  # the share of the pass
+    assert check_room(1000, layers, d, available=10 ** 9) == 1000 * 9 * d * 4  # data parallel: every layer
+    room = int(4 * 1000 * 3 * d * 4 / 0.6) + 1  # four ranks that each keep 3 layers fit, keeping all 9 does not
+    assert check_room(1000, layers, d, available=room, held=[0, 1, 2]) == 1000 * 3 * d * 4
+    with pytest.raises(Exception, match=r"x 9 layers x d=64 need 2.2 MiB of RAM in each of the 4 processes"):
+        check_room(1000, layers, d, available=room)
+
+
+def test_the_shared_teacher_pass_gives_one_process_states(llama, blocks, tmp_path):
+    """Two ranks' parts (each forwarding a contiguous share of the batches, one process's batches)
+    assemble into the states and reference loss of one process's pass, bit for bit; a rank keeps
+    only the layers asked for, and pass.json says who forwarded which blocks."""
+    from geoprobe.bridges.states import _forward_part, shared_teacher_states, teacher_states
+    from geoprobe.distributed import World
+
+    train, val = blocks[0][:11], blocks[1][:5]  # 11 + 2 + 5 blocks in batches of 3: 4 + 1 + 2 batches
+    stop = blocks[0][11:13]
+    whole = teacher_states(llama, train, stop, val, [1, 2], batch_size=3)
+    _forward_part(llama, [train, stop, val], (0, 1, 2), tmp_path / "part-1.pt", World(1, 2), 3)  # rank 1 first
+    shared = shared_teacher_states(llama, train, stop, val, [1, 2], folder=tmp_path, world=World(0, 2), keep=[2],
+                                   batch_size=3)
+    assert shared.layers == (0, 2) and shared.ref_ce == whole.ref_ce
+    for name in ("train", "stop", "val"):
+        ours, one = getattr(shared, name), getattr(whole, name)
+        assert torch.equal(ours.ids, one.ids) and torch.equal(ours.starts, one.starts)
+        assert ours.states.keys() == {0, 2} and all(torch.equal(ours.states[l], one.states[l]) for l in (0, 2))
+    record = json.loads((tmp_path / "pass.json").read_text())
+    assert record["blocks"] == [11, 2, 5] and not list(tmp_path.glob("part-*"))
+    # 7 batches: rank 0 the first 3 (9 training blocks), rank 1 the rest (2 training blocks, the
+    # stopping and the validation blocks)
+    assert [r["ranges"] for r in record["ranks"]] == [[[0, 9], [0, 0], [0, 0]], [[9, 11], [0, 2], [0, 5]]]
+    assert [r["forwarded"] for r in record["ranks"]] == [9, 9]
+
+
+def test_a_spread_sweep_plans_the_layers_each_rank_keeps_before_the_ranks_connect(scanned_run, tmp_path, monkeypatch):
+    """Under torchrun (rank 0 of 2 here, never connected: the plan refuses first) the sweep that splits
+    its bridges plans the layers one rank keeps; without --spread, every layer on every rank."""
+    import geoprobe.workflows.sweep as sweep
+    from geoprobe.memory import HOST_MEMORY_OVERRIDE
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the backbone loaded before the plan refused")
+
+    monkeypatch.setattr(sweep, "load_backbone", no_load)
+    world_from = sweep.world_from
+    monkeypatch.setattr(sweep, "world_from", lambda connect=True: world_from(connect=False) if not connect else
+                        pytest.fail("the ranks connected before the plan refused"))
+    monkeypatch.setenv(HOST_MEMORY_OVERRIDE, "0.0001")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    run = copy_run(scanned_run, tmp_path / "run")
+    code, _, err = invoke("-q", "sweep", "--run", run, "--layers", "1-2", "--seeds", "0,1")
+    assert_one_line_error(code, err, 2, "x 2 of the 3 layers (those one rank trains) x d=")
+    assert "in each of the 2 processes on this host" in err and "more ranks" in err
+    code, _, err = invoke("-q", "sweep", "--run", run, "--layers", "1-2", "--seeds", "0,1", "--no-spread")
+    assert_one_line_error(code, err, 2, "x 3 layers x d=")
+
+
 def test_bridge_and_sweep_refuse_states_that_do_not_fit_before_the_backbone_loads(scanned_run, tmp_path, monkeypatch):
     """The plan reads d and the layer count from the config alone (issue 31, section 1: planned and
     refused in one line before work); nothing is written into the run."""

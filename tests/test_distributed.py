@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from geoprobe.geometry import GeometrySettings, bootstrap_counts, layer_geometry
 from geoprobe.store import read_journal
 from tests import distributed_worker
-from tests.helpers import ONE_THREAD, all_rows, read_json, run_cli, write_corpus
+from tests.helpers import ONE_THREAD, all_rows, copy_run, read_json, run_cli, write_corpus
 
 pytestmark = pytest.mark.slow  # minutes: not in `make check`
 
@@ -180,6 +180,38 @@ def test_two_rank_bridge_training_equals_one_rank_with_the_whole_batch(tmp_path,
         assert torch.allclose(weights[0][key].float(), weights[1][key].float(), rtol=1e-4, atol=1e-5), key
     metrics = [read_json(tmp_path / run / "bridges" / "layer-01" / "seed-0" / "metrics.json") for run in ("one", "two")]
     assert metrics[1]["nmse"] == pytest.approx(metrics[0]["nmse"], rel=1e-3)
+
+
+def test_two_rank_sweep_splits_its_bridges_and_gives_the_one_rank_rows(tmp_path, scanned_run):
+    """The sweep's bridges (2 layers x 2 seeds and the ceilings) split over 2 ranks, each bridge
+    trained by one rank alone: the same rows as one process, bit for bit, and the teacher pass
+    run once in all (each block forwarded by one rank)."""
+    flags = ["--layers", "1-2", "--seeds", "0,1", "--ceiling", "--steps", 4, "--eval-every", 2, "--batch-size", 4,
+             "--seq-len", 32, "--d-model", 32, "--n-layers", 1, "--bridge-steps", 4, "--precision", "float32",
+             "--device", "cpu"]
+    one, two = (copy_run(scanned_run, tmp_path / name) for name in ("one", "two"))
+    single = run_cli("-q", "sweep", "--run", one, *flags, env=ONE_THREAD)
+    assert single.returncode == 0, single.stderr
+    double = torchrun("--", "sweep", "--run", two, *flags)  # `--`: torchrun would take --run for its --run-path
+    assert double.returncode == 0, double.stderr[-3000:]
+    timed = ("train_seconds", "steps_per_second", "ceiling_train_seconds")
+    rows = [[{k: v for k, v in row.items() if k not in timed} for row in read_json(run / "sweep.json")["rows"]]
+            for run in (one, two)]
+    assert [(r["layer"], r["seed"]) for r in rows[1]] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert rows[1] == rows[0]  # every loss, control, curve and the ceiling's numbers
+    assert read_json(two / "sweep.json")["verdict"] == read_json(one / "sweep.json")["verdict"]
+    spread = read_json(two / "bridges" / "spread.json")  # layer 1's bridges on rank 0, layer 2's on rank 1
+    assert spread == {"world_size": 2, "ranks": [["layer-01/seed-0", "layer-01/seed-1", "layer-01/ceiling"],
+                                                 ["layer-02/seed-0", "layer-02/seed-1", "layer-02/ceiling"]]}
+    teacher = read_json(two / "bridges" / "teacher-states" / "pass.json")
+    assert teacher["world_size"] == 2 and teacher["layers"] == [0, 1, 2]
+    for split, blocks in enumerate(teacher["blocks"]):  # each split's blocks forwarded once, by one rank
+        ranges = [tuple(rank["ranges"][split]) for rank in teacher["ranks"]]
+        assert ranges[0][0] == 0 and ranges[0][1] == ranges[1][0] and ranges[1][1] == blocks, ranges
+    forwarded = [rank["forwarded"] for rank in teacher["ranks"]]
+    assert sum(forwarded) == sum(teacher["blocks"]) and min(forwarded) > 0
+    assert not list((two / "bridges" / "teacher-states").glob("part-*"))  # the shared parts are gone once read
+    assert not (one / "bridges" / "teacher-states").exists()  # one process keeps its pass in memory
 
 
 def test_batch_not_divisible_by_the_ranks_is_refused(tmp_path, tiny_models, corpus_txt):

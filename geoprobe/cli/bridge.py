@@ -118,18 +118,22 @@ def sweep(
                                                  "construction).")] = False,
     ceiling: Annotated[bool, typer.Option("--ceiling", help="Also train the ceiling control per layer (the same "
                                           "network as a plain clean regression).")] = False,
+    spread: Annotated[bool, typer.Option("--spread/--no-spread", help="Under torchrun, split the bridges over the "
+                                         "ranks, each trained by one rank alone (--no-spread: each bridge data "
+                                         "parallel over every rank).")] = True,
     device: Device = "auto", dtype: Dtype = "auto", force: Force = False,
     settings: BridgeSettings,
 ):
     """One bridge per layer and seed, each trained to its plateau under one step cap; then the
     pre-registered test (one-sided Spearman ρ of the geometry score against the seed-mean
     per-channel nmse, layer 0 excluded), the secondary losses (Holm), the seed noise and the
-    controls (depth, massive channels, other ways to compute the score)."""
+    controls (depth, massive channels, other ways to compute the score).
+    Under torchrun the ranks split the bridges and share one teacher pass."""
 
     chosen_seeds = parse_seeds(seeds) if seeds else [settings.seed]
     result = sweep_run(run, settings, layers, device=device, dtype=plain(dtype), force=force, bars=_bars, seeds=chosen_seeds,
-                       include_source=include_source, ceiling=ceiling)
-    if result is not None:  # data-parallel ranks: rank 0 reports
+                       include_source=include_source, ceiling=ceiling, spread=spread)
+    if result is not None:  # several ranks: rank 0 reports
         show(result, lambda: print_verdict(f"sweep of {run}", result["verdict"], result["plot"]))
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from geoprobe.bridges.controls import layer_controls as fit_controls
 from geoprobe.bridges.hidden import CEILING, REGRESSION, BridgeConfig, Teacher, check_bridge_flags
-from geoprobe.bridges.states import plan_room, pool_on_device, teacher_states
+from geoprobe.bridges.states import plan_room, pool_on_device, shared_teacher_states, teacher_states
 from geoprobe.backbone import check_bridge_layer, check_device_map, load_backbone, parse_layers
 from geoprobe.corpus import iter_blocks, read_documents
 from geoprobe.device import choose_determinism
-from geoprobe.distributed import world_from
+from geoprobe.distributed import SINGLE, World, world_from
 from geoprobe.errors import BadInput
 from geoprobe.files import clear, holding, read_json, write_json_atomic
 from geoprobe.events import note
@@ -84,7 +84,7 @@ class Source:
 
 def open_source(run: Path | None, model: str | None = None, corpus: str | None = None, *, seq_len: int | None = None,
                 device: str = "auto", dtype: str = "auto", train_tokens: int = 262_144, val_blocks: int = 16, stop_blocks: int = 8,
-                device_map: str | None = None, doc_blocks: int | None = None, layers=None) -> Source:
+                device_map: str | None = None, doc_blocks: int | None = None, layers=None, held=None) -> Source:
     """The data of a bridge. Over a scanned run the held-out blocks are drawn as the scan drew its
     states: blocks of the scan's length (unless `seq_len` says otherwise), at most as many per
     document as the scan took (`--doc-blocks`), split by the scan's seed. The split never depends
@@ -92,7 +92,8 @@ def open_source(run: Path | None, model: str | None = None, corpus: str | None =
     overrides the blocks per document of the held-out data (default: the scan's; 0 = all). The
     training pool holds the first blocks of the training split up to `train_tokens` positions: the
     teacher states of all of them are cached (bridges/states.py): with `layers` (a --layers spec
-    or a list), their room is planned, and refused in one line, before the backbone loads."""
+    or a list), their room is planned, and refused in one line, before the backbone loads; `held`:
+    the layers one rank keeps when the ranks split the layers among them (None: all)."""
 
     scanned, data_seed, per_doc = None, 0, 0
     if run is not None:
@@ -107,7 +108,7 @@ def open_source(run: Path | None, model: str | None = None, corpus: str | None =
         raise BadInput("pass --run RUN, or both --model and --corpus")
     seq_len, per_doc = seq_len or 128, per_doc if doc_blocks is None else doc_blocks
     if layers is not None:  # the pool is at most train_tokens positions, the held-out blocks one length each
-        plan_room(model, layers, max(train_tokens, seq_len) + (stop_blocks + val_blocks) * seq_len)
+        plan_room(model, layers, max(train_tokens, seq_len) + (stop_blocks + val_blocks) * seq_len, held)
     documents = read_documents(corpus)
     backbone = load_backbone(model, device=device, dtype=dtype, device_map=device_map)
     train, held_out, pooled = [], [], 0
@@ -278,6 +279,49 @@ def layer_controls(source: Source, states, layer: int, root: Path, write: bool =
     return controls
 
 
+def controls_saved(source: Source, layer: int, root: Path) -> bool:
+    """Whether root's controls.json of `layer` holds the controls of these data (as `layer_controls`
+    reads it)."""
+    path = layer_dir(root, layer) / "controls.json"
+    return path.is_file() and json.loads(path.read_text()).get("identity") == {**identity(source, layer),
+                                                                                "controls": CONTROLS_VERSION}
+
+
+def finished(source: Source, job: tuple, force: bool) -> bool:
+    """Whether the bridge of `job` (layer, settings, folder) is trained and recorded (fit_bridge then
+    returns its metrics)."""
+    from geoprobe.bridges.checkpoint import METRICS
+    from geoprobe.bridges.fit import check_bridge_dir
+
+    layer, chosen, out = job
+    return not force and bool(check_bridge_dir(out, chosen.network_at(layer, source.backbone),
+                                               training_for(out, chosen), identity(source, layer))) \
+        and (out / METRICS).is_file()
+
+
+def rank_work(source: Source, root: Path, world: World, *, layers: list[int], jobs: list, owned: list[int],
+              keep: list[int] | None = None, folder: Path, force: bool = False, bars: Bars = None):
+    """(teacher states, {layer: controls}) for one rank of several: the pass over `layers` shared
+    by the ranks (bridges/states.py `shared_teacher_states`, keeping layer 0 and `keep`, default
+    all) when any rank has a bridge of its `jobs` to train or a control of its `owned` layers to
+    fit, else None; each layer's controls fitted once, by the rank that owns it, and read back
+    from its controls.json by every rank (for the layers of `keep`, default `layers`)."""
+    needed = any(not finished(source, job, force) for job in jobs) or not all(controls_saved(source, l, root)
+                                                                              for l in owned)
+    states = None
+    if world.any(needed):
+        bar = bars("teacher states") if bars else None
+        try:
+            states = shared_teacher_states(source.backbone, source.train_blocks, source.stop_blocks, source.val_blocks,
+                                           layers, folder=folder, world=world, keep=keep, progress=bar)
+        finally:
+            if bar is not None:
+                bar.stop()
+        pool_on_device(states, source.backbone.input_device)
+    world.together(lambda: [layer_controls(source, states, layer, root) for layer in owned])
+    return states, {layer: layer_controls(source, states, layer, root, write=False) for layer in keep or layers}
+
+
 # the training keys a bridge derives from its step cap (bridges/fit.py bridge_training) unless given
 DERIVED_FROM_STEPS = ("warmup", "save_every", "eval_every", "min_steps")
 
@@ -302,16 +346,18 @@ def training_for(out: Path, settings: BridgeSettings):
 
 
 def train_bridge(source: Source, layer: int, root: Path, settings: BridgeSettings, states, *,
-                 controls: dict | None = None, force: bool = False, bars: Bars = None, out: Path | None = None) -> tuple[dict | None, Path]:
+                 controls: dict | None = None, force: bool = False, bars: Bars = None, out: Path | None = None,
+                 world: World | None = None) -> tuple[dict | None, Path]:
     """One bridge at `layer` in root/bridges/layer-NN/seed-S (or `out`) from the run's cached
     teacher `states` (resumed, or refused when it holds another run; cleared first with `force`):
     its validation metrics, with the layer's `controls` (None on data-parallel ranks other than 0),
-    and its folder. The caller holds that folder (`bridge_run`, `sweep_run`)."""
+    and its folder. The caller holds that folder (`bridge_run`, `sweep_run`). `world`: the ranks
+    that train it data parallel (default: every rank; SINGLE: this rank alone)."""
     from geoprobe.bridges.fit import fit_bridge
 
     check_layer(source, layer)
     out = out or bridge_dir(root, layer, settings.seed)
-    world = world_from()
+    world = world or world_from()
     if force and world.is_main:
         clear(out)
     world.barrier()
@@ -378,9 +424,15 @@ def bridge_run(settings: BridgeSettings, layer: int | None = None, run: Path | N
                              dtype=dtype, train_tokens=settings.train_tokens, device_map=device_map, layers=[layer])
         check_layer(source, layer)
         refuse_other_bridges(source, [(layer, settings, bridge_dir(root, layer, settings.seed))], force)
-        states = cached_states(source, [layer], bars)
-        controls = layer_controls(source, states, layer, root, write=world.is_main)
-        return train_bridge(source, layer, root, settings, states, controls=controls, force=force, bars=bars)
+        if not world.connected:
+            states = cached_states(source, [layer], bars)
+            controls = layer_controls(source, states, layer, root)
+            return train_bridge(source, layer, root, settings, states, controls=controls, force=force, bars=bars)
+        job = (layer, settings, bridge_dir(root, layer, settings.seed))
+        states, controls = rank_work(source, root, world, layers=[layer], jobs=[job], force=force, bars=bars,
+                                     owned=[layer] if world.is_main else [],
+                                     folder=layer_dir(root, layer) / f"teacher-states-seed-{settings.seed}")
+        return train_bridge(source, layer, root, settings, states, controls=controls[layer], force=force, bars=bars)
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -395,61 +447,130 @@ def parse_seeds(spec: str) -> list[int]:
 
 def sweep_run(run: Path, settings: BridgeSettings, layers: str = "all", *, device: str = "auto", dtype: str = "auto",
               force: bool = False, bars: Bars = None, seeds: list[int] | None = None,
-              include_source: bool = False, ceiling: bool = False) -> dict | None:
+              include_source: bool = False, ceiling: bool = False, spread: bool = True) -> dict | None:
     """What `geoprobe sweep` does: the teacher states of every swept layer once, each layer's
     closed-form controls, one bridge per layer and seed (each to its plateau under one step cap;
     with `ceiling` also the ceiling control, one plain-regression network per layer), then the
     verdict (geoprobe.verdict): the pre-registered test of the geometry score against the
     seed-mean losses, its convergence criterion, controls and the seed noise, written to
     sweep.json/sweep.csv with plots. Layer 0 is the source, outside the test unless
-    `include_source`. Returns rows, verdict and the plot (None on data-parallel ranks other than 0)."""
+    `include_source`. Under torchrun with more than one bridge and `spread`, the ranks split the
+    bridges (`spread_bridges`); else each bridge trains data parallel over every rank. Returns
+    rows, verdict and the plot (None on ranks other than 0)."""
 
     settings.training()
     choose_determinism(settings.deterministic)
     seeds = seeds or [settings.seed]
     scores = {r["layer"]: r for r in ranking_rows(run)}
-    world = world_from()
+    world = world_from(connect=False)  # the plan below is refused before the ranks connect
     scanned_only = layers.strip() == "all"  # "all": every layer that was scanned and has blocks above it
+    chosen = parse_layers(layers, read_manifest(run)["model"]["num_layers"] - 1)
+    chosen = [l for l in chosen if l in scores] if scanned_only else chosen
+    plans = [(layer, replace(settings, seed=seed), bridge_dir(run, layer, seed)) for seed in seeds for layer in chosen]
+    plans += [(layer, ceiling_settings(settings), ceiling_dir(run, layer)) for layer in (chosen if ceiling else [])]
+    jobs = sorted(plans, key=lambda p: (p[0], p[2].name == "ceiling", p[1].seed))  # layer by layer
+    spreading = spread and world.size > 1 and len(jobs) > 1
+    held = max((rank_layers(jobs, world, r) for r in range(world.size)), key=len) if spreading else None
     with holding(run / "bridges", "geoprobe sweep", world.rank):  # one sweep at a time on a run
         source = open_source(run, seq_len=settings.seq_len, device=world.device(device), dtype=dtype,
-                             train_tokens=settings.train_tokens, layers=sorted(scores) if scanned_only else layers)
-        chosen = parse_layers(layers, source.backbone.num_layers - 1)
-        if scanned_only:
-            chosen = [l for l in chosen if l in scores]
+                             train_tokens=settings.train_tokens, layers=sorted(scores) if scanned_only else layers,
+                             held=held)
+        world = world_from()
         for layer in chosen:
             check_layer(source, layer)  # every layer before the first bridge trains
-        plans = [(layer, replace(settings, seed=seed), bridge_dir(run, layer, seed)) for seed in seeds for layer in chosen]
-        plans += [(layer, ceiling_settings(settings), ceiling_dir(run, layer)) for layer in (chosen if ceiling else [])]
         refuse_other_bridges(source, plans, force)
-        states = cached_states(source, chosen, bars)
-        controls = {layer: layer_controls(source, states, layer, run, write=world.is_main) for layer in chosen}
-        rows = []
-        for seed in seeds:  # seed-major: an interrupted sweep has whole replicates of every layer
-            for layer in chosen:
-                with holding(bridge_dir(run, layer, seed), "geoprobe sweep", world.rank):  # each bridge's folder
-                    metrics, _ = train_bridge(source, layer, run, replace(settings, seed=seed), states,
-                                              controls=controls[layer], force=force, bars=bars)
-                if metrics is not None:  # rank 0 validates; the other data-parallel ranks only train
-                    rows.append({**metrics, "seed": seed, "score": scores[layer]["score"],
-                                 "rank": scores[layer]["rank"]})
-        for layer in chosen if ceiling else []:
-            out = ceiling_dir(run, layer)
-            with holding(out, "geoprobe sweep", world.rank):
-                metrics, _ = train_bridge(source, layer, run, ceiling_settings(settings), states, force=force, bars=bars,
-                                          out=out)
-            for row in rows if metrics is not None else []:
-                if row["layer"] == layer:
-                    row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"],
-                               ceiling_train_seconds=metrics.get("train_seconds"),
-                               ceiling_machine=metrics.get("machine"))
+        if spreading:
+            rows = spread_bridges(source, run, jobs, world, chosen=chosen, seeds=seeds, scores=scores, force=force,
+                                  bars=bars)
+        else:
+            rows = bridges_in_turn(source, run, plans, world, chosen=chosen, scores=scores, force=force, bars=bars)
         rows.sort(key=lambda r: (r["layer"], r["seed"]))
-        if not world.is_main:  # data-parallel ranks: rank 0 writes the sweep
+        if not world.is_main:  # rank 0 writes the sweep
             return None
         verdict = summarise(run, rows, include_source)
         for row in rows:  # the score the test used (z-scored over the tested layers), beside the ranking's
             row["score_tested"] = verdict.get("scores", {}).get("score", {}).get(str(row["layer"]))
         plot = write_sweep(run, rows, verdict, source.model)
     return {"rows": rows, "verdict": verdict, "plot": str(plot)}
+
+
+def with_ceiling(rows: list[dict], layer: int, metrics: dict) -> None:
+    """The ceiling control's numbers of `layer` beside each of its rows."""
+    for row in rows:
+        if row["layer"] == layer:
+            row.update(ceiling_nmse_dim=metrics["nmse_dim"], ceiling_stop=metrics["stop"],
+                       ceiling_train_seconds=metrics.get("train_seconds"), ceiling_machine=metrics.get("machine"))
+
+
+def bridges_in_turn(source: Source, run: Path, plans: list, world: World, *, chosen: list[int], scores: dict,
+                    force: bool = False, bars: Bars = None) -> list[dict]:
+    """Every bridge of `plans` in turn, each data parallel over every rank (one process: alone),
+    seed-major: an interrupted sweep has whole replicates of every layer. The rows on rank 0
+    (empty on the others, which only train)."""
+    if world.connected:
+        states, controls = rank_work(source, run, world, layers=chosen, jobs=plans, force=force, bars=bars,
+                                     owned=chosen if world.is_main else [], folder=run / "bridges" / "teacher-states")
+    else:
+        states = cached_states(source, chosen, bars)
+        controls = {layer: layer_controls(source, states, layer, run) for layer in chosen}
+    rows = []
+    for layer, chosen_settings, out in plans:
+        with holding(out, "geoprobe sweep", world.rank):  # each bridge's folder
+            metrics, _ = train_bridge(source, layer, run, chosen_settings, states, force=force, bars=bars, out=out,
+                                      controls=None if out.name == "ceiling" else controls[layer])
+        if metrics is None:  # rank 0 validates; the other data-parallel ranks only train
+            continue
+        if out.name == "ceiling":
+            with_ceiling(rows, layer, metrics)
+        else:
+            rows.append({**metrics, "seed": chosen_settings.seed, "score": scores[layer]["score"],
+                         "rank": scores[layer]["rank"]})
+    return rows
+
+
+def rank_layers(jobs: list, world: World, rank: int) -> set[int]:
+    """The layers whose states rank `rank` keeps when the ranks split `jobs` (`spread_bridges`)."""
+    lo, hi = World(rank, world.size).share(len(jobs))
+    return {layer for layer, _, _ in jobs[lo:hi]}
+
+
+def spread_bridges(source: Source, run: Path, jobs: list, world: World, *, chosen: list[int], seeds: list[int],
+                   scores: dict, force: bool = False, bars: Bars = None) -> list[dict]:
+    """The bridges of `jobs` (layer by layer) split over the ranks: rank r trains a contiguous
+    share of them (`World.share`), each on its own device without data parallelism, so a rank
+    keeps the states of few layers. The teacher pass is shared; each layer's controls are fitted
+    by the rank that owns its first bridge. bridges/spread.json records which rank trains which
+    bridge. Rank 0 then reads every bridge's record into the rows (empty on the other ranks)."""
+    from geoprobe.bridges.checkpoint import METRICS
+
+    lo, hi = world.share(len(jobs))
+    if world.is_main:  # which rank trains which bridge, for the record
+        shares = [World(rank, world.size).share(len(jobs)) for rank in range(world.size)]
+        write_json_atomic(run / "bridges" / "spread.json", {"world_size": world.size, "ranks": [
+            [out.relative_to(run / "bridges").as_posix() for _, _, out in jobs[a:b]] for a, b in shares]})
+    firsts = {}
+    for index, (layer, _, _) in enumerate(jobs):
+        firsts.setdefault(layer, index)
+    keep = sorted(rank_layers(jobs, world, world.rank))
+    states, controls = rank_work(source, run, world, layers=chosen, jobs=jobs[lo:hi], keep=keep, force=force,
+                                 owned=[l for l, first in firsts.items() if lo <= first < hi], bars=bars,
+                                 folder=run / "bridges" / "teacher-states")
+
+    def train_mine():
+        for layer, chosen_settings, out in jobs[lo:hi]:
+            with holding(out, "geoprobe sweep", world.rank):
+                train_bridge(source, layer, run, chosen_settings, states, force=force, bars=bars, out=out, world=SINGLE,
+                             controls=None if out.name == "ceiling" else controls[layer])
+
+    world.together(train_mine)  # every rank's bridges are recorded from here on
+    if not world.is_main:
+        return []
+    rows = [{**read_json(bridge_dir(run, layer, seed) / METRICS, ""), "seed": seed, "score": scores[layer]["score"],
+             "rank": scores[layer]["rank"]} for seed in seeds for layer in chosen]
+    for layer, _, out in jobs:
+        if out.name == "ceiling":
+            with_ceiling(rows, layer, read_json(out / METRICS, ""))
+    return rows
 
 
 def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
