@@ -27,11 +27,18 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
   given depth (Freedman-Lane permutation p), and the score computed three other ways (z-scored
   over every scanned layer, --normalize none, massive channels excluded) against the same losses;
   for the primary loss also the token lookup's: rho(lookup, loss), the test on the lookup itself
-  and on loss / lookup (amendment 12);
-* the outcome: "inconclusive: ..." (the bridges did not converge), "robustly supported" (primary
-  passes, reliability >= 0.5, partial rho given depth < 0 with p < 0.05), "supported, but ..."
-  (primary passes, a robustness condition fails), "not supported"; with one seed of a tested
-  layer the outcome is provisional.
+  and on loss / lookup (amendment 12), the lookup's loss of the primary's own kind (a diffusion
+  bridge's: the untrained bridge's objective); for a diffusion bridge's objective also
+  rho(objective, nmse_dim_1step) and the test on the objective less its tau = 0 part (amendment 14);
+* the sensitivity over the layers from the massive channels' onset on, with rho(score, depth) there
+  (amendments 13 and 14): reported, never tested;
+* the outcome: "inconclusive: ..." (the bridges did not converge; for a diffusion sweep also a
+  tested layer none of whose bridges stopped by its plateau), "robustly supported" (primary
+  passes, reliability >= 0.5, partial rho given depth < 0 with p < 0.05, and for a diffusion sweep
+  the partial rho given the massive-channel share too: a run without a share fails it, and where
+  |rho(score, share)| >= INSEPARABLE a failed one reads "cannot be separated from the massive
+  channels"), "supported, but ..." (primary passes, a robustness condition fails), "not
+  supported"; with one seed of a tested layer the outcome is provisional.
 """
 
 from __future__ import annotations
