@@ -101,7 +101,9 @@ def sweep_section(sweep: dict) -> list[str]:
              + ("layer 0, the source, is tested too (--include-source); " if 0 in v.get("compared_layers", [])
                 else "layer 0 is the source and is not tested; ")
              + "the score is z-scored over the tested layers. "
-             + ("`objective` (primary) is the diffusion bridge's own loss on a fixed tau grid; `nmse_dim 1 step` is "
+             + ("`objective` (primary) is the diffusion bridge's own loss on a fixed tau grid; `objective τ = 0` the "
+                "same with every tau at 0 (its posterior mean's part) and `lookup objective` the untrained bridge's "
+                "(the token lookup's own), where recorded; `nmse_dim 1 step` is "
                 "its posterior mean's per-channel error and `nmse_dim` a K-step sample's; `crps_dim` the samples' "
                 "CRPS per channel. " if diffusion else "")
              + "`nmse_dim` "
