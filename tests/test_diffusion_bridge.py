@@ -5,7 +5,9 @@ and what a stochastic bridge records and how it counts as learned."""
 import pytest
 import torch
 
-from geoprobe.bridges.fit import fit_bridge, fit_statistics, grid_objective, positions_weight, validate
+from geoprobe.bridges.channel import channel
+from geoprobe.bridges.fit import (draw_conditions, fit_bridge, fit_statistics, grid_objective, grid_objectives,
+                                  positions_weight, untrained_objective, validate)
 from geoprobe.bridges.hidden import REGRESSION, BridgeConfig, HiddenBridge, Teacher, bridge_path_sample
 from geoprobe.bridges.train import TrainConfig
 from geoprobe.corpus import iter_blocks, read_documents
@@ -123,6 +125,51 @@ def test_the_validation_objective_of_clean_tau_zero_rows_is_their_plain_loss(lla
     assert grid_objective(bridge, teacher, states.stop, 3) == pytest.approx(total / count, rel=1e-5)
 
 
+def test_the_objectives_posterior_mean_part_is_its_loss_with_every_tau_at_zero(llama, states):
+    """objective_tau0 (amendment 14: the objective less it is what the diffusion objective adds
+    beyond a regression's loss) is computed in grid_objective's pass without moving its draws: the
+    objective keeps its bits, and objective_tau0 is, computed here directly, the loss at tau = 0
+    (no bridge noise) under the conditions grid_objective draws for each batch. A regression's
+    rows are all at tau = 0, so there the two numbers are one."""
+    bridge, teacher = trained_looking(llama, states, sigma_b=1.0, bridge_steps=4), Teacher(llama, 2)
+    both = grid_objectives(bridge, teacher, states.stop, 2)
+    assert both["objective"] == grid_objective(bridge, teacher, states.stop, 2)
+    total = count = 0.0
+    with torch.no_grad():
+        for index, (ids, mask, got) in enumerate(states.stop.fixed(2, (2,), 0, "cpu")):
+            draws = draw_conditions(bridge.cfg, *ids.shape, torch.Generator().manual_seed(index))  # seed 0's
+            z = channel(bridge.table(), ids, draws["snr"], noise=draws["noise"])
+            a = bridge.source(z, teacher.embeddings, teacher.offsets(ids.shape[1]), ids, draws["clean"])
+            weight = bridge.scored(got[2], positions_weight(mask))
+            loss = bridge.loss(a, got[2], weight, tau=torch.zeros(len(ids)), eps=torch.zeros_like(got[2]))
+            total += float(loss) * float(weight.sum())
+            count += float(weight.sum())
+    assert both["objective_tau0"] == pytest.approx(total / count, rel=1e-5)
+    assert abs(both["objective_tau0"] - both["objective"]) > 1e-3 * both["objective"]  # tau > 0 does change it
+    regression = grid_objectives(trained_looking(llama, states, **REGRESSION), teacher, states.stop, 2)
+    assert regression["objective_tau0"] == regression["objective"]
+
+
+def test_the_lookups_own_objective_is_the_untrained_bridges(llama, states):
+    """The untrained bridge's update is zero, so it predicts its carry, the token lookup's row, at
+    every tau: with every row at clean condition its objective is, computed here from the lookup
+    table directly, the lookup's error in the bridge's standardised units. A bridge whose update is
+    no longer zero is refused, and one that does not start at the lookup has no such number."""
+    bridge, teacher = HiddenBridge(small(llama, sigma_b=1.0, bridge_steps=4, clean_frac=1.0), seed=3), Teacher(llama, 2)
+    fit_statistics(bridge, states)
+    total = count = 0.0
+    for ids, mask, got in states.val.fixed(2, (2,), 0, "cpu"):
+        table = bridge.lookup[bridge.lookup_slots(ids)]
+        err = (((table - got[2]) / bridge.target_scale) ** 2).mean(-1)
+        weight = bridge.scored(got[2], positions_weight(mask))
+        total += float((err * weight).sum())
+        count += float(weight.sum())
+    assert untrained_objective(bridge, teacher, states.val, 2) == pytest.approx(total / count, rel=1e-5)
+    with pytest.raises(ValueError, match="update is still zero"):
+        untrained_objective(trained_looking(llama, states, sigma_b=1.0, bridge_steps=4), teacher, states.val, 2)
+    assert untrained_objective(HiddenBridge(small(llama, carry="channel")), teacher, states.val, 2) is None
+
+
 def test_a_diffusion_bridge_records_its_samples_spread_and_is_judged_by_its_posterior_mean(llama, states, tmp_path):
     """A stochastic bridge: its plateau rule watches the grid objective (the stopping curve's last
     point is that objective of the kept weights), metrics.json has the samples' CRPS, and whether
@@ -140,6 +187,12 @@ def test_a_diffusion_bridge_records_its_samples_spread_and_is_judged_by_its_post
     bridge, _ = load_bridge(tmp_path / "b")
     best = dict(map(tuple, metrics["val_curve"]))[metrics["best_step"]]
     assert grid_objective(bridge, Teacher(llama, 2), states.stop, 4) == pytest.approx(best, rel=1e-6)
+    # the lookup's own objective: that of the same bridge untrained (its seed's weights, its statistics)
+    fresh = HiddenBridge(bridge.cfg, seed=train.seed)
+    fresh.set_support(bridge.support)
+    fit_statistics(fresh, states)
+    assert metrics["control_lookup_objective"] == grid_objective(fresh, Teacher(llama, 2), states.val, 4)
+    assert metrics["objective_tau0"] == grid_objectives(bridge, Teacher(llama, 2), states.val, 4)["objective_tau0"]
     # its guard: the posterior mean's nmse_dim on the stopping split at every check, as validate computes it
     guard = dict(map(tuple, metrics["guard_curve"]))
     assert list(guard) == [s for s, _ in metrics["val_curve"]]

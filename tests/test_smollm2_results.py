@@ -725,3 +725,21 @@ def test_the_choice_is_overturned_only_by_a_converged_runner_up_better_by_more_t
     assert (turned["variant"], turned["sigma_b"], turned["bridge_steps"]) == ("diffusion sb2", 2.0, 4)
     capped = confirmed_choice(choice, scores(0.30, 0.20, ("plateau", "cap")), kscan)
     assert capped["variant"] == "diffusion sb1" and "did not stop by its plateau" in capped["why"][-1]
+
+
+def test_the_pages_opening_says_where_the_score_cannot_be_separated_from_depth():
+    """The sensitivity after the massive channels' onset, in the page's third line, with the score's
+    own rho with depth over its layers (amendment 14); a stored verdict from before it has none."""
+    from experiments.smollm2_results import verdict_lines
+
+    share = {1: 0.1, 2: 0.14, **{layer: 0.3 + 0.01 * layer for layer in range(3, 9)}}  # the onset is layer 3
+    rows = [{"layer": layer, "seed": seed, "stop": "plateau", "control_lookup_nmse_dim": 1.0,
+             **{k: (0.5 if layer < 3 else 1 - 0.1 * layer) + 0.001 * seed
+                for k in ("nmse_dim", "nmse", "delta_ce", "nmse_noisy", "objective")}}
+            for seed in (0, 1) for layer in range(1, 9)]
+    verdict = sweep_verdict(rows, {"score": {layer: float(layer) for layer in range(1, 9)}}, share)
+    third = verdict_lines(json.loads(json.dumps(verdict)))[-1]
+    assert "over layers 3–8, from the massive channels' onset" in third
+    assert "and the score's ρ with depth there is 1.00 (not separable from depth)" in third
+    del verdict["after_onset"]["score_vs_depth"]
+    assert "with depth there" not in verdict_lines(verdict)[-1]

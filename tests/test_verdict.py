@@ -587,23 +587,26 @@ def test_a_diffusion_sweep_ranks_its_objective_and_controls_for_depth_and_the_ma
     assert any("massive-channel share) = " in line for line in v["statement"])
 
 
-def test_a_score_that_copies_the_massive_channel_share_does_not_pass_beyond_it():
+def test_a_score_that_copies_the_massive_channel_share_cannot_be_separated_from_it():
     """The score is the massive-channel share itself and the loss follows the share: the primary
     test passes, the partial rho given the share is undefined (the score has nothing beyond the
-    share), and the outcome says it does not hold beyond the massive channels."""
+    share), and the outcome says the score cannot be separated from the massive channels (amendment
+    14; before it: "does not hold beyond them")."""
     layers = range(1, 9)
     share = {1: 0.5, 2: 0.1, 3: 0.3, 4: 0.8, 5: 0.2, 6: 0.4, 7: 0.7, 8: 0.6}
     table = {l: [1 - share[l] + e for e in (0.0, 0.005)] for l in layers}
     v = sweep_verdict(diffusion_rows(table), {"score": dict(share)}, share)
     assert v["tests"]["objective"]["supports"]
     assert v["controls"]["objective"]["partial_given_share"]["rho"] is None
-    assert v["outcome"].startswith("supported, but") and "beyond the massive channels" in v["outcome"]
+    assert v["outcome"].startswith("supported, but it cannot be separated from the massive channels")
+    assert "does not hold beyond" not in v["outcome"]
+    assert "the score itself follows the share (rho 1.00), so the two cannot be separated" in " ".join(v["statement"])
     # the loss off the share by two swapped pairs of layers: the score, still the share, is what the
     # share predicts and nothing more (its residual on the share is 0: the partial stays undefined)
     swapped = {**table, 1: table[6], 6: table[1], 7: table[8], 8: table[7]}
     w = sweep_verdict(diffusion_rows(swapped), {"score": dict(share)}, share)
     assert w["controls"]["objective"]["partial_given_share"]["rho"] is None
-    assert "beyond the massive channels" in w["outcome"] or w["outcome"] == "not supported"
+    assert "cannot be separated from the massive channels" in w["outcome"] or w["outcome"] == "not supported"
 
 
 def test_a_diffusion_bridge_is_judged_against_the_lookup_by_its_posterior_mean_and_kinds_do_not_mix():
@@ -627,3 +630,155 @@ def test_the_sensitivity_after_the_massive_channels_onset_is_reported_not_tested
     assert v["after_onset"]["layers"] == [3, 4, 5, 6, 7, 8] and v["after_onset"]["rho"] == pytest.approx(-1.0)
     assert v["tests"]["objective"]["rho"] > -1.0  # the registered test over every layer is another number
     assert any(line.startswith("Sensitivity, chosen after") for line in v["statement"])
+
+
+# --- amendment 14: the analyses added to the page
+
+def with_values(rows: list[dict], **by_layer: dict) -> list[dict]:
+    """`rows` with each named key set per layer ({layer: value}, the same on every seed)."""
+    return [{**r, **{k: values[r["layer"]] for k, values in by_layer.items()}} for r in rows]
+
+
+ROBUST = {"score": {1: 3.0, 2: 8.0, 3: 1.0, 4: 6.0, 5: 2.0, 6: 7.0, 7: 4.0, 8: 5.0},
+          "share": {1: 0.5, 2: 0.1, 3: 0.3, 4: 0.8, 5: 0.2, 6: 0.4, 7: 0.7, 8: 0.6}}
+
+
+def robust_table():
+    """A diffusion sweep that passes both partial tests (as in the test above): its loss falls with a
+    score unrelated to depth and to the share."""
+    return {l: [1 - 0.1 * ROBUST["score"][l] + e for e in (0.0, 0.005)] for l in range(1, 9)}
+
+
+def test_a_run_without_a_massive_channel_share_fails_the_robust_condition():
+    table, score = robust_table(), {"score": ROBUST["score"]}
+    assert sweep_verdict(diffusion_rows(table), score, ROBUST["share"])["outcome"] == "robustly supported"
+    for share in ({}, {**ROBUST["share"], 4: None}, {l: 0.3 for l in range(1, 9)}):  # none, one missing, constant
+        v = sweep_verdict(diffusion_rows(table), score, share)
+        assert "partial_given_share" not in v["controls"]["objective"] and "score_vs_share" not in v
+        assert v["outcome"].startswith("supported, but the massive-channel share is not measured"), (share, v["outcome"])
+    # the regression sweep's robust condition is the one it was registered with: depth and noise only
+    assert sweep_verdict(rows_for(table, seeds=(0, 1)), score, {})["outcome"] == "robustly supported"
+
+
+@pytest.mark.parametrize("swaps, phrase", [([(1, 2)], "cannot be separated from the massive channels"),
+                                           ([(1, 3), (6, 7)], "does not hold beyond the massive channels")])
+def test_a_failed_partial_given_the_share_reads_by_how_closely_the_score_follows_the_share(swaps, phrase):
+    """The loss is the share; the score falls with the share but for swapped layers: one swapped pair
+    leaves |rho(score, share)| = 0.98 (>= 0.9: the two cannot be separated), two swaps leave 0.88
+    (the score is apart from the share, yet adds nothing beyond it to the loss)."""
+    share = ROBUST["share"]  # unrelated to depth
+    by_share = sorted(share, key=share.get)  # the layers from the smallest share up
+    order = list(range(1, 9))
+    for a, b in swaps:
+        order[a - 1], order[b - 1] = order[b - 1], order[a - 1]
+    score = {layer: -float(order[k]) for k, layer in enumerate(by_share)}
+    v = sweep_verdict(diffusion_rows({l: [share[l], share[l] + 0.001] for l in range(1, 9)}), {"score": score}, share)
+    expected = 1 - 6 * sum((o - k) ** 2 for k, o in enumerate(order, 1)) / (8 * 63)
+    assert v["score_vs_share"]["rho"] == pytest.approx(-expected)
+    assert v["tests"]["objective"]["supports"] and v["controls"]["objective"]["partial_given_share"]["rho"] is None
+    other = ({"cannot be separated from the massive channels", "does not hold beyond the massive channels"} - {phrase}).pop()
+    assert v["outcome"].startswith("supported, but") and phrase in v["outcome"] and other not in v["outcome"]
+    assert ("so the two cannot be separated" in " ".join(v["statement"])) == (phrase.startswith("cannot"))
+
+
+def test_the_sensitivity_says_where_the_score_cannot_be_separated_from_depth():
+    share = {1: 0.1, 2: 0.14, **{l: 0.3 for l in range(3, 9)}}  # the onset is layer 3
+    table = {1: [0.1, 0.1], 2: [0.2, 0.2], **{l: [1 - 0.1 * l, 1 - 0.1 * l] for l in range(3, 9)}}
+    v = sweep_verdict(diffusion_rows(table), {"score": {l: float(l) for l in range(1, 9)}}, share)
+    assert v["after_onset"]["score_vs_depth"]["rho"] == pytest.approx(1.0)
+    line = next(line for line in v["statement"] if line.startswith("Sensitivity"))
+    assert line.endswith("; over the same layers rho(score, depth) = 1.00: not separable from depth.")
+    # a score that does not follow depth over layers 3-8: the rho is said, the phrase is not
+    score = {1: 1.0, 2: 2.0, 3: 5.0, 4: 3.0, 5: 8.0, 6: 4.0, 7: 7.0, 8: 6.0}
+    w = sweep_verdict(diffusion_rows(table), {"score": score}, share)
+    rho = stats.spearmanr([score[l] for l in range(3, 9)], range(3, 9)).statistic
+    assert w["after_onset"]["score_vs_depth"]["rho"] == pytest.approx(rho) and abs(rho) < 0.9
+    line = next(line for line in w["statement"] if line.startswith("Sensitivity"))
+    assert f"rho(score, depth) = {rho:.2f}." in line and "not separable" not in line
+
+
+def test_a_diffusion_layer_with_no_bridge_at_its_plateau_makes_the_sweep_inconclusive():
+    """8 of 10 tested bridges at their plateau meets the 80 %, but both of layer 4's reached the cap:
+    a diffusion sweep is inconclusive (amendment 14); the regression sweep keeps its registered rule."""
+    table = {l: [1 - 0.1 * l, 1 - 0.1 * l + 0.01] for l in range(1, 6)}
+    score = {"score": {l: float(l) for l in range(1, 6)}}
+    rows = [{**r, "stop": "cap" if r["layer"] == 4 else "plateau"} for r in diffusion_rows(table)]
+    v = sweep_verdict(rows, score, {})
+    assert v["convergence"]["plateau"] == 8 and v["convergence"]["unstopped_layers"] == [4]
+    assert v["outcome"] == ("inconclusive: the bridges did not converge (layer 4 has no bridge stopped by its plateau "
+                            "(every tested layer needs one))")
+    one = [{**r, "stop": "cap" if (r["layer"], r["seed"]) in ((4, 0), (2, 1)) else "plateau"}
+           for r in diffusion_rows(table)]  # one capped bridge at each of two layers: each layer has one at its plateau
+    assert sweep_verdict(one, score, {})["convergence"]["converged"]
+    regression = [{**r, "stop": "cap" if r["layer"] == 4 else "plateau"} for r in rows_for(table, seeds=(0, 1))]
+    r = sweep_verdict(regression, score, {})
+    assert r["convergence"]["converged"] and "unstopped_layers" not in r["convergence"]
+
+
+def test_the_objective_is_shown_beside_its_posterior_mean_and_the_lookups_own_objective():
+    """rho(objective, nmse_dim_1step), the test on the objective less its tau = 0 part, and the lookup
+    controls on the untrained bridge's objective (the same kind of loss), each against scipy."""
+    table, score = robust_table(), ROBUST["score"]
+    layers = range(1, 9)
+    posterior = {1: 0.3, 2: 0.1, 3: 0.5, 4: 0.2, 5: 0.6, 6: 0.15, 7: 0.4, 8: 0.35}
+    tau0 = {l: 1.2 - 0.05 * l for l in layers}  # the objective less it: each layer's objective + 0.05 l - 1.2
+    lookup = {1: 2.0, 2: 1.5, 3: 1.8, 4: 1.1, 5: 1.9, 6: 1.7, 7: 1.3, 8: 1.6}
+    rows = [{**r, "nmse_dim_1step": posterior[r["layer"]]} for r in diffusion_rows(table)]
+    v = sweep_verdict(with_values(rows, objective_tau0=tau0, control_lookup_objective=lookup), {"score": score},
+                      ROBUST["share"])
+    c = v["controls"]["objective"]
+    objective = [np.mean(table[l]) for l in layers]
+    assert c["posterior_mean"]["rho"] == pytest.approx(stats.spearmanr(objective, [posterior[l] for l in layers])[0])
+    assert c["posterior_mean"]["alternative"] == "two-sided"
+    beyond = [o - tau0[l] for o, l in zip(objective, layers)]
+    assert c["beyond_posterior_mean"]["rho"] == pytest.approx(stats.spearmanr([score[l] for l in layers], beyond)[0])
+    assert c["beyond_posterior_mean"]["alternative"] == "less"
+    relative = [o / lookup[l] for o, l in zip(objective, layers)]
+    assert c["relative_to_lookup"]["rho"] == pytest.approx(stats.spearmanr([score[l] for l in layers], relative)[0])
+    assert c["lookup"]["rho"] == pytest.approx(stats.spearmanr([lookup[l] for l in layers], objective)[0])
+    line = next(line for line in v["statement"] if line.startswith("Beyond the posterior mean"))
+    assert f"rho(objective, nmse_dim_1step) over the tested layers = {c['posterior_mean']['rho']:.2f}" in line
+    assert f"(objective - objective_tau0, its tau > 0 terms" in line
+    assert "rho(token lookup's objective, objective)" in " ".join(v["statement"])
+    # without the lookup's own objective the objective has no lookup controls: its nmse_dim is another kind of loss
+    bare = sweep_verdict(diffusion_rows(table), {"score": score}, ROBUST["share"])["controls"]["objective"]
+    assert "lookup" not in bare and "beyond_posterior_mean" not in bare and "posterior_mean" in bare
+    assert "posterior_mean" not in sweep_verdict(rows_for(table), {"score": score}, ROBUST["share"])["controls"]["nmse_dim"]
+
+
+def test_a_diffusion_bridges_own_lines_hold_its_posterior_mean_against_the_lookup():
+    """beats_lookup reads a diffusion bridge's posterior mean (the sample's error holds the posterior's
+    spread): its line says that number, and the objective beside the lookup's own."""
+    from geoprobe.verdict import bridge_lines
+
+    m = {"layer": 3, "stop": "plateau", "steps_run": 2900, "best_step": 2850, "bridge_kind": "diffusion",
+         "nmse_dim": 0.2776, "nmse_dim_1step": 0.2421, "control_lookup_nmse_dim": 0.2798, "beats_lookup": True,
+         "objective": 0.2989, "control_lookup_objective": 0.4123}
+    lines = bridge_lines(m)
+    assert lines[1] == ("posterior-mean (1-step) nmse_dim 0.2421 against its token lookup's 0.2798: it learned more "
+                        "than a table of per-token means.")
+    assert lines[2] == "Its objective 0.2989 against the token lookup's own 0.4123 (the untrained bridge's, whose update is zero)."
+    worse = bridge_lines({**m, "nmse_dim_1step": 0.275, "beats_lookup": False})
+    assert worse[1].startswith("posterior-mean (1-step) nmse_dim 0.2750") and "not below 0.2658" in worse[1]
+
+
+def test_the_sweep_pages_tables_show_the_objectives_tau_zero_part_the_lookups_objective_and_their_controls():
+    from geoprobe.workflows.sweep_page import control_rows, layer_columns, layer_rows
+
+    table = robust_table()
+    rows = with_values(diffusion_rows(table), crps_dim={l: 0.1 for l in range(1, 9)},
+                       objective_tau0={l: 2.0 - 0.01 * l for l in range(1, 9)},
+                       control_lookup_objective={l: 3.0 + 0.1 * l for l in range(1, 9)})
+    v = sweep_verdict(rows, {"score": ROBUST["score"]}, ROBUST["share"])
+    v["scores"] = {"score": {str(l): s for l, s in ROBUST["score"].items()}}
+    people = layer_rows(v)
+    columns = layer_columns(people)
+    assert columns[4:7] == ["objective", "objective τ = 0", "lookup objective"]
+    assert people[0]["objective τ = 0"] == "1.99 ± 0" and people[0]["lookup objective"] == "3.1 ± 0"
+    control = control_rows(v)[0]
+    assert control["loss"] == "objective" and control["ρ(nmse_dim 1 step)"] == pytest.approx(1.0)
+    assert control["ρ, score vs objective − its τ = 0 part"] == v["controls"]["objective"]["beyond_posterior_mean"]["rho"]
+    # a regression sweep's table keeps its columns
+    plain = sweep_verdict(rows_for({l: [0.1 * l] * 2 for l in range(1, 6)}, seeds=(0, 1)), SCORE, {})
+    plain["scores"] = {"score": {str(l): float(l) for l in range(1, 6)}}
+    assert "objective τ = 0" not in layer_columns(layer_rows(plain))

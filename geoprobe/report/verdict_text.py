@@ -19,12 +19,19 @@ LOOKUP_CONTROLS = {"lookup": "ρ(lookup's loss)", "score_vs_lookup": "ρ, score 
 # ... and against the ceiling control (sweep --ceiling): whether the bridges order the layers as the
 # plain clean regression of the same network does
 CEILING_CONTROL = {"ceiling": "ρ(ceiling's loss)"}
+# a diffusion bridge's objective beside its posterior mean (amendment 14)
+POSTERIOR_CONTROLS = {"posterior_mean": "ρ(nmse_dim 1 step)", "beyond_posterior_mean": "ρ, score vs objective − its τ = 0 part"}
 CEILING = "the same network trained as the plain clean regression, one seed"  # sweep --ceiling
 # why a supported outcome is not robust, by the failed condition's name (geoprobe.verdict.robustness)
 ROBUSTNESS = {"noise_unmeasured": "the seed noise is not measured",
               "within_noise": "the layers' order by the primary loss is within the seed noise",
               "depth": "it does not hold beyond depth (partial rho given depth not significant)",
-              "share": "it does not hold beyond the massive channels (partial rho given their share not significant)"}
+              "share": "it does not hold beyond the massive channels (partial rho given their share not significant)",
+              "share_inseparable": "it cannot be separated from the massive channels (the score follows their share, "
+                                   "and the partial rho given the share does not pass)",
+              "share_unmeasured": "the massive-channel share is not measured over the tested layers (none recorded, or "
+                                  "the same at every layer), so the partial rho given it, which robust support needs, "
+                                  "cannot be computed"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class Rules:
         registered_weights: the registered score's weights.
         registered_log: whether the registered score takes logs.
         source_layers: the layers whose clean source is their state.
+        inseparable: the |rho| of the score with depth (above it) or the massive-channel share (at
+            or above it) from which the two cannot be separated.
     """
 
     alpha: float
@@ -50,6 +59,7 @@ class Rules:
     registered_weights: tuple
     registered_log: bool
     source_layers: tuple
+    inseparable: float
 
 
 def no_test_statement(compared: int, convergence: dict, rules: Rules) -> list[str]:
@@ -62,18 +72,24 @@ def no_test_statement(compared: int, convergence: dict, rules: Rules) -> list[st
 
 
 def convergence_reasons(plateau: int, tested: int, share: float, unknown: list[int], all_unknown: bool,
-                        worse: list, rules: Rules) -> list[str]:
+                        worse: list, rules: Rules, *, unstopped: list[int] = ()) -> list[str]:
     """Why the tested bridges did not converge, one phrase a failed condition (none: converged).
 
     Args:
         plateau: how many tested bridges stopped by their plateau, of `tested`, a share `share`.
         unknown: the layers without a lookup control; `all_unknown`: whether that is every layer.
         worse: [layer, seed] of each bridge that does not beat its token lookup.
+        unstopped: the tested layers none of whose bridges stopped by its plateau, where every
+            layer needs one (a diffusion sweep, amendment 14).
     """
     reasons = []
     if share < rules.converged_share - 1e-12:  # the tolerance keeps e.g. 12 of 15 on the passing side
         reasons.append(f"{plateau} of {tested} tested bridges stopped by their plateau, "
                        f"{rules.converged_share * 100:.0f} % needed")
+    if unstopped:
+        reasons.append(f"layer{'s' if len(unstopped) > 1 else ''} {', '.join(map(str, unstopped))} "
+                       f"ha{'ve' if len(unstopped) > 1 else 's'} no bridge stopped by its plateau (every tested layer "
+                       "needs one)")
     if unknown:
         reasons.append("no lookup control recorded" + (
             "" if all_unknown else f" for layer{'s' if len(unknown) > 1 else ''} "
@@ -138,12 +154,18 @@ def bridge_lines(m: dict, rules: Rules, bar: float | None) -> list[str]:
                         "before any training, so the rule cannot see it learn the noisy conditions sampling needs: "
                         "train it with --until steps." if m.get("layer") in rules.source_layers else "."))
     learned, lookup = m.get("beats_lookup"), m.get("control_lookup_nmse_dim")
+    # the loss beats_lookup reads: a diffusion bridge's posterior mean, since a sample's error includes the spread
+    mean = m.get("bridge_kind") == "diffusion"
     if learned is not None and lookup is not None:
-        lines.append(f"nmse_dim {m['nmse_dim']:.4f} against its token lookup's {lookup:.4f}: "
+        lines.append(("posterior-mean (1-step) " if mean else "")
+                     + f"nmse_dim {m['nmse_dim_1step' if mean else 'nmse_dim']:.4f} against its token lookup's {lookup:.4f}: "
                      + ("it learned more than a table of per-token means." if learned else
                         f"not below {bar:.4f}, the bar for having learned ({100 * (1 - rules.lookup_margin):.0f} % "
                         "under the lookup, or the lookup + ridge control where that is closer): it learned little "
                         "beyond a table of per-token means."))
+    if m.get("objective") is not None and m.get("control_lookup_objective") is not None:
+        lines.append(f"Its objective {m['objective']:.4f} against the token lookup's own {m['control_lookup_objective']:.4f} "
+                     "(the untrained bridge's, whose update is zero).")
     return lines
 
 
@@ -233,9 +255,14 @@ def secondary_line(v: dict, loss: str) -> str:
             + (", " + " ".join(caveats) if caveats else "") + f"; its own controls: {'; '.join(parts)}.")
 
 
-def controls_line(c: dict, loss: str) -> str:
+def controls_line(c: dict, loss: str, score_share: dict | None = None, inseparable: float = 1.0) -> str:
     """The primary loss's controls in one line: depth, the partial rhos, the massive channels,
-    the other scores, the token lookup and the ceiling."""
+    the other scores, the token lookup and the ceiling.
+
+    Args:
+        score_share: rho(score, massive-channel share) (the verdict's `score_vs_share`): where its
+            |rho| is at least `inseparable`, the partial test given the share cannot separate the two.
+    """
     partial = c["partial_given_depth"]
     parts = [f"depth rho(layer, {loss}) = {c['depth']['rho']:.2f} (two-sided p {c['depth']['p']:.2g})",
              f"partial rho(score, {loss} | depth) = {partial['rho']:.2f} (Freedman-Lane one-sided p {partial['p']:.2g})"
@@ -245,9 +272,12 @@ def controls_line(c: dict, loss: str) -> str:
         parts.append(f"rho(massive-channel share, {loss}) = {c['channel_share']['rho']:.2f} "
                      f"(two-sided p {c['channel_share']['p']:.2g})")
     if (by_share := c.get("partial_given_share")) is not None:
-        parts.append(f"partial rho(score, {loss} | massive-channel share) = {by_share['rho']:.2f} "
-                     f"(Freedman-Lane one-sided p {by_share['p']:.2g})" if by_share["rho"] is not None else
-                     f"partial rho(score, {loss} | massive-channel share) undefined")
+        parts.append((f"partial rho(score, {loss} | massive-channel share) = {by_share['rho']:.2f} "
+                      f"(Freedman-Lane one-sided p {by_share['p']:.2g})" if by_share["rho"] is not None else
+                      f"partial rho(score, {loss} | massive-channel share) undefined")
+                     + (f", and the score itself follows the share (rho {score_share['rho']:.2f}), so the two "
+                        "cannot be separated" if score_share is not None and abs(score_share["rho"]) >= inseparable
+                        else ""))
     parts += [f"score {SCORE_VARIANTS[k]}: rho {c[k]['rho']:.2f} (p {c[k]['p']:.2g})" for k in SCORE_VARIANTS if k in c]
     if "lookup" in c:
         parts += [f"rho(token lookup's {loss}, {loss}) = {c['lookup']['rho']:.2f} (two-sided p {c['lookup']['p']:.2g})",
@@ -260,6 +290,21 @@ def controls_line(c: dict, loss: str) -> str:
                      "whether the bridges order the layers as the same network trained as the plain clean "
                      "regression does)")
     return "Controls: " + "; ".join(parts) + "."
+
+
+def posterior_line(c: dict) -> str | None:
+    """What a diffusion bridge's objective holds beyond its posterior mean (amendment 14): how closely
+    it follows the posterior mean's nmse_dim over the layers, and whether the score predicts the
+    objective less its tau = 0 part. None without either."""
+    parts = []
+    if (mean := c.get("posterior_mean")) is not None:
+        parts.append(f"rho(objective, nmse_dim_1step) over the tested layers = {mean['rho']:.2f} (two-sided p "
+                     f"{mean['p']:.2g}: how much of the objective's order the posterior mean's error gives)")
+    if (beyond := c.get("beyond_posterior_mean")) is not None:
+        parts.append(f"the same test on the objective less its posterior-mean part (objective - objective_tau0, its "
+                     f"tau > 0 terms: what the diffusion objective adds beyond a regression's loss): rho "
+                     f"{beyond['rho']:.2f} (one-sided p {beyond['p']:.2g})")
+    return ("Beyond the posterior mean (reported, not tested): " + "; ".join(parts) + ".") if parts else None
 
 
 def current_statement(v: dict, rules: Rules) -> list[str]:
@@ -293,7 +338,9 @@ def statement(v: dict, rules: Rules) -> list[str]:
                      "larger than seed noise would make them)"
                      + ("." if rel >= 0.5 else "; below 0.5 the layers' order by this loss is mostly noise."))
     c = v["controls"].get(loss, {})
-    lines.append(controls_line(c, loss))
+    lines.append(controls_line(c, loss, v.get("score_vs_share"), rules.inseparable))
+    if line := posterior_line(c):
+        lines.append(line)
 
     if line := ceiling_gap_line(v):
         lines.append(line)
@@ -327,6 +374,15 @@ def _test_lines(v: dict, rules: Rules) -> list[str]:
     return lines + [convergence] if v["convergence"]["converged"] else [convergence] + lines
 
 
+def depth_clause(depth: dict | None, rules: Rules) -> str:
+    """rho(score, depth) over the sensitivity's layers, beside its test (amendment 14): where the
+    score falls (or rises) with depth almost strictly, any loss that follows depth passes the test."""
+    if depth is None:
+        return ""
+    return (f"; over the same layers rho(score, depth) = {depth['rho']:.2f}"
+            + (": not separable from depth" if abs(depth["rho"]) > rules.inseparable else ""))
+
+
 def _layer_lines(v: dict, rules: Rules) -> list[str]:
     """The closing lines: the sensitivity after the massive channels' onset, the easiest and hardest
     layers and their ties, the geometry's choice, other ranking weights, and the capped bridges."""
@@ -335,7 +391,8 @@ def _layer_lines(v: dict, rules: Rules) -> list[str]:
     if onset := v.get("after_onset"):
         lines.append(f"Sensitivity, chosen after seeing the regression sweep (not the registered test): over layers "
                      f"{onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset on, rho(score, "
-                     f"{loss}) = {onset['rho']:.2f} (one-sided p {onset['p']:.2g}, n = {onset['n']}).")
+                     f"{loss}) = {onset['rho']:.2f} (one-sided p {onset['p']:.2g}, n = {onset['n']})"
+                     + depth_clause(onset.get("score_vs_depth"), rules) + ".")
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]
         word = "easiest" if role == "oracle" else "hardest"

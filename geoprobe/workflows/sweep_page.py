@@ -3,7 +3,7 @@ sd of every loss), the tests and the controls."""
 
 from __future__ import annotations
 
-from geoprobe.report.verdict_text import CEILING_CONTROL, LOOKUP_CONTROLS, SCORE_VARIANTS
+from geoprobe.report.verdict_text import CEILING_CONTROL, LOOKUP_CONTROLS, POSTERIOR_CONTROLS, SCORE_VARIANTS
 from geoprobe.verdict import LAYER_CONTROLS, LOSSES, current_statement
 from geoprobe.workflows.compare import markdown_table
 
@@ -39,6 +39,8 @@ def layer_rows(verdict: dict) -> list[dict]:
                      "score": "not tested" if source else f"{scores[str(r['layer'])]:.3g}", "seeds": r["seeds"],
                      **{loss: _pm(r, loss) for loss in (*LOSSES, "crps_dim")},
                      "nmse_dim 1 step": _pm(r, "nmse_dim_1step"),
+                     # a diffusion bridge's objective at tau = 0 alone, and the untrained bridge's (the lookup's own)
+                     "objective τ = 0": _pm(r, "objective_tau0"), "lookup objective": _pm(r, "control_lookup_objective"),
                      **{CONTROL_HEADERS[k]: _control(r, k) for k in LAYER_CONTROLS},
                      "plateau": "—" if r.get("plateau") is None else f"{r['plateau']}/{r['seeds']}",
                      "steps": "—" if r.get("steps_mean") is None else f"{r['steps_mean']:.0f}"})
@@ -47,11 +49,13 @@ def layer_rows(verdict: dict) -> list[dict]:
 
 def layer_columns(rows: list[dict]) -> list[str]:
     """The per-layer table's columns: every loss, then the controls a sweep recorded (nmse_dim).
-    A diffusion sweep's rows (they have crps_dim) lead with its objective and its posterior mean."""
+    A diffusion sweep's rows (they have crps_dim) lead with its objective, its tau = 0 part and the
+    lookup's own objective where recorded, and its posterior mean."""
     controls = [h for h in CONTROL_HEADERS.values() if any(r[h] != "—" for r in rows)]
     if any(r.get("crps_dim", "—") != "—" for r in rows):
-        return ["layer", "role", "score", "seeds", "objective", "nmse_dim 1 step", "nmse_dim", "crps_dim", *controls,
-                "plateau", "steps", "nmse", "delta_ce", "nmse_noisy"]
+        beside = [h for h in ("objective τ = 0", "lookup objective") if any(r[h] != "—" for r in rows)]
+        return ["layer", "role", "score", "seeds", "objective", *beside, "nmse_dim 1 step", "nmse_dim", "crps_dim",
+                *controls, "plateau", "steps", "nmse", "delta_ce", "nmse_noisy"]
     return ["layer", "role", "score", "seeds", "nmse_dim", "nmse_dim 1 step", *controls, "plateau", "steps",
             *LOSSES[1:]]
 
@@ -79,7 +83,8 @@ def control_rows(verdict: dict) -> list[dict]:
                "partial ρ given share": c.get("partial_given_share", {}).get("rho"),
                "partial ρ | share, Freedman-Lane p": c.get("partial_given_share", {}).get("p")}
         row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
-        row.update({label: c[name]["rho"] for name, label in {**LOOKUP_CONTROLS, **CEILING_CONTROL}.items() if name in c})
+        row.update({label: c[name]["rho"] for name, label in {**LOOKUP_CONTROLS, **CEILING_CONTROL,
+                                                               **POSTERIOR_CONTROLS}.items() if name in c})
         rows.append(row)
     return rows
 
@@ -96,7 +101,9 @@ def sweep_section(sweep: dict) -> list[str]:
              + ("layer 0, the source, is tested too (--include-source); " if 0 in v.get("compared_layers", [])
                 else "layer 0 is the source and is not tested; ")
              + "the score is z-scored over the tested layers. "
-             + ("`objective` (primary) is the diffusion bridge's own loss on a fixed tau grid; `nmse_dim 1 step` is "
+             + ("`objective` (primary) is the diffusion bridge's own loss on a fixed tau grid; `objective τ = 0` the "
+                "same with every tau at 0 (its posterior mean's part) and `lookup objective` the untrained bridge's "
+                "(the token lookup's own), where recorded; `nmse_dim 1 step` is "
                 "its posterior mean's per-channel error and `nmse_dim` a K-step sample's; `crps_dim` the samples' "
                 "CRPS per channel. " if diffusion else "")
              + "`nmse_dim` "
