@@ -1,5 +1,6 @@
-"""Moving tensors between the host and the device, the precision a network trains in, denormals on the CPU, and the
-name of the machine a run's times were measured on (a leaf module: every layer may import it)."""
+"""Moving tensors between the host and the device, the precision a network trains in, denormals
+on the CPU, and the name of the machine a run's times were measured on (a leaf module: every
+layer may import it)."""
 
 from __future__ import annotations
 
