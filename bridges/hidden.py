@@ -56,7 +56,7 @@ from geoprobe.bridges.converter import Converter
 from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding
 from geoprobe.bridges.nn import KVCache, Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.bridges.path import bridge_path_sample
-from geoprobe.backbone import load_backbone, locate_backbone
+from geoprobe.backbone import check_bridge_layer, load_backbone, locate_backbone
 from geoprobe.capture import capture
 from geoprobe.device import Precision, upload
 from geoprobe.errors import BadInput
@@ -451,9 +451,7 @@ class Teacher:
     the BOS state at layer l, and teacher states h_l from the prefix with early stop."""
 
     def __init__(self, backbone, layer: int):
-        if not 0 <= layer < backbone.num_layers:
-            raise BadInput(f"--layer {layer} out of range: use 0..{backbone.num_layers - 1} (a bridge needs a block "
-                           "above its layer)")
+        check_bridge_layer(layer, backbone.num_layers)
         self.backbone, self.layer = backbone, layer
         device = backbone.input_device
         with torch.no_grad():
