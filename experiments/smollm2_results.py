@@ -39,7 +39,9 @@ hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 13
 35 minutes each at most, the 20-odd sample sets about 5 minutes each.
 
 Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
-command resumes from its own checkpoints (scan shards, sweep layers, training steps). Run it
+command resumes from its own checkpoints (scan shards, sweep layers, training steps). The scan and
+the sweep run in this process as the library calls their commands make (LIBRARY), each step's
+memory freed before the next; --generation's steps run as processes (`geoprobe`, which says why). Run it
 again after a kill and it goes on; delete --out to start over. Each finished bridge's record
 (config.json, metrics.json, curve.csv and its layer's controls.json: a few KB, no weights) is
 copied into the tracked experiments/records/smollm2/ while the sweep runs (experiments/records.py).
@@ -61,6 +63,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -233,7 +236,10 @@ def keep_going(during) -> None:
 
 
 def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> None:
-    """One step: skipped when `done` exists, else `python -m geoprobe ARGS` (its time logged)."""
+    """One step as a process: skipped when `done` exists, else `python -m geoprobe ARGS` (its time
+    logged). --generation's steps run this way: each loads its own models (the 135 M fine-tune
+    with its optimizer state, the evaluators with MAUVE's features), and a process hands all of
+    it back when it ends."""
     if done is not None and done.exists():
         print(f"[skip] {name}: {done} exists", flush=True)
         return
@@ -256,6 +262,103 @@ def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> Non
     if process.returncode:
         raise subprocess.CalledProcessError(process.returncode, command)
     log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
+
+
+def library(*args, done: Path | None, log: dict, name: str, during=None) -> None:
+    """One step in this process: skipped when `done` exists, else the library call that
+    `geoprobe ARGS` makes (LIBRARY: scan and sweep), its time logged with that command. `during`
+    runs every minute on a thread while the call does, and once after it, whether it failed or
+    not; an interrupted call resumes from its own checkpoints when the script runs again. What the
+    call held (the model, the teacher states) is freed before the next step (`release`)."""
+    if done is not None and done.exists():
+        print(f"[skip] {name}: {done} exists", flush=True)
+        return
+    print(f"[run ] {name}: geoprobe {' '.join(map(str, args))}", flush=True)
+    started, stop = time.perf_counter(), threading.Event()
+    ticker = threading.Thread(target=every_minute, args=(during, stop), daemon=True)
+    ticker.start()
+    try:
+        LIBRARY[args[0]](*args[1:])
+    finally:
+        stop.set()
+        ticker.join()
+        keep_going(during)
+        release()
+    log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
+
+
+def every_minute(during, stop: threading.Event) -> None:
+    """Run `during` every minute until `stop` is set (a step's thread)."""
+    while during is not None and not stop.wait(60):
+        keep_going(during)
+
+
+def release() -> None:
+    """Hand back what a finished step held before the next one starts: a collection, then glibc's
+    free heap pages (under keep-pages, jemalloc hands its own back within a minute)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def parsed(flags) -> dict:
+    """Command-line flags by name: ["--steps", 4000, "--ceiling"] -> {"steps": 4000, "ceiling": True}
+    (a flag followed by another flag, or last, is a switch)."""
+    flags, found = list(flags), {}
+    for i, item in enumerate(flags):
+        if str(item).startswith("--"):
+            switch = i + 1 == len(flags) or str(flags[i + 1]).startswith("--")
+            found[str(item)[2:].replace("-", "_")] = True if switch else flags[i + 1]
+    return found
+
+
+def typed(values: dict, *defaults) -> dict:
+    """`values` each converted to the type of its default (the first of `defaults` with that
+    attribute), as the command line converts its text: 2 -> 2.0 for a float setting."""
+    def convert(name, value):
+        default = next((getattr(d, name) for d in defaults if hasattr(d, name)), None)
+        return type(default)(value) if isinstance(default, (int, float, str)) and not isinstance(default, bool) else value
+
+    return {name: convert(name, value) for name, value in values.items()}
+
+
+def scan_call(model: str, *flags) -> None:
+    """`geoprobe scan MODEL FLAGS` as the library call it makes (pipeline.scan), with the
+    command's defaults for every flag not given."""
+    from dataclasses import fields
+
+    from geoprobe.extract import ExtractConfig
+    from geoprobe.geometry import GeometrySettings
+    from geoprobe.pipeline import scan, scan_config
+
+    given = parsed(flags)
+    out, corpus, doc_blocks = Path(given.pop("out")), given.pop("corpus", None), given.pop("doc_blocks", None)
+    geometry = {f.name for f in fields(GeometrySettings)}
+    settings = GeometrySettings(**typed({k: v for k, v in given.items() if k in geometry}, GeometrySettings()))
+    extract = typed({k: v for k, v in given.items() if k not in geometry}, ExtractConfig(model=model, corpus=""))
+    scan(out, scan_config(model, corpus, None if doc_blocks is None else int(doc_blocks), seed=settings.seed, **extract),
+         settings)
+
+
+def sweep_call(*flags) -> None:
+    """`geoprobe sweep FLAGS` as the library call it makes (workflows.sweep.sweep_run), with the
+    command's defaults for every flag not given."""
+    from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_settings, parse_seeds, sweep_run
+
+    given = parsed(flags)
+    run, layers, seeds = Path(given.pop("run")), str(given.pop("layers", "all")), str(given.pop("seeds", ""))
+    where = {"device": given.pop("device", "auto"), "dtype": given.pop("dtype", "auto")}
+    switches = {name: given.pop(name, False) for name in ("ceiling", "include_source", "force")}
+    settings = bridge_settings(**typed(given, NETWORK, BridgeSettings(NETWORK)))
+    sweep_run(run, settings, layers, **where, seeds=parse_seeds(seeds) if seeds else [settings.seed], **switches)
+
+
+LIBRARY = {"scan": scan_call, "sweep": sweep_call}  # the steps `library` runs in this process
 
 
 def share_scan(scanned: Path, run: Path) -> None:
@@ -337,8 +440,13 @@ def main() -> None:
     if args.before_sweep and not (run / "ranking.csv").is_file():
         parser.error(f"--before-sweep trains beside the sweep, after the scan: {run} has no ranking.csv yet "
                      "(run make results first)")
-    run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
-                   before_sweep=args.before_sweep)
+    from geoprobe.errors import BadInput
+
+    try:
+        run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
+                       before_sweep=args.before_sweep)
+    except BadInput as exc:  # a step in this process refused its input: one line, as the command would say it
+        parser.exit(2, f"error: {exc}\n")
 
 
 def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,
@@ -364,7 +472,7 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
     def step(name, *argv, done, during=None):
         ran = {}
         try:
-            geoprobe(*argv, done=done, log=ran, name=name, during=during)
+            (library if argv[0] in LIBRARY else geoprobe)(*argv, done=done, log=ran, name=name, during=during)
         finally:
             log.update(add_timings(log_path, ran))
 
