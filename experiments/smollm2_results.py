@@ -774,9 +774,10 @@ def made_by(log: dict, seconds: float, seeds: str, exp: Experiment | None = None
              f"Its steps took {total / 60:.0f} min in all; this last invocation took {seconds / 60:.0f} min.",
              "Earlier invocations' steps were resumed, not redone.",
              "A step's seconds are those of its last invocation.",
-             "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost.",
-             "Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand on a "
-             "second core; the hand-written bullets say which), so the total is more than the wall clock."]
+             "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost."]
+    if exp.generation:
+        lines.append("Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand "
+                     "on a second core; the hand-written bullets say which), so the total is more than the wall clock.")
     if parse_seeds(seeds) != parse_seeds(exp.seeds):
         lines.append(f"This page's sweep has seeds {seeds}, not the script's default {exp.seeds}. "
                      f"`{exp.target}` trains the missing ones, resumably, and rewrites the page.")
@@ -829,7 +830,7 @@ def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experimen
                  "state)" + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
     if "chosen_layer" in verdict:
-        lines.append(dihal_line(verdict, sweep["rows"]))
+        lines.append(dihal_line(verdict, sweep["rows"], sampled=exp.generation))
     if exp.shape_study and (shape := shape_line(run, exp)):
         lines.append(shape)
     lines += hand_written(notes or exp.notes)
@@ -898,10 +899,10 @@ def shape_line(run: Path, exp: Experiment | None = None) -> str | None:
             "the study's width × 1.6 (512 on SmolLM2; `bridge_shape`); this sweep keeps the width it started with.")
 
 
-def dihal_line(verdict: dict, rows: list[dict]) -> str:
+def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True) -> str:
     """The DiHAL model itself at the geometry's chosen layer: what replacing
-    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge, the one --generation
-    samples through, stopped by its plateau."""
+    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge (with `sampled`, the
+    one --generation samples through) stopped by its plateau."""
     layer = verdict["chosen_layer"]
     row = next(r for r in verdict["layers"] if r["layer"] == layer)
     spread = f" ± {row['delta_ce_sd']:.3f}" if row.get("delta_ce_sd") is not None else ""
@@ -910,8 +911,9 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
         first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
     return (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
-            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, the one "
-            f"`--generation` samples through (trained again where the run keeps only its record), {stop}.")
+            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, "
+            + ("the one `--generation` samples through (trained again where the run keeps only its record), "
+               if sampled else "") + f"{stop}.")
 
 
 GENERATION_CAVEAT = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which "

@@ -325,6 +325,7 @@ def test_the_gemma_diffusion_sweep_runs_end_to_end_on_a_tiny_gemma_into_its_own_
     table = page.index(next(line for line in page if line.startswith("| layer ")))
     assert [line.split("|")[1].strip() for line in page[table + 2:table + 6]] == ["1", "2", "3", "4"]
     assert not page[table + 6].startswith("|")
+    assert "--generation" not in tiny.page.read_text()  # SmolLM2's regression page's part alone
     first = json.loads((tiny.out / "run" / "sweep.json").read_text())["rows"]
 
     # a fresh machine: the scan kept (runs/ would be rescanned alike), the bridges only in the records
