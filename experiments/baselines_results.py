@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -369,8 +370,6 @@ def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep
 def replace_section(text: str, heading: str, lines: list[str]) -> str:
     """`text` with the section under the level-2 `heading` (up to the next level-2 heading) made
     `lines`; appended at the end where the page has no such section yet."""
-    import re
-
     body = "\n".join(lines) + "\n"
     found = re.search(rf"^{re.escape(heading)}$", text, flags=re.M)
     if not found:
