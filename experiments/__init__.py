@@ -5,6 +5,7 @@
                            the generation comparison)
     testbed_results        docs/testbed.md: the DSL paper's comparisons on the testbed, with seeds
     baselines_results      docs/baselines.md: the DiHAL comparison with the embedding-diffusion baselines
+                           (--run 3: its run 3, the decodings of issue 61)
     baselines_sensitivity  docs/baselines-sensitivity.md: the baselines' deviations from their papers
     parallel_sweep         the SmolLM2 sweep, one layer per process
 
