@@ -289,7 +289,7 @@ def controls_line(c: dict, loss: str, score_share: dict | None = None, inseparab
         parts.append(f"rho(ceiling's {loss}, {loss}) = {c['ceiling']['rho']:.2f} (two-sided p {c['ceiling']['p']:.2g}: "
                      "whether the bridges order the layers as the same network trained as the plain clean "
                      "regression does)")
-    return "Controls: " + "; ".join(parts) + "."
+    return "Controls:" + "".join(f"\n  - {part}" for part in parts)
 
 
 def posterior_line(c: dict) -> str | None:
