@@ -38,6 +38,19 @@ def _keep_freed_memory() -> bool:
 _keep_freed_memory()  # process-wide: every command and notebook on a CPU avoids page-fault storms
 
 
+
+def _flush_denormals_where_torch_runs() -> None:
+    """Where torch was imported before geoprobe, flush denormals now (`geoprobe.device.flush_denormals`),
+    so that at least the threads started from here on inherit it; elsewhere the first geoprobe
+    module that computes does it, and `import geoprobe` stays free of torch."""
+    import sys
+
+    if "torch" in sys.modules:
+        import geoprobe.device  # noqa: F401
+
+
+_flush_denormals_where_torch_runs()
+
 def _find_siblings_in_a_source_tree() -> None:
     """bridges/ and samplers/ install inside this package (geoprobe.bridges, geoprobe.samplers:
     pyproject.toml's package-dir); run from a source tree that nobody installed (the GPU

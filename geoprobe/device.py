@@ -50,7 +50,9 @@ def flush_denormals() -> bool:
     vocabulary took 6.0 s a call with them and 0.08 s without, with the same bits out
     (bench/denormals.py). The setting is per thread, and the CPU's worker threads inherit it
     when they start, so it applies when this module is first imported, before any parallel work
-    starts the pool. GEOPROBE_DENORMALS=1 keeps them (the bench's baseline). Returns whether it applied."""
+    starts the pool. A pool that torch started before geoprobe was imported (a notebook that ran
+    a model first) keeps its workers' setting: restart the process, or import geoprobe first.
+    GEOPROBE_DENORMALS=1 keeps them (the bench's baseline). Returns whether it applied."""
     if os.environ.get("GEOPROBE_DENORMALS") == "1":
         return False
     return torch.set_flush_denormal(True)

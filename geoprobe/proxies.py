@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import geoprobe.device  # noqa: F401 (denormals flushed before any parallel work: device.flush_denormals)
 from geoprobe.distributed import SINGLE, World
 
 EPS_REL = 1e-6  # floor of a neighbourhood's lambda_max, relative to the layer's tr(Sigma)/d

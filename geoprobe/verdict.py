@@ -70,6 +70,8 @@ PROTOCOLS = {
 # tau = 0 alone (its posterior mean's part) and the untrained bridge's objective, the lookup's own
 # (amendment 14; both per seed, since the untrained bridge's token table is drawn from its seed)
 ALL_LOSSES = (*LOSSES, "nmse_dim_1step", "crps_dim", "objective_tau0", "control_lookup_objective")
+# read beside the objective (its difference, its lookup control): a layer's mean only over all its seeds
+EVERY_SEED = ("objective_tau0", "control_lookup_objective")
 # each primary loss's counterpart for the token lookup, so that the lookup controls compare like with like
 LOOKUP_OF = {"nmse_dim": "control_lookup_nmse_dim", "objective": "control_lookup_objective"}
 ALPHA = 0.05
@@ -121,6 +123,8 @@ def layer_table(rows: list[dict], losses=ALL_LOSSES) -> list[dict]:
         row = {"layer": layer, "seeds": len(mine)}
         for loss in losses:
             values = np.array([r[loss] for r in mine if r.get(loss) is not None], dtype=float)
+            if loss in EVERY_SEED and len(values) < len(mine):  # a difference with another loss needs the same seeds
+                values = values[:0]
             row[loss] = float(values.mean()) if len(values) else None
             row[f"{loss}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else None
         for key in (*LAYER_CONTROLS, "ceiling_stop"):
@@ -408,7 +412,7 @@ def _posterior_controls(compared, score, one: dict, two: dict, primary: str) -> 
     if all(v is not None for v in mean) and np.ptp(mean) > 0 and np.ptp(y) > 0:  # a constant has no ranks
         out["posterior_mean"] = spearman_with_uncertainty(y, mean, **two)
     at_zero = [r.get("objective_tau0") for r in compared]
-    if all(v is not None for v in at_zero):
+    if all(v is not None for v in at_zero) and np.ptp(y - np.array(at_zero)) > 0:
         out["beyond_posterior_mean"] = spearman_with_uncertainty(score, y - np.array(at_zero), **one)
     return out
 

@@ -782,3 +782,15 @@ def test_the_sweep_pages_tables_show_the_objectives_tau_zero_part_the_lookups_ob
     plain = sweep_verdict(rows_for({l: [0.1 * l] * 2 for l in range(1, 6)}, seeds=(0, 1)), SCORE, {})
     plain["scores"] = {"score": {str(l): float(l) for l in range(1, 6)}}
     assert "objective τ = 0" not in layer_columns(layer_rows(plain))
+
+
+def test_a_layers_objective_tau0_is_averaged_only_over_all_its_seeds():
+    """objective - objective_tau0 is read per layer: a seed without objective_tau0 (a bridge
+    recorded before the key existed) leaves the layer's mean out, while objective keeps both."""
+    rows = [{"layer": 1, "seed": 0, "objective": 0.5, "objective_tau0": 0.6},
+            {"layer": 1, "seed": 1, "objective": 0.7},
+            {"layer": 2, "seed": 0, "objective": 0.4, "objective_tau0": 0.5},
+            {"layer": 2, "seed": 1, "objective": 0.6, "objective_tau0": 0.7}]
+    first, second = layer_table(rows)
+    assert first["objective"] == pytest.approx(0.6) and first["objective_tau0"] is None
+    assert second["objective_tau0"] == pytest.approx(0.6)
