@@ -305,17 +305,23 @@ def shared_teacher_states(backbone, train_blocks: list, stop_blocks: list, val_b
     contiguous share of the batches one process forms (so the same bits) at layer 0 and every
     one of `layers`, writes it to folder/part-R.pt, and every rank then reads every part, keeping
     layer 0 and `keep` (default: every layer). The parts are deleted once read; folder/pass.json
-    records the blocks each rank forwarded (each block once in all)."""
+    records the blocks each rank forwarded (each block once in all). On CPU ranks the matrix products
+    run on each rank's own threads (torchrun gives each one), and a product's bits can depend on the
+    thread count, so they are the one-process bits where the thread counts agree."""
     layers = tuple(sorted({0, *layers}))
     keep = layers if keep is None else tuple(sorted({0, *keep}))
     splits = [train_blocks, stop_blocks, val_blocks]
     check_room(sum(len(b.tokens) for blocks in splits for b in blocks), layers, backbone.hidden_size, held=keep)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    world.together(lambda: _forward_part(backbone, splits, layers, folder / f"part-{world.rank}.pt", world,
-                                         batch_size, progress))
-    whole, sums, record = world.together(lambda: _assembled(splits, keep, folder, world, backbone.hidden_size))
-    world.barrier()  # every rank has read every part
+    try:
+        world.together(lambda: _forward_part(backbone, splits, layers, folder / f"part-{world.rank}.pt", world,
+                                             batch_size, progress))
+        whole, sums, record = world.together(lambda: _assembled(splits, keep, folder, world, backbone.hidden_size))
+        world.barrier()  # every rank has read every part
+    except BaseException:  # failed on some rank: the parts (every layer's states) do not stay on the disk
+        (folder / f"part-{world.rank}.pt").unlink(missing_ok=True)
+        raise
     if world.is_main:
         for rank in range(world.size):
             (folder / f"part-{rank}.pt").unlink(missing_ok=True)

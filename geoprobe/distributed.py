@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -90,24 +92,44 @@ class World:
         """Whether `flag` holds on any rank (the same answer on every rank)."""
         return bool(self.sum(torch.tensor([float(flag)])).item())
 
-    def together(self, work: Callable[[], T]) -> T:
+    def together(self, work: Callable[[], T], meet: Path | None = None) -> T:
         """`work()` on every rank, then one sum: where it raised on any rank, every rank raises (that
         rank its own error, the others one naming the failed ranks) instead of waiting for the
-        failed ranks at the next collective."""
+        failed ranks at the next collective.
+
+        Args:
+            meet: a folder all ranks see. A rank that finishes first waits there, polling for the
+                others' marks, rather than inside the collective, whose timeout (6 hours) a long
+                uneven share of work (a day-long sweep on CPU ranks) can pass.
+        """
+        token = int(self.sum(torch.tensor([float(time.time_ns() % 2**40) if self.is_main else 0.0],
+                                          dtype=torch.float64)).item()) if meet is not None and self.connected else 0
         error = None
         try:
             result = work()
         except Exception as exc:  # noqa: BLE001 (re-raised below, after the other ranks know)
             error = exc
+        if meet is not None and self.connected:
+            self._wait_for_all(Path(meet), token)
         failed = torch.zeros(self.size)
         failed[self.rank] = error is not None
         failed = [r for r, flag in enumerate(self.sum(failed).tolist()) if flag]
+        if meet is not None and self.connected and self.is_main:  # every rank is past its wait
+            for r in range(self.size):
+                (Path(meet) / f"{token}-rank-{r}.done").unlink(missing_ok=True)
         if error is not None:
             raise error
         if failed:
             ranks = ", ".join(map(str, failed))
             raise RuntimeError(f"rank {ranks} stopped with an error (above); rank {self.rank} stops too")
         return result
+
+    def _wait_for_all(self, meet: Path, token: int, every: float = 5.0) -> None:
+        """Mark this rank done in `meet` (for this call's `token`), then wait until every rank has."""
+        meet.mkdir(parents=True, exist_ok=True)
+        (meet / f"{token}-rank-{self.rank}.done").touch()
+        while not all((meet / f"{token}-rank-{r}.done").exists() for r in range(self.size)):
+            time.sleep(every)
 
     @property
     def _wire(self) -> torch.device:

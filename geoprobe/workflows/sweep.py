@@ -562,7 +562,7 @@ def spread_bridges(source: Source, run: Path, jobs: list, world: World, *, chose
                 train_bridge(source, layer, run, chosen_settings, states, force=force, bars=bars, out=out, world=SINGLE,
                              controls=None if out.name == "ceiling" else controls[layer])
 
-    world.together(train_mine)  # every rank's bridges are recorded from here on
+    world.together(train_mine, meet=run / "bridges" / ".ranks")  # every rank's bridges are recorded from here on
     if not world.is_main:
         return []
     rows = [{**read_json(bridge_dir(run, layer, seed) / METRICS, ""), "seed": seed, "score": scores[layer]["score"],
