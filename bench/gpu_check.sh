@@ -13,7 +13,7 @@
 #              the 8B DSL step split (forward, backward, clipping, optimiser, EMA; 12 blocks
 #              where 32 do not fit: an H100), FSDP on one GPU, one layer's geometry at N = 200k
 #              by phase with both massive-channel choices; each phase under its own deadline
-#                                                                                ~140 s (estimated)
+#              (its timeout 170 s, so that bridge and sample still fit the deadline)  ~140 s (estimated)
 #   scan       204,800 forwarded tokens (bfloat16, all 33 layers): forward rate after the first
 #              batch, geometry on the Gram path (3,200 rows < d = 4,096)                   36 s
 #   agree      a tiny case on the CPU and on CUDA with the same flags (states, proxies, ranking,
@@ -143,7 +143,7 @@ fi
 step preflight 90 "" "$PY" bench/gpu_preflight.py "$OUT" "$WORK" "${PREFLIGHT[@]}"
 step fixture 240 "" "$PY" -m geoprobe.fixtures "$MODEL" --hf-home "$HF_HOME" "${FIXTURE[@]}"
 # what this run is for (issue 63): where the GPU's time goes, phase by phase, in one process
-step phases 300 fixture "$PY" bench/gpu_phases.py "$OUT" --model "$MODEL" "${PREFLIGHT[@]}"
+step phases 170 fixture "$PY" bench/gpu_phases.py "$OUT" --model "$MODEL" "${PREFLIGHT[@]}"
 step scan 180 fixture "${GP[@]}" scan "$MODEL" --corpus "$CORPUS" --tokens $TOKENS --seq-len $SEQ \
   --positions $POSITIONS --doc-blocks 1 --anchors $ANCHORS --device $DEVICE --dtype $DTYPE --batch-size 8 \
   --out "$WORK/run"
