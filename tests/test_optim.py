@@ -22,10 +22,12 @@ def test_stochastic_rounding_lands_on_a_neighbour_and_is_unbiased():
     assert ((draws == down) | (draws == up)).all()
     exact = x.to(torch.bfloat16).float() == x
     assert (draws[:, exact] == x[exact]).all()  # a representable value is never moved
-    # the mean is x within four standard errors of a two-point draw
+    # the mean is x within four standard errors of a two-point draw (where x is not representable:
+    # a representable x, zero included, is checked above, and its neighbours around zero are
+    # bfloat16 subnormals, which the CPU flushes to zero: geoprobe.device.flush_denormals)
     p = (x - down) / (up - down)
     se = (up - down).abs() * (p * (1 - p)).clamp(min=1e-12).sqrt() / 4000 ** 0.5
-    assert ((draws.mean(0) - x).abs() <= 4 * se + 1e-12).all()
+    assert ((draws.mean(0) - x).abs() <= 4 * se + 1e-12)[~exact].all() and (~exact).sum() == 85
     # the value 1 + 2^-10 sits a quarter of the way from 1 to the next bfloat16 (1 + 2^-7... ulp 2^-7 at 1)
     assert abs((draws[:, -2] > 1).float().mean().item() - 2 ** -10 / 2 ** -7) < 0.03
 
