@@ -733,8 +733,9 @@ def page_report(run: Path, report: str) -> str:
     report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
     # a column name holding "|" would split its table's header
     report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ ¦ share, Freedman-Lane p")
-    report = "\n".join(line for line in report.split("\n")
-                       if line not in said and not line.startswith("- sweep verdict: "))
+    for block in sorted(said, key=len, reverse=True):  # a statement can span lines (the controls' list)
+        report = report.replace(block + "\n", "")
+    report = "\n".join(line for line in report.split("\n") if not line.startswith("- sweep verdict: "))
     if (run / "compare.csv").is_file():  # the comparison from its records, every figure in full
         from geoprobe.workflows.compare import read_rows
 
