@@ -269,6 +269,7 @@ def test_the_generation_steps_make_the_library_calls_their_commands_make(tmp_pat
     flags the script gives it, reaches its library call with the arguments `geoprobe ...` passes
     for the same flags (the CLI's own parsing, types and defaults; the progress bars left out):
     trained, sampled and scored as the commands would, so a run resumed either way is the same."""
+    import functools
     import inspect
 
     import geoprobe.bridges.dsl
@@ -292,6 +293,7 @@ def test_the_generation_steps_make_the_library_calls_their_commands_make(tmp_pat
     seen = []
 
     def recorder(function):
+        @functools.wraps(function)  # its signature stays the library's (the script reads its defaults)
         def called(*args, **kwargs):  # every argument, defaults included; the CLI's progress bars left out
             bound = inspect.signature(function).bind(*args, **kwargs)
             bound.apply_defaults()
