@@ -317,6 +317,15 @@ def test_the_generation_steps_make_the_library_calls_their_commands_make(tmp_pat
     steps = []
     generation(tmp_path, run, lambda name, *argv, done, during=None: steps.append((name, argv)), ["--device", "cpu"])
     assert {argv[0] for _, argv in steps} == {"dsl", "baseline", "bridge", "sample", "eval", "compare"}
+    # and flags the script leaves at their defaults or spells as text, each command once
+    a, c, o = (str(tmp_path / n) for n in ("a.jsonl", "c.jsonl", "o"))
+    steps += [("other", argv) for argv in (
+        ("dsl", "train", "--steps", 50, "--freeze-table", "--init", str(tmp_path / "mdlm"), "--out", o),
+        ("baseline", "train", "sed", "--steps", 30, "--d-emb", 16, "--out", o),
+        ("bridge", "--run", str(run), "--layer", 2, "--lr", 1, "--sigma-b", 2, "--regression"),
+        ("sample", "--model", o, "--sampler", "remdm-loop", "--eta", 0.02, "--num", 4),
+        ("eval", a, c, "--references", "kjv", "--seed", 1, "--out", o),
+        ("compare", a, "--curve", c, "--out", o))]
     for name, argv in steps:
         code, _, err = invoke("-q", *argv)
         assert code == 3 and "error: " in err, (name, err)  # the command reached its library call
