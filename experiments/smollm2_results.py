@@ -278,7 +278,9 @@ def every_minute(during, stop: threading.Event) -> None:
 
 def release() -> None:
     """Hand back what a finished step held before the next one starts: a collection, then glibc's
-    free heap pages (under keep-pages, jemalloc hands its own back within a minute)."""
+    free heap pages (under keep-pages, jemalloc hands its own back within a minute). Two short
+    DSL-from-SmolLM2 trainings in one process peak at 5.2 GB (4.9 GB as one process each) and
+    hold 0.5 GB between them (glibc, one thread)."""
     import ctypes
     import gc
 
