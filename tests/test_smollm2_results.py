@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.smollm2_results import SWEEP, geoprobe, library, record, restore, swept, what_it_says
+from experiments.smollm2_results import SWEEP, library, record, restore, swept, what_it_says
 from geoprobe.verdict import sweep_verdict
 
 LAYERS = range(1, 13)
@@ -161,22 +161,33 @@ def test_finished_bridges_are_recorded_without_weights_and_restored_into_a_fresh
     assert restore(fresh, records) == 0
 
 
-def test_the_step_copies_records_after_its_command_and_a_failing_copy_only_warns(capsys):
-    calls = []
+def test_a_failing_step_is_not_logged_runs_again_and_once_finished_is_skipped(tmp_path, capsys):
+    """A generation step in this process (`bridge`, refused by the library before anything loads):
+    its failure ends the step unlogged, so the next invocation runs it again; the records' copy
+    runs once after each try and its own failure only warns; once its output exists the step is
+    skipped without its call."""
+    from geoprobe.errors import BadInput
+
+    calls, log, done = [], {}, tmp_path / "metrics.json"
 
     def during():
         calls.append(1)
         raise OSError("disk full")
 
-    log = {}
-    with pytest.raises(subprocess.CalledProcessError):  # the command's own failure still ends the step
-        geoprobe("bridge", "--layer", "-1", done=None, log=log, name="bad", during=during)
-    assert calls == [1]  # once after the command (it ended within the first minute)
-    assert "[warn] OSError: disk full" in capsys.readouterr().out
+    for attempt in (1, 2):
+        with pytest.raises(BadInput, match="--layer must be >= 0"):  # the call's own failure ends the step
+            library("bridge", "--layer", "-1", "--out", tmp_path, done=done, log=log, name="bad", during=during)
+        assert log == {} and calls == [1] * attempt  # once after the call (it ended within the first minute)
+    out = capsys.readouterr().out
+    assert out.count(f"[run ] bad: geoprobe bridge --layer -1 --out {tmp_path}") == 2
+    assert "[warn] OSError: disk full" in out
+    done.write_text("{}")  # finished: skipped, so the call (which would fail) is not made
+    library("bridge", "--layer", "-1", "--out", tmp_path, done=done, log=log, name="bad", during=during)
+    assert calls == [1, 1] and log == {} and "[skip] bad" in capsys.readouterr().out
 
 
 def test_an_in_process_step_that_fails_is_run_again_and_a_finished_one_is_skipped(tmp_path, monkeypatch, capsys):
-    """`library`, the scan's and the sweep's step: the call's failure ends the step unlogged (so
+    """`library`, every step's runner: the call's failure ends the step unlogged (so
     the next invocation runs it again, resuming from what the call checkpointed), the records'
     copy runs once after it and its own failure only warns; a step whose output exists is skipped."""
     import experiments.smollm2_results as script
@@ -251,6 +262,82 @@ def test_the_in_process_steps_make_the_library_calls_their_commands_make(tmp_pat
     # SmolLM2's two sweeps share their scan; its diffusion sweep and Gemma's have the same flags
     assert len(seen) == 12 and len(set(seen)) == 4
     assert "sigma_b=2.0" in seen[-1]  # the choice's 2 as the float the command line makes of it
+
+
+def test_the_generation_steps_make_the_library_calls_their_commands_make(tmp_path, monkeypatch):
+    """Every --generation step (dsl train, baseline train, bridge, sample, eval, compare), with the
+    flags the script gives it, reaches its library call with the arguments `geoprobe ...` passes
+    for the same flags (the CLI's own parsing, types and defaults; the progress bars left out):
+    trained, sampled and scored as the commands would, so a run resumed either way is the same."""
+    import functools
+    import inspect
+
+    import geoprobe.bridges.dsl
+    import geoprobe.bridges.embedding_diffusion
+    import geoprobe.cli.baseline
+    import geoprobe.cli.bridge
+    import geoprobe.cli.dsl
+    import geoprobe.cli.evaluate
+    import geoprobe.cli.sample
+    import geoprobe.workflows.compare
+    import geoprobe.workflows.evaluate
+    import geoprobe.workflows.generate
+    import geoprobe.workflows.sweep
+    from experiments.smollm2_results import command, generation
+    from geoprobe.errors import GeoprobeError
+    from tests.helpers import invoke
+
+    class Reached(GeoprobeError):  # the recorded call stops there: the CLI exits with this code
+        exit_code = 3
+
+    seen = []
+
+    def recorder(function):
+        @functools.wraps(function)  # its signature stays the library's (the script reads its defaults)
+        def called(*args, **kwargs):  # every argument, defaults included; the CLI's progress bars left out
+            bound = inspect.signature(function).bind(*args, **kwargs)
+            bound.apply_defaults()
+            seen.append(repr({k: v for k, v in bound.arguments.items() if k not in ("bars", "progress")}))
+            raise Reached(function.__name__)
+        return called
+
+    calls = {(geoprobe.bridges.dsl, geoprobe.cli.dsl): "fit_dsl",
+             (geoprobe.bridges.embedding_diffusion, geoprobe.cli.baseline): "fit_baseline",
+             (geoprobe.workflows.sweep, geoprobe.cli.bridge): "bridge_run",
+             (geoprobe.workflows.generate, geoprobe.cli.sample): "generate",
+             (geoprobe.workflows.evaluate, geoprobe.cli.evaluate): "evaluate_samples",
+             (geoprobe.workflows.compare,): "compare_run"}  # `compare` imports it when it runs
+    for modules, name in calls.items():
+        fake = recorder(getattr(modules[0], name))
+        for module in modules:
+            monkeypatch.setattr(module, name, fake)
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)  # its bridges have no weights: the sampled ones are trained again too
+    steps = []
+    generation(tmp_path, run, lambda name, *argv, done, during=None: steps.append((name, argv)), ["--device", "cpu"])
+    assert {argv[0] for _, argv in steps} == {"dsl", "baseline", "bridge", "sample", "eval", "compare"}
+    # and flags the script leaves at their defaults or spells as text, each command once
+    a, c, o = (str(tmp_path / n) for n in ("a.jsonl", "c.jsonl", "o"))
+    steps += [("other", argv) for argv in (
+        ("dsl", "train", "--steps", 50, "--freeze-table", "--init", str(tmp_path / "mdlm"), "--out", o),
+        ("baseline", "train", "sed", "--steps", 30, "--d-emb", 16, "--out", o),
+        ("bridge", "--run", str(run), "--layer", 2, "--lr", 1, "--sigma-b", 2, "--regression"),
+        ("sample", "--model", o, "--sampler", "remdm-loop", "--eta", 0.02, "--num", 4),
+        ("eval", a, c, "--references", "kjv", "--seed", 1, "--out", o),
+        ("compare", a, "--curve", c, "--out", o))]
+    for name, argv in steps:
+        code, _, err = invoke("-q", *argv)
+        assert code == 3 and "error: " in err, (name, err)  # the command reached its library call
+        call, rest = command(argv)
+        with pytest.raises(Reached):
+            call(*rest)
+        assert seen[-1] == seen[-2], name
+    assert len(seen) == 2 * len(steps)
+    # some of what the command line makes of the script's values (a Path, the budget's int)
+    sample_ar = next(argv for name, argv in steps if name == "sample ar")
+    assert sample_ar[sample_ar.index("--model") + 1] == "builtin:smollm2"
+    assert any(f"'model': {Path('builtin:smollm2')!r}" in s for s in seen)
 
 
 @pytest.mark.slow
@@ -404,7 +491,7 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
             script.add_timings(timings, {"sweep": {"seconds": 7.0, "command": "geoprobe sweep"}})
         log[name] = {"seconds": 1.0, "command": "geoprobe " + " ".join(map(str, args))}
 
-    monkeypatch.setattr(script, "geoprobe", fake)
+    monkeypatch.setattr(script, "library", fake)
     monkeypatch.setattr(script, "RECORD", tmp_path / "records")
     argv = ["smollm2_results", "--out", str(tmp_path), "--generation", "--before-sweep", "--without-finetune"]
     monkeypatch.setattr(sys, "argv", argv)
