@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import experiments.baselines_results as br
-from experiments.baselines_results import (BASELINES, LTR, RESULTS_HEADING, RUN3_BRIDGES, RUN3_HEADING, paired_less,
+from experiments.baselines_results import (BASELINES, LTR, converged, RESULTS_HEADING, RUN3_BRIDGES, RUN3_HEADING, paired_less,
                                            replace_section, run3_rows, run3_tests, sample_all, welch_less,
                                            write_run3_page)
 from geoprobe.workflows.sweep import bridge_dir
@@ -91,6 +91,14 @@ def test_an_unconverged_compared_row_makes_the_primary_inconclusive_even_when_ev
     found = run3_tests(samples(), training(unconverged), sweep(bridges_converged), 0.944)
     assert all(p < 0.05 for p in found["p"].values())
     assert found["outcome"] == "inconclusive" and found["unconverged"] == named
+
+
+def test_a_baseline_without_a_training_record_is_unconverged_and_the_ar_row_needs_none():
+    records = training()
+    del records["sed"]  # its training never ran or its records were lost
+    found = run3_tests(samples(), records, sweep(), 0.944)
+    assert found["outcome"] == "inconclusive" and found["unconverged"] == ["sed"]
+    assert converged("ar", records, sweep()) and not converged("sed", records, sweep())
 
 
 def test_an_unconverged_row_outside_the_primary_leaves_it_and_its_own_secondary_does_not_count():
