@@ -326,17 +326,29 @@ def main() -> None:
         (out / "bridges.json").write_text(json.dumps(bridges))
     if "4" in stages:
         recipe_comparison(out, tuple(int(k) for k in args.recipe_steps.split(",")))
-    seconds = time.perf_counter() - began
-    if stages >= {"1", "2", "3"}:  # a resumed run adds its invocations' times: the work the page took
-        timing = out / "timing.json"
-        before = json.loads(timing.read_text()) if timing.is_file() else {"seconds": 0.0, "invocations": 0}
-        timing.write_text(json.dumps({"seconds": before["seconds"] + seconds,
-                                      "invocations": before.get("invocations", 1) + 1}))
-    log(f"done in {seconds:.0f} s; writing {args.page}")
+    log(f"done in {time.perf_counter() - began:.0f} s; writing {args.page}")
     write_page(out, args.page)
 
 
 RESULTS_HEADING = "## Results"
+
+
+def recorded_minutes(out: Path) -> str:
+    """The page's compute, from the records themselves: every model's and bridge's training
+    seconds (a resumed run's record adds its invocations) and every sample set's sampling seconds.
+    An invocation killed mid-run (a machine that went away) loses none of it, as a wall clock would."""
+    def read(name):
+        return json.loads((out / name).read_text()) if (out / name).is_file() else []
+
+    training = read("training.json")
+    trained = sum(v.get("train_seconds") or 0 for v in (training.values() if training else []))
+    sweep = read("run/sweep.json")
+    bridges = sum(r.get("train_seconds") or 0 for r in (sweep["rows"] if sweep else []))
+    sets = [*read("samples.json"), *read("bridges.json")]
+    sampled = sum(r.get("seconds_per_sample", 0) * len(r.get("oracle_nll_per_sample", [])) for r in sets)
+    return (f"the records' own times: training {trained / 60:.0f} min ({len(training)} models), the bridges "
+            f"{bridges / 60:.0f} min ({len(sweep['rows']) if sweep else 0}), sampling {sampled / 60:.0f} min "
+            f"({len(sets)} sets), besides scoring and evaluation, which no record times")
 
 
 def write_page(out: Path, page: Path) -> None:
@@ -350,10 +362,7 @@ def write_page(out: Path, page: Path) -> None:
             "AR testbed, same documents": record["model_nll"]}
     figures = page.parent / "testbed"
     figures.mkdir(parents=True, exist_ok=True)
-    timing = json.loads((out / "timing.json").read_text()) if (out / "timing.json").is_file() else None
-    parts = [RESULTS_HEADING, "", f"Measured with `make results-testbed` on {machine()}"
-             + (f"; wall time {timing['seconds'] / 60:.0f} min over {timing['invocations']} invocation(s) of the "
-                "resumable script." if timing else "."), ""]
+    parts = [RESULTS_HEADING, "", f"Measured with `make results-testbed` on {machine()}; {recorded_minutes(out)}.", ""]
     training = json.loads((out / "training.json").read_text()) if (out / "training.json").is_file() else {}
     if training:
         parts += convergence_section(training, refs, figures)
@@ -570,13 +579,17 @@ def bridges_section(rows: list[dict], out: Path) -> list[str]:
              "32 words, scored from the HMM's state distributions at words 0 and 32 (where their blocks start).", "",
              "These samples are half as long as the DSL rows' (32 words, not 64) and their models trained on 0.06-0.21 M "
              "tokens, not 2.4-3.5 M: their numbers are comparable with each other, not with the tables above.", "",
-             "| generator | training tokens used (mean) | oracle NLL, nats/word | bigram TV (its floor) | diversity |",
-             "|---|---|---|---|---|"]
+             "| generator | stopped by its plateau | training tokens used (mean) | oracle NLL, nats/word | "
+             "bigram TV (its floor) | diversity |",
+             "|---|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows):
         group = [r for r in rows if r["model"] == model]
         layer = 0 if model.startswith("layer-0") else int(model.split()[-1])
-        used = np.mean([training_tokens(bridge_dir(out / "run", layer, r["seed"]))[1] or 0 for r in group])
-        parts.append(f"| {model} | {used / 1e6:.2f} M | {cell([r.get('oracle_nll_per_word') for r in group], 2)} | "
+        folders = [bridge_dir(out / "run", layer, r["seed"]) for r in group]
+        used = np.mean([training_tokens(folder)[1] or 0 for folder in folders])
+        stops = [json.loads((f / "metrics.json").read_text()).get("stop") for f in folders]
+        stopped = f"{stops.count('plateau')} of {len(stops)}" + (" (unconverged)" if "plateau" not in stops else "")
+        parts.append(f"| {model} | {stopped} | {used / 1e6:.2f} M | {cell([r.get('oracle_nll_per_word') for r in group], 2)} | "
                      f"{cell([r.get('bigram_tv') for r in group])} ({np.mean([r.get('bigram_tv_hmm', math.nan) for r in group]):.3f}) | "
                      f"{cell([r.get('diversity_within') for r in group])} |")
     return parts + [""]
