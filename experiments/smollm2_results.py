@@ -364,13 +364,13 @@ def main() -> None:
                      "(run make results first)")
     if args.generation:  # every model its steps load is builtin or trained here: none asks the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from geoprobe.errors import BadInput
+    from geoprobe.errors import BadInput, Interrupted
 
     try:
         run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
                        before_sweep=args.before_sweep)
-    except BadInput as exc:  # a step in this process refused its input: one line, as the command would say it
-        parser.exit(2, f"error: {exc}\n")
+    except (BadInput, Interrupted) as exc:  # a step refused its input, or Ctrl-C: one line, as the command says it
+        parser.exit(exc.exit_code, f"error: {exc}\n")
 
 
 def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,

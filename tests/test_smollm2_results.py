@@ -248,6 +248,26 @@ def test_a_step_in_process_writes_the_run_and_prints_what_the_command_does_as_a_
     assert capsys.readouterr().out.startswith("[skip] scan")
 
 
+def test_the_script_ends_a_refused_or_interrupted_step_with_the_commands_one_line_and_code(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """A step's BadInput ends the script with exit 2, its Ctrl-C (Interrupted, which the CLI makes of
+    it) with 130, each as the one line the command prints; the timings keep nothing of the step."""
+    import experiments.smollm2_results as script
+    from geoprobe.cli.root import INTERRUPTED
+    from geoprobe.errors import BadInput, Interrupted
+
+    monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path)])
+    for error, code in ((BadInput("--layer must be >= 0"), 2), (Interrupted(INTERRUPTED), 130)):
+        def failing(*args, error=error, **where):
+            raise error
+
+        monkeypatch.setattr(script, "in_process", failing)
+        with pytest.raises(SystemExit) as ended:
+            script.main()
+        assert ended.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+    assert json.loads((tmp_path / "timings.json").read_text()) == {}
+
+
 def test_every_step_of_the_script_reaches_its_commands_library_call(tmp_path, monkeypatch):
     """Every step the script makes (the scan and the sweep of SmolLM2's two sweeps and Gemma's, and
     every --generation step), run as the script runs it, passes the CLI's parser and reaches the
