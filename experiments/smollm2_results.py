@@ -40,8 +40,8 @@ hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 13
 
 Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
 command resumes from its own checkpoints (scan shards, sweep layers, training steps). Every step
-runs in this process as the library call its command makes (LIBRARY), each step's memory freed
-before the next. Run it again after a kill and it goes on; delete --out to start over. Each
+runs in this process through the CLI's own parser and command (`in_process`), each step's memory
+freed before the next. Run it again after a kill and it goes on; delete --out to start over. Each
 finished bridge's record (config.json, metrics.json, curve.csv and its layer's controls.json: a
 few KB, no weights) is copied into the tracked experiments/records/smollm2/ while the sweep runs
 (experiments/records.py).
@@ -65,7 +65,6 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
 from experiments.pages import three_lines
@@ -234,40 +233,33 @@ def keep_going(during) -> None:
         print(f"[warn] {type(exc).__name__}: {exc}", flush=True)
 
 
-def library(*args, done: Path | None, log: dict, name: str, during=None) -> None:
-    """One step in this process: skipped when `done` exists, else the library call that
-    `geoprobe ARGS` makes (LIBRARY), its time logged with that command. `during` runs every
-    minute on a thread while the call does, and once after it, whether it failed or not. A failed
-    call is not logged, so the next invocation runs it again; an interrupted one resumes from its
-    own checkpoints (scan shards, sweep layers, training steps). What the call held (a model, its
-    optimizer state, the teacher states, an evaluator) is freed before the next step (`release`)."""
+def in_process(*args, done: Path | None, log: dict, name: str, during=None) -> None:
+    """One step, `geoprobe ARGS`, in this process through the CLI's own parser and command
+    (geoprobe.cli.app.invoke): skipped when `done` exists, else run and its time logged with that
+    command. `during` runs every minute on a thread while the command does, and once after it,
+    whether it failed or not. A failed command (an exception, a usage error, a nonzero exit code)
+    raises and is not logged, so the next invocation runs it again; an interrupted one resumes
+    from its own checkpoints (scan shards, sweep layers, training steps). What the command held
+    (a model, its optimizer state, the teacher states, an evaluator) is freed before the next
+    step (`release`)."""
+    from geoprobe.cli.app import invoke
+
     if done is not None and done.exists():
         print(f"[skip] {name}: {done} exists", flush=True)
         return
-    call, rest = command(args)
-    print(f"[run ] {name}: geoprobe {' '.join(map(str, args))}", flush=True)
+    shown = "geoprobe " + " ".join(map(str, args))
+    print(f"[run ] {name}: {shown}", flush=True)
     started, stop = time.perf_counter(), threading.Event()
     ticker = threading.Thread(target=every_minute, args=(during, stop), daemon=True)
     ticker.start()
     try:
-        call(*rest)
+        invoke(args)
     finally:
         stop.set()
         ticker.join()
         keep_going(during)
         release()
-    log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": "geoprobe " + " ".join(map(str, args))}
-
-
-def command(args) -> tuple:
-    """The library call of `geoprobe ARGS` (LIBRARY: by the command's one or two words) and the
-    arguments after those words."""
-    words = " ".join(map(str, args[:2]))
-    if words in LIBRARY:
-        return LIBRARY[words], args[2:]
-    if args[0] in LIBRARY:
-        return LIBRARY[args[0]], args[1:]
-    raise KeyError(f"geoprobe {args[0]} has no library call here (LIBRARY)")
+    log[name] = {"seconds": round(time.perf_counter() - started, 1), "command": shown}
 
 
 def every_minute(during, stop: threading.Event) -> None:
@@ -289,185 +281,6 @@ def release() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def parsed(flags, repeated=()) -> dict:
-    """Command-line flags by name: ["--steps", 4000, "--ceiling"] -> {"steps": 4000, "ceiling": True}
-    (a flag followed by another flag, or last, is a switch); a flag named in `repeated` (as
-    `--curve` of compare) collects its values in a list."""
-    flags, found = list(flags), {}
-    for i, item in enumerate(flags):
-        if str(item).startswith("--"):
-            switch = i + 1 == len(flags) or str(flags[i + 1]).startswith("--")
-            name, value = str(item)[2:].replace("-", "_"), True if switch else flags[i + 1]
-            found[name] = [*found.get(name, []), value] if name in repeated else value
-    return found
-
-
-def leading(args) -> tuple[list, list]:
-    """A command's arguments before its first flag (eval's and compare's files), and the rest."""
-    args = list(args)
-    first = next((i for i, a in enumerate(args) if str(a).startswith("--")), len(args))
-    return args[:first], args[first:]
-
-
-def typed(values: dict, *defaults) -> dict:
-    """`values` each converted to the type of its default (the first of `defaults` with that
-    attribute), as the command line converts its text: 2 -> 2.0 for a float setting."""
-    def convert(name, value):
-        default = next((getattr(d, name) for d in defaults if hasattr(d, name)), None)
-        return type(default)(value) if isinstance(default, (int, float, str)) and not isinstance(default, bool) else value
-
-    return {name: convert(name, value) for name, value in values.items()}
-
-
-def keywords(function):
-    """A library call's keyword defaults by name (the command's flags read theirs from them)."""
-    import inspect
-
-    return SimpleNamespace(**{name: p.default for name, p in inspect.signature(function).parameters.items()
-                              if p.default is not inspect.Parameter.empty})
-
-
-def path(value) -> Path | None:
-    """A path flag's value as the command line gives it (None when not given)."""
-    return None if value is None else Path(value)
-
-
-def scan_call(model: str, *flags) -> None:
-    """`geoprobe scan MODEL FLAGS` as the library call it makes (pipeline.scan), with the
-    command's defaults for every flag not given."""
-    from dataclasses import fields
-
-    from geoprobe.extract import ExtractConfig
-    from geoprobe.geometry import GeometrySettings
-    from geoprobe.pipeline import scan, scan_config
-
-    given = parsed(flags)
-    out, corpus, doc_blocks = Path(given.pop("out")), given.pop("corpus", None), given.pop("doc_blocks", None)
-    geometry = {f.name for f in fields(GeometrySettings)}
-    settings = GeometrySettings(**typed({k: v for k, v in given.items() if k in geometry}, GeometrySettings()))
-    extract = typed({k: v for k, v in given.items() if k not in geometry}, ExtractConfig(model=model, corpus=""))
-    scan(out, scan_config(model, corpus, None if doc_blocks is None else int(doc_blocks), seed=settings.seed, **extract),
-         settings)
-
-
-def sweep_call(*flags) -> None:
-    """`geoprobe sweep FLAGS` as the library call it makes (workflows.sweep.sweep_run), with the
-    command's defaults for every flag not given."""
-    from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_settings, parse_seeds, sweep_run
-
-    given = parsed(flags)
-    run, layers, seeds = Path(given.pop("run")), str(given.pop("layers", "all")), str(given.pop("seeds", ""))
-    where = {"device": given.pop("device", "auto"), "dtype": given.pop("dtype", "auto")}
-    switches = {name: given.pop(name, False) for name in ("ceiling", "include_source", "force")}
-    settings = bridge_settings(**typed(given, NETWORK, BridgeSettings(NETWORK)))
-    sweep_run(run, settings, layers, **where, seeds=parse_seeds(seeds) if seeds else [settings.seed], **switches)
-
-
-def bridge_call(*flags) -> None:
-    """`geoprobe bridge FLAGS` as the library call it makes (workflows.sweep.bridge_run), with the
-    command's defaults for every flag not given."""
-    from geoprobe.workflows.sweep import NETWORK, BridgeSettings, bridge_run, bridge_settings
-
-    given = parsed(flags)
-    layer = given.pop("layer", None)
-    run, out = path(given.pop("run", None)), path(given.pop("out", None))
-    where = {name: given.pop(name, default) for name, default in
-             (("model", None), ("corpus", None), ("device", "auto"), ("dtype", "auto"), ("device_map", None),
-              ("force", False))}
-    settings = bridge_settings(**typed(given, NETWORK, BridgeSettings(NETWORK)))
-    bridge_run(settings, None if layer is None else int(layer), run, out=out, **where)
-
-
-def dsl_train_call(*flags) -> None:
-    """`geoprobe dsl train FLAGS` as the library call it makes (bridges.dsl.fit_dsl): its settings
-    from dsl_settings with `warmup` and `until` None unless given, as the command passes them, and
-    the class defaults for every other flag not given."""
-    from geoprobe.backbone import resolve_device
-    from geoprobe.bridges.dsl import dsl_settings, fit_dsl
-    from geoprobe.bridges.parallel import Execution
-    from geoprobe.distributed import world_from
-
-    given = parsed(flags)
-    out, corpus, tokenizer = Path(given.pop("out")), given.pop("corpus", "kjv"), given.pop("tokenizer", None)
-    if "freeze_table" in given:
-        given["learn_table"] = not given.pop("freeze_table")
-    layout = Execution(**typed({k: given.pop(k) for k in ("fsdp", "grad_accum", "activation_checkpointing")
-                                if k in given}, Execution()))
-    fit = keywords(fit_dsl)
-    call = {name: given.pop(name) for name in vars(fit) if name in given}
-    if "init" in call:
-        call["init"] = path(call["init"])
-    run, shape = dsl_settings()
-    settings, shape = dsl_settings(**{"warmup": None, "until": None, **typed(given, run.train, run, shape)})
-    resolve_device(call.get("device", fit.device))
-    fit_dsl(out, corpus, tokenizer, settings=settings, shape=shape, world=world_from(), execution=layout,
-            **typed(call, fit))
-
-
-def baseline_train_call(kind: str, *flags) -> None:
-    """`geoprobe baseline train KIND FLAGS` as the library call it makes
-    (bridges.embedding_diffusion.fit_baseline): the network's width, depth and heads at their
-    defaults unless given and `warmup`, `until` None, as the command passes them."""
-    from dataclasses import fields
-
-    from geoprobe.backbone import resolve_device
-    from geoprobe.bridges.embedding_diffusion import (BaselineTrainSettings, EmbeddingDiffusionConfig,
-                                                     baseline_settings, fit_baseline)
-    from geoprobe.distributed import world_from
-
-    given = parsed(flags)
-    out, corpus, tokenizer = Path(given.pop("out")), given.pop("corpus", "kjv"), given.pop("tokenizer", None)
-    fit = keywords(fit_baseline)
-    call = typed({name: given.pop(name) for name in vars(fit) if name in given}, fit)
-    network = {f.name: f.default for f in fields(EmbeddingDiffusionConfig) if f.name in ("d_model", "n_layers", "n_heads")}
-    shape = {**network, **typed({k: given.pop(k) for k in network if k in given}, SimpleNamespace(**network))}
-    if d_emb := given.pop("d_emb", None):  # the kind's paper's unless given
-        shape["d_emb"] = int(d_emb)
-    run = BaselineTrainSettings()
-    settings, config = baseline_settings(kind, **{"warmup": None, "until": None, **typed(given, run.train, run)}, **shape)
-    resolve_device(call.get("device", fit.device))
-    fit_baseline(out, kind, corpus, tokenizer=tokenizer, settings=settings, shape=config, world=world_from(), **call)
-
-
-def sample_call(*flags) -> None:
-    """`geoprobe sample FLAGS` as the library call it makes (workflows.generate.generate), with
-    SampleSettings' defaults for every flag not given."""
-    from geoprobe.workflows.generate import SampleSettings, generate
-
-    given = parsed(flags)
-    model, sampler, out = Path(given.pop("model")), given.pop("sampler", "roar"), path(given.pop("out", None))
-    where = {"device": given.pop("device", "auto"), "force": given.pop("force", False)}
-    generate(model, sampler, SampleSettings(**typed(given, SampleSettings())), out, **where)
-
-
-def eval_call(*args) -> None:
-    """`geoprobe eval SAMPLES... FLAGS` as the library call it makes
-    (workflows.evaluate.evaluate_samples), with the command's defaults for every flag not given."""
-    from geoprobe.workflows.evaluate import evaluate_samples
-
-    files, flags = leading(args)
-    given = parsed(flags)
-    evaluator, references = given.pop("evaluator", "builtin:smollm2"), given.pop("references", None)
-    evaluate_samples([Path(f) for f in files], evaluator, references, path(given.pop("out", None)),
-                     **typed(given, keywords(evaluate_samples)))
-
-
-def compare_call(*args) -> None:
-    """`geoprobe compare SAMPLES... FLAGS` as the library call it makes (workflows.compare.compare_run)."""
-    from geoprobe.workflows.compare import compare_run
-
-    files, flags = leading(args)
-    given = parsed(flags, repeated=("curve",))
-    curve = given.pop("curve", None)
-    compare_run([Path(f) for f in files], Path(given.pop("out")), given.pop("allow_mismatch", False),
-                None if curve is None else [Path(c) for c in curve])
-
-
-# the steps `library` runs in this process, by the command's words: every step of this script
-LIBRARY = {"scan": scan_call, "sweep": sweep_call, "bridge": bridge_call, "dsl train": dsl_train_call,
-           "baseline train": baseline_train_call, "sample": sample_call, "eval": eval_call, "compare": compare_call}
 
 
 def share_scan(scanned: Path, run: Path) -> None:
@@ -551,13 +364,13 @@ def main() -> None:
                      "(run make results first)")
     if args.generation:  # every model its steps load is builtin or trained here: none asks the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from geoprobe.errors import BadInput
+    from geoprobe.errors import BadInput, Interrupted
 
     try:
         run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
                        before_sweep=args.before_sweep)
-    except BadInput as exc:  # a step in this process refused its input: one line, as the command would say it
-        parser.exit(2, f"error: {exc}\n")
+    except (BadInput, Interrupted) as exc:  # a step refused its input, or Ctrl-C: one line, as the command says it
+        parser.exit(exc.exit_code, f"error: {exc}\n")
 
 
 def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,
@@ -583,7 +396,7 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
     def step(name, *argv, done, during=None):
         ran = {}
         try:
-            library(*argv, done=done, log=ran, name=name, during=during)
+            in_process(*argv, done=done, log=ran, name=name, during=during)
         finally:
             log.update(add_timings(log_path, ran))
 

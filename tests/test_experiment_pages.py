@@ -62,7 +62,7 @@ def test_page_only_writes_the_page_from_the_records_and_runs_nothing(tmp_path, m
     def no_step(*args, **kwargs):
         raise AssertionError("--page-only ran a step")
 
-    monkeypatch.setattr(script, "library", no_step)
+    monkeypatch.setattr(script, "in_process", no_step)
     out = tmp_path / "page.md"
     monkeypatch.setattr(sys, "argv", ["smollm2_results", "--page-only", "--out", str(tmp_path), "--page", str(out)])
     script.main()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.smollm2_results import SWEEP, library, record, restore, swept, what_it_says
+from experiments.smollm2_results import SWEEP, in_process, record, restore, swept, what_it_says
 from geoprobe.verdict import sweep_verdict
 
 LAYERS = range(1, 13)
@@ -165,7 +165,7 @@ def test_a_failing_step_is_not_logged_runs_again_and_once_finished_is_skipped(tm
     """A generation step in this process (`bridge`, refused by the library before anything loads):
     its failure ends the step unlogged, so the next invocation runs it again; the records' copy
     runs once after each try and its own failure only warns; once its output exists the step is
-    skipped without its call."""
+    skipped without its command."""
     from geoprobe.errors import BadInput
 
     calls, log, done = [], {}, tmp_path / "metrics.json"
@@ -175,102 +175,104 @@ def test_a_failing_step_is_not_logged_runs_again_and_once_finished_is_skipped(tm
         raise OSError("disk full")
 
     for attempt in (1, 2):
-        with pytest.raises(BadInput, match="--layer must be >= 0"):  # the call's own failure ends the step
-            library("bridge", "--layer", "-1", "--out", tmp_path, done=done, log=log, name="bad", during=during)
-        assert log == {} and calls == [1] * attempt  # once after the call (it ended within the first minute)
+        with pytest.raises(BadInput, match="--layer must be >= 0"):  # the command's own failure ends the step
+            in_process("bridge", "--layer", "-1", "--out", tmp_path, done=done, log=log, name="bad", during=during)
+        assert log == {} and calls == [1] * attempt  # once after the command (it ended within the first minute)
     out = capsys.readouterr().out
     assert out.count(f"[run ] bad: geoprobe bridge --layer -1 --out {tmp_path}") == 2
     assert "[warn] OSError: disk full" in out
-    done.write_text("{}")  # finished: skipped, so the call (which would fail) is not made
-    library("bridge", "--layer", "-1", "--out", tmp_path, done=done, log=log, name="bad", during=during)
+    done.write_text("{}")  # finished: skipped, so the command (which would fail) is not run
+    in_process("bridge", "--layer", "-1", "--out", tmp_path, done=done, log=log, name="bad", during=during)
     assert calls == [1, 1] and log == {} and "[skip] bad" in capsys.readouterr().out
 
 
-def test_an_in_process_step_that_fails_is_run_again_and_a_finished_one_is_skipped(tmp_path, monkeypatch, capsys):
-    """`library`, every step's runner: the call's failure ends the step unlogged (so
-    the next invocation runs it again, resuming from what the call checkpointed), the records'
-    copy runs once after it and its own failure only warns; a step whose output exists is skipped."""
-    import experiments.smollm2_results as script
-    from geoprobe.errors import BadInput
+def test_a_step_the_parser_refuses_or_that_exits_nonzero_raises_and_is_not_logged(tmp_path, monkeypatch):
+    """A step's flags go through the CLI's own parser: a value it refuses raises its usage error
+    (exit code 2) before the command runs; a command that exits with a nonzero code raises
+    typer.Exit with it, in the script as in `main`; neither is logged. The root's options may
+    follow the command's name (global_first), as on the command line."""
+    import typer
 
-    done, calls, copies = tmp_path / "sweep.json", [], []
-
-    def sweep(*flags):  # fails the first time, as a killed or failing sweep does, then finishes
-        calls.append(flags)
-        if len(calls) == 1:
-            raise BadInput("layer 99 out of range")
-        done.write_text("{}")
-
-    def during():
-        copies.append(1)
-        raise OSError("disk full")
-
-    monkeypatch.setitem(script.LIBRARY, "sweep", sweep)
-    log = {}
-    with pytest.raises(BadInput, match="layer 99"):
-        library("sweep", "--run", tmp_path, "--layers", 99, done=done, log=log, name="sweep", during=during)
-    assert log == {} and copies == [1] and not done.exists()
-    assert "[warn] OSError: disk full" in capsys.readouterr().out
-    library("sweep", "--run", tmp_path, "--layers", 99, done=done, log=log, name="sweep", during=during)
-    assert calls == [("--run", tmp_path, "--layers", 99)] * 2 and copies == [1, 1]
-    assert log["sweep"]["command"] == f"geoprobe sweep --run {tmp_path} --layers 99"
-    library("sweep", "--run", tmp_path, done=done, log=log, name="sweep")
-    assert len(calls) == 2 and "[skip] sweep" in capsys.readouterr().out
-
-
-def test_the_in_process_steps_make_the_library_calls_their_commands_make(tmp_path, monkeypatch):
-    """The scan and the sweep run in this process: for each sweep of the script (SmolLM2's two,
-    Gemma's) `scan_call` and `sweep_call` call pipeline.scan and sweep_run with the arguments
-    `geoprobe scan` and `geoprobe sweep` pass them for the same flags (the CLI's own parsing, types
-    and defaults), so a run resumed either way has the same identity."""
-    import geoprobe.cli.bridge
-    import geoprobe.pipeline
-    import geoprobe.workflows.sweep
-    from experiments.smollm2_results import experiment, scan_call, sweep_call
+    from geoprobe.cli.app import app
+    from geoprobe.cli.options import state
     from tests.helpers import invoke
 
-    import inspect
+    log, copies = {}, []
+    with pytest.raises(Exception) as refused:  # Typer's click usage error, as `main` reports it
+        in_process("sweep", "--run", tmp_path, "--steps", "many", done=None, log=log, name="sweep",
+                   during=lambda: copies.append(1))
+    assert refused.value.format_message().startswith("Invalid value for '--steps'")
+    assert refused.value.exit_code == 2 and log == {} and copies == [1]
+    assert not (tmp_path / "bridges").exists()  # the command never ran
 
     seen = []
+    monkeypatch.setattr(app, "registered_commands", list(app.registered_commands))  # the test's command goes after
 
-    def recorder(function):
-        def called(*args, **kwargs):  # every argument, defaults included; the CLI's progress bars left out
-            bound = inspect.signature(function).bind(*args, **kwargs)
-            bound.apply_defaults()
-            shown = {k: v for k, v in bound.arguments.items() if k not in ("bars", "extract_progress", "geometry_progress")}
-            seen.append(repr(shown))  # repr: 2 and 2.0 differ, as they would in config.json
-        return called
+    @app.command("exits")
+    def exits(code: int = 0):
+        seen.append((code, state.format, state.quiet))
+        raise typer.Exit(code)
 
-    for module, name in ((geoprobe.pipeline, "scan"), (geoprobe.cli.bridge, "sweep_run"),
-                         (geoprobe.workflows.sweep, "sweep_run")):
-        monkeypatch.setattr(module, name, recorder(getattr(geoprobe.workflows.sweep, "sweep_run")
-                                                   if name == "sweep_run" else geoprobe.pipeline.scan))
-    choice = tmp_path / "choice.json"
-    choice.write_text(json.dumps({"sigma_b": 2, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
-    run = tmp_path / "run"
-    for exp in (experiment(), experiment(bridge="diffusion", choice=choice),
-                experiment("builtin:gemma3", "diffusion", choice=choice)):
-        scan = [exp.model, "--corpus", exp.corpus, *exp.scan, "--out", run, "--device", "cpu"]
-        code, _, err = invoke("-q", "scan", *scan)
-        assert code == 0, err
-        scan_call(*scan)
-        sweep = ["--run", run, *exp.sweep, "--seeds", exp.seeds, "--device", "cpu"]
-        code, _, err = invoke("-q", "sweep", *sweep)
-        assert code == 0, err
-        sweep_call(*sweep)
-        assert seen[-4] == seen[-3] and seen[-2] == seen[-1], exp.model
-    # SmolLM2's two sweeps share their scan; its diffusion sweep and Gemma's have the same flags
-    assert len(seen) == 12 and len(set(seen)) == 4
-    assert "sigma_b=2.0" in seen[-1]  # the choice's 2 as the float the command line makes of it
+    with pytest.raises(typer.Exit) as ended:
+        in_process("exits", "--code", 3, done=None, log=log, name="exits")
+    assert ended.value.exit_code == 3 and log == {}
+    in_process("exits", "--code", 0, "--format", "json", "-q", done=None, log=log, name="exits")
+    assert seen == [(3, "table", False), (0, "json", True)] and log["exits"]["command"] == \
+        "geoprobe exits --code 0 --format json -q"
+    assert invoke("exits", "--code", 4)[0] == 4  # `main` exits with the code invoke raises
 
 
-def test_the_generation_steps_make_the_library_calls_their_commands_make(tmp_path, monkeypatch):
-    """Every --generation step (dsl train, baseline train, bridge, sample, eval, compare), with the
-    flags the script gives it, reaches its library call with the arguments `geoprobe ...` passes
-    for the same flags (the CLI's own parsing, types and defaults; the progress bars left out):
-    trained, sampled and scored as the commands would, so a run resumed either way is the same."""
+def test_a_step_in_process_writes_the_run_and_prints_what_the_command_does_as_a_process(tmp_path, tiny_models,
+                                                                                    corpus_txt, capsys):
+    """`geoprobe scan` of the tiny Llama as a step of the script and as a fresh process (the same
+    thread count): the same ranking, the same run configuration, and the same ranking table on
+    stdout, which is not a terminal here (a log file's case: no progress-bar frames on stderr)."""
+    import torch
+
+    from tests.helpers import SCAN, flags, read_json, run_cli
+
+    scan = ["scan", tiny_models("llama"), "--corpus", corpus_txt, *flags(SCAN)]
+    capsys.readouterr()  # what building the tiny model printed
+    log = {}
+    in_process(*scan, "--out", tmp_path / "here", done=tmp_path / "here" / "ranking.csv", log=log, name="scan")
+    here = capsys.readouterr()
+    apart = run_cli(*scan, "--out", tmp_path / "apart", env={"OMP_NUM_THREADS": str(torch.get_num_threads())})
+    assert apart.returncode == 0, apart.stderr
+    assert (tmp_path / "here" / "ranking.csv").read_text() == (tmp_path / "apart" / "ranking.csv").read_text()
+    assert read_json(tmp_path / "here" / "manifest.json")["config"] == read_json(tmp_path / "apart" / "manifest.json")["config"]
+    table = here.out[here.out.index("\n") + 1:]  # after the script's own [run ] line; its paths are --out's
+    assert "layer ranking" in table and table.replace(str(tmp_path / "here"), str(tmp_path / "apart")) == apart.stdout
+    assert "\r" not in here.err and "\x1b[" not in here.err
+    assert log["scan"]["command"] == "geoprobe " + " ".join(map(str, scan + ["--out", tmp_path / "here"]))
+    in_process(*scan, "--out", tmp_path / "here", done=tmp_path / "here" / "ranking.csv", log={}, name="scan")
+    assert capsys.readouterr().out.startswith("[skip] scan")
+
+
+def test_the_script_ends_a_refused_or_interrupted_step_with_the_commands_one_line_and_code(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """A step's BadInput ends the script with exit 2, its Ctrl-C (Interrupted, which the CLI makes of
+    it) with 130, each as the one line the command prints; the timings keep nothing of the step."""
+    import experiments.smollm2_results as script
+    from geoprobe.cli.root import INTERRUPTED
+    from geoprobe.errors import BadInput, Interrupted
+
+    monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path)])
+    for error, code in ((BadInput("--layer must be >= 0"), 2), (Interrupted(INTERRUPTED), 130)):
+        def failing(*args, error=error, **where):
+            raise error
+
+        monkeypatch.setattr(script, "in_process", failing)
+        with pytest.raises(SystemExit) as ended:
+            script.main()
+        assert ended.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+    assert json.loads((tmp_path / "timings.json").read_text()) == {}
+
+
+def test_every_step_of_the_script_reaches_its_commands_library_call(tmp_path, monkeypatch):
+    """Every step the script makes (the scan and the sweep of SmolLM2's two sweeps and Gemma's, and
+    every --generation step), run as the script runs it, passes the CLI's parser and reaches the
+    library call of its command: a flag the script spells but the CLI does not know fails here."""
     import functools
-    import inspect
 
     import geoprobe.bridges.dsl
     import geoprobe.bridges.embedding_diffusion
@@ -279,65 +281,56 @@ def test_the_generation_steps_make_the_library_calls_their_commands_make(tmp_pat
     import geoprobe.cli.dsl
     import geoprobe.cli.evaluate
     import geoprobe.cli.sample
+    import geoprobe.pipeline
     import geoprobe.workflows.compare
     import geoprobe.workflows.evaluate
     import geoprobe.workflows.generate
     import geoprobe.workflows.sweep
-    from experiments.smollm2_results import command, generation
-    from geoprobe.errors import GeoprobeError
-    from tests.helpers import invoke
+    from experiments.smollm2_results import experiment, generation
 
-    class Reached(GeoprobeError):  # the recorded call stops there: the CLI exits with this code
-        exit_code = 3
-
-    seen = []
+    class Reached(Exception):  # the call stops there
+        pass
 
     def recorder(function):
-        @functools.wraps(function)  # its signature stays the library's (the script reads its defaults)
-        def called(*args, **kwargs):  # every argument, defaults included; the CLI's progress bars left out
-            bound = inspect.signature(function).bind(*args, **kwargs)
-            bound.apply_defaults()
-            seen.append(repr({k: v for k, v in bound.arguments.items() if k not in ("bars", "progress")}))
+        @functools.wraps(function)
+        def called(*args, **kwargs):
             raise Reached(function.__name__)
         return called
 
-    calls = {(geoprobe.bridges.dsl, geoprobe.cli.dsl): "fit_dsl",
-             (geoprobe.bridges.embedding_diffusion, geoprobe.cli.baseline): "fit_baseline",
-             (geoprobe.workflows.sweep, geoprobe.cli.bridge): "bridge_run",
-             (geoprobe.workflows.generate, geoprobe.cli.sample): "generate",
-             (geoprobe.workflows.evaluate, geoprobe.cli.evaluate): "evaluate_samples",
-             (geoprobe.workflows.compare,): "compare_run"}  # `compare` imports it when it runs
-    for modules, name in calls.items():
+    calls = [((geoprobe.pipeline,), "scan"),  # `scan` imports it when it runs
+             ((geoprobe.workflows.sweep, geoprobe.cli.bridge), "sweep_run"),
+             ((geoprobe.workflows.sweep, geoprobe.cli.bridge), "bridge_run"),
+             ((geoprobe.bridges.dsl, geoprobe.cli.dsl), "fit_dsl"),
+             ((geoprobe.bridges.embedding_diffusion, geoprobe.cli.baseline), "fit_baseline"),
+             ((geoprobe.workflows.generate, geoprobe.cli.sample), "generate"),
+             ((geoprobe.workflows.evaluate, geoprobe.cli.evaluate), "evaluate_samples"),
+             ((geoprobe.workflows.compare,), "compare_run")]  # `compare` imports it when it runs
+    for modules, name in calls:
         fake = recorder(getattr(modules[0], name))
         for module in modules:
             monkeypatch.setattr(module, name, fake)
+    steps = []
+
+    def step(name, *argv, done, during=None):
+        steps.append((name, argv))
+
+    choice = tmp_path / "choice.json"
+    choice.write_text(json.dumps({"sigma_b": 2, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
     run = tmp_path / "run"
+    for exp in (experiment(), experiment(bridge="diffusion", choice=choice),
+                experiment("builtin:gemma3", "diffusion", choice=choice)):
+        step("scan", "scan", exp.model, "--corpus", exp.corpus, *exp.scan, "--out", run, "--device", "cpu", done=None)
+        step("sweep", "sweep", "--run", run, *exp.sweep, "--seeds", exp.seeds, "--device", "cpu", done=None)
     run.mkdir()
     write_sweep(run)  # its bridges have no weights: the sampled ones are trained again too
-    steps = []
-    generation(tmp_path, run, lambda name, *argv, done, during=None: steps.append((name, argv)), ["--device", "cpu"])
-    assert {argv[0] for _, argv in steps} == {"dsl", "baseline", "bridge", "sample", "eval", "compare"}
-    # and flags the script leaves at their defaults or spells as text, each command once
-    a, c, o = (str(tmp_path / n) for n in ("a.jsonl", "c.jsonl", "o"))
-    steps += [("other", argv) for argv in (
-        ("dsl", "train", "--steps", 50, "--freeze-table", "--init", str(tmp_path / "mdlm"), "--out", o),
-        ("baseline", "train", "sed", "--steps", 30, "--d-emb", 16, "--out", o),
-        ("bridge", "--run", str(run), "--layer", 2, "--lr", 1, "--sigma-b", 2, "--regression"),
-        ("sample", "--model", o, "--sampler", "remdm-loop", "--eta", 0.02, "--num", 4),
-        ("eval", a, c, "--references", "kjv", "--seed", 1, "--out", o),
-        ("compare", a, "--curve", c, "--out", o))]
+    generation(tmp_path, run, step, ["--device", "cpu"])
+    expected = {"scan": "scan", "sweep": "sweep_run", "dsl": "fit_dsl", "baseline": "fit_baseline",
+                "bridge": "bridge_run", "sample": "generate", "eval": "evaluate_samples", "compare": "compare_run"}
+    assert {argv[0] for _, argv in steps} == set(expected)
     for name, argv in steps:
-        code, _, err = invoke("-q", *argv)
-        assert code == 3 and "error: " in err, (name, err)  # the command reached its library call
-        call, rest = command(argv)
-        with pytest.raises(Reached):
-            call(*rest)
-        assert seen[-1] == seen[-2], name
-    assert len(seen) == 2 * len(steps)
-    # some of what the command line makes of the script's values (a Path, the budget's int)
-    sample_ar = next(argv for name, argv in steps if name == "sample ar")
-    assert sample_ar[sample_ar.index("--model") + 1] == "builtin:smollm2"
-    assert any(f"'model': {Path('builtin:smollm2')!r}" in s for s in seen)
+        with pytest.raises(Reached) as reached:
+            in_process(*argv, done=None, log={}, name=name)
+        assert str(reached.value) == expected[argv[0]], name
 
 
 @pytest.mark.slow
@@ -491,7 +484,7 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
             script.add_timings(timings, {"sweep": {"seconds": 7.0, "command": "geoprobe sweep"}})
         log[name] = {"seconds": 1.0, "command": "geoprobe " + " ".join(map(str, args))}
 
-    monkeypatch.setattr(script, "library", fake)
+    monkeypatch.setattr(script, "in_process", fake)
     monkeypatch.setattr(script, "RECORD", tmp_path / "records")
     argv = ["smollm2_results", "--out", str(tmp_path), "--generation", "--before-sweep", "--without-finetune"]
     monkeypatch.setattr(sys, "argv", argv)

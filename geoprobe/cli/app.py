@@ -1,5 +1,5 @@
-"""The geoprobe command line: every command registered on the root app, the entry point, and
-the one-line error contract."""
+"""The geoprobe command line: every command registered on the root app, the entry point, the
+one-line error contract, and `invoke`, which runs one command in the caller's process."""
 
 from __future__ import annotations
 
@@ -28,9 +28,27 @@ def main(argv: list[str] | None = None) -> None:
             dist.destroy_process_group()
 
 
+def invoke(args) -> None:
+    """Run one `geoprobe` command in this process, through the app's own parser and command
+    function, and raise if it fails: what the command raised (a GeoprobeError such as BadInput or
+    Interrupted, any other exception), a usage error (Typer's click: a bad flag or value), or
+    typer.Exit with the nonzero exit code the command returned. `main` and in-process callers
+    (experiments.smollm2_results) share it.
+
+    Args:
+        args: the words after `geoprobe`, each as its str; the root's options (--debug, -q,
+            --format) may come before or after the command's name (global_first).
+    """
+    code = app(args=global_first([str(a) for a in args]), standalone_mode=False)
+    if isinstance(code, int) and code:  # outside standalone mode Typer returns an Exit's code instead of raising it
+        if code == 130:  # its own Ctrl-C while it parsed the arguments
+            raise Interrupted(INTERRUPTED)
+        raise typer.Exit(code)
+
+
 def _run(argv: list[str] | None) -> None:
     try:
-        code = app(args=global_first(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
+        invoke(sys.argv[1:] if argv is None else argv)
     except Interrupted as exc:  # Ctrl-C: 130 and the one line, with --debug after the traceback
         if state.debug:
             traceback.print_exc()
@@ -61,7 +79,3 @@ def _run(argv: list[str] | None) -> None:
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (use --debug for the traceback)",
               file=sys.stderr)
         sys.exit(1)
-    if isinstance(code, int) and code:  # outside standalone mode Typer returns an Exit's code instead of exiting
-        if code == 130:  # its own Ctrl-C while it parsed the arguments
-            print(f"error: {INTERRUPTED}", file=sys.stderr)
-        sys.exit(code)
