@@ -20,9 +20,11 @@ With --generation:
 3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from) and the
    embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md), at the same
    number of training tokens;
-4. samples: the hybrid through the bridges at the geometry-chosen, worst and oracle layers, the
-   layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (AR);
-   fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
+4. samples (`sample_sets`): the bridges as run 3 of docs/baselines.md decodes them (the chosen
+   layer's decoded left to right, by the hybrid with the channel's evidence and without it; the
+   worst layer's left to right; the hybrid through the worst and oracle layers' too), the layer-0
+   rounding baseline, each DSL model with four samplers, MDLM, the three baselines, and SmolLM2
+   itself (AR); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
 5. eval with SmolLM2 and the KJV trigram as evaluators, compare, and the page.
 
 Other sweeps (`experiment`, `MODELS`): --bridge diffusion trains the diffusion bridge the design
@@ -36,7 +38,10 @@ Cost on 2 CPU cores (a 2-core AMD EPYC with AVX512-BF16): the sweep takes up to 
 then 12 ceilings; about 25 hours if every bridge ran to its cap). --generation adds about 20
 hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 135 M backbone at
 13.5 s a step of 8 x 256 tokens (6 of 4,000 steps timed). The five small generators take about
-35 minutes each at most, the 20-odd sample sets about 5 minutes each.
+35 minutes each at most. Of the 28 sample sets of 1,000, the 6 through a bridge and SmolLM2's
+upper stack take about 20-40 minutes each on one thread (1.7-2.3 s a sample measured at 256,
+ltr's about 1.4 s estimated: see `sample_sets`), the rounding row about 12, the small generators'
+2-7; DSL-from-SmolLM2's 4 run the whole backbone (not yet measured).
 
 Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
 command resumes from its own checkpoints (scan shards, sweep layers, training steps). Every step
@@ -739,13 +744,16 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
                for layer, folder in bridges.items()},
             f"bridge-{chosen:02d}-stack-only": ["--model", bridges[chosen], "--sampler", "hybrid", "--decode",
                                                 "stack-only", *budget]}
-    # ltr as the AR row samples: the same shape and seed, top-p 1 (both samplers' default), no --steps
-    # (one evaluation per token; compare matches only its training tokens). The sweep's bridges are
-    # bidirectional, so each token recomputes the whole prefix through the bridge and the upper
-    # stack: 528 position passes for 32 tokens, as many as the hybrid's 16 steps of 33, but the
-    # 49,152-wide head on 32 positions, not 512. By those FLOPs (about 53 against 66 G multiply-adds
-    # a sample at layer 3) and the hybrid's measured 1.73 s a sample, about 1.4 s: some 23 min per
-    # 1,000 samples on one thread, 12-15 min on both cores (measured: see docs/changelog.md, issue 61 §3)
+    # ltr as the AR row samples: the same shape and seed, top-p 1 with the hf rule (both samplers'
+    # default), no --steps (one evaluation per token; compare matches only its training tokens).
+    # Cost: the sweep's bridges are bidirectional, so each token recomputes the whole prefix through
+    # the bridge and the upper stack: 528 position passes for 32 tokens, as many as the hybrid's 16
+    # steps over 33, but the 49,152-wide head on 32 positions, not 512 (at layer 3 about 53 against
+    # 66 G multiply-adds a sample: 0.80). Timed on SmolLM2's upper stack and head from layer 3
+    # (16 samples, one thread, 2026-12-06): ltr 2.27-2.33 s a sample, the hybrid's 16 steps 2.78-2.85
+    # (0.81). From the hybrid's 1.73 s a sample in the last run (docs/results.md), ltr takes about
+    # 1.4 s: some 23 min per 1,000 samples on one thread (layer 12 about as long), perhaps 13-15 on
+    # both cores; the stack-only row costs the hybrid's, about 29 min. The three rows add about 75 min
     for layer in dict.fromkeys((chosen, verdict["worst_layer"])):
         rows[f"bridge-{layer:02d}-ltr"] = ["--model", bridges[layer], "--sampler", "ltr", *shape]
     sets = {name: (flags, False) for name, flags in rows.items()}
@@ -815,7 +823,8 @@ def machine() -> str:
 
 
 # the report's long column names, shortened on the page (each explained in the table's legend)
-COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge)"),
+COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge; "
+                                      "`stack-only`: its hybrid without the channel's evidence)"),
            "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
            "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
@@ -842,7 +851,7 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "diversity_within": ("div within", "share of distinct 2- to 4-grams within each sample (SimCTG)"),
            "diversity_pooled": ("div pooled", "the same over all samples pooled"),
            "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
-           "mauve": ("MAUVE", "against KJV chapters"), "mauve_std": ("MAUVE sd", "its sd")}
+           "mauve": ("MAUVE", "against held-out KJV text cut as the samples are"), "mauve_std": ("MAUVE sd", "its sd")}
 
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS,
