@@ -753,7 +753,7 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
     # (16 samples, one thread, 2026-12-06): ltr 2.27-2.33 s a sample, the hybrid's 16 steps 2.78-2.85
     # (0.81). From the hybrid's 1.73 s a sample in the last run (docs/results.md), ltr takes about
     # 1.4 s: some 23 min per 1,000 samples on one thread (layer 12 about as long), perhaps 13-15 on
-    # both cores; the stack-only row costs the hybrid's, about 29 min. The three rows add about 75 min
+    # both cores; the stack-only row costs the hybrid's, about 29 min. The three rows add about 75 min.
     for layer in dict.fromkeys((chosen, verdict["worst_layer"])):
         rows[f"bridge-{layer:02d}-ltr"] = ["--model", bridges[layer], "--sampler", "ltr", *shape]
     sets = {name: (flags, False) for name, flags in rows.items()}
