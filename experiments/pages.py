@@ -60,15 +60,17 @@ def plain_text(text: str) -> str:
 def role(generator: str) -> str:
     """A generator's name on a page, from the folder or spec a comparison row names it by.
 
-    A bridge's folder (bridges/layer-03/seed-0) is "DiHAL, layer 3"; the layer-0 bridge decoded by
+    A bridge's folder (bridges/layer-03/seed-0) is "DiHAL, layer 3"; decoded without the channel's
+    evidence (" (stack-only)") "DiHAL, layer 3, stack-only"; the layer-0 bridge decoded by
     rounding is "rounding, layer 0"; a trained generator's folder is its method (results/mdlm ->
     "MDLM"); a pretrained model sampled left to right is its name with "(AR)".
     """
-    found = re.search(r"bridges/layer-(\d+)/seed-(\d+)( \(round\))?$", generator)
+    found = re.search(r"bridges/layer-(\d+)/seed-(\d+)(?: \((round|stack-only)\))?$", generator)
     if found:
-        layer, seed, rounding = int(found.group(1)), int(found.group(2)), found.group(3)
-        name = f"{'rounding' if rounding else 'DiHAL'}, layer {layer}"
-        return name if seed == 0 else f"{name}, seed {seed}"
+        layer, seed, decode = int(found.group(1)), int(found.group(2)), found.group(3)
+        name = f"{'rounding' if decode == 'round' else 'DiHAL'}, layer {layer}"
+        name += f", seed {seed}" if seed else ""
+        return f"{name}, stack-only" if decode == "stack-only" else name
     if generator.startswith("builtin:"):
         return generator.removeprefix("builtin:").split(" ")[0].replace("smollm2", "SmolLM2") + " (AR)"
     last = generator.rstrip("/").split("/")[-1]

@@ -20,9 +20,11 @@ With --generation:
 3. DSL from scratch, MDLM (endpoint SNR), DSL initialised from SmolLM2 (--init-from) and the
    embedding-diffusion baselines (Diffusion-LM, SED, CoDAR; docs/baselines.md), at the same
    number of training tokens;
-4. samples: the hybrid through the bridges at the geometry-chosen, worst and oracle layers, the
-   layer-0 rounding baseline, each DSL model with four samplers, MDLM, and SmolLM2 itself (AR);
-   fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
+4. samples (`sample_sets`): the bridges as run 3 of docs/baselines.md decodes them (the chosen
+   layer's decoded left to right, by the hybrid with the channel's evidence and without it; the
+   worst layer's left to right; the hybrid through the worst and oracle layers' too), the layer-0
+   rounding baseline, each DSL model with four samplers, MDLM, the three baselines, and SmolLM2
+   itself (AR); fewer sampling steps for the DSL-from-scratch samplers (quality against steps);
 5. eval with SmolLM2 and the KJV trigram as evaluators, compare, and the page.
 
 Other sweeps (`experiment`, `MODELS`): --bridge diffusion trains the diffusion bridge the design
@@ -36,7 +38,10 @@ Cost on 2 CPU cores (a 2-core AMD EPYC with AVX512-BF16): the sweep takes up to 
 then 12 ceilings; about 25 hours if every bridge ran to its cap). --generation adds about 20
 hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 135 M backbone at
 13.5 s a step of 8 x 256 tokens (6 of 4,000 steps timed). The five small generators take about
-35 minutes each at most, the 20-odd sample sets about 5 minutes each.
+35 minutes each at most. Of the 28 sample sets of 1,000, the 6 through a bridge and SmolLM2's
+upper stack take about 20-40 minutes each on one thread (1.7-2.3 s a sample measured at 256,
+ltr's about 1.4 s estimated: see `sample_sets`), the rounding row about 12, the small generators'
+2-7; DSL-from-SmolLM2's 4 run the whole backbone (not yet measured).
 
 Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
 command resumes from its own checkpoints (scan shards, sweep layers, training steps). Every step
@@ -437,16 +442,23 @@ def progress(run: Path, seeds: str = SEEDS, exp: Experiment | None = None) -> li
 def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str]:
     """Where --generation stands (the script's --status --generation): each trained model it needs
     (the generators, the layer-0 bridge, the sampled bridges trained again where the run's are
-    records without weights), then how many sample sets and evaluations are written."""
+    records without weights), then how many sample sets and evaluations are written: of the
+    sets `sample_sets` plans once the sweep has chosen its layers, else every set in OUT/samples."""
     folders = [(f"train {name}", out / name) for name in [*dsl_models(finetune), *BASELINES]]
     folders.append(("bridge layer 0", rounding_dir(out)))
-    if (run / "sweep.json").is_file():
+    sweep_done = (run / "sweep.json").is_file()
+    if sweep_done:
         folders += [(f"bridge layer {layer}", folder)
                     for layer, (folder, again) in sampled_bridges(out, run).items() if again]
     lines = progress_of(folders, cap=BUDGET["steps"])
-    samples = sorted((out / "samples").glob("*/samples.jsonl"))
+    if sweep_done:
+        planned = [out / "samples" / name / "samples.jsonl" for name in sample_sets(out, run, finetune)]
+        samples, sets = [s for s in planned if s.is_file()], f" of {len(planned)} sample sets"
+    else:
+        samples = sorted((out / "samples").glob("*/samples.jsonl"))
+        sets = f" sample set{'s' * (len(samples) != 1)}"
     scored = [s for s in samples if s.with_suffix(".metrics.json").is_file()]
-    lines.append(f"{len(samples)} sample set{'s' * (len(samples) != 1)} written, {len(scored)} evaluated"
+    lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
     return lines
 
@@ -524,39 +536,66 @@ def rounding_dir(out: Path) -> Path:
     return out / "rounding" / "bridges" / "layer-00" / "seed-0"
 
 
+def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[list, bool]]:
+    """Every sample set --generation writes, by its folder under OUT/samples, in the order it
+    samples them: its `geoprobe sample` flags (before --out and the device), and whether it is a
+    point of the DSL rows' steps curve rather than a row of the comparison.
+
+    The DiHAL rows are run 3's of docs/baselines.md, at the sweep's seed-0 bridges:
+    `bridge-NN`, the hybrid with the channel's evidence (`--decode stack`, the default) at the
+    chosen, worst and oracle layers; `bridge-NN-stack-only`, the chosen bridge's hybrid without
+    it (the composition before issue 61); `bridge-NN-ltr`, the chosen and the worst bridges
+    decoded left to right.
+    """
+    shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
+    budget = [*shape, "--steps", SAMPLES["steps"]]
+    verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+    bridges = {layer: folder for layer, (folder, _) in sampled_bridges(out, run).items()}
+    chosen = verdict["chosen_layer"]
+    rows = {"round-00": ["--model", rounding_dir(out), "--sampler", "mdlm", "--decode", "round", *budget],
+            **{f"bridge-{layer:02d}": ["--model", folder, "--sampler", "hybrid", *budget]
+               for layer, folder in bridges.items()},
+            f"bridge-{chosen:02d}-stack-only": ["--model", bridges[chosen], "--sampler", "hybrid", "--decode",
+                                                "stack-only", *budget]}
+    # ltr as the AR row samples: the same shape and seed, top-p 1 with the hf rule (both samplers'
+    # default), no --steps (one evaluation per token; compare matches only its training tokens).
+    # Cost: the sweep's bridges are bidirectional, so each token recomputes the whole prefix through
+    # the bridge and the upper stack: 528 position passes for 32 tokens, as many as the hybrid's 16
+    # steps over 33, but the 49,152-wide head on 32 positions, not 512 (at layer 3 about 53 against
+    # 66 G multiply-adds a sample: 0.80). Timed on SmolLM2's upper stack and head from layer 3
+    # (16 samples, one thread, 2026-12-06): ltr 2.27-2.33 s a sample, the hybrid's 16 steps 2.78-2.85
+    # (0.81). From the hybrid's 1.73 s a sample in the last run (docs/results.md), ltr takes about
+    # 1.4 s: some 23 min per 1,000 samples on one thread (layer 12 about as long), perhaps 13-15 on
+    # both cores; the stack-only row costs the hybrid's, about 29 min. The three rows add about 75 min.
+    for layer in dict.fromkeys((chosen, verdict["worst_layer"])):
+        rows[f"bridge-{layer:02d}-ltr"] = ["--model", bridges[layer], "--sampler", "ltr", *shape]
+    sets = {name: (flags, False) for name, flags in rows.items()}
+    for name in (n for n in ("dsl", "dsl-smollm2") if n in dsl_models(finetune)):
+        for sampler in SAMPLERS:
+            sets[f"{name}-{sampler}"] = (["--model", out / name, "--sampler", sampler, *budget], False)
+            for steps in (4, 8) if name == "dsl" else ():  # the DSL-from-scratch samplers at fewer steps
+                sets[f"{name}-{sampler}-steps{steps}"] = (["--model", out / name, "--sampler", sampler, *shape,
+                                                           "--steps", steps], True)
+    sets["mdlm-mdlm"] = (["--model", out / "mdlm", "--sampler", "mdlm", *budget], False)
+    for kind in BASELINES:  # each decodes as its paper does: rounding, or CoDAR's decoder
+        sets[f"{kind}-ancestral"] = (["--model", out / kind, "--sampler", "ancestral", *budget], False)
+    sets["ar"] = (["--model", MODEL, "--sampler", "ar", *shape], False)
+    return sets
+
+
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
-    """The generators (train_generators); samples of every generator (the hybrid through the first
-    seed's bridges at the chosen, worst and easiest layers); eval and compare."""
-    models, layer0 = train_generators(out, run, step, dev, finetune)
-    rows = {"round-00": ["--model", layer0, "--sampler", "mdlm", "--decode", "round"]}
+    """The generators (train_generators); the sampled bridges trained again where the run keeps
+    only their records; every sample set (sample_sets); eval and compare."""
+    train_generators(out, run, step, dev, finetune)
     for layer, (folder, again) in sampled_bridges(out, run).items():
         if again:  # the same bridge trained again, here
             step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *BRIDGE, "--out", out, *dev,
                  done=folder / "model.safetensors")
-        rows[f"bridge-{layer:02d}"] = ["--model", folder, "--sampler", "hybrid"]
-    for name in (n for n in ("dsl", "dsl-smollm2") if n in models):
-        for sampler in SAMPLERS:
-            rows[f"{name}-{sampler}"] = ["--model", out / name, "--sampler", sampler]
-    rows["mdlm-mdlm"] = ["--model", out / "mdlm", "--sampler", "mdlm"]
-    for kind in BASELINES:  # each decodes as its paper does: rounding, or CoDAR's decoder
-        rows[f"{kind}-ancestral"] = ["--model", out / kind, "--sampler", "ancestral"]
-    shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
     files, curve = [], []
-    for name, flags in rows.items():
+    for name, (flags, point) in sample_sets(out, run, finetune).items():
         folder = out / "samples" / name
-        step(f"sample {name}", "sample", *flags, *shape, "--steps", SAMPLES["steps"], "--out", folder, *dev,
-             done=folder / "samples.jsonl")
-        files.append(folder / "samples.jsonl")
-        if name.startswith("dsl-") and not name.startswith("dsl-smollm2"):
-            for steps in (4, 8):
-                fewer = out / "samples" / f"{name}-steps{steps}"
-                step(f"sample {fewer.name}", "sample", *flags, *shape, "--steps", steps, "--out", fewer, *dev,
-                     done=fewer / "samples.jsonl")
-                curve.append(fewer / "samples.jsonl")
-    ar = out / "samples" / "ar"
-    step("sample ar", "sample", "--model", MODEL, "--sampler", "ar", *shape, "--out", ar, *dev,
-         done=ar / "samples.jsonl")
-    files.append(ar / "samples.jsonl")
+        step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / "samples.jsonl")
+        (curve if point else files).append(folder / "samples.jsonl")
     everything = files + curve
     # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
     step("eval", "eval", *everything, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS, *dev,
@@ -597,7 +636,8 @@ def machine() -> str:
 
 
 # the report's long column names, shortened on the page (each explained in the table's legend)
-COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge)"),
+COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge; "
+                                      "`stack-only`: its hybrid without the channel's evidence)"),
            "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
            "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
@@ -624,7 +664,7 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "diversity_within": ("div within", "share of distinct 2- to 4-grams within each sample (SimCTG)"),
            "diversity_pooled": ("div pooled", "the same over all samples pooled"),
            "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
-           "mauve": ("MAUVE", "against KJV chapters"), "mauve_std": ("MAUVE sd", "its sd")}
+           "mauve": ("MAUVE", "against held-out KJV text cut as the samples are"), "mauve_std": ("MAUVE sd", "its sd")}
 
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS,
@@ -909,34 +949,71 @@ def tally(row: dict, others: list[dict]) -> str:
     return "; ".join(said)
 
 
+def find_row(rows: list[dict], folder: str, sampler: str, decode: str = "stack") -> dict | None:
+    """The comparison row of the model whose folder ends with `folder` (whatever --out was), sampled
+    by `sampler` with `decode`: compare names a bridge's other decodings after its folder
+    (" (round)", " (stack-only)"), so one bridge's hybrid, stack-only and ltr rows are three rows."""
+    name = folder + ("" if decode == "stack" else f" ({decode})")
+    return next((r for r in rows if ("/" + r["generator"]).endswith("/" + name) and r.get("sampler") == sampler),
+                None)
+
+
 def generation_line(verdict: dict, rows: list[dict]) -> str:
     """DiHAL's generation on SmolLM2 in words, one line per row it is set against.
 
-    The hybrid through the chosen, worst and oracle layers' bridges, beside rounding and every
-    other generator trained at the budget, by Gen.PPL with its 95 % interval under each evaluator
-    (SmolLM2, then the KJV trigram) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a
-    factor is given only where two intervals are disjoint.
+    Run 3's DiHAL rows (docs/baselines.md): the chosen layer's bridge decoded left to right, set
+    against each embedding-diffusion baseline as run 3 sets it; the hybrid with the channel's
+    evidence (and through the worst and oracle layers' bridges); the hybrid without it; the
+    worst layer's bridge decoded left to right; beside rounding and every other generator trained
+    at the budget. By Gen.PPL with its 95 % interval under each evaluator (SmolLM2, then the KJV
+    trigram) and MAUVE. Descriptive (docs/baselines.md, "On SmolLM2"): a factor is given only
+    where two intervals are disjoint.
     """
-    def find(generator: str) -> dict | None:  # by its model folder's last parts, whatever --out was
-        return next((r for r in rows if ("/" + r["generator"]).endswith("/" + generator)), None)
+    def bridge(layer: int, sampler: str, decode: str = "stack") -> dict | None:
+        return find_row(rows, f"bridges/layer-{layer:02d}/seed-0", sampler, decode)
 
-    chosen = find(f"bridges/layer-{verdict['chosen_layer']:02d}/seed-0")
-    if chosen is None:
+    layer = verdict["chosen_layer"]
+    chosen, ltr, bare = bridge(layer, "hybrid"), bridge(layer, "ltr"), bridge(layer, "hybrid", "stack-only")
+    if chosen is None and ltr is None:
         return "- DiHAL's samples: the chosen layer's bridge has no row in the comparison."
-    parts = [f"the hybrid through the chosen layer {verdict['chosen_layer']}'s bridge has {shown(chosen)} (worst and "
-             "oracle below: the layers with the highest and lowest seed-mean nmse_dim)"]
-    if (rounding := find("bridges/layer-00/seed-0 (round)")) is not None:
+    parts = []
+    if ltr is not None:
+        parts.append(f"the chosen layer {layer}'s bridge decoded left to right (`ltr`: one token a step from the "
+                     f"upper stack over the bridge's reconstruction of the prefix; one evaluation per token, "
+                     f"{SAMPLES['length']} against the other rows' {SAMPLES['steps']}) has {shown(ltr)}")
+        for kind in BASELINES:  # as run 3 sets it against them
+            if (baseline := find_row(rows, kind, "ancestral")) is not None:
+                parts.append(f"against {role(baseline['generator'])} ({shown(baseline)}) the left-to-right row's is "
+                             f"{against(ltr, baseline)}")
+    if chosen is not None:
+        parts.append(f"the hybrid with the channel's evidence (`--decode stack`) through the chosen layer {layer}'s "
+                     f"bridge has "
+                     f"{shown(chosen)}" + (f" (the left-to-right row's is {against(ltr, chosen)})" if ltr else "")
+                     + " (worst and oracle below: the layers with the highest and lowest seed-mean nmse_dim)")
+    if bare is not None:
+        parts.append(f"the hybrid without it (`--decode stack-only`, the composition before issue 61) {shown(bare)}"
+                     + (f" (the hybrid with it is {against(chosen, bare)})" if chosen else ""))
+    first = chosen or ltr
+    if (rounding := bridge(0, "mdlm", "round")) is not None:
         parts.append(f"the rounding row (the layer-0 bridge decoded by rounding) {shown(rounding)}: "
-                     f"the hybrid's is {against(chosen, rounding)} (a factor only where the intervals are disjoint)")
+                     f"the {'hybrid' if chosen else 'left-to-right row'}'s is {against(first, rounding)}")
     for which in ("worst", "oracle"):
-        layer = verdict.get(f"{which}_layer")
-        if layer is not None and layer != verdict["chosen_layer"] and (row := find(f"bridges/layer-{layer:02d}/seed-0")):
-            parts.append(f"the {which} layer {layer}'s bridge {shown(row)} (the chosen layer's is {against(chosen, row)})")
+        other = verdict.get(f"{which}_layer")
+        if other is None or other == layer:
+            continue
+        if chosen is not None and (row := bridge(other, "hybrid")):
+            parts.append(f"the hybrid through the {which} layer {other}'s bridge {shown(row)} (the chosen layer's "
+                         f"is {against(chosen, row)})")
+        if ltr is not None and (row := bridge(other, "ltr")):
+            parts.append(f"the {which} layer {other}'s bridge decoded left to right {shown(row)} (the chosen "
+                         f"layer's is {against(ltr, row)})")
     # every other generator trained at the budget: DSL's samplers, MDLM, the embedding-diffusion baselines
     others = [r for r in rows if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None]
-    if others:
+    if others and chosen is not None:
         parts.append(f"by Gen.PPL against the {len(others)} rows of the other generators trained at the same "
                      f"budget, {tally(chosen, others)}")
+    if others and ltr is not None:
+        parts.append(f"the left-to-right row, by Gen.PPL against the same {len(others)} rows: {tally(ltr, others)}")
     if (ar := next((r for r in rows if r.get("sampler") == "ar"), None)) is not None:
         parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no "
                      f"ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
@@ -947,7 +1024,6 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
                       "each, 95 % bootstrap intervals; descriptive, "
                       "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
                       *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT}"])
-
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,8 @@ def test_scientific_notation_keeps_the_digits_it_was_written_with():
 @pytest.mark.parametrize("generator, name", [
     ("bridges/layer-03/seed-0", "DiHAL, layer 3"), ("bridges/layer-12/seed-1", "DiHAL, layer 12, seed 1"),
     ("bridges/layer-00/seed-0 (round)", "rounding, layer 0"), ("results/mdlm", "MDLM"), ("runs/x/dsl", "DSL"),
+    ("runs/bridges/layer-03/seed-0 (stack-only)", "DiHAL, layer 3, stack-only"),
+    ("bridges/layer-12/seed-2 (stack-only)", "DiHAL, layer 12, seed 2, stack-only"),
     ("results/dsl-smollm2", "DSL from SmolLM2"), ("results/codar", "CoDAR"),
     ("builtin:smollm2 (AR ceiling)", "SmolLM2 (AR)"), ("results/other", "other")])
 def test_generators_are_named_by_role(generator, name):

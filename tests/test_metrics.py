@@ -457,6 +457,39 @@ def test_mauve_references_come_only_from_held_out_documents_cut_as_samples_are(t
     assert references_like(str(corpus), tok, 7, 0) != references_like(str(corpus), tok, 7, 3)
 
 
+def test_compare_names_a_bridges_decodings_apart_and_matches_only_an_ltr_rows_training_tokens(tmp_path):
+    """One bridge's hybrid (16 steps), stack-only hybrid and ltr (its 32 tokens' 32 steps) rows:
+    three generator-sampler pairs, one matched budget; a hybrid at 32 steps is a mismatch."""
+    from geoprobe.errors import BadInput
+    from geoprobe.workflows.compare import compare
+
+    bridge = tmp_path / "bridges" / "layer-03" / "seed-0"
+    bridge.mkdir(parents=True)
+    (bridge / "config.json").write_text(json.dumps({"kind": "bridge", "budget": {
+        "steps": 100, "batch_size": 8, "seq_len": 32}}))
+
+    def sample_set(name, sampler, steps, decode="stack"):
+        out = tmp_path / "samples" / name
+        out.mkdir(parents=True)
+        (out / "samples.jsonl").write_text(json.dumps({"text": "a b"}) + "\n")
+        (out / "samples.meta.jsonl").write_text(json.dumps({
+            "sampler": sampler, "steps": steps, "nfe": steps, "seconds": 1.0, "num": 1, "decode": decode,
+            "model": str(bridge), "file": str(out / "samples.jsonl")}) + "\n")
+        (out / "samples.metrics.json").write_text(json.dumps({"results": {str(out / "samples.jsonl"): {
+            "evaluator": "x", "gen_ppl": 2.0, "samples": 1}}}))
+        return out / "samples.jsonl"
+
+    files = [sample_set("hybrid", "hybrid", 16), sample_set("stack-only", "hybrid", 16, "stack-only"),
+             sample_set("ltr", "ltr", 32)]
+    rows = compare(files)
+    assert [(r["generator"], r["sampler"]) for r in rows] == [
+        ("bridges/layer-03/seed-0", "hybrid"), ("bridges/layer-03/seed-0 (stack-only)", "hybrid"),
+        ("bridges/layer-03/seed-0", "ltr")]
+    assert {r["budget"] for r in rows} == {"matched"} and {r["train_tokens"] for r in rows} == {100 * 8 * 32}
+    with pytest.raises(BadInput, match="different budgets"):
+        compare([*files, sample_set("hybrid-32", "hybrid", 32)])
+
+
 def test_two_sample_sets_of_one_model_keep_their_files_their_labels_and_the_tokens_used(tmp_path, tiny_models,
                                                                                        corpus_txt):
     """`sample --sampler roar`, then `--sampler mdlm` (the README tour's pattern): two files, each

@@ -709,21 +709,31 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     assert lines[1] == f"train mdlm: training, step 1,000, 10 min so far, about {left:.0f} min to its cap at this rate"
     waiting = len(BASELINES) + 3  # the baselines, then the layer-0 bridge and layers 1 and 12 again
     assert lines[2] == f"1 of {waiting + 2} finished; {waiting} waiting, next train {BASELINES[0]}"
-    assert lines[3] == "1 sample set written, 0 evaluated"
+    # rounding; the hybrid at layers 1 and 12, stack-only at 1, ltr at 1 and 12; DSL's 4 samplers at
+    # 16, 8 and 4 steps; MDLM; the 3 baselines; AR. A set the plan does not hold is not counted
+    stray = tmp_path / "samples" / "round-00-plateau" / "samples.jsonl"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("{}\n")
+    lines = generation_progress(tmp_path, run, finetune=False)
+    assert lines[3] == "1 of 23 sample sets written, 0 evaluated"
+    assert generation_progress(tmp_path, run)[3] == "1 of 27 sample sets written, 0 evaluated"  # + DSL-from-SmolLM2's 4
     # with the fine-tune, it is the next to train after mdlm
     assert generation_progress(tmp_path, run)[2].endswith(f"{waiting + 1} waiting, next train dsl-smollm2")
+    (run / "sweep.json").unlink()  # before the sweep: no plan yet, every set written
+    assert generation_progress(tmp_path, run, finetune=False)[-1] == "2 sample sets written, 0 evaluated"
 
 
 def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_disjoint():
     from experiments.smollm2_results import generation_line
 
-    def row(generator, ppl, lo, hi, trigram=None, mauve=0.005):
+    def row(generator, ppl, lo, hi, trigram=None, mauve=0.005, sampler="hybrid"):
         return {"generator": generator, "evaluator": "builtin:smollm2", "gen_ppl": ppl, "gen_ppl_lo": lo,
-                "gen_ppl_hi": hi, "mauve": mauve, "other_evaluators": trigram}
+                "gen_ppl_hi": hi, "mauve": mauve, "other_evaluators": trigram, "sampler": sampler}
 
     verdict = {"chosen_layer": 3, "worst_layer": 12, "oracle_layer": 3}
     rows = [row("bridges/layer-03/seed-0", 3382, 3115, 3697, "ngram:kjv: 1.585e+04 (1.4e+04–1.7e+04)"),
-            row("bridges/layer-00/seed-0 (round)", 107106, 100708, 113621, "ngram:kjv: 1.655e+05 (1.5e+05–1.8e+05)"),
+            row("bridges/layer-00/seed-0 (round)", 107106, 100708, 113621, "ngram:kjv: 1.655e+05 (1.5e+05–1.8e+05)",
+                sampler="mdlm"),
             row("bridges/layer-12/seed-0", 2026, 1879, 2183, "ngram:kjv: 4393 (4083–4762)"),
             {**row("results/sed", 1000, 900, 1100), "sampler": "ancestral", "train_tokens": 8e6},
             {**row("results/dsl", 5000, 4000, 6000, "ngram:kjv: 800 (700–900)"), "sampler": "mdlm", "train_tokens": 8e6},
@@ -749,6 +759,84 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
     bare = {**row("results/codar", None, None, None), "mauve": None, "sampler": "ancestral", "train_tokens": 8e6}
     assert "not compared with 1 (CoDAR · ancestral)" in generation_line(verdict, rows[:3] + [bare])
     assert "has no row" in generation_line(verdict, rows[1:])
+
+
+def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_left_to_right(tmp_path):
+    """Run 3's DiHAL rows: the chosen bridge by the hybrid with the evidence (the default decode),
+    without it (stack-only) and left to right; the worst bridge left to right too. The ltr rows
+    take the AR row's flags (no --steps: one evaluation per token), and all are comparison rows."""
+    from experiments.smollm2_results import SAMPLES, generation
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)  # score -layer: chosen (and oracle) layer 1, worst 12; no weights, so trained again
+    commands = []
+    generation(tmp_path, run, lambda name, *argv, done, during=None: commands.append((name, argv)), ["--device", "cpu"],
+               finetune=False)
+    found = dict(commands)
+
+    def flags(argv):  # {flag: value} of a sample command (--out aside)
+        return {a: argv[i + 1] for i, a in enumerate(argv) if str(a).startswith("--") and a != "--out"}
+
+    layer1, layer12 = (tmp_path / "bridges" / f"layer-{n:02d}" / "seed-0" for n in (1, 12))
+    shape = {"--num": SAMPLES["num"], "--length": SAMPLES["length"], "--device": "cpu"}
+    budget = {**shape, "--steps": SAMPLES["steps"]}
+    assert flags(found["sample bridge-01"]) == {"--model": layer1, "--sampler": "hybrid", **budget}
+    assert flags(found["sample bridge-01-stack-only"]) == {"--model": layer1, "--sampler": "hybrid",
+                                                           "--decode": "stack-only", **budget}
+    assert flags(found["sample bridge-01-ltr"]) == {"--model": layer1, "--sampler": "ltr", **shape}
+    assert flags(found["sample bridge-12-ltr"]) == {"--model": layer12, "--sampler": "ltr", **shape}
+    assert flags(found["sample ar"]) == {"--model": "builtin:smollm2", "--sampler": "ar", **shape}
+    assert "sample bridge-12-stack-only" not in found and "sample bridge-01-ltr-steps4" not in found
+    names = [name for name, _ in commands]  # each bridge trains again before any sample reads it
+    assert names.index("bridge layer 12") < min(i for i, n in enumerate(names) if n.startswith("sample bridge"))
+    compared = [str(a) for a in found["compare"]]
+    for name in ("bridge-01", "bridge-01-stack-only", "bridge-01-ltr", "bridge-12-ltr"):
+        samples = str(tmp_path / "samples" / name / "samples.jsonl")
+        assert samples in compared and compared[compared.index(samples) - 1] != "--curve"
+
+
+def test_the_generation_line_tells_one_bridges_hybrid_stack_only_and_ltr_rows_apart():
+    """Three rows of one bridge folder: the ltr and hybrid rows differ only by sampler, the
+    stack-only row by compare's suffix. Each is found and named; the ltr row is set against each
+    baseline by its intervals (a factor only where disjoint)."""
+    from experiments.smollm2_results import generation_line
+
+    def row(generator, sampler, ppl, lo, hi, train_tokens=8e6):
+        return {"generator": generator, "sampler": sampler, "evaluator": "builtin:smollm2", "gen_ppl": ppl,
+                "gen_ppl_lo": lo, "gen_ppl_hi": hi, "mauve": None, "other_evaluators": None,
+                "train_tokens": train_tokens}
+
+    verdict = {"chosen_layer": 3, "worst_layer": 12, "oracle_layer": 1}
+    rows = [row("runs/bridges/layer-03/seed-0", "ltr", 500, 450, 550),  # first: a folder-only find takes it
+            row("runs/bridges/layer-03/seed-0 (stack-only)", "hybrid", 4000, 3700, 4300),
+            row("runs/bridges/layer-03/seed-0", "hybrid", 3000, 2800, 3200),
+            row("runs/bridges/layer-12/seed-0", "ltr", 700, 640, 760),
+            row("runs/bridges/layer-12/seed-0", "hybrid", 2000, 1900, 2100),
+            row("runs/sed", "ancestral", 3496, 3237, 3777), row("runs/codar", "ancestral", 520, 480, 560),
+            row("builtin:smollm2 (AR)", "ar", 40, 37, 45, None)]
+    line = generation_line(verdict, rows)
+    assert "the chosen layer 3's bridge decoded left to right (`ltr`" in line
+    assert "32 against the other rows' 16) has Gen.PPL 500 (450–550) under SmolLM2." in line
+    assert "against SED (Gen.PPL 3,496 (3,237–3,777) under SmolLM2) the left-to-right row's is 7.0× lower " \
+           "under SmolLM2." in line  # 3,496 / 500
+    assert "against CoDAR (Gen.PPL 520 (480–560) under SmolLM2) the left-to-right row's is with intervals " \
+           "overlapping (not ranked) under SmolLM2." in line
+    assert "Diffusion-LM" not in line  # no row: nothing said
+    assert "the hybrid with the channel's evidence (`--decode stack`) through the chosen layer 3's bridge has " \
+           "Gen.PPL 3,000 (2,800–3,200) under SmolLM2 (the left-to-right row's is 6.0× lower under SmolLM2)" in line
+    assert "the hybrid without it (`--decode stack-only`, the composition before issue 61) Gen.PPL 4,000 " \
+           "(3,700–4,300) under SmolLM2 (the hybrid with it is 1.3× lower under SmolLM2)" in line
+    assert "the hybrid through the worst layer 12's bridge Gen.PPL 2,000 (1,900–2,100) under SmolLM2 (the chosen " \
+           "layer's is 1.5× higher under SmolLM2)" in line
+    assert "the worst layer 12's bridge decoded left to right Gen.PPL 700 (640–760) under SmolLM2 (the chosen " \
+           "layer's is 1.4× lower under SmolLM2)" in line
+    assert "oracle layer" not in line  # layer 1 has no row
+    assert "the left-to-right row, by Gen.PPL against the same 2 rows: under SmolLM2 it is lower than 1 " \
+           "(SED · ancestral), with intervals overlapping 1 (CoDAR · ancestral)" in line
+    # the left-to-right row alone still makes the line; neither chosen row: none
+    assert "has Gen.PPL 500" in generation_line(verdict, rows[:1])
+    assert "has no row" in generation_line(verdict, rows[1:2] + rows[3:])
 
 
 def test_the_other_evaluators_column_reads_back_with_and_without_an_interval():

@@ -5,7 +5,9 @@ A generator's row joins three files that the other commands write: the samples f
 seed, model) and its `SAMPLES.metrics.json` (`geoprobe eval`). The budget of a row is the
 training tokens of its model (steps x batch x sequence length, from the checkpoint's
 config.json) and its sampling steps; rows with different budgets are refused unless allowed,
-and then marked.
+and then marked. A left-to-right row (`ltr`) has no step budget: it takes one evaluation per
+token, so only its training tokens are matched. A bridge's row names its decoding where it is
+not the default: " (round)", " (stack-only)".
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from geoprobe.bridges.checkpoint import training_tokens
 from geoprobe.bridges.kinds import highlight_of
 from geoprobe.errors import BadInput
 from geoprobe.files import holding
+from geoprobe.samplers.ltr import LeftToRight
 from geoprobe.store import check_writable
 from geoprobe.workflows.evaluate import generator_of
 from geoprobe.workflows.generate import generator_name
@@ -111,7 +114,7 @@ def comparison_row(samples: Path) -> dict:
     values = next(iter(metrics.values()))
     model = Path(meta["model"])
     name = generator_name(meta["model"])
-    suffix = {"round": " (round)", "causal": " (AR)"}.get(meta.get("decode"), "")
+    suffix = {"round": " (round)", "stack-only": " (stack-only)", "causal": " (AR)"}.get(meta.get("decode"), "")
     budget, used = training_tokens(model)
     evaluator = values.get("evaluator") or record.get("evaluator")
     others = {k: v for k, v in (values.get("gen_ppl_by_evaluator") or {}).items() if k != evaluator}
@@ -130,11 +133,13 @@ def comparison_row(samples: Path) -> dict:
 
 def compare(samples: list[Path], allow_mismatch: bool = False) -> list[dict]:
     rows = [comparison_row(p) for p in samples]
-    budgets = {(r["train_tokens"], r["steps"]) for r in rows if r["train_tokens"] is not None}  # AR: pretrained
-    mismatch = len(budgets) > 1
+    trained = [r for r in rows if r["train_tokens"] is not None]  # AR: pretrained, no training budget
+    tokens = {r["train_tokens"] for r in trained}
+    steps = {r["steps"] for r in trained if r["sampler"] != LeftToRight.name}  # ltr: one evaluation per token
+    mismatch = len(tokens) > 1 or len(steps) > 1
     if mismatch and not allow_mismatch:
-        raise BadInput(f"the generators have different budgets (token cap, sampling steps): {sorted(budgets, key=str)}; "
-                       "pass --allow-mismatch to compare them anyway")
+        raise BadInput(f"the generators have different budgets (token caps {sorted(tokens)}, sampling steps "
+                       f"{sorted(steps, key=str)}); pass --allow-mismatch to compare them anyway")
     for r in rows:
         r["budget"] = "MISMATCH" if mismatch else "matched"
     return rows
