@@ -302,10 +302,11 @@ def paired_less(a: dict, b: dict) -> float:
 
 def converged(name: str, training: dict, sweep: dict) -> bool:
     """Every seed of a row stopped by its plateau; a bridge also meets the sweep's criterion. A row
-    this run trains (DSL, MDLM, the baselines) without a training record has not converged; a row
+    this run trains (DSL, MDLM, the baselines, the bridges) without a training record has not converged; a row
     it does not train (the AR ceiling, the testbed itself) has nothing to converge."""
     if name.startswith("bridge-"):
-        return all(r["stop"] == "plateau" for r in training[name]) and sweep["verdict"]["convergence"]["converged"]
+        return (bool(training.get(name)) and all(r["stop"] == "plateau" for r in training[name])
+                and sweep["verdict"]["convergence"]["converged"])
     if name in TRAINED:
         return bool(training.get(name)) and all(r["stop"] == "plateau" for r in training[name])
     return True

@@ -369,6 +369,8 @@ def main() -> None:
                      "(run make results first)")
     if args.generation:  # every model its steps load is builtin or trained here: none asks the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import click
+
     from geoprobe.errors import BadInput, Interrupted
 
     try:
@@ -376,6 +378,10 @@ def main() -> None:
                        before_sweep=args.before_sweep)
     except (BadInput, Interrupted) as exc:  # a step refused its input, or Ctrl-C: one line, as the command says it
         parser.exit(exc.exit_code, f"error: {exc}\n")
+    except click.ClickException as exc:  # a step's flags the command's parser refuses: its one line and code
+        parser.exit(exc.exit_code, f"error: {exc.format_message()}\n")
+    except click.exceptions.Exit as exc:  # a step that ended with a nonzero code (typer.Exit): that code
+        parser.exit(exc.exit_code)
 
 
 def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,
@@ -544,7 +550,7 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
     The DiHAL rows are run 3's of docs/baselines.md, at the sweep's seed-0 bridges:
     `bridge-NN`, the hybrid with the channel's evidence (`--decode stack`, the default) at the
     chosen, worst and oracle layers; `bridge-NN-stack-only`, the chosen bridge's hybrid without
-    it (the composition before issue 61); `bridge-NN-ltr`, the chosen and the worst bridges
+    it (the upper stack's logits alone); `bridge-NN-ltr`, the chosen and the worst bridges
     decoded left to right.
     """
     shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
@@ -991,7 +997,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
                      f"{shown(chosen)}" + (f" (the left-to-right row's is {against(ltr, chosen)})" if ltr else "")
                      + " (worst and oracle below: the layers with the highest and lowest seed-mean nmse_dim)")
     if bare is not None:
-        parts.append(f"the hybrid without it (`--decode stack-only`, the composition before issue 61) {shown(bare)}"
+        parts.append(f"the hybrid without it (`--decode stack-only`, the upper stack's logits alone) {shown(bare)}"
                      + (f" (the hybrid with it is {against(chosen, bare)})" if chosen else ""))
     first = chosen or ltr
     if (rounding := bridge(0, "mdlm", "round")) is not None:

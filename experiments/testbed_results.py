@@ -369,7 +369,7 @@ def write_page(out: Path, page: Path) -> None:
     if (out / "samples.json").is_file():
         parts += sampler_section(json.loads((out / "samples.json").read_text()), refs, figures)
     if (out / "bridges.json").is_file():
-        parts += bridges_section(json.loads((out / "bridges.json").read_text()), out)
+        parts += bridges_section(json.loads((out / "bridges.json").read_text()), out, training)
     if (out / "recipe" / "recipe.json").is_file():
         parts += recipe_section(json.loads((out / "recipe" / "recipe.json").read_text()))
     text = page.read_text() if page.is_file() else ""
@@ -570,29 +570,36 @@ def verdict_lines(by: dict) -> list[str]:
     return lines + [""]
 
 
-def bridges_section(rows: list[dict], out: Path) -> list[str]:
+def bridges_section(rows: list[dict], out: Path, training: dict) -> list[str]:
+    """The page's DiHAL rows: each layer's bridges (how many stopped by their plateau, the tokens
+    they trained on) and their samples' scores, beside the DSL rows' training tokens (`training`)."""
     from geoprobe.bridges.checkpoint import training_tokens
     from geoprobe.workflows.sweep import bridge_dir
 
-    parts = ["### 3. The DiHAL rows", "", "Bridges of the tiny demo's sweep protocol (d 64 x 2 blocks, cap 400 steps x 16 "
-             "blocks x 33 tokens, three seeds), each sampled with the hybrid sampler at 32 evaluations; 32 samples of "
-             "32 words, scored from the HMM's state distributions at words 0 and 32 (where their blocks start).", "",
-             "These samples are half as long as the DSL rows' (32 words, not 64) and their models trained on 0.06-0.21 M "
-             "tokens, not 2.4-3.5 M: their numbers are comparable with each other, not with the tables above.", "",
-             "| generator | stopped by its plateau | training tokens used (mean) | oracle NLL, nats/word | "
-             "bigram TV (its floor) | diversity |",
-             "|---|---|---|---|---|---|"]
+    table = []
+    spent = []
     for model in dict.fromkeys(r["model"] for r in rows):
         group = [r for r in rows if r["model"] == model]
         layer = 0 if model.startswith("layer-0") else int(model.split()[-1])
         folders = [bridge_dir(out / "run", layer, r["seed"]) for r in group]
         used = np.mean([training_tokens(folder)[1] or 0 for folder in folders])
+        spent.append(used)
         stops = [json.loads((f / "metrics.json").read_text()).get("stop") for f in folders]
         stopped = f"{stops.count('plateau')} of {len(stops)}" + (" (unconverged)" if "plateau" not in stops else "")
-        parts.append(f"| {model} | {stopped} | {used / 1e6:.2f} M | {cell([r.get('oracle_nll_per_word') for r in group], 2)} | "
+        table.append(f"| {model} | {stopped} | {used / 1e6:.2f} M | {cell([r.get('oracle_nll_per_word') for r in group], 2)} | "
                      f"{cell([r.get('bigram_tv') for r in group])} ({np.mean([r.get('bigram_tv_hmm', math.nan) for r in group]):.3f}) | "
                      f"{cell([r.get('diversity_within') for r in group])} |")
-    return parts + [""]
+    dsl = [tokens_of(n, seed, training) for n in VARIANTS for seed in SEEDS if f"{n}-seed{seed}" in training]
+    span = lambda v: " to ".join(dict.fromkeys(f"{x / 1e6:.2f}" for x in (min(v), max(v))))  # noqa: E731
+    theirs = f", not {span(dsl)} M" if dsl else ""
+    return ["### 3. The DiHAL rows", "", "Bridges of the tiny demo's sweep protocol (d 64 x 2 blocks, cap 400 steps x 16 "
+            "blocks x 33 tokens, three seeds), each sampled with the hybrid sampler at 32 evaluations; 32 samples of "
+            "32 words, scored from the HMM's state distributions at words 0 and 32 (where their blocks start).", "",
+            f"These samples are half as long as the DSL rows' (32 words, not 64) and their models trained on "
+            f"{span(spent)} M tokens{theirs}: their numbers are comparable with each "
+            "other, not with the tables above.", "",
+            "| generator | stopped by its plateau | training tokens used (mean) | oracle NLL, nats/word | "
+            "bigram TV (its floor) | diversity |", "|---|---|---|---|---|---|", *table, ""]
 
 
 if __name__ == "__main__":

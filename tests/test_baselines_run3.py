@@ -99,6 +99,8 @@ def test_a_baseline_without_a_training_record_is_unconverged_and_the_ar_row_need
     found = run3_tests(samples(), records, sweep(), 0.944)
     assert found["outcome"] == "inconclusive" and found["unconverged"] == ["sed"]
     assert converged("ar", records, sweep()) and not converged("sed", records, sweep())
+    del records[LTR]  # a bridge row's records lost: unconverged, not a KeyError
+    assert not converged(LTR, records, sweep())
 
 
 def test_an_unconverged_row_outside_the_primary_leaves_it_and_its_own_secondary_does_not_count():

@@ -463,12 +463,16 @@ def test_compare_names_a_bridges_decodings_apart_and_matches_only_an_ltr_rows_tr
     from geoprobe.errors import BadInput
     from geoprobe.workflows.compare import compare
 
-    bridge = tmp_path / "bridges" / "layer-03" / "seed-0"
-    bridge.mkdir(parents=True)
-    (bridge / "config.json").write_text(json.dumps({"kind": "bridge", "budget": {
-        "steps": 100, "batch_size": 8, "seq_len": 32}}))
+    def trained(layer, steps):
+        folder = tmp_path / "bridges" / f"layer-{layer:02d}" / "seed-0"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"kind": "bridge", "budget": {
+            "steps": steps, "batch_size": 8, "seq_len": 32}}))
+        return folder
 
-    def sample_set(name, sampler, steps, decode="stack"):
+    bridge, longer = trained(3, 100), trained(5, 200)
+
+    def sample_set(name, sampler, steps, decode="stack", bridge=bridge):
         out = tmp_path / "samples" / name
         out.mkdir(parents=True)
         (out / "samples.jsonl").write_text(json.dumps({"text": "a b"}) + "\n")
@@ -488,6 +492,8 @@ def test_compare_names_a_bridges_decodings_apart_and_matches_only_an_ltr_rows_tr
     assert {r["budget"] for r in rows} == {"matched"} and {r["train_tokens"] for r in rows} == {100 * 8 * 32}
     with pytest.raises(BadInput, match="different budgets"):
         compare([*files, sample_set("hybrid-32", "hybrid", 32)])
+    with pytest.raises(BadInput, match="different budgets"):  # an ltr row's steps are free, its tokens are not
+        compare([*files, sample_set("ltr-longer", "ltr", 32, bridge=longer)])
 
 
 def test_two_sample_sets_of_one_model_keep_their_files_their_labels_and_the_tokens_used(tmp_path, tiny_models,

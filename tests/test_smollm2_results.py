@@ -256,15 +256,20 @@ def test_the_script_ends_a_refused_or_interrupted_step_with_the_commands_one_lin
     from geoprobe.cli.root import INTERRUPTED
     from geoprobe.errors import BadInput, Interrupted
 
+    import click
+
     monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path)])
-    for error, code in ((BadInput("--layer must be >= 0"), 2), (Interrupted(INTERRUPTED), 130)):
+    for error, code, said in ((BadInput("--layer must be >= 0"), 2, "error: --layer must be >= 0\n"),
+                              (Interrupted(INTERRUPTED), 130, f"error: {INTERRUPTED}\n"),
+                              (click.UsageError("No such option: --snrr"), 2, "error: No such option: --snrr\n"),
+                              (click.exceptions.Exit(3), 3, "")):  # a command's own nonzero code, no traceback
         def failing(*args, error=error, **where):
             raise error
 
         monkeypatch.setattr(script, "in_process", failing)
         with pytest.raises(SystemExit) as ended:
             script.main()
-        assert ended.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+        assert ended.value.code == code and capsys.readouterr().err == said
     assert json.loads((tmp_path / "timings.json").read_text()) == {}
 
 
