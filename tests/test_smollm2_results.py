@@ -291,6 +291,9 @@ def test_every_step_of_the_script_reaches_its_commands_library_call(tmp_path, mo
     import geoprobe.workflows.evaluate
     import geoprobe.workflows.generate
     import geoprobe.workflows.sweep
+    import dataclasses
+
+    import experiments.smollm2_results as script
     from experiments.smollm2_results import experiment, generation
 
     class Reached(Exception):  # the call stops there
@@ -319,13 +322,27 @@ def test_every_step_of_the_script_reaches_its_commands_library_call(tmp_path, mo
     def step(name, *argv, done, during=None):
         steps.append((name, argv))
 
+    class Swept(Exception):  # the script's steps after its sweep are the page's, not commands
+        pass
+
+    def recorded(*argv, done, log, name, during=None):
+        steps.append((name, argv))
+        if argv[0] == "sweep":
+            raise Swept
+
     choice = tmp_path / "choice.json"
     choice.write_text(json.dumps({"sigma_b": 2, "tau_zero": 0.25, "bridge_steps": 8, "confirmed": True}))
+    monkeypatch.setattr(script, "in_process", recorded)
+    for i, exp in enumerate((experiment(), experiment(bridge="diffusion", choice=choice),
+                             experiment("builtin:gemma3", "diffusion", choice=choice))):
+        # the script's own scan and sweep steps, with its out dir and records moved under tmp_path
+        exp = dataclasses.replace(exp, out=tmp_path / f"exp{i}", record=tmp_path / f"records{i}", shared_scan=None,
+                                  ceilings=None)
+        with pytest.raises(Swept):
+            script.run_experiment(exp)
+    assert [argv[0] for _, argv in steps] == ["scan", "sweep"] * 3
+    monkeypatch.setattr(script, "in_process", in_process)
     run = tmp_path / "run"
-    for exp in (experiment(), experiment(bridge="diffusion", choice=choice),
-                experiment("builtin:gemma3", "diffusion", choice=choice)):
-        step("scan", "scan", exp.model, "--corpus", exp.corpus, *exp.scan, "--out", run, "--device", "cpu", done=None)
-        step("sweep", "sweep", "--run", run, *exp.sweep, "--seeds", exp.seeds, "--device", "cpu", done=None)
     run.mkdir()
     write_sweep(run)  # its bridges have no weights: the sampled ones are trained again too
     generation(tmp_path, run, step, ["--device", "cpu"])
