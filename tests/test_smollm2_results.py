@@ -847,7 +847,7 @@ def test_the_generation_line_tells_one_bridges_hybrid_stack_only_and_ltr_rows_ap
     assert "Diffusion-LM" not in line  # no row: nothing said
     assert "the hybrid with the channel's evidence (`--decode stack`) through the chosen layer 3's bridge has " \
            "Gen.PPL 3,000 (2,800–3,200) under SmolLM2 (the left-to-right row's is 6.0× lower under SmolLM2)" in line
-    assert "the hybrid without it (`--decode stack-only`, the composition before issue 61) Gen.PPL 4,000 " \
+    assert "the hybrid without it (`--decode stack-only`, the upper stack's logits alone) Gen.PPL 4,000 " \
            "(3,700–4,300) under SmolLM2 (the hybrid with it is 1.3× lower under SmolLM2)" in line
     assert "the hybrid through the worst layer 12's bridge Gen.PPL 2,000 (1,900–2,100) under SmolLM2 (the chosen " \
            "layer's is 1.5× higher under SmolLM2)" in line
