@@ -92,7 +92,8 @@ def trained_looking(llama, states, **kw):
     bridge = HiddenBridge(small(llama, **kw), seed=3).eval()
     fit_statistics(bridge, states)
     with torch.no_grad():
-        torch.nn.init.normal_(bridge.out.weight, std=0.05)
+        # its own generator: the global one's state depends on which tests ran before on this worker
+        torch.nn.init.normal_(bridge.out.weight, std=0.05, generator=torch.Generator().manual_seed(0))
     return bridge
 
 
@@ -145,7 +146,8 @@ def test_the_objectives_posterior_mean_part_is_its_loss_with_every_tau_at_zero(l
             total += float(loss) * float(weight.sum())
             count += float(weight.sum())
     assert both["objective_tau0"] == pytest.approx(total / count, rel=1e-5)
-    assert abs(both["objective_tau0"] - both["objective"]) > 1e-3 * both["objective"]  # tau > 0 does change it
+    # tau > 0 does change it: by far more than float32 rounding (2.7e-4 of it on this untrained bridge)
+    assert abs(both["objective_tau0"] - both["objective"]) > 1e-5 * both["objective"]
     regression = grid_objectives(trained_looking(llama, states, **REGRESSION), teacher, states.stop, 2)
     assert regression["objective_tau0"] == regression["objective"]
 
