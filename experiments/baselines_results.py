@@ -48,7 +48,9 @@ from experiments.testbed_results import (CORPUS, DOCUMENT, EVAL, MIN_STEPS, MODE
     SEQ_LEN, SMALL, TRAINING, held_out_bound, machine, score_samples, train_variant)
 
 BASELINES = ("diffusion-lm", "sed", "codar")
-TRAINED = ("dsl", "mdlm", *BASELINES)  # the rows trained apart (trained_rows), each with a training record per seed
+# the rows trained apart (trained_rows), each with a training record per seed: {row: (model folder, sampler, decode)}
+TRAINED = {"dsl": ("dsl", "hybrid", "stack"), "mdlm": ("mdlm", "mdlm", "stack"),
+           **{k: (k, "ancestral", "stack") for k in BASELINES}}
 CAP = 4000  # steps of 32 x 65 tokens: 8.32 M tokens, every trainable row's cap
 BUDGETS = (32, 64)  # denoiser evaluations: the primary, and one described beside it
 BRIDGE_LAYERS = "0-5"
@@ -120,11 +122,8 @@ def bridges(out: Path) -> dict:
 def trained_rows(out: Path) -> dict:
     """{row: (model folder per seed, sampler, decode, words, oracle start)} of the rows trained
     apart (DSL, MDLM, the baselines), with the sampler the protocol fixed for each."""
-    rows = {"dsl": ("dsl", "hybrid", "stack"), "mdlm": ("mdlm", "mdlm", "stack"),
-            **{k: (k, "ancestral", "stack") for k in BASELINES}}
-    assert tuple(rows) == TRAINED
     return {name: ({s: out / "models" / f"{m}-seed{s}" for s in SEEDS}, sampler, decode, SEQ_LEN, "document")
-            for name, (m, sampler, decode) in rows.items()}
+            for name, (m, sampler, decode) in TRAINED.items()}
 
 
 def bridge_rows(out: Path, verdict: dict) -> dict:
@@ -304,12 +303,11 @@ def converged(name: str, training: dict, sweep: dict) -> bool:
     """Every seed of a row stopped by its plateau; a bridge also meets the sweep's criterion. A row
     this run trains (DSL, MDLM, the baselines, the bridges) without a training record has not converged; a row
     it does not train (the AR ceiling, the testbed itself) has nothing to converge."""
-    if name.startswith("bridge-"):
-        return (bool(training.get(name)) and all(r["stop"] == "plateau" for r in training[name])
-                and sweep["verdict"]["convergence"]["converged"])
-    if name in TRAINED:
-        return bool(training.get(name)) and all(r["stop"] == "plateau" for r in training[name])
-    return True
+    bridge = name.startswith("bridge-")
+    if not bridge and name not in TRAINED:
+        return True
+    stopped = bool(training.get(name)) and all(r["stop"] == "plateau" for r in training[name])
+    return stopped and (not bridge or sweep["verdict"]["convergence"]["converged"])
 
 
 def tests(samples: list[dict], training: dict, sweep: dict, hmm_diversity: float) -> tuple[dict, list]:

@@ -333,21 +333,20 @@ def main() -> None:
 RESULTS_HEADING = "## Results"
 
 
-def recorded_minutes(out: Path) -> str:
+def recorded_minutes(training: dict, sets: list[dict], sweep_rows: list[dict]) -> str:
     """The page's compute, from the records themselves: every model's and bridge's training
     seconds (a resumed run's record adds its invocations) and every sample set's sampling seconds.
-    An invocation killed mid-run (a machine that went away) loses none of it, as a wall clock would."""
-    def read(name):
-        return json.loads((out / name).read_text()) if (out / name).is_file() else []
+    An invocation killed mid-run (a machine that went away) loses none of it, as a wall clock would.
 
-    training = read("training.json")
-    trained = sum(v.get("train_seconds") or 0 for v in (training.values() if training else []))
-    sweep = read("run/sweep.json")
-    bridges = sum(r.get("train_seconds") or 0 for r in (sweep["rows"] if sweep else []))
-    sets = [*read("samples.json"), *read("bridges.json")]
+    Args:
+        training: training.json, by model and seed; sets: every scored sample set (samples.json and
+            bridges.json); sweep_rows: the DiHAL sweep's rows (run/sweep.json).
+    """
+    trained = sum(v.get("train_seconds") or 0 for v in training.values())
+    bridges = sum(r.get("train_seconds") or 0 for r in sweep_rows)
     sampled = sum(r.get("seconds_per_sample", 0) * len(r.get("oracle_nll_per_sample", [])) for r in sets)
     return (f"the records' own times: training {trained / 60:.0f} min ({len(training)} models), the bridges "
-            f"{bridges / 60:.0f} min ({len(sweep['rows']) if sweep else 0}), sampling {sampled / 60:.0f} min "
+            f"{bridges / 60:.0f} min ({len(sweep_rows)}), sampling {sampled / 60:.0f} min "
             f"({len(sets)} sets), besides scoring and evaluation, which no record times")
 
 
@@ -362,14 +361,19 @@ def write_page(out: Path, page: Path) -> None:
             "AR testbed, same documents": record["model_nll"]}
     figures = page.parent / "testbed"
     figures.mkdir(parents=True, exist_ok=True)
-    parts = [RESULTS_HEADING, "", f"Measured with `make results-testbed` on {machine()}; {recorded_minutes(out)}.", ""]
-    training = json.loads((out / "training.json").read_text()) if (out / "training.json").is_file() else {}
+    def read(name, empty):
+        return json.loads((out / name).read_text()) if (out / name).is_file() else empty
+
+    training, samples, bridges = read("training.json", {}), read("samples.json", []), read("bridges.json", [])
+    sweep_rows = read("run/sweep.json", {}).get("rows", [])
+    parts = [RESULTS_HEADING, "", f"Measured with `make results-testbed` on {machine()}; "
+             f"{recorded_minutes(training, [*samples, *bridges], sweep_rows)}.", ""]
     if training:
         parts += convergence_section(training, refs, figures)
-    if (out / "samples.json").is_file():
-        parts += sampler_section(json.loads((out / "samples.json").read_text()), refs, figures)
-    if (out / "bridges.json").is_file():
-        parts += bridges_section(json.loads((out / "bridges.json").read_text()), out, training)
+    if samples:
+        parts += sampler_section(samples, refs, figures)
+    if bridges:
+        parts += bridges_section(bridges, out, training)
     if (out / "recipe" / "recipe.json").is_file():
         parts += recipe_section(json.loads((out / "recipe" / "recipe.json").read_text()))
     text = page.read_text() if page.is_file() else ""
