@@ -74,6 +74,7 @@ RUN3_BRIDGES = {LTR: ("chosen", "ltr", "stack"), "bridge-chosen-hybrid": ("chose
 RUN2_STEPS = {**{k: v for k, v in RUN1_STEPS.items() if k != "mdlm"}, "bridge-chosen-stack-only": [1900, 2850, 1900]}
 RUN2_NLL = {**{k: v for k, v in RUN1_NLL.items() if k != "mdlm"}, "bridge-chosen-stack-only": 3.92}
 RUN2_P = {"diffusion-lm": 0.00184, "sed": 0.0000653, "codar": 0.0003}
+RUN2_LAYERS = {"chosen": 4, "worst": 3}  # run 2's sweep: the geometry's choice and the highest seed-mean loss
 RUN2_MDLM = "4.06 ± 0.05"  # run 2's `mdlm` (the legacy objective), seed mean ± sd at 32 evaluations
 
 
@@ -599,9 +600,13 @@ def run3_tests(samples: list[dict], training: dict, sweep: dict, hmm_diversity: 
         f"NLL: {LTR} < {hybrid} (paired by seed)": (paired(LTR, hybrid), (LTR, hybrid)),
         f"NLL: {hybrid} < {stack_only} (paired by seed)": (paired(hybrid, stack_only), (hybrid, stack_only))}
     lacking = {k: [n for n in rows if not ok[n]] for k, (_, rows) in family.items()}
-    adjusted = holm({k: 1.0 if lacking[k] else p for k, (p, _) in family.items()})
+    # the layer choice cannot be tested where the geometry chose the worst layer: both rows are one set of bridges
+    same = sweep["verdict"]["chosen_layer"] == sweep["verdict"]["worst_layer"]
+    cannot = {k: (f"the chosen layer is the worst layer ({sweep['verdict']['chosen_layer']}): both rows sample the "
+                  "same bridges" if same and worst in rows else None) for k, (_, rows) in family.items()}
+    adjusted = holm({k: 1.0 if lacking[k] or cannot[k] else p for k, (p, _) in family.items()})
     return {"outcome": outcome, "p": primary, "unconverged": unconverged, "best_baseline": best,
-            "secondary": [{"test": k, "p": p, "adjusted": adjusted[k], "unconverged": lacking[k]}
+            "secondary": [{"test": k, "p": p, "adjusted": adjusted[k], "unconverged": lacking[k], "cannot": cannot[k]}
                           for k, (p, _) in family.items()],
             # described: the hybrid rows against each baseline, and LTR against their 64-evaluation sets
             "described": {row: {k: welch_less(nll(row), nll(k)) for k in BASELINES} for row in (hybrid, stack_only)},
@@ -633,7 +638,8 @@ def run3_verdict_section(samples: list[dict], training: dict, sweep: dict, hmm_d
              f"{'; '.join(v['convergence'].get('reasons') or []) or 'converged'}.", "",
              "**The secondaries** (one-sided; Welch, or paired by seed where one bridge is decoded two ways; Holm over "
              "all eight; a test that could not run, or that compares an unconverged row, counts as not rejected):", ""]
-    parts += [f"- {s['test']}: p = {p_value(s['p'])}, Holm-adjusted {p_value(s['adjusted'])}: "
+    parts += [f"- {s['test']}: cannot run ({s['cannot']}): counts as not rejected." if s["cannot"] else
+              f"- {s['test']}: p = {p_value(s['p'])}, Holm-adjusted {p_value(s['adjusted'])}: "
               + ("does not count (unconverged: " + ", ".join(s["unconverged"]) + ")." if s["unconverged"] else
                  "rejects." if s["adjusted"] < 0.05 else "does not reject.") for s in found["secondary"]]
     parts += ["", "**Described, not tested** (one-sided Welch p-values, H1: the first row's NLL per word is lower):",
@@ -647,12 +653,25 @@ def run3_verdict_section(samples: list[dict], training: dict, sweep: dict, hmm_d
     return parts
 
 
+def layers_moved(verdict: dict, before: dict = RUN2_LAYERS) -> str | None:
+    """A line saying where run 3's sweep chose another chosen or worst layer than run 2's, so that
+    its bridge rows are other layers' bridges than run 2's (None where both layers are run 2's)."""
+    now = {role: verdict[f"{role}_layer"] for role in before}
+    if now == before:
+        return None
+    return (f"Run 3's sweep chose layer {now['chosen']} and found layer {now['worst']} the worst; run 2's chose layer "
+            f"{before['chosen']} and found layer {before['worst']} the worst. Its bridge rows are therefore other "
+            "layers' bridges than run 2's, and their steps and NLL are no check that run 2 reproduces.")
+
+
 def write_run3_page(out: Path, page: Path, samples: list[dict], training: dict, sweep: dict | None, flops: dict,
                     seconds: float) -> None:
     """Run 3's section of the page ("Results of run 3"), below run 2's, which it leaves as it is."""
     truth, floor = hmm_references(samples)
     parts = [RUN3_HEADING, "", measured("make results-baselines-3", training, seconds), "",
              reproduction(training, samples, RUN2_STEPS, RUN2_NLL, "run 2"), ""]
+    if sweep is not None and (moved := layers_moved(sweep["verdict"])):
+        parts += [moved, ""]
     if sweep is None:
         parts += [PARTIAL, ""]
     else:

@@ -13,7 +13,7 @@ from scipy import stats
 
 import experiments.baselines_results as br
 from experiments.baselines_results import (BASELINES, LTR, converged, RESULTS_HEADING, RUN3_BRIDGES, RUN3_HEADING, paired_less,
-                                           replace_section, run3_rows, run3_tests, sample_all, welch_less,
+                                           layers_moved, replace_section, run3_rows, run3_tests, sample_all, welch_less,
                                            write_run3_page)
 from geoprobe.workflows.sweep import bridge_dir
 
@@ -111,6 +111,19 @@ def test_an_unconverged_row_outside_the_primary_leaves_it_and_its_own_secondary_
     assert layer["unconverged"] == ["bridge-worst-ltr"] and layer["adjusted"] == 1.0
     counted = [s for s in found["secondary"] if not s["unconverged"]]
     assert len(found["secondary"]) == 8 and len(counted) == 7
+
+
+def test_the_layer_choice_cannot_run_where_the_geometry_chose_the_worst_layer():
+    same = {"verdict": {**sweep()["verdict"], "chosen_layer": 5, "worst_layer": 5}}
+    found = run3_tests(samples(), training(), same, 0.944)
+    layer = next(s for s in found["secondary"] if "bridge-worst-ltr" in s["test"])
+    assert layer["p"] < 0.05  # the fixture's worst row differs, but both rows would be one set of bridges
+    assert "worst layer (5)" in layer["cannot"] and layer["adjusted"] == 1.0
+    assert all(s["cannot"] is None for s in found["secondary"] if s is not layer)
+    assert "chose layer 5 and found layer 5 the worst" in layers_moved(same["verdict"])
+    assert layers_moved(VERDICT) is None
+    apart = next(s for s in run3_tests(samples(), training(), sweep(), 0.944)["secondary"] if s["test"] == layer["test"])
+    assert apart["cannot"] is None and apart["adjusted"] < 1.0
 
 
 def test_holm_runs_over_all_eight_secondaries():
