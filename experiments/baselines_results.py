@@ -198,7 +198,7 @@ def training_record(out: Path, table: dict) -> dict:
             budget = json.loads((Path(folder) / "config.json").read_text())["budget"]
             per_seed.append({"steps": metrics["steps_run"], "stop": metrics["stop"],
                              "tokens": metrics["steps_run"] * budget["batch_size"] * budget["seq_len"],
-                             "train_seconds": metrics.get("train_seconds")})
+                             "train_seconds": metrics.get("train_seconds"), "folder": str(folder)})
         record[name] = per_seed
     return record
 
@@ -347,12 +347,23 @@ def hmm_references(samples: list[dict]) -> tuple[dict, float]:
     return truth, float(np.mean([r["bigram_tv_hmm"] for r in samples if "bigram_tv_hmm" in r] or [math.nan]))
 
 
-def measured(target: str, training: dict, seconds: float) -> str:
-    trained = sum(r["train_seconds"] or 0 for runs in training.values() for r in runs)
-    return (f"Measured with `{target}` on {machine()}. The trainable rows' training loops took {trained / 60:.0f} "
-            "min in all (each seed's seconds are in the table; a row trained while another job shared the cores took "
-            f"longer), and this invocation of the script {seconds / 60:.0f} min (a resumed run reuses what earlier "
-            "invocations finished).")
+def training_minutes(training: dict, sweep: dict | None = None) -> tuple[float, int]:
+    """(minutes, models): the training loops' time, each model counted once. Rows that decode one
+    set of bridges in several ways share their folders; with `sweep`, every bridge of the sweep
+    counts (its rows' train_seconds), those no row samples from too."""
+    rows = (sweep or {}).get("rows")  # None: the sweep has not run, or its verdict alone is known
+    seconds = {r.get("folder", f"{name}/{i}"): r["train_seconds"] or 0 for name, runs in training.items()
+               for i, r in enumerate(runs) if rows is None or not name.startswith("bridge-")}
+    bridges = [r.get("train_seconds") or 0 for r in rows or []]
+    return (sum(seconds.values()) + sum(bridges)) / 60, len(seconds) + len(bridges)
+
+
+def measured(target: str, training: dict, seconds: float, sweep: dict | None = None) -> str:
+    minutes, models = training_minutes(training, sweep)
+    return (f"Measured with `{target}` on {machine()}. The training loops of its {models} models took {minutes:.0f} "
+            "min in all (each seed's seconds are in the table; a row trained while another job shared the cores, or "
+            f"paused, took longer), and this invocation of the script {seconds / 60:.0f} min (a resumed run reuses what "
+            "earlier invocations finished).")
 
 
 PARTIAL = ("**Partial: the bridges' sweep has not run yet**, so the primary test and the secondaries, which compare "
@@ -362,7 +373,7 @@ PARTIAL = ("**Partial: the bridges' sweep has not run yet**, so the primary test
 def write_page(out: Path, page: Path, samples: list[dict], training: dict, sweep: dict, flops: dict,
                seconds: float) -> None:
     truth, floor = hmm_references(samples)
-    parts = [RESULTS_HEADING, "", measured("make results-baselines", training, seconds), ""]
+    parts = [RESULTS_HEADING, "", measured("make results-baselines", training, seconds, sweep), ""]
     parts += [reproduction(training, samples), ""]
     if sweep is None:
         parts += [PARTIAL, ""]
@@ -668,7 +679,7 @@ def write_run3_page(out: Path, page: Path, samples: list[dict], training: dict, 
                     seconds: float) -> None:
     """Run 3's section of the page ("Results of run 3"), below run 2's, which it leaves as it is."""
     truth, floor = hmm_references(samples)
-    parts = [RUN3_HEADING, "", measured("make results-baselines-3", training, seconds), "",
+    parts = [RUN3_HEADING, "", measured("make results-baselines-3", training, seconds, sweep), "",
              reproduction(training, samples, RUN2_STEPS, RUN2_NLL, "run 2"), ""]
     if sweep is not None and (moved := layers_moved(sweep["verdict"])):
         parts += [moved, ""]

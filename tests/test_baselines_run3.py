@@ -13,7 +13,7 @@ from scipy import stats
 
 import experiments.baselines_results as br
 from experiments.baselines_results import (BASELINES, LTR, converged, RESULTS_HEADING, RUN3_BRIDGES, RUN3_HEADING, paired_less,
-                                           layers_moved, replace_section, run3_rows, run3_tests, sample_all, welch_less,
+                                           layers_moved, replace_section, training_minutes, run3_rows, run3_tests, sample_all, welch_less,
                                            write_run3_page)
 from geoprobe.workflows.sweep import bridge_dir
 
@@ -212,7 +212,8 @@ def test_the_real_page_is_unchanged_when_run_2s_section_is_rewritten_as_it_stand
 
 def test_the_page_writer_adds_run_3s_section_below_run_2s_and_leaves_the_rest(tmp_path):
     page = tmp_path / "baselines.md"
-    shutil.copy(ROOT / "docs" / "baselines.md", page)
+    text = (ROOT / "docs" / "baselines.md").read_text()
+    page.write_text(text[:text.index(RUN3_HEADING)].rstrip() + "\n" if RUN3_HEADING in text else text)  # before run 3
     before = page.read_text()
     records = [{**r, "sampler": RUN3_BRIDGES.get(r["row"], ("", "hybrid", "stack"))[1],
                 "decode": RUN3_BRIDGES.get(r["row"], ("", "hybrid", "stack"))[2]} for r in samples()]
@@ -291,3 +292,14 @@ def test_the_run_3_driver_trains_checks_mdlm_first_samples_the_registered_rows_a
     section = page.read_text().split(RUN3_HEADING)[1]
     assert "**Supported**" in section and "| `ar` | ar |" in section
     assert RESULTS_HEADING not in section and page.read_text().count(RUN3_HEADING) == 1
+
+
+def test_training_minutes_count_each_model_once_and_every_bridge_of_the_sweep():
+    shared = [{"steps": 1500, "stop": "plateau", "train_seconds": 120.0, "folder": f"run/bridges/layer-05/seed-{s}"}
+              for s in SEEDS]
+    records = {"dsl": [{"steps": 1500, "stop": "plateau", "train_seconds": 60.0, "folder": f"models/dsl-seed{s}"}
+                       for s in SEEDS],
+               LTR: shared, "bridge-chosen-hybrid": shared, "bridge-worst-ltr": shared}
+    assert training_minutes(records) == (pytest.approx((3 * 60 + 3 * 120) / 60), 6)  # the shared bridges once
+    sweep = {"rows": [{"layer": l, "seed": s, "train_seconds": 30.0} for l in (1, 2, 3, 4, 5) for s in SEEDS]}
+    assert training_minutes(records, sweep) == (pytest.approx((3 * 60 + 15 * 30) / 60), 18)  # the sweep's own bridges
