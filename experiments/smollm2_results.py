@@ -83,6 +83,10 @@ MODEL, CORPUS = "builtin:smollm2", "kjv"
 BUDGET = {"steps": 4000, "batch": 8, "seq": 256}
 # per generator row (1,000: mauve's README says smaller sets bias MAUVE upwards); the DSL-scratch curve adds 4 and 8 steps
 SAMPLES = {"num": 1000, "length": 32, "steps": 16}
+# the rows through a bridge draw 125 samples at a time: their steps read SmolLM2's 49,152-token
+# head at every position, 1,000 x 32 positions x 36 bytes = 57 GB of logits a step at once, and
+# 7.1 GB in batches of 125 (samplers/plan.py); the batches continue one generator (`--batch`)
+BRIDGE_BATCH = ["--batch", 125]
 SCAN = ["--tokens", 4000, "--seq-len", 256, "--positions", "random:64", "--doc-blocks", 1, "--k", 32,
         "--anchors", 2048, "--pairs", 4096, "--bootstrap", 200]
 # the bridges at every default (docs/method.md, amendment 10: a sweep with other settings is another
@@ -559,10 +563,10 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
     bridges = {layer: folder for layer, (folder, _) in sampled_bridges(out, run).items()}
     chosen = verdict["chosen_layer"]
     rows = {"round-00": ["--model", rounding_dir(out), "--sampler", "mdlm", "--decode", "round", *budget],
-            **{f"bridge-{layer:02d}": ["--model", folder, "--sampler", "hybrid", *budget]
+            **{f"bridge-{layer:02d}": ["--model", folder, "--sampler", "hybrid", *budget, *BRIDGE_BATCH]
                for layer, folder in bridges.items()},
             f"bridge-{chosen:02d}-stack-only": ["--model", bridges[chosen], "--sampler", "hybrid", "--decode",
-                                                "stack-only", *budget]}
+                                                "stack-only", *budget, *BRIDGE_BATCH]}
     # ltr as the AR row samples: the same shape and seed, top-p 1 with the hf rule (both samplers'
     # default), no --steps (one evaluation per token; compare matches only its training tokens).
     # Cost: the sweep's bridges are bidirectional, so each token recomputes the whole prefix through
@@ -596,11 +600,12 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
     for layer, (folder, again) in sampled_bridges(out, run).items():
         if again:  # the same bridge trained again, here
             step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *BRIDGE, "--out", out, *dev,
-                 done=folder / "model.safetensors")
+                 done=folder / "metrics.json")  # written last: the weights come before validation
     files, curve = [], []
     for name, (flags, point) in sample_sets(out, run, finetune).items():
         folder = out / "samples" / name
-        step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / "samples.jsonl")
+        # the meta row is written after samples.jsonl: a set is done when both are
+        step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / "samples.meta.jsonl")
         (curve if point else files).append(folder / "samples.jsonl")
     everything = files + curve
     # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
@@ -643,7 +648,7 @@ def machine() -> str:
 
 # the report's long column names, shortened on the page (each explained in the table's legend)
 COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge; "
-                                      "`stack-only`: its hybrid without the channel's evidence)"),
+                                      "`stack-only`: its hybrid without the channel's evidence, over SmolLM2's whole vocabulary)"),
            "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
            "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
@@ -747,8 +752,8 @@ def made_by(log: dict, seconds: float, seeds: str, exp: Experiment | None = None
              "A step's seconds are those of its last invocation.",
              "So a sweep that read back finished bridges is fast here; the bridges' own training time is under Cost."]
     if exp.generation:
-        lines.append("Some steps ran beside others (a `--generation --before-sweep` invocation, and steps run by hand "
-                     "on a second core; the hand-written bullets say which), so the total is more than the wall clock.")
+        lines.append("Some steps ran beside other jobs on the second core (the hand-written bullets say which), so "
+                     "their seconds are more than they take alone.")
     if parse_seeds(seeds) != parse_seeds(exp.seeds):
         lines.append(f"This page's sweep has seeds {seeds}, not the script's default {exp.seeds}. "
                      f"`{exp.target}` trains the missing ones, resumably, and rewrites the page.")
@@ -997,7 +1002,8 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
                      f"{shown(chosen)}" + (f" (the left-to-right row's is {against(ltr, chosen)})" if ltr else "")
                      + " (worst and oracle below: the layers with the highest and lowest seed-mean nmse_dim)")
     if bare is not None:
-        parts.append(f"the hybrid without it (`--decode stack-only`, the upper stack's logits alone) {shown(bare)}"
+        parts.append(f"the hybrid without it (`--decode stack-only`, the upper stack's logits alone, over the whole "
+                     f"vocabulary, where the other two draw only tokens the converter can read) {shown(bare)}"
                      + (f" (the hybrid with it is {against(chosen, bare)})" if chosen else ""))
     first = chosen or ltr
     if (rounding := bridge(0, "mdlm", "round")) is not None:

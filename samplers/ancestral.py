@@ -16,14 +16,13 @@ protocol (their input is not the DSL channel's z), so the token samplers do not 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from geoprobe.errors import BadInput
-from geoprobe.samplers.base import SampleResult, Sampler, check_flags
+from geoprobe.samplers.base import Sampler
 
 
 class EmbeddingDenoiser(Protocol):
@@ -81,13 +80,14 @@ class Ancestral(Sampler):
         if self.steps < 2:  # one visit is t = 0 on pure noise: no diffusion at all
             raise BadInput(f"--sampler ancestral needs at least 2 --steps, got {self.steps}")
 
+    def check_room(self, denoiser: EmbeddingDenoiser, size: int, length: int, batched: bool) -> None:
+        """Nothing to refuse: the chain holds embeddings, and only the decoder reads the vocabulary."""
+
     @torch.no_grad()
-    def sample(self, denoiser: EmbeddingDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
-        check_flags(num=num, length=length)
-        self.check(length)
+    def draw_batch(self, denoiser: EmbeddingDenoiser, num: int, length: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """One batch of the respaced ancestral chain, decoded as the baseline's paper decodes."""
         table = denoiser.token_table()
-        generator = torch.Generator(device=table.device).manual_seed(seed)
-        start = time.perf_counter()
         abar = denoiser.alphas_cumprod().tolist()
         visits = respaced(denoiser.alphas_cumprod(), self.steps).tolist()[::-1]  # from T - 1 down to 0
         x = torch.randn(num, length, table.shape[1], generator=generator, device=table.device, dtype=table.dtype)
@@ -102,6 +102,4 @@ class Ancestral(Sampler):
             mean, variance = posterior(x, x0, abar[t], abar[visits[i + 1]])
             noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
             x = mean + variance ** 0.5 * noise
-        tokens = denoiser.decode(x0, generator, self.top_p, self.top_p_rule)
-        return SampleResult(tokens.cpu(), len(visits), 0, num * len(visits), time.perf_counter() - start,
-                            {**self.settings(), "seed": seed, "num": num, "length": length})
+        return denoiser.decode(x0, generator, self.top_p, self.top_p_rule), (len(visits), 0, num * len(visits))

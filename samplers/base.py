@@ -170,11 +170,12 @@ class RevealState:
 
 def check_flags(*, steps=None, top_p=None, per_step=None, eta=None, eta_cap=None, switch_snr=None, num=None,
                 length=None, top_p_rule=None, t_on=None, t_off=None, alpha_on=None, continuous_steps=None,
-                confidence=None, **_) -> None:
+                confidence=None, batch=None, **_) -> None:
     """The range of every sampling flag, in one place (None: not given). Each sampler checks its
     own when it is built; `geoprobe sample` checks all of them, since a flag out of range is a
     mistake even where the chosen sampler ignores it. NaN fails every comparison and is refused."""
-    for flag, value in (("--steps", steps), ("--per-step", per_step), ("--continuous-steps", continuous_steps)):
+    for flag, value in (("--steps", steps), ("--per-step", per_step), ("--continuous-steps", continuous_steps),
+                        ("--batch", batch)):
         if value is not None and not value >= 1:
             raise BadInput(f"{flag} must be at least 1, got {value}")
     if top_p is not None and not 0 < top_p <= 1:
@@ -236,21 +237,46 @@ class Sampler:
         state.probability[rows, cols] = filtered.softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
 
     @torch.no_grad()
-    def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0) -> SampleResult:
-        check_flags(num=num, length=length)
+    def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0,
+               batch: int | None = None) -> SampleResult:
+        """`num` samples of `length` tokens, drawn `batch` at a time (None: all at once).
+
+        One generator runs through the batches, so a given `batch` gives the same samples wherever
+        it runs; a smaller `batch` bounds a step's logits (a large vocabulary's) at the cost of more,
+        smaller network calls. `nfe` and `skipped` count one batch's calls (the most any batch
+        made), as an unbatched draw counts them; `rows` sums over the batches."""
+        check_flags(num=num, length=length, batch=batch)
         self.check(length)
-        model = CountingDenoiser(denoiser, self.cache)
-        device = denoiser.token_table().device
-        # a denoiser without a separate head computes its logits at every position of every call
-        check_logits_room(lambda n: self.logit_rows(n, length) if model.split else n * length, num,
-                          denoiser.vocab_size, device)
+        size = num if batch is None else min(batch, num)
+        self.check_room(denoiser, size, length, batched=batch is not None)
         # on the denoiser's device: V-wide float64 noise drawn on the CPU and copied over would
         # cost a transfer and a sync per step (the same seed gives other samples on another device)
-        generator = torch.Generator(device=device).manual_seed(seed)
-        start = time.perf_counter()
+        generator = torch.Generator(device=denoiser.token_table().device).manual_seed(seed)
+        start, parts, counts = time.perf_counter(), [], []
+        for first in range(0, num, size):
+            tokens, counted = self.draw_batch(denoiser, min(size, num - first), length, generator)
+            parts.append(tokens.cpu())
+            counts.append(counted)
+        nfe, skipped, _ = (max(c) for c in zip(*counts))
+        settings = {**self.settings(), "seed": seed, "num": num, "length": length,
+                    **({} if batch is None else {"batch": size})}
+        return SampleResult(torch.cat(parts), nfe, skipped, sum(c[2] for c in counts), time.perf_counter() - start,
+                            settings)
+
+    def check_room(self, denoiser: TokenDenoiser, size: int, length: int, batched: bool) -> None:
+        """Refuse, in one line, a batch whose logits would not fit in memory (samplers/plan.py)."""
+        split = callable(getattr(denoiser, "features", None))
+        # a denoiser without a separate head computes its logits at every position of every call
+        check_logits_room(lambda n: self.logit_rows(n, length) if split else n * length, size,
+                          denoiser.vocab_size, denoiser.token_table().device, batched=batched)
+
+    def draw_batch(self, denoiser: TokenDenoiser, num: int, length: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """One batch's tokens and its (nfe, skipped, rows), drawn with `run` over a fresh
+        `CountingDenoiser`."""
+        model = CountingDenoiser(denoiser, self.cache)
         tokens = self.run(model, num, length, generator)
-        return SampleResult(tokens.cpu(), model.nfe, model.skipped, model.rows, time.perf_counter() - start,
-                            {**self.settings(), "seed": seed, "num": num, "length": length})
+        return tokens, (model.nfe, model.skipped, model.rows)
 
     @classmethod
     def knobs(cls) -> dict:

@@ -27,23 +27,27 @@ def logits_bytes(positions: int, vocab: int) -> int:
     return positions * vocab * LOGIT_BYTES
 
 
-def check_logits_room(positions: Callable[[int], int], num: int, vocab: int, device: torch.device) -> None:
-    """Refuse, in one line naming a --num that fits, a step whose logits exceed what `device` has free.
+def check_logits_room(positions: Callable[[int], int], num: int, vocab: int, device: torch.device,
+                      batched: bool = False) -> None:
+    """Refuse, in one line naming a --batch that fits, a step whose logits exceed what `device` has free.
 
     Args:
-        positions: --num -> the most positions one step applies the head to.
-        num: the --num asked for.
+        positions: samples drawn together -> the most positions one step applies the head to.
+        num: the samples drawn together (--num, or --batch where `batched`).
         vocab: the denoiser's vocabulary.
         device: where the logits live (a CPU: its available RAM, GEOPROBE_HOST_MEMORY_GIB where set).
+        batched: whether `num` is a --batch (the message names that flag).
     """
     need, free = logits_bytes(positions(num), vocab), memory_available(torch.device(device))
     if need <= free:
         return
     fits = _largest_num(lambda n: logits_bytes(positions(n), vocab) <= free, num - 1)
-    advice = f"use --num {fits} or fewer" if fits else (f"even --num 1 needs {human(logits_bytes(positions(1), vocab))}: "
-                                                        "use a shorter --length")
+    advice = f"use --batch {fits} or fewer" if fits else (
+        f"even one sample needs {human(logits_bytes(positions(1), vocab))}: use a shorter --length")
     hint = host_override_hint() if torch.device(device).type == "cpu" else ""
-    raise BadInput(f"sampling needs about {human(need)} of logits a step at --num {num} ({positions(num):,} positions x "
+    flag = "--batch" if batched else "--num"
+    raise BadInput(f"sampling needs about {human(need)} of logits a step at {flag} {num} "
+                   f"({positions(num):,} positions x "
                    f"{vocab:,} tokens x {LOGIT_BYTES} bytes) and {torch.device(device).type} has {human(free)} free: "
                    f"{advice}{hint}")
 

@@ -181,6 +181,10 @@ def test_the_ancestral_sampler_valid_ids_budget_and_determinism(kind):
     assert a.tokens.shape == (5, 12) and a.tokens.dtype == torch.long
     assert a.tokens.min() >= 0 and a.tokens.max() < V and a.nfe == 12 and a.nfe_per_sample == 12
     assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, c.tokens)
+    # --batch: the first batch is the unbatched draw of that many; every batch makes the 12 visits
+    batched = Ancestral(steps=12).sample(model, num=5, length=12, seed=3, batch=2)
+    assert torch.equal(batched.tokens[:2], Ancestral(steps=12).sample(model, num=2, length=12, seed=3).tokens)
+    assert batched.tokens.shape == (5, 12) and batched.nfe == 12 and batched.nfe_per_sample == 12
 
 
 # --- learning and resuming --------------------------------------------------------------------------

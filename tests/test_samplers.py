@@ -265,6 +265,30 @@ def test_nfe_per_sample_counts_each_samples_evaluations():
     assert cached.nfe_per_sample == cached.rows / 3 and cached.nfe_per_sample <= cached.nfe
 
 
+@pytest.mark.parametrize("name", ["mdlm", "roar", "hybrid"])
+def test_batches_draw_from_one_generator_and_count_as_one_unbatched_draw(name):
+    """--batch: a batch as large as --num is the unbatched draw, bit for bit; smaller batches
+    continue one generator, so their first batch is the unbatched draw of that many samples and a
+    rerun gives the same samples; nfe counts one batch's calls, rows every sample's."""
+    oracle = Oracle(PRIOR)
+
+    def draw(**kw):
+        return make_sampler(name, steps=6, cache=False).sample(oracle, length=6, seed=3, **kw)
+
+    whole = draw(num=10)
+    assert torch.equal(draw(num=10, batch=10).tokens, whole.tokens)
+    assert torch.equal(draw(num=10, batch=64).tokens, whole.tokens) and draw(num=10, batch=64).settings["batch"] == 10
+    batched = draw(num=10, batch=4)
+    assert batched.tokens.shape == (10, 6) and batched.settings["batch"] == 4 and "batch" not in whole.settings
+    assert torch.equal(batched.tokens[:4], draw(num=4).tokens)  # the first batch starts the same generator
+    assert torch.equal(draw(num=10, batch=4).tokens, batched.tokens)
+    assert not torch.equal(batched.tokens[4:], whole.tokens[4:])  # the later batches continue it
+    assert batched.nfe == whole.nfe and batched.rows == whole.rows == 10 * whole.nfe
+    assert batched.nfe_per_sample == whole.nfe_per_sample
+    with pytest.raises(BadInput, match="--batch must be at least 1"):
+        draw(num=10, batch=0)
+
+
 @pytest.mark.parametrize("rule", ["hf", "remdm"])
 def test_the_ar_ceiling_filters_with_the_samplers_nucleus(rule, tiny_models, tmp_path):
     """A nucleus too small for a second token leaves only the top one: sampling is then greedy

@@ -4,6 +4,8 @@ reference: float32 logits at every position from `run_from`, the changed rows fo
 z with the last call's), with the same evaluation counts; and the logits plan refuses a step that
 does not fit in one line naming a --num that does."""
 
+import json
+
 import pytest
 import torch
 
@@ -209,10 +211,11 @@ def test_the_plan_counts_the_positions_each_sampler_draws_at():
     assert logits_bytes(23, 1000) == 23 * 1000 * LOGIT_BYTES
 
 
-def test_a_step_that_does_not_fit_is_refused_naming_a_num_that_does(llama, monkeypatch):
+def test_a_step_that_does_not_fit_is_refused_naming_a_batch_that_does(llama, monkeypatch):
     """The tiny Llama's 320 tokens: roar draws one position a sequence a step, so --num 40 needs
     40 x 320 x 36 = 460,800 bytes of logits; with 200 KiB available (GEOPROBE_HOST_MEMORY_GIB)
-    --num 17 fits (195,840 bytes) and 18 does not (207,360). Refused before the bridge runs once."""
+    --batch 17 fits (195,840 bytes) and 18 does not (207,360). Refused before the bridge runs once;
+    with --batch 17 the 40 samples are drawn 17, 17 and 6 at a time."""
     model = hybrid(llama)
     calls = []
     model.bridge.net.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -221,28 +224,37 @@ def test_a_step_that_does_not_fit_is_refused_naming_a_num_that_does(llama, monke
         make_sampler("roar").sample(model, num=40, length=6)
     line = str(refused.value)
     assert "\n" not in line and "--num 40 (40 positions x 320 tokens x 36 bytes)" in line, line
-    assert "use --num 17 or fewer" in line and "GEOPROBE_HOST_MEMORY_GIB" in line and not calls
+    assert "use --batch 17 or fewer" in line and "GEOPROBE_HOST_MEMORY_GIB" in line and not calls
     assert make_sampler("roar").sample(model, num=17, length=6).tokens.shape == (17, 6) and calls
+    with pytest.raises(BadInput, match="at --batch 18 .18 positions.* use --batch 17 or fewer"):
+        make_sampler("roar").sample(model, num=40, length=6, batch=18)
+    drawn = make_sampler("roar").sample(model, num=40, length=6, batch=17)
+    assert drawn.tokens.shape == (40, 6) and drawn.settings["batch"] == 17
     # every position of a step reads the posterior: even one sequence of 20 needs 20 x 320 x 36
-    with pytest.raises(BadInput, match="even --num 1 needs 225.0 KiB: use a shorter --length"):
+    with pytest.raises(BadInput, match="even one sample needs 225.0 KiB: use a shorter --length"):
         make_sampler("continuous", steps=3).sample(model, num=1, length=20)
     # a denoiser without a separate head computes every position's logits: roar plans all of them
     oracle = Oracle(PRIOR)
     monkeypatch.setenv("GEOPROBE_HOST_MEMORY_GIB", str(6 * 36 * 10 / 2**30))
     assert make_sampler("roar").sample(oracle, num=2, length=5).tokens.shape == (2, 5)
-    with pytest.raises(BadInput, match="--num 3 .15 positions.* use --num 2 or fewer"):
+    with pytest.raises(BadInput, match="--num 3 .15 positions.* use --batch 2 or fewer"):
         make_sampler("roar").sample(oracle, num=3, length=5)
 
 
 def test_sample_refuses_logits_that_do_not_fit_in_one_line(causal_bridge, tmp_path, monkeypatch):
     """40 MiB available: the tiny backbone loads (its own plan needs 38.6 MiB), then mdlm in one
     step draws all 64 x 64 positions at once, 4,096 x 320 x 36 bytes = 45 MiB: refused, and --num
-    56 fits (56 x 64 x 320 x 36 = 39.4 MiB)."""
+    56 fits (56 x 64 x 320 x 36 = 39.4 MiB) as a --batch."""
     monkeypatch.setenv("GEOPROBE_HOST_MEMORY_GIB", "0.0390625")
     code, _, err = invoke("sample", "--model", causal_bridge, "--sampler", "mdlm", "--steps", 1, "--num", 64,
                           "--length", 64, "--device", "cpu", "--out", tmp_path / "s")
     assert_one_line_error(code, err, 2, "sampling needs about 45.0 MiB of logits a step at --num 64")
-    assert "use --num 56 or fewer" in err and not (tmp_path / "s" / "samples.jsonl").exists()
+    assert "use --batch 56 or fewer" in err and not (tmp_path / "s" / "samples.jsonl").exists()
+    code, _, err = invoke("sample", "--model", causal_bridge, "--sampler", "mdlm", "--steps", 1, "--num", 64,
+                          "--length", 64, "--batch", 56, "--device", "cpu", "--out", tmp_path / "s")
+    assert code == 0, err
+    meta = json.loads((tmp_path / "s" / "samples.meta.jsonl").read_text())
+    assert meta["batch"] == 56 and meta["num"] == 64 and meta["nfe_per_sample"] == 1
 
 
 def waits(llama, runs):

@@ -788,6 +788,7 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
     without it (stack-only) and left to right; the worst bridge left to right too. The ltr rows
     take the AR row's flags (no --steps: one evaluation per token), and all are comparison rows."""
     from experiments.smollm2_results import SAMPLES, generation
+    from geoprobe.samplers.plan import logits_bytes
 
     run = tmp_path / "run"
     run.mkdir()
@@ -803,9 +804,14 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
     layer1, layer12 = (tmp_path / "bridges" / f"layer-{n:02d}" / "seed-0" for n in (1, 12))
     shape = {"--num": SAMPLES["num"], "--length": SAMPLES["length"], "--device": "cpu"}
     budget = {**shape, "--steps": SAMPLES["steps"]}
-    assert flags(found["sample bridge-01"]) == {"--model": layer1, "--sampler": "hybrid", **budget}
+    # the hybrid reads SmolLM2's 49,152-token head at every position of a step: 125 at a time, the
+    # 1,000 samples' logits would plan 57 GB (more than a 24 GB machine), 125's 7.1 GB
+    batched = {**budget, "--batch": 125}
+    assert logits_bytes(SAMPLES["num"] * SAMPLES["length"], 49_152) > 50e9
+    assert logits_bytes(125 * SAMPLES["length"], 49_152) < 8e9
+    assert flags(found["sample bridge-01"]) == {"--model": layer1, "--sampler": "hybrid", **batched}
     assert flags(found["sample bridge-01-stack-only"]) == {"--model": layer1, "--sampler": "hybrid",
-                                                           "--decode": "stack-only", **budget}
+                                                           "--decode": "stack-only", **batched}
     assert flags(found["sample bridge-01-ltr"]) == {"--model": layer1, "--sampler": "ltr", **shape}
     assert flags(found["sample bridge-12-ltr"]) == {"--model": layer12, "--sampler": "ltr", **shape}
     assert flags(found["sample ar"]) == {"--model": "builtin:smollm2", "--sampler": "ar", **shape}
@@ -847,7 +853,8 @@ def test_the_generation_line_tells_one_bridges_hybrid_stack_only_and_ltr_rows_ap
     assert "Diffusion-LM" not in line  # no row: nothing said
     assert "the hybrid with the channel's evidence (`--decode stack`) through the chosen layer 3's bridge has " \
            "Gen.PPL 3,000 (2,800–3,200) under SmolLM2 (the left-to-right row's is 6.0× lower under SmolLM2)" in line
-    assert "the hybrid without it (`--decode stack-only`, the upper stack's logits alone) Gen.PPL 4,000 " \
+    assert "the hybrid without it (`--decode stack-only`, the upper stack's logits alone, over the whole vocabulary, " \
+           "where the other two draw only tokens the converter can read) Gen.PPL 4,000 " \
            "(3,700–4,300) under SmolLM2 (the hybrid with it is 1.3× lower under SmolLM2)" in line
     assert "the hybrid through the worst layer 12's bridge Gen.PPL 2,000 (1,900–2,100) under SmolLM2 (the chosen " \
            "layer's is 1.5× higher under SmolLM2)" in line

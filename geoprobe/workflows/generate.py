@@ -54,10 +54,12 @@ class SampleSettings:
     preset: str | None = None
     decode: str = "stack"
     seed: int = 0
+    batch: int | None = None  # samples drawn together (None: all of num); the same batch, the same samples
 
     def knobs(self) -> dict:
         """The sampler knobs, None where not given."""
-        return {k: v for k, v in vars(self).items() if k not in ("num", "length", "finisher", "preset", "decode", "seed")}
+        shape = ("num", "length", "finisher", "preset", "decode", "seed", "batch")
+        return {k: v for k, v in vars(self).items() if k not in shape}
 
 
 SAMPLES = "samples.jsonl"
@@ -105,9 +107,12 @@ def refuse_checkpoint_for_ar(model: Path) -> None:
 
 def _checked(model: Path, sampler: str, p: SampleSettings):
     """The sampler `generate` runs (None for `ar`), every flag checked before anything loads."""
-    check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, **p.knobs())
+    check_options(finisher=p.finisher, preset=p.preset, num=p.num, length=p.length, batch=p.batch, **p.knobs())
     if sampler == AUTOREGRESSIVE:
         refuse_checkpoint_for_ar(model)
+        if p.batch is not None:
+            raise BadInput("--batch applies to the denoising samplers: --sampler ar draws all --num at once, its "
+                           "logits one position a step")
         return None
     if p.decode not in DECODES:
         raise BadInput(f"unknown --decode {p.decode!r} (use {', '.join(DECODES)})")
@@ -148,7 +153,7 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
                                           top_p_rule=knobs.get("top_p_rule") or knob_default("top_p_rule"), out=out,
                                           seed=p.seed, device=device, preset=p.preset, named=named)
         denoiser, tokenizer = load_denoiser(model, device, p.decode)
-        result = chosen.sample(denoiser, p.num, p.length, p.seed)
+        result = chosen.sample(denoiser, p.num, p.length, p.seed, batch=p.batch)
         meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
                 "skipped_calls": result.skipped, "decode": p.decode, **named}
         return write_samples(out, tokenizer, result.tokens.tolist(), meta, result.seconds, identity["model"])
@@ -159,9 +164,10 @@ def check_replace(samples: Path, identity: dict, force: bool) -> None:
     `force`: a second `sample` never silently replaces the first's samples. Files written before
     sets were recorded are replaced, as they were then."""
     held = (sample_meta(samples) or {}).get("set") if samples.is_file() else None
-    if force or held is None or held == identity:
+    # a setting absent from an older set's record is that setting's default, None (e.g. --batch)
+    keys = sorted(k for k in (held or {}).keys() | identity.keys() if held.get(k) != identity.get(k)) if held else []
+    if force or held is None or not keys:
         return
-    keys = sorted(k for k in held.keys() | identity.keys() if held.get(k) != identity.get(k))
     raise BadInput(f"{samples} holds another sample set ({held.get('sampler')} from {held.get('model')}; differs in: "
                    f"{', '.join(keys)}); pass --force to replace it, or another --out")
 
