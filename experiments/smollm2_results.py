@@ -668,14 +668,16 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "seconds_per_sample": ("s/sample", "seconds per sample"),
            "train_tokens": ("train tokens", "the budget (for bridges, the step cap's tokens)"),
            "used_tokens": ("used tokens", "the tokens trained on before it stopped"),
-           "gen_ppl": ("Gen.PPL", "under the evaluator"), "gen_ppl_lo": ("lo", "its 95 % interval's low end"),
+           "gen_ppl": ("Gen.PPL", "under the evaluator, as MDLM's and ReMDM's code computes it: no BOS, a "
+                                  "sample's first token not scored, pooled over the samples' tokens"), "gen_ppl_lo": ("lo", "its 95 % interval's low end"),
            "gen_ppl_hi": ("hi", "its high end"),
            "other_evaluators": ("KJV trigram", f"Gen.PPL (95 % interval) under ngram:{CORPUS}"),
            "own_evaluator": ("own", "the evaluator when it is the generator's own backbone"),
            "diversity_within": ("div within", "share of distinct 2- to 4-grams within each sample (SimCTG)"),
            "diversity_pooled": ("div pooled", "the same over all samples pooled"),
            "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
-           "mauve": ("MAUVE", "against held-out KJV text cut as the samples are"), "mauve_std": ("MAUVE sd", "its sd")}
+           "mauve": ("MAUVE", "against held-out KJV text cut as the samples are (features: SmolLM2's final-normed "
+                              "last-token state, not GPT-2 large's; mauve-text, 3 k-means seeds)"), "mauve_std": ("MAUVE sd", "its sd")}
 
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS,

@@ -264,7 +264,7 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
     (tmp_path / "few.txt").write_text("light water earth king stone bread wine tree field road\n")
     code, _, err = invoke("eval", samples, "--evaluator", tiny_models("llama"), "--references",
                           tmp_path / "few.txt", "--device", "cpu")
-    assert_one_line_error(code, err, 2, "MAUVE needs at least as many references as samples")
+    assert_one_line_error(code, err, 2, "MAUVE needs at least as many references as samples (or 500)")
     import shutil
 
     no_tok = tmp_path / "no-tokenizer"
@@ -544,3 +544,16 @@ def test_two_sample_sets_of_one_model_keep_their_files_their_labels_and_the_toke
     assert [(r["used_tokens"], r["train_tokens"]) for r in rows] == [(30 * 4 * 16, 40 * 4 * 16)] * 2
     code, out, err = invoke("compare", *files.values(), "--out", tmp_path / "cmp")
     assert code == 0 and "tokens used" in out and "1920" in out and "token cap" in out, out
+
+
+def test_mauve_scores_as_many_samples_as_there_are_references_down_to_half_its_minimum():
+    from geoprobe.errors import BadInput
+    from geoprobe.workflows.evaluate import MAUVE_MIN_SAMPLES, mauve_count
+
+    assert mauve_count(1000, 1200) == 1000 and mauve_count(300, 300) == 300  # every sample
+    assert mauve_count(1000, 990) == 990  # the held-out text is short for this length: the first 990
+    assert mauve_count(1000, MAUVE_MIN_SAMPLES // 2) == 500
+    with pytest.raises(BadInput, match="at least as many references as samples .or 500.: 499 found"):
+        mauve_count(1000, 499, "499 found")
+    with pytest.raises(BadInput):
+        mauve_count(300, 299)  # fewer samples than the floor: every one needs its reference

@@ -453,6 +453,17 @@ def _oracle(references: str | None, names: list[str], oracle_start: str):
     return oracle, starts, length
 
 
+def mauve_count(samples: int, references: int, found: str = "") -> int:
+    """How many samples MAUVE scores: as many as there are references, all of them where the
+    references suffice; fewer where the held-out text holds fewer pieces of the samples' length,
+    but at least half of MAUVE_MIN_SAMPLES (else one line, with `found`, what was found)."""
+    scored = min(samples, references)
+    if scored < min(samples, MAUVE_MIN_SAMPLES // 2):
+        raise BadInput(f"MAUVE needs at least as many references as samples (or {MAUVE_MIN_SAMPLES // 2})"
+                       + (f": {found}" if found else ""))
+    return scored
+
+
 def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int,
                bos: bool, cache: dict) -> dict:
     """MAUVE of one file's features against held-out references cut to the samples' median length
@@ -461,13 +472,15 @@ def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, r
     length = int(np.median([len(_ids(backbone, t, eos)[0]) for t in texts]))
     tok = backbone.tokenizer
     refs = references_like(references, tok, length, seed)
-    if len(refs) < len(texts):
-        raise BadInput(f"MAUVE needs at least as many references as samples: {len(refs)} references of the "
-                       f"samples' {length} tokens in {references}'s held-out documents (split seed {seed}), "
-                       f"{len(texts)} samples")
-    if len(texts) < MAUVE_MIN_SAMPLES:  # a note: the CLI shows it, a notebook gets a log record
-        note(f"warning: MAUVE on {len(texts)} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
-    key = (tuple(refs[: len(texts)]), bos)
+    scored = mauve_count(len(texts), len(refs), f"{len(refs)} references of the samples' {length} tokens in "
+                         f"{references}'s held-out documents (split seed {seed}), {len(texts)} samples")
+    if scored < len(texts):
+        note(f"MAUVE on the first {scored} of {len(texts)} samples: {references}'s held-out documents hold "
+             f"{len(refs)} pieces of the samples' {length} tokens")
+    if scored < MAUVE_MIN_SAMPLES:  # a note: the CLI shows it, a notebook gets a log record
+        note(f"warning: MAUVE on {scored} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
+    feats = feats[:scored]
+    key = (tuple(refs[:scored]), bos)
     if key not in cache:  # the references' documents split at the evaluator's own EOS string
         cache[key] = features(backbone, list(key[0]), eos=tok.eos_token if evaluator_eos(tok) is not None else None,
                               bos=bos)
