@@ -665,7 +665,8 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "ρ, score vs loss / lookup's": ("ρ score~ratio", "ρ(score, loss / the lookup's loss)"),
            "ρ(ceiling's loss)": ("ρ(ceiling)", "ρ(the ceiling's loss, loss)"),
            "nfe_per_sample": ("nfe/sample", "network evaluations per sample"),
-           "seconds_per_sample": ("s/sample", "seconds per sample"),
+           "seconds_per_sample": ("s/sample", "seconds per sample (the rows through a bridge draw 125 "
+                                              "at a time, the others all 1,000 at once)"),
            "train_tokens": ("train tokens", "the budget (for bridges, the step cap's tokens)"),
            "used_tokens": ("used tokens", "the tokens trained on before it stopped"),
            "gen_ppl": ("Gen.PPL", "under the evaluator, as MDLM's and ReMDM's code computes it: no BOS, a "
@@ -677,7 +678,9 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "diversity_pooled": ("div pooled", "the same over all samples pooled"),
            "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
            "mauve": ("MAUVE", "against held-out KJV text cut as the samples are (features: SmolLM2's final-normed "
-                              "last-token state, not GPT-2 large's; mauve-text, 3 k-means seeds)"), "mauve_std": ("MAUVE sd", "its sd")}
+                              "last-token state, not GPT-2 large's; mauve-text, 3 k-means seeds)"), "mauve_std": ("MAUVE sd", "its sd"),
+           "mauve_samples": ("MAUVE n", "the samples MAUVE scored: as many as the held-out text has references of "
+                                        "their length, at most the row's")}
 
 
 def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seeds: str = SEEDS,
