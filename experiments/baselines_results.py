@@ -362,8 +362,8 @@ def measured(target: str, training: dict, seconds: float, sweep: dict | None = N
     minutes, models = training_minutes(training, sweep)
     return (f"Measured with `{target}` on {machine()}. The training loops of its {models} models took {minutes:.0f} "
             "min in all (each seed's seconds are in the table; a row trained while another job shared the cores, or "
-            f"paused, took longer), and this invocation of the script {seconds / 60:.0f} min (a resumed run reuses what "
-            "earlier invocations finished).")
+            f"paused, took longer), and this invocation of the script {seconds / 60:.0f} min (a resumed run reuses "
+            "what earlier invocations finished).")
 
 
 PARTIAL = ("**Partial: the bridges' sweep has not run yet**, so the primary test and the secondaries, which compare "

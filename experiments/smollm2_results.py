@@ -648,7 +648,8 @@ def machine() -> str:
 
 # the report's long column names, shortened on the page (each explained in the table's legend)
 COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge; "
-                                      "`stack-only`: its hybrid without the channel's evidence, over SmolLM2's whole vocabulary)"),
+                                      "`stack-only`: its hybrid without the channel's evidence, over SmolLM2's "
+                                      "whole vocabulary)"),
            "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
            "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
@@ -670,7 +671,8 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "train_tokens": ("train tokens", "the budget (for bridges, the step cap's tokens)"),
            "used_tokens": ("used tokens", "the tokens trained on before it stopped"),
            "gen_ppl": ("Gen.PPL", "under the evaluator, as MDLM's and ReMDM's code computes it: no BOS, a "
-                                  "sample's first token not scored, pooled over the samples' tokens"), "gen_ppl_lo": ("lo", "its 95 % interval's low end"),
+                                  "sample's first token not scored, pooled over the samples' tokens"),
+           "gen_ppl_lo": ("lo", "its 95 % interval's low end"),
            "gen_ppl_hi": ("hi", "its high end"),
            "other_evaluators": ("KJV trigram", f"Gen.PPL (95 % interval) under ngram:{CORPUS}"),
            "own_evaluator": ("own", "the evaluator when it is the generator's own backbone"),
@@ -678,7 +680,8 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "diversity_pooled": ("div pooled", "the same over all samples pooled"),
            "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
            "mauve": ("MAUVE", "against held-out KJV text cut as the samples are (features: SmolLM2's final-normed "
-                              "last-token state, not GPT-2 large's; mauve-text, 3 k-means seeds)"), "mauve_std": ("MAUVE sd", "its sd"),
+                              "last-token state, not GPT-2 large's; mauve-text, 3 k-means seeds)"),
+           "mauve_std": ("MAUVE sd", "its sd"),
            "mauve_samples": ("MAUVE n", "the samples MAUVE scored: as many as the held-out text has references of "
                                         "their length, at most the row's")}
 

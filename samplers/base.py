@@ -70,6 +70,12 @@ class SplitDenoiser(TokenDenoiser, Protocol):
     def logits_of(self, features: torch.Tensor, z: torch.Tensor) -> torch.Tensor: ...  # (n, F), (n, d_tok) -> (n, V)
 
 
+def is_split(denoiser) -> bool:
+    """Whether a denoiser computes features apart from its head (`SplitDenoiser`): a sampler then
+    applies the head only at the positions it draws."""
+    return callable(getattr(denoiser, "features", None))
+
+
 class CountingDenoiser:
     """Counts denoiser evaluations and skips work whose input did not change.
 
@@ -85,7 +91,7 @@ class CountingDenoiser:
     def __init__(self, denoiser: TokenDenoiser, cache: bool = True):
         self.denoiser = denoiser
         self.cache = cache
-        self.split = callable(getattr(denoiser, "features", None))
+        self.split = is_split(denoiser)
         self.nfe = 0
         self.skipped = 0
         self.rows = 0
@@ -257,15 +263,15 @@ class Sampler:
             tokens, counted = self.draw_batch(denoiser, min(size, num - first), length, generator)
             parts.append(tokens.cpu())
             counts.append(counted)
-        nfe, skipped, _ = (max(c) for c in zip(*counts))
+        nfe, skipped, rows = zip(*counts)
         settings = {**self.settings(), "seed": seed, "num": num, "length": length,
                     **({} if batch is None else {"batch": size})}
-        return SampleResult(torch.cat(parts), nfe, skipped, sum(c[2] for c in counts), time.perf_counter() - start,
+        return SampleResult(torch.cat(parts), max(nfe), max(skipped), sum(rows), time.perf_counter() - start,
                             settings)
 
     def check_room(self, denoiser: TokenDenoiser, size: int, length: int, batched: bool) -> None:
         """Refuse, in one line, a batch whose logits would not fit in memory (samplers/plan.py)."""
-        split = callable(getattr(denoiser, "features", None))
+        split = is_split(denoiser)
         # a denoiser without a separate head computes its logits at every position of every call
         check_logits_room(lambda n: self.logit_rows(n, length) if split else n * length, size,
                           denoiser.vocab_size, denoiser.token_table().device, batched=batched)

@@ -12,9 +12,9 @@ import pytest
 from scipy import stats
 
 import experiments.baselines_results as br
-from experiments.baselines_results import (BASELINES, LTR, converged, RESULTS_HEADING, RUN3_BRIDGES, RUN3_HEADING, paired_less,
-                                           layers_moved, replace_section, training_minutes, run3_rows, run3_tests, sample_all, welch_less,
-                                           write_run3_page)
+from experiments.baselines_results import (BASELINES, LTR, converged, RESULTS_HEADING, RUN3_BRIDGES, RUN3_HEADING,
+                                           paired_less, layers_moved, replace_section, training_minutes, run3_rows,
+                                           run3_tests, sample_all, welch_less, write_run3_page)
 from geoprobe.workflows.sweep import bridge_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,8 @@ def test_the_layer_choice_cannot_run_where_the_geometry_chose_the_worst_layer():
     assert all(s["cannot"] is None for s in found["secondary"] if s is not layer)
     assert "chose layer 5 and found layer 5 the worst" in layers_moved(same["verdict"])
     assert layers_moved(VERDICT) is None
-    apart = next(s for s in run3_tests(samples(), training(), sweep(), 0.944)["secondary"] if s["test"] == layer["test"])
+    apart = next(s for s in run3_tests(samples(), training(), sweep(), 0.944)["secondary"]
+                 if s["test"] == layer["test"])
     assert apart["cannot"] is None and apart["adjusted"] < 1.0
 
 

@@ -30,8 +30,8 @@ from geoprobe.workflows.generate import generator_name
 COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
            "used_tokens", "samples", "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators",
            "own_evaluator", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "mauve",
-           "mauve_std", "mauve_samples", "oracle_nll_per_word", "oracle_nll_lo", "oracle_nll_hi", "bigram_tv", "bigram_tv_hmm",
-           "oracle_invalid", "budget"]
+           "mauve_std", "mauve_samples", "oracle_nll_per_word", "oracle_nll_lo", "oracle_nll_hi", "bigram_tv",
+           "bigram_tv_hmm", "oracle_invalid", "budget"]
 # the two entropies, named where a table is shown (compare.md): not the same quantity
 ENTROPY_LEGEND = ("unigram_entropy: word entropy (unigram, whitespace words), nats per sample; token_entropy: "
                   "token entropy (generator's token ids, as ReMDM/DSL report it), nats per sample. The two are not "

@@ -58,8 +58,8 @@ class SampleSettings:
 
     def knobs(self) -> dict:
         """The sampler knobs, None where not given."""
-        shape = ("num", "length", "finisher", "preset", "decode", "seed", "batch")
-        return {k: v for k, v in vars(self).items() if k not in shape}
+        others = ("num", "length", "finisher", "preset", "decode", "seed", "batch")
+        return {k: v for k, v in vars(self).items() if k not in others}
 
 
 SAMPLES = "samples.jsonl"
@@ -164,9 +164,11 @@ def check_replace(samples: Path, identity: dict, force: bool) -> None:
     `force`: a second `sample` never silently replaces the first's samples. Files written before
     sets were recorded are replaced, as they were then."""
     held = (sample_meta(samples) or {}).get("set") if samples.is_file() else None
+    if force or held is None:
+        return
     # a setting absent from an older set's record is that setting's default, None (e.g. --batch)
-    keys = sorted(k for k in (held or {}).keys() | identity.keys() if held.get(k) != identity.get(k)) if held else []
-    if force or held is None or not keys:
+    keys = sorted(k for k in held.keys() | identity.keys() if held.get(k) != identity.get(k))
+    if not keys:
         return
     raise BadInput(f"{samples} holds another sample set ({held.get('sampler')} from {held.get('model')}; differs in: "
                    f"{', '.join(keys)}); pass --force to replace it, or another --out")
