@@ -197,6 +197,9 @@ def main() -> None:
         print("\n".join(choice["why"]), flush=True)
         return
     layers = [int(x) for x in args.layers.split(",")]
+    if args.k_scan and k_scan_done(RECORDS / "k-scan.json", [n for n in names if n.startswith("diffusion")], layers):
+        print(f"[skip] K scan: {RECORDS / 'k-scan.json'} holds every variant, layer and K", flush=True)
+        return
     source = open_source(args.run, device="cpu")
     states = cached_states(source, layers)
     if args.k_scan:
@@ -288,6 +291,15 @@ def weighted(folder: Path) -> Path:
         raise SystemExit(f"{folder} holds a bridge's record but not its weights (it was trained on another "
                          f"machine): remove that folder and rerun, which trains it again")
     return folder
+
+
+def k_scan_done(path: Path, names: list[str], layers: list[int]) -> bool:
+    """Whether the K scan's record at `path` holds a row for every variant, layer and K of K_GRID
+    (the scan writes it once, whole, so make's chain skips a finished scan on its rerun)."""
+    if not path.is_file():
+        return False
+    have = {(r["variant"], r["layer"], r["k"]) for r in json.loads(path.read_text())}
+    return all((n, layer, k) in have for n in names for layer in layers for k in K_GRID)
 
 
 def k_scan(source, states, layers: list[int], names: list[str], args) -> None:

@@ -977,6 +977,24 @@ def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
         chosen_diffusion(ROOT / "experiments" / "records" / "bridge-design" / "no-such-choice.json")
 
 
+def test_a_finished_k_scan_is_skipped_and_a_partial_one_is_not(tmp_path):
+    """bench/bridge_design.k_scan_done: make's chain reruns --k-scan on every call; the scan is
+    skipped only when its record holds every variant x layer x K of K_GRID (a missing K, layer or
+    variant, or no record, means scan)."""
+    from bench.bridge_design import K_GRID, k_scan_done
+
+    names, layers = ["diffusion sb1", "diffusion sb2"], [3, 9]
+    rows = [{"variant": n, "layer": layer, "k": k, "crps_dim_noisy": 0.5} for n in names for layer in layers for k in K_GRID]
+    path = tmp_path / "k-scan.json"
+    assert not k_scan_done(path, names, layers)
+    path.write_text(json.dumps(rows))
+    assert k_scan_done(path, names, layers)
+    assert not k_scan_done(path, [*names, "diffusion sb0.5"], layers)
+    assert not k_scan_done(path, names, [3, 9, 12])
+    path.write_text(json.dumps(rows[:-1]))  # the last variant's layer 9 lacks K = 32
+    assert not k_scan_done(path, names, layers)
+
+
 def test_the_choice_is_overturned_only_by_a_converged_runner_up_better_by_more_than_1_percent():
     """bench/bridge_design.confirmed_choice: at the plateau (layer 3, seed 1) the runner-up replaces
     the chosen variant only when both stopped by their plateau and its noisy CRPS is > 1 % lower;
