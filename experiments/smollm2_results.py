@@ -460,14 +460,17 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     if sweep_done:
         folders += [(f"bridge layer {layer}", folder)
                     for layer, (folder, again) in sampled_bridges(out, run).items() if again]
+    from geoprobe.workflows.generate import META
+
     lines = progress_of(folders, cap=BUDGET["steps"])
+    # a set counts as written by its meta row, the last file `geoprobe sample` writes (the resume marker)
     if sweep_done:
-        planned = [out / "samples" / name / "samples.jsonl" for name in sample_sets(out, run, finetune)]
-        samples, sets = [s for s in planned if s.is_file()], f" of {len(planned)} sample sets"
+        planned = [out / "samples" / name for name in sample_sets(out, run, finetune)]
+        samples, sets = [s for s in planned if (s / META).is_file()], f" of {len(planned)} sample sets"
     else:
-        samples = sorted((out / "samples").glob("*/samples.jsonl"))
+        samples = sorted(meta.parent for meta in (out / "samples").glob(f"*/{META}"))
         sets = f" sample set{'s' * (len(samples) != 1)}"
-    scored = [s for s in samples if s.with_suffix(".metrics.json").is_file()]
+    scored = [s for s in samples if (s / "samples.metrics.json").is_file()]
     lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
     return lines
@@ -596,6 +599,8 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
     """The generators (train_generators); the sampled bridges trained again where the run keeps
     only their records; every sample set (sample_sets); eval and compare."""
+    from geoprobe.workflows.generate import META
+
     train_generators(out, run, step, dev, finetune)
     for layer, (folder, again) in sampled_bridges(out, run).items():
         if again:  # the same bridge trained again, here
@@ -605,7 +610,7 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
     for name, (flags, point) in sample_sets(out, run, finetune).items():
         folder = out / "samples" / name
         # the meta row is written after samples.jsonl: a set is done when both are
-        step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / "samples.meta.jsonl")
+        step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / META)
         (curve if point else files).append(folder / "samples.jsonl")
     everything = files + curve
     # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone

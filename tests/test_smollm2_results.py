@@ -708,7 +708,7 @@ def test_hand_written_bullets_reach_the_page_marked_and_whole(tmp_path):
 def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap(tmp_path):
     """--status --generation: finished generators, one training (minutes to the 4,000-step cap at its
     rate so far), the sampled bridges to train again (the run's are records without weights), and
-    the sample sets written."""
+    the sample sets written (by their meta row, the resume marker)."""
     import torch
     from safetensors.torch import save_file
 
@@ -725,6 +725,10 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     sample = tmp_path / "samples" / "dsl-mdlm" / "samples.jsonl"
     sample.parent.mkdir(parents=True)
     sample.write_text("{}\n")
+    half = tmp_path / "samples" / "mdlm-mdlm" / "samples.jsonl"  # its meta row not yet written: not counted
+    half.parent.mkdir(parents=True)
+    half.write_text("{}\n")
+    (sample.parent / "samples.meta.jsonl").write_text("{}\n")
     lines = generation_progress(tmp_path, run, finetune=False)
     assert lines[0] == "train dsl: finished"
     left = (BUDGET["steps"] - 1000) * 0.6 / 60  # 0.6 s a step so far
@@ -736,6 +740,7 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     stray = tmp_path / "samples" / "round-00-plateau" / "samples.jsonl"
     stray.parent.mkdir(parents=True)
     stray.write_text("{}\n")
+    (stray.parent / "samples.meta.jsonl").write_text("{}\n")
     lines = generation_progress(tmp_path, run, finetune=False)
     assert lines[3] == "1 of 23 sample sets written, 0 evaluated"
     assert generation_progress(tmp_path, run)[3] == "1 of 27 sample sets written, 0 evaluated"  # + DSL-from-SmolLM2's 4
