@@ -17,7 +17,9 @@ samplers/ltr.py) draws the token. Two ways to run a step:
   position a step. Its sampler steps are `HiddenBridge.sample`'s, run on the new positions
   (`follow`, tested against it); each position's noise is drawn once, when it is added.
 
-Neither reads a position to the right of the one it draws: there is none yet.
+Neither reads a position to the right of the one it draws: there is none yet. Both name the ids
+the sampler never draws (`unsampled`: EOS, the unknown token, untrained rows), as the `ar` row
+suppresses them; their logits stay the stack's own.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from geoprobe.bridges.path import bridge_path_sample
 from geoprobe.bridges.nn import KVCache
+from geoprobe.tokens import unsampled_ids
 
 
 def noise_generator(generator: torch.Generator | None) -> torch.Generator | None:
@@ -61,6 +64,9 @@ class RecomputedDecoding:
     def __init__(self, hybrid, num: int, length: int, generator: torch.Generator | None = None):
         self.hybrid, self.length, self.noise = hybrid, length, noise_generator(generator)
         self.tokens = torch.empty(num, 0, dtype=torch.long, device=hybrid.bos_state.device)
+        tokenizer = hybrid.teacher.backbone.tokenizer  # the ids the sampler never draws, as the AR row
+        self.unsampled = torch.tensor(unsampled_ids(tokenizer, hybrid.vocab_size) if tokenizer is not None else [],
+                                      dtype=torch.long, device=self.tokens.device)
 
     def logits(self) -> torch.Tensor:
         """(B, V): the next token's logits given BOS and the tokens appended so far."""

@@ -123,3 +123,11 @@ def untrained_ids(tokenizer, vocab_size: int) -> range:
     """Ids of a model's vocabulary that its tokenizer never produces: a checkpoint's padding rows
     (Qwen3-8B: 151,936 rows, 151,669 tokens), never trained, so never to be sampled."""
     return range(min(len(tokenizer), vocab_size), vocab_size)
+
+
+def unsampled_ids(tokenizer, vocab_size: int) -> list[int]:
+    """Ids that left-to-right decoding of a fixed-length sample never draws (the `ar` row and
+    `ltr` alike): EOS and the unknown token (such a sample has no end and no unknown word) and
+    the checkpoint's untrained padding rows (`untrained_ids`)."""
+    special = {t for t in (tokenizer.eos_token_id, tokenizer.unk_token_id) if t is not None}
+    return sorted(special | set(untrained_ids(tokenizer, vocab_size)))

@@ -1,6 +1,7 @@
 """Left-to-right decoding through a bridge (`ltr`): one token a step, each from the frozen upper
-stack over the bridge's reconstruction of the prefix, drawn with the nucleus filter of every
-sampler (and of the `ar` row). It needs more than the TokenDenoiser protocol: a denoiser that
+stack over the bridge's reconstruction of the prefix, drawn as the `ar` row draws: EOS, the
+unknown token and untrained rows never (a fixed-length sample has no end), then the nucleus
+filter of every sampler. It needs more than the TokenDenoiser protocol: a denoiser that
 decodes left to right (`left_to_right`, the bridge's hybrid: bridges/decode.py), so
 bridges/kinds.py lists it for bridges only."""
 
@@ -17,6 +18,7 @@ from geoprobe.samplers.base import Sampler
 
 class LeftToRightDecoding(Protocol):
     tokens: torch.Tensor  # (B, n): the tokens appended so far
+    unsampled: torch.Tensor  # ids never drawn (EOS, the unknown token, untrained rows), as the ar row
 
     def logits(self) -> torch.Tensor: ...  # (B, V): the next token's
 
@@ -46,8 +48,8 @@ class LeftToRight(Sampler):
         if decode is None:
             raise BadInput("--sampler ltr decodes through a bridge's upper stack; this model has none")
         decoding: LeftToRightDecoding = decode(num, length, generator)
-        for _ in range(length):
-            decoding.append(self.draw(decoding.logits(), generator))
+        for _ in range(length):  # the ar row's order: the suppressed ids first, then the nucleus filter
+            decoding.append(self.draw(decoding.logits().index_fill(-1, decoding.unsampled, float("-inf")), generator))
             model.nfe += 1  # one pass of the bridge (its K steps) and the upper stack per token
             model.rows += num
         self._steps_run = length

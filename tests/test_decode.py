@@ -90,6 +90,43 @@ def test_an_exact_bridge_decodes_left_to_right_with_the_backbones_ar_distributio
     assert drawn.nfe == 6 and drawn.settings["steps"] == 6
 
 
+def test_ltr_never_draws_what_the_ar_row_suppresses_and_otherwise_draws_the_same(llama):
+    """EOS, the unknown token and untrained rows are never drawn, even where the stack puts nearly
+    all its mass on EOS; the decoding's own logits stay the stack's; a draw that picks none of them
+    is the unfiltered draw, token for token (Gumbel-max: a -inf only matters where it would win)."""
+    from geoprobe.tokens import unsampled_ids
+
+    tok = llama.tokenizer
+    ids = unsampled_ids(tok, llama.config.vocab_size)
+    assert tok.eos_token_id in ids and set(range(len(tok), llama.config.vocab_size)) <= set(ids)
+    model = hybrid(llama)
+    assert model.left_to_right(2, 3).unsampled.tolist() == ids
+    decode = model.left_to_right
+
+    def biased(*args, **kw):  # EOS nearly certain at every step
+        decoding = decode(*args, **kw)
+        logits = decoding.logits
+        eos = torch.tensor([tok.eos_token_id])
+        decoding.logits = lambda: logits().index_add(-1, eos, torch.full((len(decoding.tokens), 1), 50.0))
+        return decoding
+
+    model.left_to_right = biased
+    drawn = make_sampler("ltr").sample(model, num=4, length=5, seed=3).tokens
+    assert not torch.isin(drawn, torch.tensor(ids)).any()
+    model.left_to_right = decode
+    plain = make_sampler("ltr").sample(model, num=4, length=5, seed=3).tokens
+
+    def unfiltered_decoding(*args, **kw):
+        decoding = decode(*args, **kw)
+        decoding.unsampled = decoding.unsampled[:0]
+        return decoding
+
+    model.left_to_right = unfiltered_decoding
+    unfiltered = make_sampler("ltr").sample(model, num=4, length=5, seed=3).tokens
+    assert not torch.isin(unfiltered, torch.tensor(ids)).any()  # this seed draws none of them unfiltered...
+    assert torch.equal(plain, unfiltered)  # ...so the filter changes nothing
+
+
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
 def test_left_to_right_decoding_never_reads_to_the_right(llama, attention):
     """Two sequences that part at token 4: every logit up to the one that draws token 4 is the

@@ -24,7 +24,7 @@ from geoprobe.errors import BadInput
 from geoprobe.files import holding
 from geoprobe.store import check_writable
 from geoprobe.tokens import (TEXT8_LENGTH, char_tokenizer, is_text8, start_token, text8_split,
-    token_stream, untrained_ids)
+    token_stream, unsampled_ids)
 from geoprobe.samplers import AUTOREGRESSIVE, check_options, knob_default, preset_flags, sampler_from_flags
 from geoprobe.samplers.base import nucleus
 from geoprobe.samplers.ltr import LeftToRight
@@ -243,10 +243,7 @@ def _sample_autoregressive(model: str, num: int, length: int, *, top_p: float, t
     start_id = start_token(tok, backbone.config)
     start_id = tok.eos_token_id if start_id is None else start_id
     prompt = torch.full((num, 1), start_id, device=backbone.input_device)
-    # a fixed-length sample has no end and no unknown word: neither token may be drawn, nor the
-    # checkpoint's padding rows past the tokenizer's ids (Qwen3-8B: 267 of them, never trained)
-    suppressed = sorted({t for t in (tok.eos_token_id, tok.unk_token_id) if t is not None}
-                        | set(untrained_ids(tok, backbone.model.get_output_embeddings().weight.shape[0])))
+    suppressed = unsampled_ids(tok, backbone.model.get_output_embeddings().weight.shape[0])
     torch.manual_seed(seed)
     began = time.perf_counter()
     with torch.no_grad():
