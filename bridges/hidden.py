@@ -20,9 +20,10 @@ diffusion bridge that reconstructs h_l from the tokens seen through the DSL chan
   y_tau = (1 - tau) c~ + tau h~ + sigma_b sqrt(tau (1 - tau)) eps, a Brownian bridge from the carry
   to the true state; a bidirectional transformer D(y_tau, tau, a~, c~) with adaLN on tau predicts
   the endpoint h~ (its update over c~); loss = MSE over positions >= 1. By default sigma_b = 1,
-  tau ~ U[0, 1] and K = 16 sampler steps: the bridge diffuses in the hidden-state space, its
-  tau = 0 prediction is the posterior mean E[h_l | z] and its K-step samples draw from the
-  posterior (docs/bridge-design.md chose the three). `--regression` (REGRESSION) is the
+  a quarter of the training sequences at tau = 0 and the rest at tau ~ U[0, 1], and K = 32
+  sampler steps: the bridge diffuses in the hidden-state space, its tau = 0 prediction is the
+  posterior mean E[h_l | z] and its K-step samples draw from the posterior (the design study's
+  confirmed choice, docs/bridge-design.md; experiments/records/bridge-design/choice.json). `--regression` (REGRESSION) is the
   deterministic bridge: sigma_b = 0, every row at tau = 0, one step. Then a tau > 0 row is solved
   exactly by rearranging y_tau, so the K-step sample is the tau = 0 prediction (tested) and the
   bridge is the regression E[h_l | z].
@@ -100,10 +101,10 @@ class BridgeConfig:
     # the bridge noise in standardised units (0: a deterministic path, the regression E[h_l | z])
     sigma_b: float = 1.0
     # sampler steps K (1 for the regression, whose later steps add nothing: the module doc)
-    bridge_steps: int = 16
+    bridge_steps: int = 32
     clean_frac: float = 0.25
     # share of training sequences at tau = 0 (the source alone); the others draw tau from U[0, 1]
-    tau_zero: float = 0.0
+    tau_zero: float = 0.25
     # share of training sequences that are the plain clean regression: clean condition *and*
     # tau = 0; 1 = the ceiling control
     regression_frac: float = 0.0

@@ -982,6 +982,20 @@ def test_the_diffusion_sweep_pins_the_studys_choice_and_waits_for_it(tmp_path):
         chosen_diffusion(ROOT / "experiments" / "records" / "bridge-design" / "no-such-choice.json")
 
 
+def test_the_bridges_defaults_are_the_design_studys_confirmed_choice():
+    """BridgeConfig's sigma_b, tau_zero and K (what `geoprobe bridge` and `sweep` train without
+    flags) are the tracked, confirmed record of the design study (issue 60 §1)."""
+    from experiments.records import RECORDS
+    from geoprobe.bridges.hidden import BridgeConfig
+
+    choice = json.loads((RECORDS / "bridge-design" / "choice.json").read_text())
+    config = BridgeConfig(layer=3, vocab_size=100, hidden_size=64)
+    assert choice["confirmed"] is True
+    assert (config.sigma_b, config.tau_zero, config.bridge_steps) == (
+        choice["sigma_b"], choice["tau_zero"], choice["bridge_steps"])
+    assert config.sigma_b > 0 and config.tau_zero < 1 and config.bridge_steps > 1  # a diffusion bridge
+
+
 def test_a_finished_k_scan_is_skipped_and_a_partial_one_is_not(tmp_path):
     """bench/bridge_design.k_scan_done: make's chain reruns --k-scan on every call; the scan is
     skipped only when its record holds every variant x layer x K of K_GRID (a missing K, layer or
