@@ -299,7 +299,7 @@ def k_scan_done(path: Path, names: list[str], layers: list[int]) -> bool:
     if not path.is_file():
         return False
     have = {(r["variant"], r["layer"], r["k"]) for r in json.loads(path.read_text())}
-    return all((n, layer, k) in have for n in names for layer in layers for k in K_GRID)
+    return bool(names) and all((n, layer, k) in have for n in names for layer in layers for k in K_GRID)
 
 
 def k_scan(source, states, layers: list[int], names: list[str], args) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from geoprobe.assets import builtin_model
-from geoprobe.bridges.hidden import HybridDenoiser
+from geoprobe.bridges.hidden import FIRST_DIFFUSION, HybridDenoiser
 from geoprobe.synthetic import hmm_from_spec, oracle_scores, parse_spec, reference_sample_scores
 from geoprobe.testbed import CORPUS
 from geoprobe.workflows.demo import TINY
@@ -43,7 +43,8 @@ def train(out: Path, layer: int, seed: int, attention: str) -> Path:
     p = TINY
     settings = bridge_settings(steps=p.bridge_steps, batch_size=p.bridge_batch, seq_len=p.bridge_seq,
                                d_model=p.bridge_width, n_layers=p.bridge_blocks, lr=p.bridge_lr,
-                               eval_every=p.bridge_eval_every, until="steps", seed=seed, attention=attention)
+                               eval_every=p.bridge_eval_every, until="steps", seed=seed, attention=attention,
+                               **FIRST_DIFFUSION)  # the bridge of bench/README's table (2026-12-06)
     root = out / attention
     if not (bridge_dir(root, layer, seed) / "metrics.json").is_file():
         bridge_run(settings, layer, model=p.model, corpus=CORPUS, out=root, device="cpu")

@@ -145,6 +145,9 @@ class BridgeConfig:
 # the deterministic bridge, the regression of h_l on the noisy condition (`--regression`): the
 # default before the diffusion bridge, and the regression sweep's bridges (docs/results.md)
 REGRESSION = {"sigma_b": 0.0, "tau_zero": 1.0, "bridge_steps": 1, "regression_frac": 0.5}
+# the default diffusion bridge before the design study's confirmation (2026-12-06): the pages
+# made with it (testbed.md's DiHAL rows, bench/README's ltr table) pin it to stay reproducible
+FIRST_DIFFUSION = {"sigma_b": 1.0, "tau_zero": 0.0, "bridge_steps": 16}
 # the ceiling control: the same network as the plain clean regression (every row clean, tau = 0)
 CEILING = {**REGRESSION, "regression_frac": 1.0}
 ATTENTIONS = ("bidirectional", "causal")

@@ -196,6 +196,7 @@ def dihal_rows(out: Path) -> tuple[list[dict], dict]:
     from geoprobe.workflows.demo import TINY
     from geoprobe.geometry import GeometrySettings
     from geoprobe.pipeline import scan, scan_config
+    from geoprobe.bridges.hidden import FIRST_DIFFUSION
     from geoprobe.workflows.sweep import bridge_dir, bridge_settings, sweep_run
 
     run = out / "run"
@@ -204,9 +205,10 @@ def dihal_rows(out: Path) -> tuple[list[dict], dict]:
         scan(run, scan_config(MODEL, CORPUS, p.doc_blocks, tokens=p.tokens, seq_len=p.seq_len, positions=p.positions,
                               device="cpu"),
              GeometrySettings(k=p.k, anchors=p.anchors, pairs=p.pairs, bootstrap=p.bootstrap))
+    # the tiny demo's bridge as it was when this page was made (FIRST_DIFFUSION), not today's default
     settings = bridge_settings(steps=p.bridge_steps, batch_size=p.bridge_batch, seq_len=p.bridge_seq,
                                d_model=p.bridge_width, n_layers=p.bridge_blocks, lr=p.bridge_lr,
-                               eval_every=p.bridge_eval_every)
+                               eval_every=p.bridge_eval_every, **FIRST_DIFFUSION)
     if not (run / "sweep.json").is_file():
         sweep_run(run, settings, "0-5", device="cpu", seeds=list(SEEDS))
     rows = []

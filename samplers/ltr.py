@@ -49,7 +49,9 @@ class LeftToRight(Sampler):
             raise BadInput("--sampler ltr decodes through a bridge's upper stack; this model has none")
         decoding: LeftToRightDecoding = decode(num, length, generator)
         for _ in range(length):  # the ar row's order: the suppressed ids first, then the nucleus filter
-            decoding.append(self.draw(decoding.logits().index_fill(-1, decoding.unsampled, float("-inf")), generator))
+            logits = decoding.logits()
+            decoding.append(self.draw(logits.index_fill(-1, decoding.unsampled.to(logits.device), float("-inf")),
+                                      generator))
             model.nfe += 1  # one pass of the bridge (its K steps) and the upper stack per token
             model.rows += num
         self._steps_run = length

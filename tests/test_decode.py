@@ -14,7 +14,7 @@ from geoprobe.bridges.hidden import BridgeConfig, HiddenBridge, HybridDenoiser, 
 from geoprobe.bridges.kinds import KINDS
 from geoprobe.bridges.nn import KVCache
 from geoprobe.samplers import make_sampler
-from geoprobe.samplers.base import gumbel_sample
+from geoprobe.samplers.base import gumbel_sample, nucleus
 from tests.helpers import assert_one_line_error, invoke
 
 LAYER = 2
@@ -125,6 +125,26 @@ def test_ltr_never_draws_what_the_ar_row_suppresses_and_otherwise_draws_the_same
     unfiltered = make_sampler("ltr").sample(model, num=4, length=5, seed=3).tokens
     assert not torch.isin(unfiltered, torch.tensor(ids)).any()  # this seed draws none of them unfiltered...
     assert torch.equal(plain, unfiltered)  # ...so the filter changes nothing
+    # with a nucleus filter, as the ar row's processors run: the suppressed ids first, then the
+    # nucleus of what is left (EOS holding 90 % of the mass would otherwise fill the nucleus alone)
+    model.left_to_right = biased
+    seen = []
+    sampler = make_sampler("ltr", top_p=0.5)
+    draw = sampler.draw
+
+    def recorded(logits, generator):
+        seen.append((logits, draw(logits, generator)))
+        return seen[-1][1]
+
+    sampler.draw = recorded
+    drawn = sampler.sample(model, num=4, length=3, seed=5).tokens
+    assert not torch.isin(drawn, torch.tensor(ids)).any() and len(seen) == 3
+    for logits, tokens in seen:  # what the sampler filtered: EOS and the rest already at -inf
+        assert torch.isinf(logits[:, ids]).all()
+        kept = torch.isfinite(nucleus(logits, 0.5))
+        assert kept.gather(1, tokens[:, None]).all()  # each draw from the nucleus of what is left
+    unsuppressed = decode(4, 3).logits().index_add(-1, torch.tensor([tok.eos_token_id]), torch.full((4, 1), 50.0))
+    assert torch.isfinite(nucleus(unsuppressed, 0.5)).sum(-1).eq(1).all()  # the other order keeps EOS alone
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])

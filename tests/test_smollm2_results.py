@@ -1010,6 +1010,7 @@ def test_a_finished_k_scan_is_skipped_and_a_partial_one_is_not(tmp_path):
     assert k_scan_done(path, names, layers)
     assert not k_scan_done(path, [*names, "diffusion sb0.5"], layers)
     assert not k_scan_done(path, names, [3, 9, 12])
+    assert not k_scan_done(path, [], layers)  # no diffusion variant chosen: nothing to skip
     path.write_text(json.dumps(rows[:-1]))  # the last variant's layer 9 lacks K = 32
     assert not k_scan_done(path, names, layers)
 
