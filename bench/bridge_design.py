@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))  # experiments/: the sweep's record keeping
 from experiments import records  # noqa: E402 - after the path it needs
 
 RECORDS = records.BRIDGE_DESIGN  # tracked: the finished variants, without weights
+KSCAN = RECORDS / "k-scan.json"  # tracked: the K scan, written once, whole (k_scan_done)
 # name: (BridgeConfig fields, BridgeSettings fields). "before" is the design of 878dabf (one
 # scalar scale, the carry in the target's coordinates, tau = 0 and clean drawn independently) at
 # the old sweep's budget: 200 steps of 2 x 256 tokens, a cosine to zero over them.
@@ -192,18 +193,19 @@ def main() -> None:
         return
     if args.choose:  # into OUT only: the tracked record is the confirmed choice (`--confirm`), so that
         # make's target (the record) is not up to date before the confirmation ran
-        choice = diffusion_choice(finished(args.out), json.loads((RECORDS / "k-scan.json").read_text()))
+        choice = diffusion_choice(finished(args.out), json.loads(KSCAN.read_text()))
         write_json_atomic(args.out / "choice.json", choice)
         print("\n".join(choice["why"]), flush=True)
         return
     layers = [int(x) for x in args.layers.split(",")]
-    if args.k_scan and k_scan_done(RECORDS / "k-scan.json", [n for n in names if n.startswith("diffusion")], layers):
-        print(f"[skip] K scan: {RECORDS / 'k-scan.json'} holds every variant, layer and K", flush=True)
+    scanned = [n for n in names if n.startswith("diffusion")]  # the variants a K scan scores
+    if args.k_scan and k_scan_done(KSCAN, scanned, layers):
+        print(f"[skip] K scan: {KSCAN} holds every variant, layer and K", flush=True)
         return
     source = open_source(args.run, device="cpu")
     states = cached_states(source, layers)
     if args.k_scan:
-        k_scan(source, states, layers, [n for n in names if n.startswith("diffusion")], args)
+        k_scan(source, states, layers, scanned, args)
         return
     controls = {layer: layer_controls(source, states, layer, args.out) for layer in layers}
     for name in names:  # variant by variant, so that a list of cheap variants first finishes them first
@@ -251,7 +253,7 @@ def confirm_choice(source, states, choice: dict, names: list[str], args) -> None
                               / "metrics.json").read_text())
         row = sample_scores(bridge, Teacher(source.backbone, CONFIRM_LAYER), states.val, 8, K_GRID[-1], noisy=True)
         scores[name.replace("confirm", "diffusion")] = {**row, "stop": metrics["stop"], "steps_run": metrics["steps_run"]}
-    confirmed = confirmed_choice(choice, scores, json.loads((RECORDS / "k-scan.json").read_text()))
+    confirmed = confirmed_choice(choice, scores, json.loads(KSCAN.read_text()))
     for path in (args.out / "choice.json", RECORDS / "choice.json"):
         write_json_atomic(path, confirmed)
     print("\n".join(confirmed["why"]), flush=True)
@@ -321,7 +323,7 @@ def k_scan(source, states, layers: list[int], names: list[str], args) -> None:
                 print(f"{name}, layer {layer}, K {k}: nmse_dim {row['nmse_dim']:.4f} crps_dim {row['crps_dim']:.4f} "
                       f"noisy crps_dim {row['crps_dim_noisy']:.4f}", flush=True)
                 rows.append(row)
-    for path in (args.out / "k-scan.json", RECORDS / "k-scan.json"):  # the record is tracked, as the variants are
+    for path in (args.out / "k-scan.json", KSCAN):  # the record is tracked, as the variants are
         write_json_atomic(path, rows)
 
 
