@@ -224,7 +224,7 @@ def experiment(model: str = MODEL, bridge: str = "regression", choice: Path | No
                       target=known["target"][bridge], protocol=tuple(known["protocol"]),
                       shared_scan=ROOT / "runs" / "results" / "run" if smollm2 and bridge == "diffusion" else None,
                       ceilings=RECORD if smollm2 and bridge == "diffusion" else None,
-                      shape_study=smollm2, generation=smollm2)
+                      shape_study=smollm2 and bridge == "regression", generation=smollm2)  # the shape study trained regressions
 
 
 def flag(name: str, flags: list = SWEEP):
@@ -661,7 +661,7 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "partial ρ, Freedman-Lane p": ("p (depth)", "its Freedman-Lane p"),
            "ρ(massive-channel share)": ("ρ(share)", "ρ(massive-channel share, loss)"),
            "partial ρ given share": ("ρ (share)", "partial ρ(score, loss) given the share"),
-           "partial ρ ¦ share, Freedman-Lane p": ("p (share)", "its Freedman-Lane p"),
+           "partial ρ given share, Freedman-Lane p": ("p (share)", "its Freedman-Lane p"),
            "ρ, score z-scored over every scanned layer (as the ranking does)":
                ("ρ all layers", "ρ with the score z-scored over every scanned layer (as the ranking does)"),
            "ρ, score --normalize none": ("ρ no norm", "ρ with the score of --normalize none"),
@@ -669,7 +669,7 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "ρ(lookup's loss)": ("ρ(lookup)", "ρ(the token lookup's loss, loss)"),
            "ρ, score vs the lookup's loss": ("ρ score~lookup", "ρ(score, the lookup's loss)"),
            "ρ, score vs loss / lookup's": ("ρ score~ratio", "ρ(score, loss / the lookup's loss)"),
-           "ρ(ceiling's loss)": ("ρ(ceiling)", "ρ(the ceiling's loss, loss)"),
+           "ρ(ceiling's nmse_dim)": ("ρ(ceiling)", "ρ(the ceiling's nmse_dim, loss), in the row of the bridges' clean one-step loss"),
            "nfe_per_sample": ("nfe/sample", "network evaluations per sample"),
            "seconds_per_sample": ("s/sample", "seconds per sample (the rows through a bridge draw 125 "
                                               "at a time, the others all 1,000 at once)"),
@@ -719,8 +719,8 @@ def page_report(run: Path, report: str) -> str:
 
     said = {f"- {line}" for line in current_statement(json.loads((run / "sweep.json").read_text())["verdict"])}
     report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
-    # a column name holding "|" would split its table's header
-    report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ ¦ share, Freedman-Lane p")
+    # a report written before that column's name lost its "|" (which split its table's header)
+    report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ given share, Freedman-Lane p")
     for block in sorted(said, key=len, reverse=True):  # a statement can span lines (the controls' list)
         report = report.replace(block + "\n", "")
     report = "\n".join(line for line in report.split("\n") if not line.startswith("- sweep verdict: "))
@@ -784,9 +784,9 @@ def verdict_lines(verdict: dict, exp: Experiment | None = None) -> list[str]:
               "a deterministic regression bridge's per-channel error (nmse_dim)")
     test = verdict["tests"][loss]
     c = verdict["controls"][loss]
-    rests = [f"the loss follows depth (ρ {c['depth']['rho']:.2f})"]
+    rests = [f"ρ(loss, depth) is {c['depth']['rho']:.2f}"]
     if (share := verdict.get("score_vs_share")) is not None:
-        rests.append(f"the score follows the massive-channel share (ρ {share['rho']:.2f})")
+        rests.append(f"ρ(score, massive-channel share) is {share['rho']:.2f}")
     for key, name in (("partial_given_depth", "depth"), ("partial_given_share", "the share")):
         if (partial := c.get(key)) is not None:
             rests.append(f"given {name}, the partial ρ is " + (f"{partial['rho']:.2f} (p {p_value(partial['p'], 2)})"
@@ -819,10 +819,15 @@ def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experimen
     table = {r["layer"]: r for r in verdict["layers"]}
     compared = [table[l] for l in verdict["compared_layers"]]
     worse = [r["layer"] for r in compared if r["nmse"] is not None and r["nmse"] >= 1]
-    lines.append(f"- How far the bridges got: seed-mean nmse_dim {min(r['nmse_dim'] for r in compared):.2f}–"
-                 f"{max(r['nmse_dim'] for r in compared):.2f} over the tested layers (1 = predicting the mean "
-                 "state)" + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, worse than "
-                             "the mean state." if worse else "."))
+    learned = verdict.get("learned_loss", "nmse_dim")  # a diffusion bridge's posterior mean: what convergence judged
+    name = "the posterior mean's nmse_dim" if learned != "nmse_dim" else "nmse_dim"
+    sample = (f" (its {flag('--bridge-steps', list(exp.sweep))}-step samples' nmse_dim "
+              f"{min(r['nmse_dim'] for r in compared):.2f}–{max(r['nmse_dim'] for r in compared):.2f}: a sample's error "
+              "includes the posterior's spread)" if learned != "nmse_dim" else "")
+    lines.append(f"- How far the bridges got: seed-mean {name} {min(r[learned] for r in compared):.2f}–"
+                 f"{max(r[learned] for r in compared):.2f} over the tested layers (1 = predicting the mean "
+                 "state)" + sample + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, "
+                                      "worse than the mean state." if worse else "."))
     if "chosen_layer" in verdict:
         lines.append(dihal_line(verdict, sweep["rows"], sampled=exp.generation))
     if exp.shape_study and (shape := shape_line(run, exp)):
@@ -1013,7 +1018,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         parts.append(f"the hybrid with the channel's evidence (`--decode stack`) through the chosen layer {layer}'s "
                      f"bridge has "
                      f"{shown(chosen)}" + (f" (the left-to-right row's is {against(ltr, chosen)})" if ltr else "")
-                     + " (worst and oracle below: the layers with the highest and lowest seed-mean nmse_dim)")
+                     + f" (worst and oracle below: the layers with the highest and lowest seed-mean {verdict.get('primary_loss', 'nmse_dim')})")
     if bare is not None:
         parts.append(f"the hybrid without it (`--decode stack-only`, the upper stack's logits alone, over the whole "
                      f"vocabulary, where the other two draw only tokens the converter can read) {shown(bare)}"

@@ -6,14 +6,18 @@ The test is fixed before any number (docs/method.md, "The sweep verdict"):
 
 * compared layers: every swept layer but the source (layer 0, whose clean source *is* its
   state, so its loss is ~0 by construction); the score is z-scored over the compared layers;
-* primary: one-sided Spearman rho(score, seed mean of nmse_dim) < 0, permutation p, alpha 0.05.
-  nmse_dim standardises each channel by its own variance, so the few massive channels that carry
-  most of a layer's variance (and also drive the score) do not decide it; delta_ce is not the
-  primary loss because a bidirectional bridge sees the token each position must predict;
+* primary: one-sided Spearman rho(score, seed mean of the primary loss) < 0, permutation p, alpha
+  0.05. The primary loss is the protocol's (`PROTOCOLS`, by the rows' bridge_kind): a regression
+  bridge's nmse_dim, or a diffusion bridge's validation objective (amendment 13). nmse_dim
+  standardises each channel by its own variance, so the few massive channels that carry most of a
+  layer's variance (and also drive the score) do not decide it; delta_ce is not the primary loss
+  because a bidirectional bridge sees the token each position must predict;
 * the score is the registered one, weights (1, 1, 1) without logs, whatever weights `geoprobe
   rank` was given: a score tuned after the fact is not the score the test was registered for;
-* secondary: the same test for nmse, delta_ce, nmse_noisy and the bridge's own objective,
-  Holm-corrected over exactly those four (a row without one is an error, not a smaller family);
+* secondary: the same test for the protocol's four other losses (a regression's nmse, delta_ce,
+  nmse_noisy and objective; a diffusion bridge's posterior-mean nmse_dim_1step, its K-step
+  sample's nmse_dim, delta_ce and nmse_noisy), Holm-corrected over exactly those four (a row
+  without one is an error, not a smaller family);
 * convergence: the test speaks about the layers only if their bridges were trained to the end:
   at least CONVERGED_SHARE of the tested bridges stopped by their plateau, and every tested bridge
   beats the closed-form token-identity lookup at its layer by LOOKUP_MARGIN, or by less where the
@@ -236,7 +240,7 @@ def verdict_of(rows: list[dict], scores: dict[str, dict[int, float]], channel_sh
     v.tests = _tests(score, compared, primary, secondary, seed)
     v.reliability = {loss: reliability(_by_seed(rows, layers, loss)) for loss in v.tests}
     shares = shares_of(channel_share, layers)
-    v.controls = _controls(compared, layers, score, scores, shares, list(v.tests), seed, primary)
+    v.controls = _controls(compared, layers, score, scores, shares, list(v.tests), seed, primary, learned)
     v.after_onset = after_onset(compared, layers, score, shares, primary, seed)
     if shares is not None:  # how closely the score itself follows the massive channels (no loss involved)
         v.score_vs_share = spearman_with_uncertainty(score, shares, seed=seed, interval=False)
@@ -333,9 +337,11 @@ def _by_seed(rows: list[dict], layers: list[int], loss: str):
     return [[value[l, s] for s in seeds] for l in layers]
 
 
-def _controls(compared, layers, score, scores, share, losses, seed, primary: str = PRIMARY) -> dict:
+def _controls(compared, layers, score, scores, share, losses, seed, primary: str = PRIMARY,
+              learned: str = PRIMARY) -> dict:
     """Every loss's controls (the module's docstring); `share`: the compared layers' massive-channel
-    shares (`shares_of`; None: no share controls)."""
+    shares (`shares_of`; None: no share controls); the ceiling's rho sits with the `learned` loss
+    (the posterior mean's nmse_dim for a diffusion bridge, the primary for a regression)."""
     depth = np.array(layers, dtype=float)
     two = dict(seed=seed, interval=False)
     one = dict(seed=seed, alternative="less", interval=False)
@@ -354,8 +360,9 @@ def _controls(compared, layers, score, scores, share, losses, seed, primary: str
     controls[primary].update(_lookup_controls(compared, score, one, two, primary))
     controls[primary].update(_posterior_controls(compared, score, one, two, primary))
     ceiling = [r.get("ceiling_nmse_dim") for r in compared]
-    if all(v is not None for v in ceiling) and np.ptp(ceiling) > 0:  # every layer's, and not all equal
-        controls[primary]["ceiling"] = spearman_with_uncertainty(ceiling, [r[primary] for r in compared], **two)
+    if all(v is not None for v in ceiling) and np.ptp(ceiling) > 0 and learned in controls:  # every layer's, not all equal
+        # beside the same kind of loss (amendment 13): the bridges' clean one-step nmse_dim, not a diffusion objective
+        controls[learned]["ceiling"] = spearman_with_uncertainty(ceiling, [r[learned] for r in compared], **two)
     return controls
 
 

@@ -303,6 +303,10 @@ def test_two_sided_spearman_against_scipy():
     noisy = spearman_with_uncertainty(a, a + 0.5 * rng.standard_normal(40))
     low, high = noisy["ci"]
     assert low < noisy["rho"] < high and 0 < noisy["p"] < 0.01
+    # a constant has no ranks: no rho, and p 1 whatever the alternative (scipy's test would give p 0 here)
+    for flat in (spearman_with_uncertainty(np.arange(5.0), np.ones(5), alternative="less"),
+                 spearman_with_uncertainty(np.ones(5), np.arange(5.0), interval=False)):
+        assert np.isnan(flat["rho"]) and flat["p"] == 1.0 and flat["constant"]
 
 
 def test_holm_on_a_hand_made_table():
@@ -320,6 +324,7 @@ def test_reliability_on_a_hand_made_table():
     assert reliability(values) == pytest.approx(expected)
     assert reliability([[1.0], [2.0]]) is None  # one seed: not measured
     assert reliability([[1.0, 3.0], [3.0, 1.0]]) == float("-inf")  # layers identical, seeds differ
+    assert reliability([[2.0, 2.0], [2.0, 2.0]]) == 0.0  # nothing differs: no layer effect (not "one seed")
     rng = np.random.default_rng(0)  # pure seed noise: the seed mean's reliability is about 0, not above 0.5
     assert abs(np.median([reliability(rng.standard_normal((8, 3))) for _ in range(400)])) < 0.1
 

@@ -110,7 +110,7 @@ def test_the_ceiling_control_says_whether_the_bridges_order_the_layers_as_the_re
     assert c["rho"] == pytest.approx(want.statistic)  # 0.9: two pairs of layers swap
     controls = next(line for line in v["statement"] if line.startswith("Controls:"))
     assert f"rho(ceiling's nmse_dim, nmse_dim) = {want.statistic:.2f}" in controls
-    assert control_rows(v)[0]["ρ(ceiling's loss)"] == pytest.approx(want.statistic)
+    assert control_rows(v)[0]["ρ(ceiling's nmse_dim)"] == pytest.approx(want.statistic)
     # without a ceiling at every compared layer there is nothing to rank
     rows[0].pop("ceiling_nmse_dim")
     rows[1].pop("ceiling_nmse_dim")
@@ -610,7 +610,7 @@ def test_a_score_that_copies_the_massive_channel_share_cannot_be_separated_from_
 
 
 def test_a_diffusion_bridge_is_judged_against_the_lookup_by_its_posterior_mean_and_kinds_do_not_mix():
-    table = {l: [0.5, 0.5] for l in range(1, 6)}
+    table = {l: [0.5 + 0.01 * l, 0.501 + 0.01 * l] for l in range(1, 6)}
     # posterior mean 0.2 beats a lookup of 0.3 (0.95 x 0.3 = 0.285) though the sample (0.75) does not
     ok = sweep_verdict(diffusion_rows(table, lookup=0.3, posterior=0.2), {"score": {l: l for l in range(1, 6)}}, {})
     assert ok["convergence"]["converged"] and "by its posterior mean" in ok["statement"][1]
@@ -619,6 +619,24 @@ def test_a_diffusion_bridge_is_judged_against_the_lookup_by_its_posterior_mean_a
     mixed = diffusion_rows(table) + rows_for({1: [0.1]}, seeds=(5,))
     with pytest.raises(ValueError, match="mix bridge kinds"):
         sweep_verdict(mixed, {"score": {l: l for l in range(1, 6)}}, {})
+
+
+def test_a_diffusion_sweeps_ceiling_is_ranked_beside_its_posterior_mean_not_its_objective():
+    """The ceiling is a clean regression: its nmse_dim is ranked against the bridges' posterior-mean
+    nmse_dim (amendment 13), never against the objective, a loss it has no counterpart of."""
+    layers = range(1, 7)
+    table = {l: [1.0 - 0.1 * l, 1.002 - 0.1 * l] for l in layers}  # the objective falls with depth
+    rows = with_values(diffusion_rows(table), ceiling_nmse_dim={l: 0.01 * l for l in layers},
+                       nmse_dim_1step={l: 0.02 * l for l in layers})  # the posterior mean rises with it
+    v = sweep_verdict(rows, {"score": {l: float(l) for l in layers}}, {})
+    assert v["controls"]["nmse_dim_1step"]["ceiling"]["rho"] == pytest.approx(1.0)
+    assert "ceiling" not in v["controls"]["objective"]  # against the objective it would read -1
+    said = [line for line in v["statement"] if line.startswith("rho(ceiling's nmse_dim, nmse_dim_1step) = 1.00")]
+    assert len(said) == 1
+    from geoprobe.workflows.sweep_page import control_rows
+
+    assert {r["loss"]: r.get("ρ(ceiling's nmse_dim)") for r in control_rows(v)} == {
+        loss: pytest.approx(1.0) if loss == "nmse_dim_1step" else None for loss in v["controls"]}
 
 
 def test_the_sensitivity_after_the_massive_channels_onset_is_reported_not_tested():

@@ -39,8 +39,12 @@ def spearman_with_uncertainty(x, y, seed: int = 0, resamples: int = 9999, altern
     With few layers many bootstrap resamples repeat one pair so often that a rank is constant
     and rho is undefined; the interval is taken over the valid resamples, whose count is
     reported (`ci_valid`), and is None when fewer than half are valid: no interval is given
-    rather than a NaN or one that rests on a handful of resamples."""
+    rather than a NaN or one that rests on a handful of resamples. A constant x or y gives rho NaN
+    and p 1 (`constant`: True): no ranks, so no evidence for any alternative."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant has no ranks: rho undefined, and no evidence either way
+        return {"rho": float("nan"), "p": 1.0, "alternative": alternative, "n": len(x), "constant": True,
+                **({"ci": None, "ci_valid": 0, "ci_resamples": 0} if interval else {})}
     rho = float(stats.spearmanr(x, y).statistic)
     y_ranks = stats.rankdata(y)
     # permuting x alone gives the n! pairings: exact whenever n! <= resamples (n <= 7 at the default)
@@ -116,13 +120,17 @@ def reliability(values) -> float | None:
     the small-sample bias of a ratio: -0.22 at 12 layers; the median is near 0). The earlier form
     1 - MSW / var(layer means) left out the factor k and sat near 1 - k without layer effect.
     1: the seeds agree and the layers differ; <= 0: the seed means' differences between layers
-    are no larger than seed noise would make them. None with fewer than two seeds or two layers."""
+    are no larger than seed noise would make them; 0 where every value is equal (no layer effect,
+    no noise). None with fewer than two seeds or two layers."""
     values = np.asarray(values, dtype=float)
     if values.ndim != 2 or values.shape[0] < 2 or values.shape[1] < 2:
         return None
     between = values.shape[1] * values.mean(axis=1).var(ddof=1)  # MSB
     within = values.var(axis=1, ddof=1).mean()  # MSW
-    return float(1 - within / between) if between > 0 else float("-inf") if within > 0 else None
+    if between > 0:
+        return float(1 - within / between)
+    # equal layer means: no layer effect to find, whether or not the seeds differ (not "one seed")
+    return float("-inf") if within > 0 else 0.0
 
 
 def describe(name: str, c: dict) -> str:

@@ -91,8 +91,9 @@ def curve_plot(curve: list, path: Path, title: str, val_curve: list | None = Non
     return save_figure(fig, path)
 
 
-def curves_plot(curves: dict, path: Path, title: str) -> Path:
-    """Every layer's validation curve in one figure: {label: [[step, value], ...]}."""
+def curves_plot(curves: dict, path: Path, title: str, ylabel: str = "stopping-split nmse_dim") -> Path:
+    """Every layer's stopping-split curve (what its plateau rule watched) in one figure:
+    {label: [[step, value], ...]}."""
     fig, ax = plt.subplots(figsize=(8, 4.8))
     colours = plt.cm.viridis(np.linspace(0, 0.9, max(len(curves), 1)))
     for colour, (label, points) in zip(colours, curves.items()):
@@ -100,7 +101,7 @@ def curves_plot(curves: dict, path: Path, title: str) -> Path:
             ax.plot([s for s, _ in points], [v for _, v in points], "o-", ms=2.5, color=colour, label=label)
             ax.plot(points[-1][0], points[-1][1], "x", color=colour, ms=8)
     ax.set_xlabel("optimizer step (× marks where training stopped)")
-    ax.set_ylabel("validation nmse at clean condition")
+    ax.set_ylabel(ylabel)
     ax.set_yscale("log")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)

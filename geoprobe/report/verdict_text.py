@@ -18,14 +18,15 @@ LOOKUP_CONTROLS = {"lookup": "ρ(lookup's loss)", "score_vs_lookup": "ρ, score 
                    "relative_to_lookup": "ρ, score vs loss / lookup's"}
 # ... and against the ceiling control (sweep --ceiling): whether the bridges order the layers as the
 # plain clean regression of the same network does
-CEILING_CONTROL = {"ceiling": "ρ(ceiling's loss)"}
+CEILING_CONTROL = {"ceiling": "ρ(ceiling's nmse_dim)"}  # in the row of the bridges' clean one-step loss
 # a diffusion bridge's objective beside its posterior mean (amendment 14)
 POSTERIOR_CONTROLS = {"posterior_mean": "ρ(nmse_dim 1 step)", "beyond_posterior_mean": "ρ, score vs objective − its τ = 0 part"}
 CEILING = "the same network trained as the plain clean regression, one seed"  # sweep --ceiling
 # why a supported outcome is not robust, by the failed condition's name (geoprobe.verdict.robustness)
 ROBUSTNESS = {"noise_unmeasured": "the seed noise is not measured",
               "within_noise": "the layers' order by the primary loss is within the seed noise",
-              "depth": "it does not hold beyond depth (partial rho given depth not significant)",
+              "depth": "it does not hold beyond depth (partial rho given depth not significant, or undefined where "
+                       "the ranks of the score or the loss follow depth exactly)",
               "share": "it does not hold beyond the massive channels (partial rho given their share not significant)",
               "share_inseparable": "it cannot be separated from the massive channels (the score follows their share, "
                                    "and the partial rho given the share does not pass)",
@@ -99,7 +100,7 @@ def convergence_reasons(plateau: int, tested: int, share: float, unknown: list[i
         named = ", ".join(f"{l} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})" for l, s in seeds.items())
         reasons.append(f"layer{'s' if len(seeds) > 1 else ''} {named} do{'es' if len(seeds) == 1 else ''} not beat "
                        f"the token lookup by {(1 - rules.lookup_margin) * 100:.0f} % (or the lookup + ridge control, "
-                       "where that is closer to the lookup)")
+                       "where that is closer to the lookup; a diffusion bridge by its posterior mean)")
     return reasons
 
 
@@ -134,16 +135,19 @@ def bridge_lines(m: dict, rules: Rules, bar: float | None) -> list[str]:
     if stop is None or steps is None:  # a record from before these fields: nothing to say
         return []
     rule = m.get("plateau_rule") or {}  # the rule's last reading (records since issue 62)
+    mean = m.get("bridge_kind") == "diffusion"  # its rule watched the objective, guarded by the posterior mean
+    curve = "objective" if mean else "nmse_dim"
     if stop == "plateau":
         lines = [f"Stopped by its plateau at step {steps:,}"
                  + (f", with its best weights (step {best:,})" if best is not None else "")
-                 + (f": its stopping-split nmse_dim improved {rule['gain']:.1%} from step {rule['window'][0]:,} to "
-                    f"{rule['window'][1]:,}, under the {rule['needs']:.0%} the rule asks." if "gain" in rule else ".")]
+                 + (f": its stopping-split {curve} improved {rule['gain']:.1%} from step {rule['window'][0]:,} to "
+                    f"{rule['window'][1]:,}" + guard_words(rule) + f", under the {rule['needs']:.0%} the rule asks."
+                    if "gain" in rule else ".")]
     elif stop == "cap":
         lines = [f"Reached its step cap ({steps:,}) before its plateau: unconverged, so its scores say how far "
                  "training got, not how hard the layer is."]
         if rule:
-            lines.append(cap_advice(rule, steps))
+            lines.append(cap_advice(rule, steps, curve))
     elif stop == "budget":
         lines = [f"Trained exactly {steps:,} steps (--until steps)."]
     else:
@@ -155,7 +159,6 @@ def bridge_lines(m: dict, rules: Rules, bar: float | None) -> list[str]:
                         "train it with --until steps." if m.get("layer") in rules.source_layers else "."))
     learned, lookup = m.get("beats_lookup"), m.get("control_lookup_nmse_dim")
     # the loss beats_lookup reads: a diffusion bridge's posterior mean, since a sample's error includes the spread
-    mean = m.get("bridge_kind") == "diffusion"
     if learned is not None and lookup is not None:
         lines.append(("posterior-mean (1-step) " if mean else "")
                      + f"nmse_dim {m['nmse_dim_1step' if mean else 'nmse_dim']:.4f} against its token lookup's {lookup:.4f}: "
@@ -169,12 +172,25 @@ def bridge_lines(m: dict, rules: Rules, bar: float | None) -> list[str]:
     return lines
 
 
-def cap_advice(rule: dict, steps: int) -> str:
-    """Why a bridge under the plateau rule ran to its cap, and what to run: the curve was still
-    falling, or the run was too short for the rule to judge it; a larger --steps resumes it."""
+def guard_words(rule: dict) -> str:
+    """The guard's reading beside the watched curve's (a diffusion bridge's posterior-mean nmse_dim,
+    which must be flat too): "" where the rule had no guard."""
+    gain = rule.get("guard_gain")
+    return "" if gain is None else f" and its posterior-mean nmse_dim {gain:.1%}"
+
+
+def cap_advice(rule: dict, steps: int, curve: str = "nmse_dim") -> str:
+    """Why a bridge under the plateau rule ran to its cap, and what to run: the curve (or a
+    diffusion bridge's guard, its posterior mean) was still falling, or the run was too short for
+    the rule to judge it; a larger --steps resumes it."""
     if "gain" in rule:
-        why = (f"It was still improving: {rule['gain']:.1%} from step {rule['window'][0]:,} to {rule['window'][1]:,}, "
-               f"and the rule stops it only under {rule['needs']:.0%}.")
+        needs, gains = rule["needs"], [("its stopping-split " + curve, rule["gain"])]
+        if rule.get("guard_gain") is not None:
+            gains.append(("its posterior-mean nmse_dim", rule["guard_gain"]))
+        falling = [f"{name} {gain:.1%}" for name, gain in gains if gain >= needs] or [
+            f"{name} {gain:.1%}" for name, gain in gains]
+        why = (f"It was still improving: {' and '.join(falling)} from step {rule['window'][0]:,} to "
+               f"{rule['window'][1]:,}, and the rule stops it only when each is under {needs:.0%}.")
         more = 4 * steps
     else:
         why = (f"The run was too short for the plateau rule to judge it: the rule judges a bridge from step "
@@ -286,10 +302,15 @@ def controls_line(c: dict, loss: str, score_share: dict | None = None, inseparab
                   f"on {loss} / lookup's (what context adds): rho {c['relative_to_lookup']['rho']:.2f} "
                   f"(p {c['relative_to_lookup']['p']:.2g})"]
     if "ceiling" in c:
-        parts.append(f"rho(ceiling's {loss}, {loss}) = {c['ceiling']['rho']:.2f} (two-sided p {c['ceiling']['p']:.2g}: "
-                     "whether the bridges order the layers as the same network trained as the plain clean "
-                     "regression does)")
+        parts.append(ceiling_rho(c["ceiling"], loss))
     return "Controls:" + "".join(f"\n  - {part}" for part in parts)
+
+
+def ceiling_rho(rho: dict, loss: str) -> str:
+    """rho(the ceiling control's nmse_dim, the bridges' `loss`): the ceiling is a clean regression,
+    so it is ranked beside the bridges' clean one-step nmse_dim (a diffusion sweep's `learned` loss)."""
+    return (f"rho(ceiling's nmse_dim, {loss}) = {rho['rho']:.2f} (two-sided p {rho['p']:.2g}: whether the bridges "
+            "order the layers as the same network trained as the plain clean regression does)")
 
 
 def posterior_line(c: dict) -> str | None:
@@ -339,6 +360,9 @@ def statement(v: dict, rules: Rules) -> list[str]:
                      + ("." if rel >= 0.5 else "; below 0.5 the layers' order by this loss is mostly noise."))
     c = v["controls"].get(loss, {})
     lines.append(controls_line(c, loss, v.get("score_vs_share"), rules.inseparable))
+    learned = v.get("learned_loss", loss)
+    if learned != loss and "ceiling" in v["controls"].get(learned, {}):  # a diffusion sweep's: beside its posterior mean
+        lines.append(ceiling_rho(v["controls"][learned]["ceiling"], learned) + ".")
     if line := posterior_line(c):
         lines.append(line)
 

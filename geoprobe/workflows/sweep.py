@@ -585,8 +585,10 @@ def write_sweep(run: Path, rows: list[dict], verdict: dict, model: str) -> Path:
                "ceiling_stop", "beats_lookup", "bridge_kind", "ce", "ref_ce", "final_train_loss", "steps_run", "best_step",
                "stop"]
     write_rows(Path(run) / "sweep.csv", rows, columns)
+    watched = ("stopping-split objective (τ grid)" if verdict.get("protocol") == "diffusion"
+               else "stopping-split nmse_dim (clean condition)")
     curves_plot({f"layer {r['layer']} seed {r['seed']}": r.get("val_curve") or [] for r in rows},
-                Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}")
+                Path(run) / "plots" / "sweep-curves.png", f"Bridge stopping-split curves of {model}", watched)
     plot = sweep_plot(verdict, Path(run) / "plots" / "sweep.png", model)
     # last and whole: sweep.json marks the sweep done (a resume skips it), so it must not exist
     # beside a previous run's plots, nor be half written

@@ -81,7 +81,7 @@ def control_rows(verdict: dict) -> list[dict]:
                "partial ρ, Freedman-Lane p": c["partial_given_depth"]["p"],
                "ρ(massive-channel share)": c.get("channel_share", {}).get("rho"),
                "partial ρ given share": c.get("partial_given_share", {}).get("rho"),
-               "partial ρ | share, Freedman-Lane p": c.get("partial_given_share", {}).get("p")}
+               "partial ρ given share, Freedman-Lane p": c.get("partial_given_share", {}).get("p")}
         row.update({f"ρ, score {label}": c[name]["rho"] for name, label in SCORE_VARIANTS.items() if name in c})
         row.update({label: c[name]["rho"] for name, label in {**LOOKUP_CONTROLS, **CEILING_CONTROL,
                                                                **POSTERIOR_CONTROLS}.items() if name in c})
@@ -93,7 +93,7 @@ def sweep_section(sweep: dict) -> list[str]:
     """Markdown lines of the sweep section."""
     v = sweep["verdict"]
     diffusion = v.get("protocol") == "diffusion"
-    watched = "validation objective" if diffusion else "nmse_dim"
+    watched = ("objective and posterior-mean nmse_dim both" if diffusion else "nmse_dim")
     parts = ["## Bridge sweep", "",
              "Protocol (fixed before the run, docs/method.md): one bridge per layer and seed, each trained until its "
              f"stopping split's {watched} stopped improving or until its step cap (the table says which), and validated "
@@ -125,7 +125,7 @@ def sweep_section(sweep: dict) -> list[str]:
                   "", markdown_table(tests, list(tests[0])), ""]
         controls = control_rows(v)
         columns = [k for k in controls[0] if any(r.get(k) is not None for r in controls)]
-        parts += ["Controls (ρ over the same layers; two-sided for depth, channel share, the lookup's and the ceiling's loss, whose ceilings count whether or not they stopped by their plateau; one-sided for the score's variants):", "",
+        parts += ["Controls (ρ over the same layers; two-sided for depth, the channel share, the lookup's loss, the ceiling's nmse_dim (whose ceilings count whether or not they stopped by their plateau) and the posterior mean's nmse_dim; one-sided for the partial ρs and every other ρ with the score):", "",
                   markdown_table(controls, columns), ""]
     parts += ["![sweep](plots/sweep.png)", "", "![stopping-split curves](plots/sweep-curves.png)", ""]
     return parts
