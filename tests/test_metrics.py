@@ -225,8 +225,8 @@ def test_eval_end_to_end_and_bad_input(tmp_path, tiny_models):
                 "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"):
         assert math.isfinite(row[key]), key
     assert row["oracle_nll_per_word"] == pytest.approx(row["oracle_entropy_rate"], rel=0.25)
-    # MAUVE's references are cut to the samples' median length in the evaluator's ids
-    assert row["mauve_reference_tokens"] > 20 and row["gen_ppl_first_token"] == "unscored"
+    # no generator record: MAUVE's references are cut to the samples' median length in the evaluator's ids
+    assert row["mauve_references_cut_in"] == "evaluator" and row["mauve_reference_tokens"] > 20 and row["gen_ppl_first_token"] == "unscored"
     assert (tmp_path / "samples.metrics.json").is_file()
     assert row["evaluator"] == str(tiny_models("llama")) and row["evaluator_is_generator"] == []
 
@@ -433,6 +433,47 @@ def test_gen_ppl_mask_on_a_hand_built_sequence_with_known_log_probs():
     assert ids == [1, 2, 3, 0, 4, 0, 0] and weights == [0, 1, 1, 1, 1, 0, 0]
     old = gen_ppl(evaluator, [text], eos="<eos>", bos=True)
     assert old["scored_tokens"] == 4 and old["gen_ppl"] == pytest.approx(2 ** 2.5, rel=1e-6)
+
+
+def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_length(tmp_path, tiny_models,
+                                                                                    monkeypatch):
+    """A samples file whose generator saved its tokenizer: its references are the held-out stream
+    in that tokenizer's ids, cut at the samples' own token length (9), read as the samples are;
+    the evaluator's tokenizer (the tiny Llama's) never decides where they are cut."""
+    import geoprobe.workflows.evaluate as evaluate
+    from geoprobe.tokens import save_tokenizer, token_stream, word_tokenizer
+
+    spec = "synthetic:hmm?states=4&vocab=40&docs=400&length=20&seed=1"
+    tok = word_tokenizer(documents(spec))
+    gen = tmp_path / "generator"
+    save_tokenizer(tok, gen)
+    stream = token_stream(documents(spec)[:20], tok)
+    ids = [stream[i:i + 9] for i in range(0, 12 * 9, 9)]
+    samples = tmp_path / "set" / "samples.jsonl"
+    samples.parent.mkdir()
+    samples.write_text("".join(json.dumps({"text": tok.decode(i, skip_special_tokens=False), "token_ids": i}) + "\n"
+                               for i in ids))
+    (samples.parent / "samples.meta.jsonl").write_text(json.dumps({"model": str(gen), "file": str(samples),
+                                                                   "eos": "<eos>"}) + "\n")
+    seen = []
+    real = evaluate.features
+    monkeypatch.setattr(evaluate, "features", lambda backbone, texts, **kw: seen.append((texts, kw)) or
+                        real(backbone, texts, **kw))
+    code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
+                            "--references", spec, "--device", "cpu")
+    assert code == 0, err
+    row = json.loads(out)[str(samples)]
+    assert row["mauve_references_cut_in"] == "generator" and row["mauve_reference_tokens"] == 9
+    want = evaluate.references_like(spec, tok, 9, 0)[:12]
+    assert seen == [(want, {"eos": "<eos>", "bos": False})]  # the reference set, split at the samples' EOS
+    assert all(len(tok(r, add_special_tokens=False)["input_ids"]) == 9 for r in want)
+    # a file without a generator record: cut in the evaluator's ids at the samples' median length there
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(samples.read_text())
+    code, out, err = invoke("--format", "json", "eval", plain, "--evaluator", tiny_models("llama"),
+                            "--references", spec, "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)[str(plain)]["mauve_references_cut_in"] == "evaluator"
 
 
 def test_mauve_references_come_only_from_held_out_documents_cut_as_samples_are(tmp_path):

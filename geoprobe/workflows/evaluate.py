@@ -389,6 +389,7 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
                for name, texts in sets.items()}
     owners = {name: generator_backbone(Path(name)) for name in sets}
     tokenizer = None  # the first evaluator's, which an n-gram evaluator counts in
+    generators = {}  # path -> (its generator's tokenizer or None, its samples' token ids)
     for index, name in enumerate(evaluators):
         backbone = NgramEvaluator(name, tokenizer) if name.startswith(NGRAM) else load_backbone(name, device=device)
         tokenizer = tokenizer or backbone.tokenizer
@@ -402,8 +403,10 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
                 continue
             row.update(ppl)
             if references is not None:
+                if path not in generators:  # the tokenizer its references are cut in
+                    generators[path] = (generator_tokenizer(Path(path)), rows[path][1])
                 row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, gen_ppl_bos,
-                                      reference_features))
+                                      reference_features, generators[path]))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -464,13 +467,37 @@ def mauve_count(samples: int, references: int, found: str = "") -> int:
     return scored
 
 
+def generator_tokenizer(samples: Path):
+    """The tokenizer a samples file's generator drew its ids in, or None where its record does not
+    say: the AR row's model's; a checkpoint's own (DSL, MDLM and the embedding-diffusion baselines
+    save theirs); else its backbone's (a bridge's rows, rounding)."""
+    from geoprobe.backbone import load_tokenizer
+    from geoprobe.tokens import load_saved_tokenizer
+
+    meta, _, config = generator_of(samples)
+    if meta.get("decode") == "causal" and meta.get("model"):
+        return load_tokenizer(meta["model"])
+    model = Path(meta.get("model", ""))
+    if meta and (model / "tokenizer.json").is_file():
+        return load_saved_tokenizer(model)
+    backbone = (config.get("identity") or {}).get("model")
+    return load_tokenizer(backbone) if backbone else None
+
+
 def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int,
-               bos: bool, cache: dict) -> dict:
-    """MAUVE of one file's features against held-out references cut to the samples' median length
-    in the evaluator's ids (`references_like`; `texts` as Gen.PPL reads them, split at `eos`);
-    `cache`: files of the same length share their references' features (one pass)."""
-    length = int(np.median([len(_ids(backbone, t, eos)[0]) for t in texts]))
-    tok = backbone.tokenizer
+               bos: bool, cache: dict, generator: tuple | None = None) -> dict:
+    """MAUVE of one file's features against held-out references cut as its samples are: where
+    `generator` (its tokenizer, the samples' token ids) is known, the held-out token stream in the
+    generator's ids with its EOS, cut at the samples' length, decoded, and read as the samples are
+    (split at the same EOS string `eos`); so files of one tokenizer and length share one reference
+    set. Otherwise (a file without a generator record) cut to the samples' median length in the
+    evaluator's ids. `cache`: one features pass per reference set."""
+    if generator is not None and generator[0] is not None:
+        tok, ids = generator
+        length, reference_eos, cut = int(np.median([len(i) for i in ids])), eos, "generator"
+    else:
+        tok, length, cut = backbone.tokenizer, int(np.median([len(_ids(backbone, t, eos)[0]) for t in texts])), "evaluator"
+        reference_eos = backbone.tokenizer.eos_token if evaluator_eos(backbone.tokenizer) is not None else None
     refs = references_like(references, tok, length, seed)
     scored = mauve_count(len(texts), len(refs), f"{len(refs)} references of the samples' {length} tokens in "
                          f"{references}'s held-out documents (split seed {seed}), {len(texts)} samples")
@@ -480,8 +507,7 @@ def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, r
     if scored < MAUVE_MIN_SAMPLES:  # a note: the CLI shows it, a notebook gets a log record
         note(f"warning: MAUVE on {scored} samples (< {MAUVE_MIN_SAMPLES}) is biased upwards")
     feats = feats[:scored]
-    key = (tuple(refs[:scored]), bos)
-    if key not in cache:  # the references' documents split at the evaluator's own EOS string
-        cache[key] = features(backbone, list(key[0]), eos=tok.eos_token if evaluator_eos(tok) is not None else None,
-                              bos=bos)
-    return {**mauve_score(feats, cache[key]), "mauve_reference_tokens": length}
+    key = (tuple(refs[:scored]), bos, reference_eos)
+    if key not in cache:
+        cache[key] = features(backbone, list(key[0]), eos=reference_eos, bos=bos)
+    return {**mauve_score(feats, cache[key]), "mauve_reference_tokens": length, "mauve_references_cut_in": cut}
