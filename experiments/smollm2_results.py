@@ -683,10 +683,19 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "own_evaluator": ("own", "the evaluator when it is the generator's own backbone"),
            "diversity_within": ("div within", "share of distinct 2- to 4-grams within each sample (SimCTG)"),
            "diversity_pooled": ("div pooled", "the same over all samples pooled"),
-           "unigram_entropy": ("H words", "unigram_entropy"), "token_entropy": ("H tokens", "token_entropy"),
-           "mauve": ("MAUVE", "against held-out KJV text cut as the samples are (features: SmolLM2's final-normed "
+           "eos_per_sample": ("EOS/sample", "the generator's EOS tokens per sample: document breaks, which SmolLM2 "
+                                            "reads as <|im_end|>, scoring the token after it as a new document's "
+                                            "start; the ar and ltr rows never draw EOS, so only the other rows pay "
+                                            "for breaks"),
+           "specials_per_sample": ("specials/sample", "other special tokens per sample (SmolLM2's chat and code "
+                                                      "markers, the unknown token): text no KJV row holds"),
+           "unigram_entropy": ("H words", "unigram_entropy"),
+           "token_entropy": ("H tokens", "token_entropy, over the generator's own tokenizer (the KJV's 4,096 ids or "
+                                         "SmolLM2's 49,152): not comparable between the two"),
+           "mauve": ("MAUVE", "against held-out KJV text cut as the samples are: the held-out stream in the "
+                              "generator's own tokenizer, 32 tokens a piece (features: SmolLM2's final-normed "
                               "last-token state, not GPT-2 large's; mauve-text, 3 k-means seeds)"),
-           "mauve_std": ("MAUVE sd", "its sd"),
+           "mauve_std": ("MAUVE sd", "its sd over the 3 k-means seeds only, not a sampling interval"),
            "mauve_samples": ("MAUVE n", "the samples MAUVE scored: as many as the held-out text has references of "
                                         "their length, at most the row's")}
 
@@ -711,6 +720,31 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     print(f"wrote {page}")
 
 
+# what the SmolLM2 generation table holds fixed and what it does not (read from the code and the
+# records; a review before the 1,000-sample run, 2026-12-07)
+GENERATION_CAVEATS = [
+    "What the rows share, and what they do not:",
+    f"- Every row draws {SAMPLES['num']:,} samples of {SAMPLES['length']} tokens at top-p 1 (no nucleus cut). The "
+    "models trained on 256-token rows: the bidirectional ones (DSL, MDLM, the embedding-diffusion baselines, the "
+    f"bridges) are sampled at {SAMPLES['length']} tokens, not their training length, where MDLM's code samples at its "
+    "training length. The `ar` row is causal and unaffected.",
+    "- The budget is the training tokens processed, not the text seen: DSL, MDLM and the baselines stream the KJV's "
+    "training split (about 1.05 M tokens, about 8 passes); the bridges train on a pool of 262,144 positions (about 31 "
+    "passes), and they and the `ar` row inherit SmolLM2's pretraining, which probably holds the KJV.",
+    "- The `ar` row is SmolLM2-135M-Instruct continuing its BOS `<|im_start|>` (a chat turn's opener), with EOS and "
+    "the unknown token suppressed: text of its pretraining with no document ends, not KJV text. Under MAUVE against "
+    "the KJV it is a reference point, not a ceiling, and its Gen.PPL evaluator is itself.",
+    "- A row that draws EOS (the generators trained on packed KJV streams, the stack-only hybrid and rounding) pays "
+    "for each document break under Gen.PPL, which scores the token after it as a new document's first; `EOS/sample` "
+    "says how often. The `ar` and `ltr` rows never draw it; about 4 % of 32-token held-out pieces hold a break.",
+    f"- The `mdlm` sampler's last step samples the remaining masks (MDLM's code ends with an argmax step: "
+    f"`--final-argmax`). CoDAR's `nfe` counts its denoiser's steps, not its decoder's {SAMPLES['length']} "
+    "left-to-right passes.",
+    "- The bridges chose their best step on a stopping split drawn from the sweep's held-out 10 % of documents, "
+    "which contains the 5 % the MAUVE references come from.",
+    ""]
+
+
 def page_report(run: Path, report: str) -> str:
     """The run's report as the page shows it: the bridges first (the verdict's tables, then each
     layer's bridge beside its controls), then the geometry and the generation; the verdict's
@@ -731,6 +765,8 @@ def page_report(run: Path, report: str) -> str:
         report = report.replace("\n".join(table), "\n".join(rows_table(read_rows(run / "compare.csv"))))
     head, *sections = report.split("\n## ")
     sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
+    sections = [s.replace("Generation\n\n", "Generation\n\n" + "\n".join(GENERATION_CAVEATS) + "\n", 1)
+                if s.startswith("Generation\n") else s for s in sections]
     cells = {"generator": role, "other_evaluators": lambda c: commas(c.removeprefix(f"ngram:{CORPUS}: "))}
     report = relabel(tidy_tables("\n## ".join([head, *sections]), COLUMNS, cells), run)
     if "| oracle_nll_per_word" not in report:  # the column is left out where it is always empty

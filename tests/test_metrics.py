@@ -29,7 +29,10 @@ def test_diversity_entropy_and_repetition_by_hand():
     assert unigram_entropy("a b a b") == pytest.approx(math.log(2))
     assert unigram_entropy("c d e f") == pytest.approx(math.log(4))
     assert text_metrics(texts)["unigram_entropy"] == pytest.approx((math.log(2) + math.log(4)) / 2)
-    assert repetition(texts, 2) == pytest.approx((1 - 2 / 3 + 0) / 2)
+    # SimCTG's rep-2, pooled sums: 1 - (2 + 3) / (3 + 3); and diversity_within = prod (1 - rep-n)
+    assert repetition(texts, 2) == pytest.approx(1 - 5 / 6)
+    assert diversity_within(texts)["diversity_within"] == pytest.approx(
+        math.prod(1 - repetition(texts, n) for n in (2, 3, 4)))
     assert unigram_entropy("x x x") == 0.0
 
 
@@ -464,6 +467,9 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
     assert code == 0, err
     row = json.loads(out)[str(samples)]
     assert row["mauve_references_cut_in"] == "generator" and row["mauve_reference_tokens"] == 9
+    breaks = [i.count(tok.eos_token_id) for i in ids]  # the samples' own document breaks, counted from their ids
+    assert row["eos_per_sample"] == pytest.approx(sum(breaks) / 12) and sum(breaks) > 0
+    assert row["samples_with_eos"] == pytest.approx(sum(b > 0 for b in breaks) / 12)
     want = evaluate.references_like(spec, tok, 9, 0)[:12]
     assert seen == [(want, {"eos": "<eos>", "bos": False})]  # the reference set, split at the samples' EOS
     assert all(len(tok(r, add_special_tokens=False)["input_ids"]) == 9 for r in want)
@@ -474,6 +480,17 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
                             "--references", spec, "--device", "cpu")
     assert code == 0, err
     assert json.loads(out)[str(plain)]["mauve_references_cut_in"] == "evaluator"
+
+
+def test_special_tokens_are_counted_from_the_ids_on_a_hand_built_set():
+    from geoprobe.metrics.text import special_token_metrics
+    from geoprobe.tokens import word_tokenizer
+
+    tok = word_tokenizer(["a b c d"])  # <eos> 0, <unk> 1, a-d 2-5
+    got = special_token_metrics([[0, 2, 3, 0], [2, 1, 3, 4], [2, 3, 4, 5]], tok)
+    assert got == pytest.approx({"eos_per_sample": 2 / 3, "samples_with_eos": 1 / 3, "specials_per_sample": 1 / 3})
+    assert special_token_metrics([[2, 3], None], tok)["eos_per_sample"] is None  # an external row: no ids
+    assert special_token_metrics([[2, 3]], None)["specials_per_sample"] is None  # no tokenizer on record
 
 
 def test_mauve_references_come_only_from_held_out_documents_cut_as_samples_are(tmp_path):

@@ -100,6 +100,10 @@ def test_the_page_puts_the_bridges_before_the_geometry_and_how_it_ran_last(tmp_p
     headings = [l for l in out.read_text().splitlines() if l.startswith("## ")]
     assert headings == ["## What the numbers say", "## Bridge sweep", "## Geometry and ranking", "## Generation",
                         "## How it was run"]
+    # the generation section opens with what its rows share and what they do not, once, before its own text
+    generation = out.read_text().split("## Generation\n\n", 1)[1]
+    assert generation.startswith("\n".join(script.GENERATION_CAVEATS) + "\nx\n")
+    assert out.read_text().count(script.GENERATION_CAVEATS[0]) == 1
 
 
 def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it(tmp_path, monkeypatch):

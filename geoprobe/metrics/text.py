@@ -17,7 +17,8 @@ what was generated.
   repeat each other lower it too (what this project reported as "diversity" before).
 * unigram entropy ("word entropy": unigram, whitespace words): the entropy (nats) of each
   sample's word distribution, averaged;
-* repetition rate rep-n: per sample 1 - distinct n-grams / total n-grams, averaged;
+* repetition rate rep-n (SimCTG's): 1 - the distinct n-grams within each sample, summed over the
+  samples, over their n-grams; diversity_within is prod_{n=2..4} (1 - rep-n);
 * token entropy ("token entropy": the generator's token ids, as ReMDM/DSL report it): per
   sample the entropy (nats) of the distribution of the ids in its row (every id, specials
   included: ReMDM's `torch.special.entr(counts / counts.sum()).sum()`), averaged. On a 1024-token
@@ -63,12 +64,11 @@ def unigram_entropy(text: str) -> float:
 
 
 def repetition(texts: list[str], n: int) -> float:
-    rates = []
-    for t in texts:
-        grams = ngrams(t.split(), n)
-        if grams:
-            rates.append(1 - len(set(grams)) / len(grams))
-    return sum(rates) / len(rates) if rates else 0.0
+    """SimCTG's rep-n: 1 - (sum over samples of the distinct n-grams within the sample) / (sum of
+    their n-grams), so that diversity_within = prod_{n=2..4} (1 - rep-n)."""
+    counts = [(len(set(g)), len(g)) for g in (ngrams(t.split(), n) for t in texts)]
+    total = sum(c for _, c in counts)
+    return 1 - sum(u for u, _ in counts) / total if total else 0.0
 
 
 def word_text(text: str, eos: str | None) -> str:
@@ -90,6 +90,22 @@ def token_metrics(token_ids: list[list[int] | None]) -> dict:
     known = [v for v in per_sample if v is not None]
     return {"token_entropy": sum(known) / len(known) if known and len(known) == len(per_sample) else None,
             "token_entropy_per_sample": per_sample if known else None}
+
+
+def special_token_metrics(token_ids: list[list[int] | None], tokenizer) -> dict:
+    """How often a set's samples hold its generator's special tokens, from their ids:
+    `eos_per_sample` (its EOS: a document break, which an evaluator reads as the end of one
+    document and scores the token after it as a document's start), `samples_with_eos` (their
+    share) and `specials_per_sample` (every other special or added-special token, e.g. SmolLM2's
+    chat and code markers: text no corpus row holds). Null without a tokenizer or token ids."""
+    if tokenizer is None or not token_ids or any(ids is None for ids in token_ids):
+        return {"eos_per_sample": None, "samples_with_eos": None, "specials_per_sample": None}
+    eos = tokenizer.eos_token_id
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    special -= {eos}
+    counts = [sum(t == eos for t in ids) for ids in token_ids]
+    return {"eos_per_sample": sum(counts) / len(counts), "samples_with_eos": sum(c > 0 for c in counts) / len(counts),
+            "specials_per_sample": sum(sum(t in special for t in ids) for ids in token_ids) / len(token_ids)}
 
 
 def text_metrics(texts: list[str], eos: str | None = None) -> dict:

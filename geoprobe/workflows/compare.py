@@ -29,7 +29,8 @@ from geoprobe.workflows.generate import generator_name
 
 COLUMNS = ["generator", "sampler", "steps", "nfe", "nfe_per_sample", "seconds_per_sample", "train_tokens",
            "used_tokens", "samples", "evaluator", "gen_ppl", "gen_ppl_lo", "gen_ppl_hi", "other_evaluators",
-           "own_evaluator", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "mauve",
+           "own_evaluator", "eos_per_sample", "specials_per_sample", "diversity_within", "diversity_pooled",
+           "unigram_entropy", "token_entropy", "mauve",
            "mauve_std", "mauve_samples", "oracle_nll_per_word", "oracle_nll_lo", "oracle_nll_hi", "bigram_tv",
            "bigram_tv_hmm", "oracle_invalid", "budget"]
 # the two entropies, named where a table is shown (compare.md): not the same quantity
@@ -125,7 +126,8 @@ def comparison_row(samples: Path) -> dict:
             "train_tokens": budget, "used_tokens": used, "evaluator": evaluator,
             "other_evaluators": "; ".join(f"{k}: {v:.6g}{other_interval(values, k)}" for k, v in others.items()) or None,
             "own_evaluator": ", ".join(values.get("evaluator_is_generator") or []) or None,
-            **{k: values.get(k) for k in ("samples", "gen_ppl", "diversity_within", "diversity_pooled",
+            **{k: values.get(k) for k in ("samples", "gen_ppl", "eos_per_sample", "specials_per_sample",
+                                          "diversity_within", "diversity_pooled",
                                           "unigram_entropy", "token_entropy", "mauve", "mauve_std", "mauve_samples",
                                           "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm", "oracle_invalid")},
             **intervals(values)}

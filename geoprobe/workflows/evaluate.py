@@ -20,6 +20,7 @@ tokenisation).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import os
@@ -36,7 +37,7 @@ from geoprobe.corpus import check_source, iter_jsonl, read_documents, split_docu
 from geoprobe.errors import BadInput
 from geoprobe.events import note
 from geoprobe.files import write_json_atomic
-from geoprobe.metrics.text import text_metrics, token_metrics
+from geoprobe.metrics.text import special_token_metrics, text_metrics, token_metrics
 from geoprobe.store import check_writable
 from geoprobe.workflows.generate import end_of_text, sample_meta
 
@@ -382,14 +383,15 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     if out is not None:
         check_writable(out.parent)
     first_token = "scored after BOS" if gen_ppl_bos else "unscored"
+    # each file's generator tokenizer (None: not on record) and token ids: its special tokens, its references
+    generators = {name: (generator_tokenizer(Path(name)), rows[name][1]) for name in sets}
     results = {name: {"samples": len(texts), "evaluator": evaluators[0], "eos": eos[name],
                       "gen_ppl_first_token": first_token, **text_metrics(texts, eos[name]),
-                      **token_metrics(rows[name][1]), "gen_ppl_by_evaluator": {}, "nll_by_evaluator": {},
-                      "evaluator_is_generator": []}
+                      **token_metrics(rows[name][1]), **special_token_metrics(*generators[name][::-1]),
+                      "gen_ppl_by_evaluator": {}, "nll_by_evaluator": {}, "evaluator_is_generator": []}
                for name, texts in sets.items()}
     owners = {name: generator_backbone(Path(name)) for name in sets}
     tokenizer = None  # the first evaluator's, which an n-gram evaluator counts in
-    generators = {}  # path -> (its generator's tokenizer or None, its samples' token ids)
     for index, name in enumerate(evaluators):
         backbone = NgramEvaluator(name, tokenizer) if name.startswith(NGRAM) else load_backbone(name, device=device)
         tokenizer = tokenizer or backbone.tokenizer
@@ -403,8 +405,6 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
                 continue
             row.update(ppl)
             if references is not None:
-                if path not in generators:  # the tokenizer its references are cut in
-                    generators[path] = (generator_tokenizer(Path(path)), rows[path][1])
                 row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, gen_ppl_bos,
                                       reference_features, generators[path]))
         del backbone
@@ -471,17 +471,26 @@ def generator_tokenizer(samples: Path):
     """The tokenizer a samples file's generator drew its ids in, or None where its record does not
     say: the AR row's model's; a checkpoint's own (DSL, MDLM and the embedding-diffusion baselines
     save theirs); else its backbone's (a bridge's rows, rounding)."""
+    meta, _, config = generator_of(samples)
+    if meta.get("decode") == "causal" and meta.get("model"):
+        return _tokenizer_of("spec", meta["model"])
+    model = Path(meta.get("model", ""))
+    if meta and (model / "tokenizer.json").is_file():
+        return _tokenizer_of("saved", str(model.resolve()))
+    backbone = (config.get("identity") or {}).get("model")
+    return _tokenizer_of("spec", backbone) if backbone else None
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_of(how: str, where: str):
+    """A tokenizer loaded once per call of the process: a model spec's ("spec") or a saved folder's."""
     from geoprobe.backbone import load_tokenizer
     from geoprobe.tokens import load_saved_tokenizer
 
-    meta, _, config = generator_of(samples)
-    if meta.get("decode") == "causal" and meta.get("model"):
-        return load_tokenizer(meta["model"])
-    model = Path(meta.get("model", ""))
-    if meta and (model / "tokenizer.json").is_file():
-        return load_saved_tokenizer(model)
-    backbone = (config.get("identity") or {}).get("model")
-    return load_tokenizer(backbone) if backbone else None
+    try:
+        return load_tokenizer(where) if how == "spec" else load_saved_tokenizer(Path(where))
+    except (BadInput, OSError, ValueError):  # moved or gone since it sampled: its record says no more
+        return None
 
 
 def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int,
