@@ -339,6 +339,9 @@ def main() -> None:
     parser.add_argument("--before-sweep", action="store_true",
                         help="with --generation, only the steps that do not need the sweep (training the generators "
                              "and the layer-0 bridge), then stop: for a free core beside a running sweep")
+    parser.add_argument("--recipe", action="store_true",
+                        help="with --generation, then the DSL paper's recipe on the KJV: MDLM for 3,000 steps and "
+                             "DSL from it for 1,000 against MDLM for 4,000, 3 seeds (about 5 hours of one core)")
     parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
     parser.add_argument("--page-only", action="store_true",
                         help="write the page from the run's records (sweep.json, compare.csv, timings.json) and exit")
@@ -365,7 +368,7 @@ def main() -> None:
         timings = out / "timings.json"
         write_page(run, out, exp.page, json.loads(timings.read_text()) if timings.is_file() else {}, 0.0, seeds, exp)
         return
-    for name in ("without_finetune", "before_sweep"):
+    for name in ("without_finetune", "before_sweep", "recipe"):
         if getattr(args, name) and not args.generation:
             parser.error(f"--{name.replace('_', '-')} is a part of --generation: pass --generation too")
     if args.before_sweep and not (run / "ranking.csv").is_file():
@@ -379,7 +382,7 @@ def main() -> None:
 
     try:
         run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
-                       before_sweep=args.before_sweep)
+                       before_sweep=args.before_sweep, with_recipe=args.recipe)
     except (BadInput, Interrupted) as exc:  # a step refused its input, or Ctrl-C: one line, as the command says it
         parser.exit(exc.exit_code, f"error: {exc}\n")
     except click.ClickException as exc:  # a step's flags the command's parser refuses: its one line and code
@@ -389,7 +392,7 @@ def main() -> None:
 
 
 def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,
-                   before_sweep: bool = False) -> None:
+                   before_sweep: bool = False, with_recipe: bool = False) -> None:
     """The experiment's steps, each skipped when its output exists: the scan, the sweep (its
     finished bridges copied into `exp.record` while it runs), with `generate` the generators'
     steps, then the page.
@@ -400,6 +403,7 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
         generate: also train, sample and evaluate the generators (SmolLM2's regression sweep).
         finetune: with `generate`, include DSL-from-SmolLM2.
         before_sweep: with `generate`, only the steps that need no sweep, then stop.
+        with_recipe: with `generate`, then the DSL paper's recipe on the KJV (`recipe`).
     """
     seeds = seeds or exp.seeds
     out, run = exp.out, exp.out / "run"
@@ -431,7 +435,7 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
          done=run / "sweep.json" if swept(run, seeds, exp) else None, during=lambda: record(run, exp.record))
     record(run, exp.record)  # also a sweep that finished before the records existed
     if generate:
-        generation(out, run, step, dev, finetune=finetune)
+        generation(out, run, step, dev, finetune=finetune, with_recipe=with_recipe)
     write_page(run, out, exp.page, log, time.perf_counter() - began, seeds, exp)
 
 
@@ -596,9 +600,10 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
     return sets
 
 
-def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
+def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
     """The generators (train_generators); the sampled bridges trained again where the run keeps
-    only their records; every sample set (sample_sets); eval and compare."""
+    only their records; every sample set (sample_sets); eval and compare; with `with_recipe`, the
+    DSL paper's recipe on the KJV (`recipe`)."""
     from geoprobe.workflows.generate import META
 
     train_generators(out, run, step, dev, finetune)
@@ -618,6 +623,104 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True) -> 
          done=everything[-1].with_suffix(".metrics.json") if all(
              f.with_suffix(".metrics.json").is_file() for f in everything) else None)
     step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
+    if with_recipe:
+        recipe(out, step, dev)
+
+
+# the DSL paper's recipe on the KJV (issue 61 section 2; registered in docs/baselines.md, "The DSL
+# paper's recipe on the KJV", before its runs): per seed, MDLM for N steps then DSL (mixed SNR)
+# fine-tuned from it for M, against MDLM for N + M; the generators' network, rows and batch.
+# Seed 0's MDLM for N + M is --generation's own `mdlm` (the same flags and seed)
+RECIPE = {"steps": (3000, 1000), "seeds": (0, 1, 2), "samplers": ("mdlm", "hybrid"), "num": 256}
+
+
+def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:
+    """Train the recipe comparison's models (each skipped when its metrics.json exists): by (arm,
+    seed), `recipe` (MDLM for N, then DSL from it for M) and `mdlm-long` (MDLM for N + M)."""
+    (n, m), flags = RECIPE["steps"], dsl_models(False)
+    rows = ["--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
+    models = {}
+    for seed in RECIPE["seeds"]:
+        start = out / "recipe" / f"mdlm-{n}-seed{seed}"
+        step(f"recipe: train mdlm-{n} seed {seed}", "dsl", "train", "--corpus", CORPUS, *flags["mdlm"], "--steps", n,
+             *rows, "--seed", seed, "--out", start, *dev, done=start / "metrics.json")
+        tuned = out / "recipe" / f"mdlm-{n}-dsl-{m}-seed{seed}"  # DSL's flags (its tokenizer and network are MDLM's)
+        step(f"recipe: train mdlm-{n}-dsl-{m} seed {seed}", "dsl", "train", "--corpus", CORPUS, "--init", start,
+             *flags["dsl"],
+             "--steps", m, *rows, "--seed", seed, "--out", tuned, *dev, done=tuned / "metrics.json")
+        long = out / "mdlm" if seed == 0 else out / "recipe" / f"mdlm-{n + m}-seed{seed}"
+        step(f"recipe: train mdlm-{n + m} seed {seed}", "dsl", "train", "--corpus", CORPUS, *flags["mdlm"],
+             "--steps", n + m, *rows, *(["--seed", seed] if seed else []), "--out", long, *dev,
+             done=long / "metrics.json")
+        models["recipe", seed], models["mdlm-long", seed] = tuned, long
+    return models
+
+
+def recipe(out: Path, step, dev: list) -> dict:
+    """The recipe comparison (RECIPE): its models, then per model and sampler RECIPE["num"] samples
+    of the comparison's length and steps, scored by Gen.PPL under SmolLM2 and the KJV trigram;
+    out/recipe/recipe.json holds each row: arm, seed, the held-out MDLM bound (nats per token, the
+    model's own metrics.json: its seed's held-out rows) and each sampler's Gen.PPL."""
+    models = recipe_models(out, step, dev)
+    files = {}
+    for (arm, seed), model in models.items():
+        for sampler in RECIPE["samplers"]:
+            folder = out / "recipe" / "samples" / f"{arm}-seed{seed}-{sampler}"
+            step(f"recipe: sample {folder.name}", "sample", "--model", model, "--sampler", sampler, "--num",
+                 RECIPE["num"], "--length", SAMPLES["length"], "--steps", SAMPLES["steps"], "--out", folder, *dev,
+                 done=folder / "samples.meta.jsonl")
+            files[arm, seed, sampler] = folder / "samples.jsonl"
+    scored = [f.with_suffix(".metrics.json") for f in files.values()]
+    step("recipe: eval", "eval", *files.values(), "--evaluator", f"{MODEL},ngram:{CORPUS}", *dev,
+         done=scored[-1] if all(f.is_file() for f in scored) else None)
+    rows = []
+    for (arm, seed, sampler), path in files.items():
+        metrics = json.loads(path.with_suffix(".metrics.json").read_text())["results"][str(path)]
+        trained = json.loads((models[arm, seed] / "metrics.json").read_text())
+        rows.append({"arm": arm, "seed": seed, "sampler": sampler, "model": str(models[arm, seed]),
+                     "bound": trained["val_mdlm_elbo_nats_per_token"], "steps_run": trained["steps_run"],
+                     "gen_ppl": metrics["gen_ppl"], "gen_ppl_kjv": metrics["gen_ppl_by_evaluator"][f"ngram:{CORPUS}"],
+                     "eos_per_sample": metrics.get("eos_per_sample")})
+    result = {"steps": list(RECIPE["steps"]), "num": RECIPE["num"], "length": SAMPLES["length"],
+              "sample_steps": SAMPLES["steps"], "rows": rows}
+    (out / "recipe" / "recipe.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def recipe_section(recipe: dict) -> list[str]:
+    """The page's lines for the recipe comparison on the KJV: each arm's held-out bound and each
+    sampler's Gen.PPL (mean ± sd over seeds), and the registered test: the recipe's bound lower
+    than MDLM's, paired over seeds (one-sided t), descriptive with 3 seeds."""
+    import numpy as np
+    from scipy import stats
+
+    from experiments.pages import cell
+
+    (n, m), rows = recipe["steps"], recipe["rows"]
+    seeds = sorted({r["seed"] for r in rows})
+    bound = {a: [next(r["bound"] for r in rows if r["arm"] == a and r["seed"] == s) for s in seeds]
+             for a in ("recipe", "mdlm-long")}
+    diff = [a - b for a, b in zip(bound["recipe"], bound["mdlm-long"])]
+    p = float(stats.ttest_1samp(diff, 0.0, alternative="less").pvalue) if len(diff) > 1 and np.ptp(diff) > 0 else None
+    samplers = list(dict.fromkeys(r["sampler"] for r in rows))
+    head = ["arm", "held-out bound, nats/token", *[f"{s}: Gen.PPL (SmolLM2)" for s in samplers],
+            *[f"{s}: Gen.PPL (KJV trigram)" for s in samplers]]
+    table = []
+    for arm in ("recipe", "mdlm-long"):
+        picked = [r for r in rows if r["arm"] == arm]
+        table.append([f"`{arm}`", cell(bound[arm]),
+                      *[cell([r["gen_ppl"] for r in picked if r["sampler"] == s], 1) for s in samplers],
+                      *[cell([r["gen_ppl_kjv"] for r in picked if r["sampler"] == s], 1) for s in samplers]])
+    shown = "undefined (the differences are all equal)" if p is None else p_value(p)
+    return ["## The DSL paper's recipe on the KJV", "",
+            f"MDLM for {n:,} steps, then DSL (mixed SNR) fine-tuned from it for {m:,} (`recipe`), against MDLM for "
+            f"{n + m:,} (`mdlm-long`): the generators' network, rows and batch; {len(seeds)} seeds (each seed holds out "
+            f"its own documents; both arms of a seed the same); {recipe['num']} samples of {recipe['length']} tokens "
+            f"per sampler at {recipe['sample_steps']} steps; mean ± sd over seeds. The bound is MDLM's ELBO on the "
+            "seed's held-out rows (each model's metrics.json).", "",
+            *markdown_table(head, table), "",
+            f"The recipe's bound below MDLM's (registered, paired over seeds, one-sided t): mean difference "
+            f"{np.mean(diff):+.3f} nats/token, p = {shown}.", ""]
 
 
 def by_machine(rows: list[dict]) -> str:
@@ -713,6 +816,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
     head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
+    if (out / "recipe" / "recipe.json").is_file():  # the DSL paper's recipe on the KJV, after the generation
+        body = body.rstrip() + "\n\n" + "\n".join(recipe_section(json.loads((out / "recipe" / "recipe.json").read_text())))
     text = [f"# {exp.title}", "", what_it_says(run, out, exp=exp), "", "## " + body.rstrip(), "", "## How it was run",
             "", *made_by(log, seconds, seeds, exp), "", head.strip(), "", *markdown_table(["step", "seconds", "command"], [
                 [name, f"{step['seconds']:.0f}", f"`{step['command']}`"] for name, step in log.items()])]

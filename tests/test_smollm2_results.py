@@ -1060,3 +1060,57 @@ def test_the_pages_opening_says_where_the_score_cannot_be_separated_from_depth()
     assert "and the score's ρ with depth there is 1.00 (not separable from depth)" in third
     del verdict["after_onset"]["score_vs_depth"]
     assert "with depth there" not in verdict_lines(verdict)[-1]
+
+
+def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bound(tmp_path):
+    """The DSL paper's recipe on the KJV: per seed, MDLM for N then DSL from that checkpoint for M,
+    against MDLM for N + M (seed 0's is --generation's own `mdlm`); each model sampled by each
+    sampler and scored; the page's test is the paired one-sided t on the seeds' bound differences."""
+    from scipy import stats
+
+    import experiments.smollm2_results as script
+
+    (n, m), commands = script.RECIPE["steps"], []
+    bounds = {}  # model folder -> its bound
+
+    def step(name, *argv, done, during=None):  # records the plan and writes what each step would
+        commands.append((name, argv))
+        out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
+        if argv[:2] == ("dsl", "train"):
+            seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
+            bound = 4.0 + 0.01 * seed + (-0.05 if "--init" in argv else 0.0) + 0.002 * (seed == 2) * ("--init" in argv)
+            out.mkdir(parents=True)
+            (out / "metrics.json").write_text(json.dumps({"val_mdlm_elbo_nats_per_token": bound, "steps_run": 1}))
+            bounds[out] = bound
+        elif argv[0] == "sample":
+            out.mkdir(parents=True)
+        elif argv[0] == "eval":
+            for f in (Path(a) for a in argv if str(a).endswith("samples.jsonl")):
+                row = {"gen_ppl": 100.0, "gen_ppl_by_evaluator": {f"ngram:{script.CORPUS}": 50.0}}
+                f.with_suffix(".metrics.json").write_text(json.dumps({"results": {str(f): row}}))
+
+    result = script.recipe(tmp_path, step, ["--device", "cpu"])
+    plan = dict(commands)
+    for seed in script.RECIPE["seeds"]:
+        start = tmp_path / "recipe" / f"mdlm-{n}-seed{seed}"
+        first = plan[f"recipe: train mdlm-{n} seed {seed}"]
+        assert first[first.index("--steps") + 1] == n and first[first.index("--snr") + 1] == "endpoint"
+        tuned = plan[f"recipe: train mdlm-{n}-dsl-{m} seed {seed}"]
+        assert tuned[tuned.index("--init") + 1] == start and tuned[tuned.index("--steps") + 1] == m
+        assert tuned[tuned.index("--snr") + 1] == "mixed" and tuned[tuned.index("--seed") + 1] == seed
+        long = plan[f"recipe: train mdlm-{n + m} seed {seed}"]
+        assert long[long.index("--steps") + 1] == n + m
+        # seed 0's long arm is --generation's MDLM: its folder and flags (no --seed: the default 0)
+        assert (long[long.index("--out") + 1] == tmp_path / "mdlm") == (seed == 0) and ("--seed" in long) == (seed > 0)
+    assert len([c for c in commands if c[1][0] == "sample"]) == 2 * 3 * len(script.RECIPE["samplers"])
+    assert len(result["rows"]) == 2 * 3 * len(script.RECIPE["samplers"])
+    assert json.loads((tmp_path / "recipe" / "recipe.json").read_text()) == result
+    # the paired test: recipe - mdlm-long per seed = -0.05, -0.05, -0.048
+    diff = [-0.05, -0.05, -0.048]
+    want = stats.ttest_1samp(diff, 0.0, alternative="less").pvalue
+    lines = script.recipe_section(result)
+    said = next(l for l in lines if l.startswith("The recipe's bound below MDLM's"))
+    assert f"mean difference {sum(diff) / 3:+.3f} nats/token" in said and script.p_value(want) in said
+    cells = [[c.strip() for c in l.strip("|").split("|")] for l in lines if l.startswith("| `")]
+    assert cells[0][:3] == ["`recipe`", "3.961 ± 0.011", "100.0 ± 0.0"]  # 3.95, 3.96, 3.972
+    assert cells[1][:2] == ["`mdlm-long`", "4.010 ± 0.010"]  # 4.00, 4.01, 4.02
