@@ -240,7 +240,8 @@ def verdict_of(rows: list[dict], scores: dict[str, dict[int, float]], channel_sh
     v.tests = _tests(score, compared, primary, secondary, seed)
     v.reliability = {loss: reliability(_by_seed(rows, layers, loss)) for loss in v.tests}
     shares = shares_of(channel_share, layers)
-    v.controls = _controls(compared, layers, score, scores, shares, list(v.tests), seed, primary, learned)
+    v.controls = _controls(compared, layers, score, scores, shares, list(v.tests), seed, primary=primary,
+                           learned=learned)
     v.after_onset = after_onset(compared, layers, score, shares, primary, seed)
     if shares is not None:  # how closely the score itself follows the massive channels (no loss involved)
         v.score_vs_share = spearman_with_uncertainty(score, shares, seed=seed, interval=False)
@@ -337,7 +338,7 @@ def _by_seed(rows: list[dict], layers: list[int], loss: str):
     return [[value[l, s] for s in seeds] for l in layers]
 
 
-def _controls(compared, layers, score, scores, share, losses, seed, primary: str = PRIMARY,
+def _controls(compared, layers, score, scores, share, losses, seed, *, primary: str = PRIMARY,
               learned: str = PRIMARY) -> dict:
     """Every loss's controls (the module's docstring); `share`: the compared layers' massive-channel
     shares (`shares_of`; None: no share controls); the ceiling's rho sits with the `learned` loss

@@ -473,13 +473,7 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
     want = evaluate.references_like(spec, tok, 9, 0)[:12]
     assert seen == [(want, {"eos": "<eos>", "bos": False})]  # the reference set, split at the samples' EOS
     assert all(len(tok(r, add_special_tokens=False)["input_ids"]) == 9 for r in want)
-    # a file without a generator record: cut in the evaluator's ids at the samples' median length there
-    plain = tmp_path / "plain.jsonl"
-    plain.write_text(samples.read_text())
-    code, out, err = invoke("--format", "json", "eval", plain, "--evaluator", tiny_models("llama"),
-                            "--references", spec, "--device", "cpu")
-    assert code == 0, err
-    assert json.loads(out)[str(plain)]["mauve_references_cut_in"] == "evaluator"
+    # (a file without a generator record: test_eval_end_to_end_and_bad_input, cut in the evaluator's ids)
 
 
 def test_special_tokens_are_counted_from_the_ids_on_a_hand_built_set():

@@ -405,8 +405,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
                 continue
             row.update(ppl)
             if references is not None:
-                row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, gen_ppl_bos,
-                                      reference_features, generators[path]))
+                row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, bos=gen_ppl_bos,
+                                      cache=reference_features, generator=generators[path]))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -493,7 +493,7 @@ def _tokenizer_of(how: str, where: str):
         return None
 
 
-def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int,
+def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int, *,
                bos: bool, cache: dict, generator: tuple | None = None) -> dict:
     """MAUVE of one file's features against held-out references cut as its samples are: where
     `generator` (its tokenizer, the samples' token ids) is known, the held-out token stream in the
