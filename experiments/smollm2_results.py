@@ -371,6 +371,8 @@ def main() -> None:
     for name in ("without_finetune", "before_sweep", "recipe"):
         if getattr(args, name) and not args.generation:
             parser.error(f"--{name.replace('_', '-')} is a part of --generation: pass --generation too")
+    if args.recipe and args.before_sweep:
+        parser.error("--recipe runs after --generation's rows, which --before-sweep stops before: pass one of them")
     if args.before_sweep and not (run / "ranking.csv").is_file():
         parser.error(f"--before-sweep trains beside the sweep, after the scan: {run} has no ranking.csv yet "
                      "(run make results first)")
@@ -632,6 +634,7 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
 # fine-tuned from it for M, against MDLM for N + M; the generators' network, rows and batch.
 # Seed 0's MDLM for N + M is --generation's own `mdlm` (the same flags and seed)
 RECIPE = {"steps": (3000, 1000), "seeds": (0, 1, 2), "samplers": ("mdlm", "hybrid"), "num": 256}
+assert sum(RECIPE["steps"]) == BUDGET["steps"], "seed 0's long arm is --generation's MDLM: N + M is its budget"
 
 
 def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:

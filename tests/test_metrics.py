@@ -31,6 +31,7 @@ def test_diversity_entropy_and_repetition_by_hand():
     assert text_metrics(texts)["unigram_entropy"] == pytest.approx((math.log(2) + math.log(4)) / 2)
     # SimCTG's rep-2, pooled sums: 1 - (2 + 3) / (3 + 3); and diversity_within = prod (1 - rep-n)
     assert repetition(texts, 2) == pytest.approx(1 - 5 / 6)
+    assert repetition(["a"], 2) == 1.0 and diversity_within(["a"])["diversity_within"] == 0.0  # no bigram at all
     assert diversity_within(texts)["diversity_within"] == pytest.approx(
         math.prod(1 - repetition(texts, n) for n in (2, 3, 4)))
     assert unigram_entropy("x x x") == 0.0
@@ -458,20 +459,28 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
                                for i in ids))
     (samples.parent / "samples.meta.jsonl").write_text(json.dumps({"model": str(gen), "file": str(samples),
                                                                    "eos": "<eos>"}) + "\n")
+    # the same generator on record, but rows without their ids: cut in the evaluator's ids, no crash
+    bare = tmp_path / "bare" / "samples.jsonl"
+    bare.parent.mkdir()
+    bare.write_text("".join(json.dumps({"text": tok.decode(i, skip_special_tokens=False)}) + "\n" for i in ids))
+    (bare.parent / "samples.meta.jsonl").write_text(json.dumps({"model": str(gen), "file": str(bare),
+                                                                "eos": "<eos>"}) + "\n")
     seen = []
     real = evaluate.features
     monkeypatch.setattr(evaluate, "features", lambda backbone, texts, **kw: seen.append((texts, kw)) or
                         real(backbone, texts, **kw))
-    code, out, err = invoke("--format", "json", "eval", samples, "--evaluator", tiny_models("llama"),
+    code, out, err = invoke("--format", "json", "eval", samples, bare, "--evaluator", tiny_models("llama"),
                             "--references", spec, "--device", "cpu")
     assert code == 0, err
     row = json.loads(out)[str(samples)]
     assert row["mauve_references_cut_in"] == "generator" and row["mauve_reference_tokens"] == 9
+    assert json.loads(out)[str(bare)]["mauve_references_cut_in"] == "evaluator"
+    assert json.loads(out)[str(bare)]["eos_per_sample"] is None
     breaks = [i.count(tok.eos_token_id) for i in ids]  # the samples' own document breaks, counted from their ids
     assert row["eos_per_sample"] == pytest.approx(sum(breaks) / 12) and sum(breaks) > 0
     assert row["samples_with_eos"] == pytest.approx(sum(b > 0 for b in breaks) / 12)
     want = evaluate.references_like(spec, tok, 9, 0)[:12]
-    assert seen == [(want, {"eos": "<eos>", "bos": False})]  # the reference set, split at the samples' EOS
+    assert seen[0] == (want, {"eos": "<eos>", "bos": False})  # the reference set, split at the samples' EOS
     assert all(len(tok(r, add_special_tokens=False)["input_ids"]) == 9 for r in want)
     # (a file without a generator record: test_eval_end_to_end_and_bad_input, cut in the evaluator's ids)
 

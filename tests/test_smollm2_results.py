@@ -526,6 +526,12 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
     monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--before-sweep"])
     with pytest.raises(SystemExit):  # a part of --generation
         script.main()
+    # the recipe runs after the generation's rows, which --before-sweep stops before: refused, not ignored
+    monkeypatch.setattr(sys, "argv", [*argv, "--recipe"])
+    ran.clear()
+    with pytest.raises(SystemExit):
+        script.main()
+    assert ran == []
 
 
 def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():

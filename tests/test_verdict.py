@@ -621,6 +621,17 @@ def test_a_diffusion_bridge_is_judged_against_the_lookup_by_its_posterior_mean_a
         sweep_verdict(mixed, {"score": {l: l for l in range(1, 6)}}, {})
 
 
+def test_a_loss_that_is_the_same_at_every_layer_is_not_evidence_and_says_why():
+    """A constant loss has no ranks: p 1 (scipy's permutation test gives 0 there), and the lines say
+    rho is undefined rather than that it has the wrong sign."""
+    v = sweep_verdict(diffusion_rows({l: [0.5, 0.5] for l in range(1, 6)}), {"score": {l: l for l in range(1, 6)}}, {})
+    t = v["tests"]["objective"]
+    assert t["p"] == 1.0 and not t["supports"] and v["outcome"] == "not supported"
+    said = " ".join(v["statement"])
+    assert "rho is undefined: the loss is the same at every layer" in said and "wrong sign" not in said
+    assert "the seed-mean objective is the same at every tested layer" in said
+
+
 def test_a_diffusion_sweeps_ceiling_is_ranked_beside_its_posterior_mean_not_its_objective():
     """The ceiling is a clean regression: its nmse_dim is ranked against the bridges' posterior-mean
     nmse_dim (amendment 13), never against the objective, a loss it has no counterpart of."""

@@ -65,10 +65,11 @@ def unigram_entropy(text: str) -> float:
 
 def repetition(texts: list[str], n: int) -> float:
     """SimCTG's rep-n: 1 - (sum over samples of the distinct n-grams within the sample) / (sum of
-    their n-grams), so that diversity_within = prod_{n=2..4} (1 - rep-n)."""
+    their n-grams), so that diversity_within = prod_{n=2..4} (1 - rep-n); 1 where no sample has n
+    words (diversity_within's factor is then 0)."""
     counts = [(len(set(g)), len(g)) for g in (ngrams(t.split(), n) for t in texts)]
     total = sum(c for _, c in counts)
-    return 1 - sum(u for u, _ in counts) / total if total else 0.0
+    return 1 - sum(u for u, _ in counts) / total if total else 1.0
 
 
 def word_text(text: str, eos: str | None) -> str:

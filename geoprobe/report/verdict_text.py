@@ -353,6 +353,9 @@ def statement(v: dict, rules: Rules) -> list[str]:
     rel = v["reliability"].get(loss)
     if rel is None:
         lines.append("Seed noise: one seed per layer, so it is not measured and no layer is ranked against another.")
+    elif p.get("constant"):
+        lines.append(f"Seed noise: the seed-mean {loss} is the same at every tested layer, so there is no order to "
+                     "measure the seeds' agreement on.")
     else:
         lines.append(f"Seed noise: the reliability of the seed-mean {loss} (ICC(1,k)) is {rel:.2f} (1: the seeds "
                      "agree and the layers differ; 0 or less: the seed means' differences between layers are no "
@@ -381,7 +384,8 @@ def _test_lines(v: dict, rules: Rules) -> list[str]:
     layers = v["compared_layers"]
     span = f"layers {layers[0]}–{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) else \
         f"layers {', '.join(map(str, layers))}"
-    why = "" if p["supports"] else (" (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
+    why = "" if p["supports"] else (" (rho is undefined: the loss is the same at every layer)" if p.get("constant")
+                                    else " (rho has the predicted sign but p >= 0.05)" if p["rho"] < 0
                                     else " (rho has the wrong sign)")
     if v["convergence"]["converged"]:
         result = "supports the claim" if p["supports"] else "does not support the claim" + why

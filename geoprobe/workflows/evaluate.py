@@ -20,7 +20,6 @@ tokenisation).
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import math
 import os
@@ -384,7 +383,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
         check_writable(out.parent)
     first_token = "scored after BOS" if gen_ppl_bos else "unscored"
     # each file's generator tokenizer (None: not on record) and token ids: its special tokens, its references
-    generators = {name: (generator_tokenizer(Path(name)), rows[name][1]) for name in sets}
+    loaded = {}  # one load per tokenizer in this call (a folder rewritten later is read again next call)
+    generators = {name: (generator_tokenizer(Path(name), loaded), rows[name][1]) for name in sets}
     results = {name: {"samples": len(texts), "evaluator": evaluators[0], "eos": eos[name],
                       "gen_ppl_first_token": first_token, **text_metrics(texts, eos[name]),
                       **token_metrics(rows[name][1]), **special_token_metrics(*generators[name][::-1]),
@@ -467,30 +467,33 @@ def mauve_count(samples: int, references: int, found: str = "") -> int:
     return scored
 
 
-def generator_tokenizer(samples: Path):
+def generator_tokenizer(samples: Path, loaded: dict | None = None):
     """The tokenizer a samples file's generator drew its ids in, or None where its record does not
-    say: the AR row's model's; a checkpoint's own (DSL, MDLM and the embedding-diffusion baselines
-    save theirs); else its backbone's (a bridge's rows, rounding)."""
+    say or it cannot be loaded any more (a note says so): the AR row's model's; a checkpoint's own
+    (DSL, MDLM and the embedding-diffusion baselines save theirs); else its backbone's (a bridge's
+    rows, rounding). `loaded`: tokenizers already loaded in this call, by where they come from."""
     meta, _, config = generator_of(samples)
     if meta.get("decode") == "causal" and meta.get("model"):
-        return _tokenizer_of("spec", meta["model"])
-    model = Path(meta.get("model", ""))
-    if meta and (model / "tokenizer.json").is_file():
-        return _tokenizer_of("saved", str(model.resolve()))
-    backbone = (config.get("identity") or {}).get("model")
-    return _tokenizer_of("spec", backbone) if backbone else None
-
-
-@functools.lru_cache(maxsize=8)
-def _tokenizer_of(how: str, where: str):
-    """A tokenizer loaded once per call of the process: a model spec's ("spec") or a saved folder's."""
-    from geoprobe.backbone import load_tokenizer
-    from geoprobe.tokens import load_saved_tokenizer
-
-    try:
-        return load_tokenizer(where) if how == "spec" else load_saved_tokenizer(Path(where))
-    except (BadInput, OSError, ValueError):  # moved or gone since it sampled: its record says no more
+        how, where = "spec", meta["model"]
+    elif meta.get("model") and (Path(meta["model"]) / "tokenizer.json").is_file():
+        how, where = "saved", str(Path(meta["model"]).resolve())
+    elif backbone := (config.get("identity") or {}).get("model"):
+        how, where = "spec", backbone
+    else:
         return None
+    loaded = {} if loaded is None else loaded
+    if (how, where) not in loaded:
+        from geoprobe.backbone import load_tokenizer
+        from geoprobe.tokens import load_saved_tokenizer
+
+        try:
+            loaded[how, where] = load_tokenizer(where) if how == "spec" else load_saved_tokenizer(Path(where))
+        except Exception as exc:  # moved, gone or rewritten since it sampled: its record says no more
+            note(f"warning: {Path(samples).parent.name}: its generator's tokenizer ({where}) does not load "
+                 f"({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__}); MAUVE's references are cut "
+                 "in the evaluator's ids and its special tokens are not counted")
+            return None
+    return loaded[how, where]
 
 
 def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int, *,
@@ -501,7 +504,7 @@ def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, r
     (split at the same EOS string `eos`); so files of one tokenizer and length share one reference
     set. Otherwise (a file without a generator record) cut to the samples' median length in the
     evaluator's ids. `cache`: one features pass per reference set."""
-    if generator is not None and generator[0] is not None:
+    if generator is not None and generator[0] is not None and all(i is not None for i in generator[1]):
         tok, ids = generator
         length, reference_eos, cut = int(np.median([len(i) for i in ids])), eos, "generator"
     else:
