@@ -465,13 +465,23 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
     bare.write_text("".join(json.dumps({"text": tok.decode(i, skip_special_tokens=False)}) + "\n" for i in ids))
     (bare.parent / "samples.meta.jsonl").write_text(json.dumps({"model": str(gen), "file": str(bare),
                                                                 "eos": "<eos>"}) + "\n")
-    seen = []
-    real = evaluate.features
+    twin = tmp_path / "twin" / "samples.jsonl"  # a second file of the same generator: the same references
+    twin.parent.mkdir()
+    twin.write_text(samples.read_text())
+    (twin.parent / "samples.meta.jsonl").write_text(json.dumps({"model": str(gen), "file": str(twin),
+                                                                "eos": "<eos>"}) + "\n")
+    seen, cuts = [], []
+    real, real_cut = evaluate.features, evaluate.references_like
     monkeypatch.setattr(evaluate, "features", lambda backbone, texts, **kw: seen.append((texts, kw)) or
                         real(backbone, texts, **kw))
-    code, out, err = invoke("--format", "json", "eval", samples, bare, "--evaluator", tiny_models("llama"),
+    monkeypatch.setattr(evaluate, "references_like", lambda spec, tok, length, seed: cuts.append((tok, length)) or
+                        real_cut(spec, tok, length, seed))
+    code, out, err = invoke("--format", "json", "eval", samples, bare, twin, "--evaluator", tiny_models("llama"),
                             "--references", spec, "--device", "cpu")
     assert code == 0, err
+    # the held-out text is cut once per tokenizer and length, and featurised once per reference set
+    assert len(cuts) == 2 and cuts[0][0] is not cuts[1][0] and len(seen) == 2
+    assert json.loads(out)[str(twin)]["mauve"] == json.loads(out)[str(samples)]["mauve"]
     row = json.loads(out)[str(samples)]
     assert row["mauve_references_cut_in"] == "generator" and row["mauve_reference_tokens"] == 9
     assert json.loads(out)[str(bare)]["mauve_references_cut_in"] == "evaluator"
@@ -479,7 +489,7 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
     breaks = [i.count(tok.eos_token_id) for i in ids]  # the samples' own document breaks, counted from their ids
     assert row["eos_per_sample"] == pytest.approx(sum(breaks) / 12) and sum(breaks) > 0
     assert row["samples_with_eos"] == pytest.approx(sum(b > 0 for b in breaks) / 12)
-    want = evaluate.references_like(spec, tok, 9, 0)[:12]
+    want = real_cut(spec, tok, 9, 0)[:12]
     assert seen[0] == (want, {"eos": "<eos>", "bos": False})  # the reference set, split at the samples' EOS
     assert all(len(tok(r, add_special_tokens=False)["input_ids"]) == 9 for r in want)
     # (a file without a generator record: test_eval_end_to_end_and_bad_input, cut in the evaluator's ids)

@@ -395,7 +395,7 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     for index, name in enumerate(evaluators):
         backbone = NgramEvaluator(name, tokenizer) if name.startswith(NGRAM) else load_backbone(name, device=device)
         tokenizer = tokenizer or backbone.tokenizer
-        reference_features = {}
+        reference_cache = {}  # held-out texts and features, shared by the files (_mauve_row)
         for path, texts in sets.items():
             row = results[path]
             ppl, feats = (backbone.score(texts, eos[path], gen_ppl_bos) if name.startswith(NGRAM)
@@ -406,7 +406,7 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             row.update(ppl)
             if references is not None:
                 row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, bos=gen_ppl_bos,
-                                      cache=reference_features, generator=generators[path]))
+                                      cache=reference_cache, generator=generators[path]))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -503,14 +503,18 @@ def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, r
     generator's ids with its EOS, cut at the samples' length, decoded, and read as the samples are
     (split at the same EOS string `eos`); so files of one tokenizer and length share one reference
     set. Otherwise (a file without a generator record) cut to the samples' median length in the
-    evaluator's ids. `cache`: one features pass per reference set."""
+    evaluator's ids. `cache`: one cut of the held-out text per tokenizer and length, one features
+    pass per reference set (the tokenizers live for the whole call)."""
     if generator is not None and generator[0] is not None and all(i is not None for i in generator[1]):
         tok, ids = generator
         length, reference_eos, cut = int(np.median([len(i) for i in ids])), eos, "generator"
     else:
         tok, length, cut = backbone.tokenizer, int(np.median([len(_ids(backbone, t, eos)[0]) for t in texts])), "evaluator"
         reference_eos = backbone.tokenizer.eos_token if evaluator_eos(backbone.tokenizer) is not None else None
-    refs = references_like(references, tok, length, seed)
+    texts_key = ("texts", id(tok), length)  # one held-out read and cut per tokenizer and length in this call
+    if texts_key not in cache:
+        cache[texts_key] = references_like(references, tok, length, seed)
+    refs = cache[texts_key]
     scored = mauve_count(len(texts), len(refs), f"{len(refs)} references of the samples' {length} tokens in "
                          f"{references}'s held-out documents (split seed {seed}), {len(texts)} samples")
     if scored < len(texts):
