@@ -637,6 +637,14 @@ RECIPE = {"steps": (3000, 1000), "seeds": (0, 1, 2), "samplers": ("mdlm", "hybri
 assert sum(RECIPE["steps"]) == BUDGET["steps"], "seed 0's long arm is --generation's MDLM: N + M is its budget"
 
 
+def recipe_paths(out: Path, seed: int) -> dict[str, Path]:
+    """One seed's recipe folders: `start` (MDLM for N), `recipe` (DSL from it for M) and
+    `mdlm-long` (MDLM for N + M; seed 0's is --generation's own `mdlm`)."""
+    (n, m) = RECIPE["steps"]
+    return {"start": out / "recipe" / f"mdlm-{n}-seed{seed}", "recipe": out / "recipe" / f"mdlm-{n}-dsl-{m}-seed{seed}",
+            "mdlm-long": out / "mdlm" if seed == 0 else out / "recipe" / f"mdlm-{n + m}-seed{seed}"}
+
+
 def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:
     """Train the recipe comparison's models (each skipped when its metrics.json exists): by (arm,
     seed), `recipe` (MDLM for N, then DSL from it for M) and `mdlm-long` (MDLM for N + M)."""
@@ -644,19 +652,64 @@ def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:
     rows = ["--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {}
     for seed in RECIPE["seeds"]:
-        start = out / "recipe" / f"mdlm-{n}-seed{seed}"
+        paths = recipe_paths(out, seed)
+        start, tuned, long = paths["start"], paths["recipe"], paths["mdlm-long"]
         step(f"recipe: train mdlm-{n} seed {seed}", "dsl", "train", "--corpus", CORPUS, *flags["mdlm"], "--steps", n,
              *rows, "--seed", seed, "--out", start, *dev, done=start / "metrics.json")
-        tuned = out / "recipe" / f"mdlm-{n}-dsl-{m}-seed{seed}"  # DSL's flags (its tokenizer and network are MDLM's)
+        # DSL's flags (its tokenizer and network are MDLM's)
         step(f"recipe: train mdlm-{n}-dsl-{m} seed {seed}", "dsl", "train", "--corpus", CORPUS, "--init", start,
              *flags["dsl"],
              "--steps", m, *rows, "--seed", seed, "--out", tuned, *dev, done=tuned / "metrics.json")
-        long = out / "mdlm" if seed == 0 else out / "recipe" / f"mdlm-{n + m}-seed{seed}"
         step(f"recipe: train mdlm-{n + m} seed {seed}", "dsl", "train", "--corpus", CORPUS, *flags["mdlm"],
              "--steps", n + m, *rows, *(["--seed", seed] if seed else []), "--out", long, *dev,
              done=long / "metrics.json")
         models["recipe", seed], models["mdlm-long", seed] = tuned, long
     return models
+
+
+# what may differ between a seed's three models' config.json (dotted keys): the SNR scheme, the
+# steps and their warmup (warmup_for), and where the fine-tune starts; nothing else
+RECIPE_MAY_DIFFER = {"training.snr", "training.train.steps", "training.train.warmup", "budget.steps", "identity.init"}
+
+
+def recipe_checks(out: Path) -> list[str]:
+    """What keeps the recipe's pairs from being the registered comparison, one line each (none:
+    they are): every model trained its whole budget (N, M, N + M steps, stopped by it), the
+    fine-tune started from its own seed's MDLM, and a seed's three configs agree in everything
+    but RECIPE_MAY_DIFFER (the same network, tokenizer, rows, rates, split seed). Seed 0's long
+    arm is a folder --generation trained earlier: this is what ties it to the protocol."""
+    (n, m), problems = RECIPE["steps"], []
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        items = {}
+        for key, value in tree.items():
+            items.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return items
+
+    for seed in RECIPE["seeds"]:
+        paths, configs = recipe_paths(out, seed), {}
+        for name, steps in (("start", n), ("recipe", m), ("mdlm-long", n + m)):
+            try:
+                trained = json.loads((paths[name] / "metrics.json").read_text())
+                configs[name] = flat(json.loads((paths[name] / "config.json").read_text()))
+            except (OSError, ValueError) as exc:
+                problems.append(f"seed {seed}: {paths[name].name} has no readable record ({type(exc).__name__})")
+                continue
+            if trained.get("steps_run") != steps or trained.get("stop") != "budget":
+                problems.append(f"seed {seed}: {paths[name].name} ran {trained.get('steps_run')} steps "
+                                f"(stop {trained.get('stop')}), not its budget of {steps:,}")
+        if "recipe" in configs:
+            init = configs["recipe"].get("identity.init")
+            if not init or Path(init).resolve() != paths["start"].resolve():
+                problems.append(f"seed {seed}: the fine-tune started from {init}, not from {paths['start'].name}")
+        for name in ("recipe", "mdlm-long"):
+            if name in configs and "start" in configs:
+                keys = set(configs[name]) | set(configs["start"])
+                differ = sorted(k for k in keys - RECIPE_MAY_DIFFER if configs[name].get(k) != configs["start"].get(k))
+                if differ:
+                    problems.append(f"seed {seed}: {paths[name].name}'s config differs from {paths['start'].name}'s "
+                                    f"in {', '.join(differ)}")
+    return problems
 
 
 def recipe(out: Path, step, dev: list) -> dict:
@@ -683,47 +736,90 @@ def recipe(out: Path, step, dev: list) -> dict:
         rows.append({"arm": arm, "seed": seed, "sampler": sampler, "model": str(models[arm, seed]),
                      "bound": trained["val_mdlm_elbo_nats_per_token"], "steps_run": trained["steps_run"],
                      "gen_ppl": metrics["gen_ppl"], "gen_ppl_kjv": metrics["gen_ppl_by_evaluator"][f"ngram:{CORPUS}"],
-                     "eos_per_sample": metrics.get("eos_per_sample")})
+                     "stop": trained.get("stop"), "eos_per_sample": metrics.get("eos_per_sample")})
     result = {"steps": list(RECIPE["steps"]), "num": RECIPE["num"], "length": SAMPLES["length"],
-              "sample_steps": SAMPLES["steps"], "rows": rows}
+              "sample_steps": SAMPLES["steps"], "rows": rows, "checks": recipe_checks(out)}
     (out / "recipe" / "recipe.json").write_text(json.dumps(result, indent=1))
     return result
 
 
 def recipe_section(recipe: dict) -> list[str]:
-    """The page's lines for the recipe comparison on the KJV: each arm's held-out bound and each
-    sampler's Gen.PPL (mean ± sd over seeds), and the registered test: the recipe's bound lower
-    than MDLM's, paired over seeds (one-sided t), descriptive with 3 seeds."""
+    """The page's lines for the recipe comparison on the KJV: what each arm is and what the bound
+    measures; each arm's held-out bound and each sampler's Gen.PPL and EOS count (mean ± sd over
+    seeds); each seed's pair; the registered test (the recipe's bound lower than MDLM's, paired
+    over seeds, one-sided t at α 0.05) with its decision; the pairs' checks (`recipe_checks`)."""
     import numpy as np
     from scipy import stats
 
+    from geoprobe.bridges.train import warmup_for
     from experiments.pages import cell
 
     (n, m), rows = recipe["steps"], recipe["rows"]
     seeds = sorted({r["seed"] for r in rows})
-    bound = {a: [next(r["bound"] for r in rows if r["arm"] == a and r["seed"] == s) for s in seeds]
-             for a in ("recipe", "mdlm-long")}
-    diff = [a - b for a, b in zip(bound["recipe"], bound["mdlm-long"])]
-    p = float(stats.ttest_1samp(diff, 0.0, alternative="less").pvalue) if len(diff) > 1 and np.ptp(diff) > 0 else None
+
+    def first(arm, seed, key):
+        return next(r[key] for r in rows if r["arm"] == arm and r["seed"] == seed)
+
+    bound = {a: [first(a, s, "bound") for s in seeds] for a in ("recipe", "mdlm-long")}
+    diff = np.array(bound["recipe"]) - np.array(bound["mdlm-long"])  # negative: the recipe's bound is lower
+    spread = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+    defined = len(diff) > 1 and spread > 1e-9 * max(1.0, float(np.abs(diff).max()))  # equal differences: no t
+    test = stats.ttest_1samp(diff, 0.0, alternative="less") if defined else None
     samplers = list(dict.fromkeys(r["sampler"] for r in rows))
     head = ["arm", "held-out bound, nats/token", *[f"{s}: Gen.PPL (SmolLM2)" for s in samplers],
-            *[f"{s}: Gen.PPL (KJV trigram)" for s in samplers]]
+            *[f"{s}: Gen.PPL (KJV trigram)" for s in samplers], *[f"{s}: EOS per sample" for s in samplers]]
     table = []
     for arm in ("recipe", "mdlm-long"):
         picked = [r for r in rows if r["arm"] == arm]
+        eos = [[r.get("eos_per_sample") for r in picked if r["sampler"] == s] for s in samplers]
         table.append([f"`{arm}`", cell(bound[arm]),
                       *[cell([r["gen_ppl"] for r in picked if r["sampler"] == s], 1) for s in samplers],
-                      *[cell([r["gen_ppl_kjv"] for r in picked if r["sampler"] == s], 1) for s in samplers]])
-    shown = "undefined (the differences are all equal)" if p is None else p_value(p)
+                      *[cell([r["gen_ppl_kjv"] for r in picked if r["sampler"] == s], 1) for s in samplers],
+                      *[cell(e, 2) if all(x is not None for x in e) else "—" for e in eos]])
+    pairs = [[str(s), f"{first('recipe', s, 'bound'):.4f}", f"{first('mdlm-long', s, 'bound'):.4f}", f"{d:+.4f}",
+              f"{first('recipe', s, 'steps_run'):,} ({first('recipe', s, 'stop') or '?'})",
+              f"{first('mdlm-long', s, 'steps_run'):,} ({first('mdlm-long', s, 'stop') or '?'})"]
+             for s, d in zip(seeds, diff)]
+    if test is None:
+        decision = "t is undefined (the differences are all equal): not shown"
+    else:
+        shown = ("shown" if test.pvalue < 0.05 else "not shown: the recipe's bound is the higher one on every seed"
+                 if (diff > 0).all() else f"not shown (with {len(diff)} seeds this says little: not an absence of effect)")
+        decision = (f"t = {float(test.statistic):.2f}, df = {len(diff) - 1}, p = {p_value(float(test.pvalue))}: "
+                    f"at α 0.05, {shown}")
+    checks = recipe.get("checks")
+    checked = ("**The pairs are not the registered comparison:** " + "; ".join(checks) + "." if checks else
+               "The pairs are as registered: every model ran its whole budget, each fine-tune started from its own "
+               "seed's MDLM, and a seed's configs agree in everything but the SNR scheme, the steps (and their "
+               "warmup) and the fine-tune's start." if checks is not None else "The pairs were not checked (a "
+               "recipe.json written before the checks).")
     return ["## The DSL paper's recipe on the KJV", "",
             f"MDLM for {n:,} steps, then DSL (mixed SNR) fine-tuned from it for {m:,} (`recipe`), against MDLM for "
             f"{n + m:,} (`mdlm-long`): the generators' network, rows and batch; {len(seeds)} seeds (each seed holds out "
             f"its own documents; both arms of a seed the same); {recipe['num']} samples of {recipe['length']} tokens "
-            f"per sampler at {recipe['sample_steps']} steps; mean ± sd over seeds. The bound is MDLM's ELBO on the "
-            "seed's held-out rows (each model's metrics.json).", "",
+            f"per sampler at {recipe['sample_steps']} steps; mean ± sd over seeds.", "",
             *markdown_table(head, table), "",
-            f"The recipe's bound below MDLM's (registered, paired over seeds, one-sided t): mean difference "
-            f"{np.mean(diff):+.3f} nats/token, p = {shown}.", ""]
+            *markdown_table(["seed", "`recipe` bound", "`mdlm-long` bound", "difference", "`recipe` steps (stop)",
+                             "`mdlm-long` steps (stop)"], pairs), "",
+            f"The recipe's bound below MDLM's (registered, one-sided paired t, H1: the difference `recipe` − "
+            f"`mdlm-long` is negative): mean difference {float(diff.mean()):+.3f} ± {spread:.3f} nats/token, "
+            f"{decision}.", "",
+            checked, "",
+            "What the comparison is, read before its numbers:",
+            f"- **The bound** is MDLM's ELBO (masked positions weighted by 1/t on the log-linear schedule) on the "
+            f"seed's first 32 held-out rows of 256 tokens (8,192 tokens), averaged over 16 stratified draws of t; "
+            f"both arms of a seed see the same rows and draws. It is MDLM's own objective. DSL's mixed SNR trains "
+            f"a tenth of its sequences on the masked states the bound measures, so the bound favours `mdlm-long`; "
+            f"on the testbed the recipe's bound was the worse one ([testbed.md](testbed.md), stage 4). The DSL paper "
+            f"claims better samples and fewer steps from the recipe, not a better bound.",
+            f"- **The fine-tune** starts from the MDLM checkpoint's EMA weights with a fresh AdamW state, warms up for "
+            f"{warmup_for(m)} steps to the learning rate 1e-3 and decays it to 0 by step {m:,} (the start had "
+            f"decayed to 0 at step {n:,}). Its batches repeat the first {m:,} of the start's (one seeded draw per "
+            f"step number), where `mdlm-long`'s last {m:,} steps draw new ones.",
+            "- **The hybrid sampler** runs `mdlm-long` through SNRs between its two trained endpoints, which it "
+            "never trained on: read its hybrid row as MDLM off its training, not as a tuned MDLM sampler.",
+            "- Gen.PPL counts one document per sample (up to its first EOS); the EOS columns say how often a "
+            "sample holds one.", ""]
 
 
 def by_machine(rows: list[dict]) -> str:

@@ -3,6 +3,7 @@ dsl/sample/nll commands reject bad input."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -214,6 +215,29 @@ def test_dsl_train_sample_nll_end_to_end(checkpoint, corpus_txt, tmp_path):
 def test_sample_bad_input(args, fragment, checkpoint):
     code, _, err = invoke("sample", "--model", checkpoint, "--device", "cpu", *args)
     assert_one_line_error(code, err, 2, fragment)
+
+
+def test_init_starts_from_the_checkpoints_weights_and_runs_its_own_steps(tmp_path, checkpoint, corpus_txt):
+    """`dsl train --init` (the DSL paper's recipe: DSL fine-tuned from an MDLM checkpoint): at a
+    learning rate of 1e-12 (the CLI refuses 0) the fine-tune's saved weights are the start's, every
+    one, to float32 rounding; at 1e-3 they move;
+    either way it runs its own --steps (not the start's) and records where it started."""
+    start = load_dsl(checkpoint).state_dict()
+    common = ["-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "train:400", "--init", checkpoint,
+              "--snr", "mixed", "--steps", 2, "--batch-size", 4, "--seq-len", 32, "--d-model", 32, "--n-layers", 1,
+              "--n-heads", 2, "--device", "cpu"]
+    moved = {}
+    for lr in (1e-12, 1e-3):
+        out = tmp_path / f"lr{lr}"
+        code, _, err = invoke(*common, "--lr", lr, "--out", out)
+        assert code == 0, err
+        metrics, config = (json.loads((out / f).read_text()) for f in ("metrics.json", "config.json"))
+        assert metrics["steps_run"] == 2 and metrics["stop"] == "budget"
+        assert Path(config["identity"]["init"]).resolve() == checkpoint.resolve()
+        tuned = load_dsl(out).state_dict()
+        assert tuned.keys() == start.keys()
+        moved[lr] = [k for k in start if not torch.allclose(start[k], tuned[k], rtol=1e-6, atol=1e-9)]
+    assert moved[1e-12] == [] and len(moved[1e-3]) > len(start) // 2
 
 
 def test_not_a_checkpoint_mismatched_tokenizer_and_empty_corpus(tmp_path, checkpoint, corpus_txt):

@@ -3,6 +3,7 @@ as done (every layer and seed of SWEEP, every ceiling), what its cost line adds 
 finished bridges' records that carry a sweep to another machine."""
 
 import json
+import statistics
 import os
 
 import subprocess
@@ -1086,7 +1087,14 @@ def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bou
             seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
             bound = 4.0 + 0.01 * seed + (-0.05 if "--init" in argv else 0.0) + 0.002 * (seed == 2) * ("--init" in argv)
             out.mkdir(parents=True)
-            (out / "metrics.json").write_text(json.dumps({"val_mdlm_elbo_nats_per_token": bound, "steps_run": 1}))
+            steps = int(argv[argv.index("--steps") + 1])
+            (out / "metrics.json").write_text(json.dumps({"val_mdlm_elbo_nats_per_token": bound, "steps_run": steps,
+                                                          "stop": "budget"}))
+            init = str(argv[argv.index("--init") + 1]) if "--init" in argv else None
+            (out / "config.json").write_text(json.dumps({  # a config as dsl train writes it, in what matters here
+                "network": {"d_model": 256}, "training": {"snr": argv[argv.index("--snr") + 1],
+                                                          "train": {"steps": steps, "seed": seed, "lr": 1e-3}},
+                "identity": {"init": init}}))
             bounds[out] = bound
         elif argv[0] == "sample":
             out.mkdir(parents=True)
@@ -1116,7 +1124,37 @@ def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bou
     want = stats.ttest_1samp(diff, 0.0, alternative="less").pvalue
     lines = script.recipe_section(result)
     said = next(l for l in lines if l.startswith("The recipe's bound below MDLM's"))
-    assert f"mean difference {sum(diff) / 3:+.3f} nats/token" in said and script.p_value(want) in said
+    test = stats.ttest_1samp(diff, 0.0, alternative="less")
+    assert f"mean difference {sum(diff) / 3:+.3f} ± {statistics.stdev(diff):.3f} nats/token" in said
+    assert f"t = {test.statistic:.2f}, df = 2, p = {script.p_value(want)}: at α 0.05, shown" in said
     cells = [[c.strip() for c in l.strip("|").split("|")] for l in lines if l.startswith("| `")]
     assert cells[0][:3] == ["`recipe`", "3.961 ± 0.011", "100.0 ± 0.0"]  # 3.95, 3.96, 3.972
     assert cells[1][:2] == ["`mdlm-long`", "4.010 ± 0.010"]  # 4.00, 4.01, 4.02
+    pairs = [[c.strip() for c in l.strip("|").split("|")] for l in lines if l[:4] in ("| 0 ", "| 1 ", "| 2 ")]
+    assert [p[3] for p in pairs] == ["-0.0500", "-0.0500", "-0.0480"] and pairs[0][4] == f"{m:,} (budget)"
+    assert result["checks"] == [] and any(l.startswith("The pairs are as registered") for l in lines)
+    # a pair off the protocol is named on the page: seed 1's long arm stopped early, seed 2's fine-tune
+    # started elsewhere, seed 0's long arm (--generation's MDLM, trained earlier) on another rate
+    for folder, change in ((tmp_path / "recipe" / f"mdlm-{n + m}-seed1", {"steps_run": 2500, "stop": "plateau"}),):
+        (folder / "metrics.json").write_text(json.dumps({**json.loads((folder / "metrics.json").read_text()), **change}))
+    config = tmp_path / "recipe" / f"mdlm-{n}-dsl-{m}-seed2" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "identity": {"init": str(tmp_path / "elsewhere")}}))
+    config = tmp_path / "mdlm" / "config.json"
+    record = json.loads(config.read_text())
+    record["training"]["train"]["lr"] = 3e-4
+    config.write_text(json.dumps(record))
+    checks = script.recipe_checks(tmp_path)
+    assert len(checks) == 3 and checks[0].startswith("seed 0") and "training.train.lr" in checks[0]
+    assert checks[1].startswith("seed 1") and "2500 steps (stop plateau)" in checks[1]
+    assert checks[2].startswith("seed 2") and "started from" in checks[2]
+    lines = script.recipe_section({**result, "checks": checks})
+    assert any(l.startswith("**The pairs are not the registered comparison:**") and "training.train.lr" in l
+               for l in lines)
+    # equal differences: no t, and the page says so instead of a p
+    equal = [{**r, "bound": 4.0 - 0.05 * (r["arm"] == "recipe")} for r in result["rows"]]
+    said = next(l for l in script.recipe_section({**result, "rows": equal}) if l.startswith("The recipe's bound"))
+    assert "t is undefined" in said and "p =" not in said
+    # the recipe's bound higher on every seed: not shown, and the page says which way it went
+    worse = [{**r, "bound": r["bound"] + 0.2 * (r["arm"] == "recipe")} for r in result["rows"]]
+    said = next(l for l in script.recipe_section({**result, "rows": worse}) if l.startswith("The recipe's bound"))
+    assert "not shown: the recipe's bound is the higher one on every seed" in said
