@@ -711,18 +711,24 @@ def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:
     return models
 
 
-# what may differ between a seed's three models' config.json (dotted keys): the SNR scheme, the
-# steps and their warmup (warmup_for), and where the fine-tune starts; nothing else
-RECIPE_MAY_DIFFER = {"training.snr", "training.train.steps", "training.train.warmup", "budget.steps", "identity.init"}
+# what may differ between a seed's three models' config.json (dotted keys): the SNR scheme and
+# where the fine-tune starts (each checked on its own, RECIPE_ARMS) and the steps; nothing else
+# (the warmup is warmup_for(steps): 100 for each arm's steps)
+RECIPE_MAY_DIFFER = {"training.snr", "training.train.steps", "budget.steps", "identity.init"}
+# each folder's SNR scheme and steps: MDLM's endpoint SNR for the start and the long arm, DSL's mixed
+# for the fine-tune
+RECIPE_ARMS = {"start": ("endpoint", RECIPE["steps"][0]), "recipe": ("mixed", RECIPE["steps"][1]),
+               "mdlm-long": ("endpoint", sum(RECIPE["steps"]))}
 
 
 def recipe_checks(out: Path) -> list[str]:
     """What keeps the recipe's pairs from being the registered comparison, one line each (none:
     they are): every model trained its whole budget (N, M, N + M steps, stopped by it), the
-    fine-tune started from its own seed's MDLM, and a seed's three configs agree in everything
-    but RECIPE_MAY_DIFFER (the same network, tokenizer, rows, rates, split seed). Seed 0's long
-    arm is a folder --generation trained earlier: this is what ties it to the protocol."""
-    (n, m), problems = RECIPE["steps"], []
+    fine-tune started from its own seed's MDLM and the other two from nothing, each ran its SNR
+    scheme (RECIPE_ARMS), and a seed's three configs agree in everything but RECIPE_MAY_DIFFER
+    (the same network, tokenizer, rows, rates, warmup, split seed). Seed 0's long arm is a folder
+    --generation trained earlier: this is what ties it to the protocol."""
+    problems = []
 
     def flat(tree: dict, prefix: str = "") -> dict:
         items = {}
@@ -732,7 +738,7 @@ def recipe_checks(out: Path) -> list[str]:
 
     for seed in RECIPE["seeds"]:
         paths, configs = recipe_paths(out, seed), {}
-        for name, steps in (("start", n), ("recipe", m), ("mdlm-long", n + m)):
+        for name, (snr, steps) in RECIPE_ARMS.items():
             try:
                 trained = json.loads((paths[name] / "metrics.json").read_text())
                 configs[name] = flat(json.loads((paths[name] / "config.json").read_text()))
@@ -742,10 +748,14 @@ def recipe_checks(out: Path) -> list[str]:
             if trained.get("steps_run") != steps or trained.get("stop") != "budget":
                 problems.append(f"seed {seed}: {paths[name].name} ran {trained.get('steps_run')} steps "
                                 f"(stop {trained.get('stop')}), not its budget of {steps:,}")
-        if "recipe" in configs:
-            init = configs["recipe"].get("identity.init")
-            if not init or Path(init).resolve() != paths["start"].resolve():
+            if configs[name].get("training.snr") != snr:
+                problems.append(f"seed {seed}: {paths[name].name} trained with the {configs[name].get('training.snr')} "
+                                f"SNR scheme, not {snr}")
+            init = configs[name].get("identity.init")
+            if name == "recipe" and (not init or Path(init).resolve() != paths["start"].resolve()):
                 problems.append(f"seed {seed}: the fine-tune started from {init}, not from {paths['start'].name}")
+            elif name != "recipe" and init:
+                problems.append(f"seed {seed}: {paths[name].name} started from {init}, not from nothing")
         for name in ("recipe", "mdlm-long"):
             if name in configs and "start" in configs:
                 keys = set(configs[name]) | set(configs["start"])
@@ -801,8 +811,8 @@ def recipe_section(recipe: dict) -> list[str]:
     (n, m), rows = recipe["steps"], recipe["rows"]
     seeds = sorted({r["seed"] for r in rows})
 
-    def first(arm, seed, key):
-        return next(r[key] for r in rows if r["arm"] == arm and r["seed"] == seed)
+    def first(arm, seed, key):  # a recipe.json from before a key was recorded: None
+        return next(r.get(key) for r in rows if r["arm"] == arm and r["seed"] == seed)
 
     bound = {a: [first(a, s, "bound") for s in seeds] for a in ("recipe", "mdlm-long")}
     diff = np.array(bound["recipe"]) - np.array(bound["mdlm-long"])  # negative: the recipe's bound is lower
@@ -820,12 +830,16 @@ def recipe_section(recipe: dict) -> list[str]:
                       *[cell([r["gen_ppl"] for r in picked if r["sampler"] == s], 1) for s in samplers],
                       *[cell([r["gen_ppl_kjv"] for r in picked if r["sampler"] == s], 1) for s in samplers],
                       *[cell(e, 2) if all(x is not None for x in e) else "—" for e in eos]])
+    def ran(arm, seed):
+        steps = first(arm, seed, "steps_run")
+        return f"{steps:,} ({first(arm, seed, 'stop') or 'stop not recorded'})" if steps is not None else "—"
+
     pairs = [[str(s), f"{first('recipe', s, 'bound'):.4f}", f"{first('mdlm-long', s, 'bound'):.4f}", f"{d:+.4f}",
-              f"{first('recipe', s, 'steps_run'):,} ({first('recipe', s, 'stop') or '?'})",
-              f"{first('mdlm-long', s, 'steps_run'):,} ({first('mdlm-long', s, 'stop') or '?'})"]
-             for s, d in zip(seeds, diff)]
+              ran("recipe", s), ran("mdlm-long", s)] for s, d in zip(seeds, diff)]
     if test is None:
-        decision = "t is undefined (the differences are all equal): not shown"
+        way = ("lower" if (diff < 0).all() else "higher" if (diff > 0).all() else "equal") if len(diff) else "unknown"
+        why = "one seed" if len(diff) < 2 else "the differences are all equal"
+        decision = f"t is undefined ({why}; the recipe's bound is the {way} one): the test cannot run, not shown"
     else:
         shown = ("shown" if test.pvalue < 0.05 else "not shown: the recipe's bound is the higher one on every seed"
                  if (diff > 0).all() else f"not shown (with {len(diff)} seeds this says little: not an absence of effect)")
@@ -845,25 +859,27 @@ def recipe_section(recipe: dict) -> list[str]:
             *markdown_table(head, table), "",
             *markdown_table(["seed", "`recipe` bound", "`mdlm-long` bound", "difference", "`recipe` steps (stop)",
                              "`mdlm-long` steps (stop)"], pairs), "",
+            checked, "",
             f"The recipe's bound below MDLM's (registered, one-sided paired t, H1: the difference `recipe` − "
             f"`mdlm-long` is negative): mean difference {float(diff.mean()):+.3f} ± {spread:.3f} nats/token, "
             f"{decision}.", "",
-            checked, "",
             "What the comparison is, read before its numbers:",
             f"- **The bound** is MDLM's ELBO (masked positions weighted by 1/t on the log-linear schedule) on the "
             f"seed's first 32 held-out rows of 256 tokens (8,192 tokens), averaged over 16 stratified draws of t; "
-            f"both arms of a seed see the same rows and draws. It is MDLM's own objective. DSL's mixed SNR trains "
-            f"a tenth of its sequences on the masked states the bound measures, so the bound favours `mdlm-long`; "
-            f"on the testbed the recipe's bound was the worse one ([testbed.md](testbed.md), stage 4). The DSL paper "
-            f"claims better samples and fewer steps from the recipe, not a better bound.",
+            f"both arms of a seed see the same rows and draws. It is MDLM's own objective: masked positions at SNR 0 "
+            f"and revealed ones at s_max, cross-entropy on the masked ones weighted by 1/t, which `mdlm-long` "
+            f"trains on exactly. DSL's mixed SNR trains a tenth of its sequences on near-endpoint (random-order) "
+            f"states and the rest at log-normal SNRs, unweighted over every position, so the bound favours `mdlm-long`; "
+            f"on the testbed the recipe's bound was the worse one ([testbed.md](testbed.md), stage 4). The samples' "
+            f"Gen.PPL is the comparison's other side, descriptive.",
             f"- **The fine-tune** starts from the MDLM checkpoint's EMA weights with a fresh AdamW state, warms up for "
             f"{warmup_for(m)} steps to the learning rate 1e-3 and decays it to 0 by step {m:,} (the start had "
             f"decayed to 0 at step {n:,}). Its batches repeat the first {m:,} of the start's (one seeded draw per "
             f"step number), where `mdlm-long`'s last {m:,} steps draw new ones.",
             "- **The hybrid sampler** runs `mdlm-long` through SNRs between its two trained endpoints, which it "
             "never trained on: read its hybrid row as MDLM off its training, not as a tuned MDLM sampler.",
-            "- Gen.PPL counts one document per sample (up to its first EOS); the EOS columns say how often a "
-            "sample holds one.", ""]
+            "- Gen.PPL scores every document in a sample and its first EOS (a later EOS is not scored, and the token "
+            "after an EOS is scored as a new document's first); the EOS columns say how often a sample holds one.", ""]
 
 
 def diffusion_bridge_section(run: Path) -> list[str]:
@@ -881,15 +897,16 @@ def diffusion_bridge_section(run: Path) -> list[str]:
     regression = read_rows(run / "compare.csv")
     table, said = [], []
     for sampler in ("ltr", "hybrid"):
-        ours = next((r for r in through if r["sampler"] == sampler), None)
-        theirs = find_row(regression, f"bridges/layer-{layer:02d}/seed-0", sampler)
+        ours, theirs = (find_row(rows, f"bridges/layer-{layer:02d}/seed-0", sampler) for rows in (through, regression))
         for label, row in (("regression bridge", theirs), ("diffusion bridge", ours)):
             if row is None:
+                table.append([label, f"`{sampler}`", "no row in its comparison", "—", "—", "—", "—"])
                 continue
             scores = gen_scores(row)
             table.append([label, f"`{sampler}`", *[
-                f"{scores[name][0]:,.0f} ({scores[name][1]:,.0f}–{scores[name][2]:,.0f})" if name in scores and
-                scores[name][1] is not None else "—" for name in (MODEL, f"ngram:{CORPUS}")],
+                "—" if name not in scores else f"{scores[name][0]:,.0f}" + (
+                    f" ({scores[name][1]:,.0f}–{scores[name][2]:,.0f})" if scores[name][1] is not None else "")
+                for name in (MODEL, f"ngram:{CORPUS}")],
                 "—" if row.get("mauve") is None else f"{row['mauve']:.3f}",
                 "—" if row.get("eos_per_sample") is None else f"{row['eos_per_sample']:.2f}",
                 f"{row['seconds_per_sample']:.2f}"])
@@ -1003,7 +1020,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
     head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
-    if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file():
+    if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file() and \
+            diffusion_bridge(run) is not None:  # its record is read from the diffusion sweep's run
         body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run))
     if (out / "recipe" / "recipe.json").is_file():  # the DSL paper's recipe on the KJV, after the generation
         body = body.rstrip() + "\n\n" + "\n".join(recipe_section(json.loads((out / "recipe" / "recipe.json").read_text())))

@@ -936,6 +936,11 @@ def test_the_diffusion_bridge_section_sets_its_rows_beside_the_regression_bridge
            "with intervals overlapping (not ranked) under the KJV trigram." in lines
     assert "- `hybrid`: the diffusion bridge's Gen.PPL against the regression bridge's: 3.0× lower under SmolLM2." \
         in lines
+    # the regression table without its ltr row: the page says so, and sets nothing against it
+    write_rows(run / "compare.csv", [row("bridges/layer-01/seed-0", "hybrid", 3000, 2800, 3200, None)], COLUMNS)
+    lines = diffusion_bridge_section(run)
+    assert any(l.startswith("| regression bridge | `ltr`") and "no row in its comparison" in l for l in lines)
+    assert not any(l.startswith("- `ltr`") for l in lines)
 
 
 def test_the_generation_line_tells_one_bridges_hybrid_stack_only_and_ltr_rows_apart():
@@ -1241,17 +1246,30 @@ def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bou
     record = json.loads(config.read_text())
     record["training"]["train"]["lr"] = 3e-4
     config.write_text(json.dumps(record))
+    # and seed 1's start trained with DSL's SNR scheme, from another model
+    config = tmp_path / "recipe" / f"mdlm-{n}-seed1" / "config.json"
+    record = json.loads(config.read_text())
+    record["training"]["snr"], record["identity"]["init"] = "mixed", str(tmp_path / "elsewhere")
+    config.write_text(json.dumps(record))
     checks = script.recipe_checks(tmp_path)
-    assert len(checks) == 3 and checks[0].startswith("seed 0") and "training.train.lr" in checks[0]
-    assert checks[1].startswith("seed 1") and "2500 steps (stop plateau)" in checks[1]
-    assert checks[2].startswith("seed 2") and "started from" in checks[2]
+    assert len(checks) == 5 and checks[0].startswith("seed 0") and "training.train.lr" in checks[0]
+    assert checks[1:4] == [f"seed 1: mdlm-{n}-seed1 trained with the mixed SNR scheme, not endpoint",
+                           f"seed 1: mdlm-{n}-seed1 started from {tmp_path / 'elsewhere'}, not from nothing",
+                           f"seed 1: mdlm-{n + m}-seed1 ran 2500 steps (stop plateau), not its budget of {n + m:,}"]
+    assert checks[4].startswith("seed 2: the fine-tune started from")
     lines = script.recipe_section({**result, "checks": checks})
-    assert any(l.startswith("**The pairs are not the registered comparison:**") and "training.train.lr" in l
-               for l in lines)
+    warned = next(i for i, l in enumerate(lines) if l.startswith("**The pairs are not the registered comparison:**"))
+    assert "training.train.lr" in lines[warned]
+    assert warned < next(i for i, l in enumerate(lines) if l.startswith("The recipe's bound below"))  # above the test
+    # a recipe.json written before stop was recorded: the page still renders
+    old = [{k: v for k, v in r.items() if k != "stop"} for r in result["rows"]]
+    assert any("(stop not recorded)" in l for l in script.recipe_section({"rows": old, **{
+        k: v for k, v in result.items() if k not in ("rows", "checks")}}))
     # equal differences: no t, and the page says so instead of a p
     equal = [{**r, "bound": 4.0 - 0.05 * (r["arm"] == "recipe")} for r in result["rows"]]
     said = next(l for l in script.recipe_section({**result, "rows": equal}) if l.startswith("The recipe's bound"))
-    assert "t is undefined" in said and "p =" not in said
+    assert "t is undefined (the differences are all equal; the recipe's bound is the lower one)" in said
+    assert "p =" not in said
     # the recipe's bound higher on every seed: not shown, and the page says which way it went
     worse = [{**r, "bound": r["bound"] + 0.2 * (r["arm"] == "recipe")} for r in result["rows"]]
     said = next(l for l in script.recipe_section({**result, "rows": worse}) if l.startswith("The recipe's bound"))
