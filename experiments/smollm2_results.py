@@ -1146,9 +1146,34 @@ def verdict_lines(verdict: dict, exp: Experiment | None = None) -> list[str]:
                      + ("" if depth is None else f", and the score's ρ with depth there is {depth['rho']:.2f}"
                         + (" (not separable from depth)" if abs(depth["rho"]) > INSEPARABLE else "")))
     return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {exp.weights}, "
-                   "on the KJV (one-sided Spearman, fixed in advance).",
-                   f"{verdict['outcome']} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}).",
+                   "on the KJV (one-sided Spearman, fixed in advance).", outcome_line(verdict, test),
                    "; ".join(rests) + "." + exp.quantised)
+
+
+def outcome_line(verdict: dict, test: dict) -> str:
+    """The opening's outcome: the verdict and the test's ρ and p; an unconverged sweep in plain
+    words (which bridges failed which condition), its numbers said to be no evidence either way."""
+    numbers = f"ρ {test['rho']:.2f}, p {p_value(test['p'], 2)}"
+    conv = verdict.get("convergence") or {}
+    if not verdict["outcome"].startswith("inconclusive") or conv.get("converged", True):
+        return f"{verdict['outcome']} ({numbers})."
+    why = []
+    if worse := conv.get("worse_than_lookup"):
+        named = ", ".join(f"layer {layer} seed {seed}" for layer, seed in worse)
+        why.append(f"{len(worse)} of the {conv['tested']} tested bridges ({named}) "
+                   f"{'does' if len(worse) == 1 else 'do'} not beat {'its' if len(worse) == 1 else 'their'} token "
+                   "lookup by the registered bar")
+    if conv.get("share", 1.0) < conv.get("needed", 0.0):
+        why.append(f"{conv['plateau']} of {conv['tested']} stopped by their plateau ({conv['needed']:.0%} needed)")
+    if unstopped := conv.get("unstopped_layers"):
+        why.append(f"layer{'s' * (len(unstopped) > 1)} {', '.join(map(str, unstopped))} "
+                   f"{'have' if len(unstopped) > 1 else 'has'} no bridge stopped by its plateau")
+    if not why:  # a reason this line does not know: the verdict's own words
+        return f"{verdict['outcome']} ({numbers})."
+    seeds = " Provisional: one seed per tested layer." if "provisional" in verdict["outcome"] else ""
+    said = "; ".join(why)
+    return (f"inconclusive. {said[0].upper() + said[1:]}, so the bridges count as unconverged, and the test's "
+            f"numbers ({numbers}) are no evidence either way.{seeds}")
 
 
 def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experiment | None = None) -> str:
@@ -1189,10 +1214,18 @@ def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experimen
             lines.append(generation_line(verdict, rows))
         lines.append("- Generation: the table, and which of its rows differ beyond their intervals, are under "
                      "Generation below.")
+    elif exp.bridge == "diffusion" and exp.model == MODEL and verdict.get("chosen_layer") is not None:
+        layer = verdict["chosen_layer"]  # the regression run's --generation samples it (diffusion_sets)
+        done = (experiment().out / "run" / "diffusion-bridge" / "compare.csv").is_file()
+        lines.append(f"- Generation: [results.md](results.md#dihal-through-the-diffusion-bridge-the-chosen-layer-{layer}) "
+                     f"samples DiHAL through this sweep's seed-0 bridge at the chosen layer {layer}, beside the "
+                     "regression bridge's rows of that layer." if done else
+                     "- Generation: the SmolLM2 generation run (`--generation`, [results.md](results.md)) samples "
+                     f"DiHAL through this sweep's seed-0 bridge at the chosen layer {layer}; those rows are not "
+                     "written yet.")
     elif exp.generation:
         lines.append("- Generation: the full comparison has not been run with this sweep's bridges "
-                     "(`--generation`). [results-generation.md](results-generation.md) holds the previous run's "
-                     "section; its bridge rows used the bridges of that run.")
+                     "(`--generation`).")
     return "\n".join(lines)
 
 

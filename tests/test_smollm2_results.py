@@ -1172,6 +1172,33 @@ def test_the_pages_opening_says_where_the_score_cannot_be_separated_from_depth()
     assert "with depth there" not in verdict_lines(verdict)[-1]
 
 
+def test_the_openings_outcome_says_which_bridges_left_the_sweep_unconverged():
+    """An unconverged sweep's outcome line names the bridges that failed each condition and calls
+    the test's numbers no evidence; any other outcome is the verdict's own words with ρ and p."""
+    from experiments.smollm2_results import outcome_line
+
+    test = {"rho": 0.6, "p": 0.8333}
+    supported = {"outcome": "supported", "convergence": {"converged": True}}
+    assert outcome_line(supported, test) == "supported (ρ 0.60, p 0.83)."
+    one = {"outcome": "inconclusive: the bridges did not converge (layer 1 (seed 0) does not beat ...)",
+           "convergence": {"converged": False, "tested": 24, "plateau": 24, "share": 1.0, "needed": 0.8,
+                           "worse_than_lookup": [[1, 0]], "unstopped_layers": []}}
+    assert outcome_line(one, test) == (
+        "inconclusive. 1 of the 24 tested bridges (layer 1 seed 0) does not beat its token lookup by the registered "
+        "bar, so the bridges count as unconverged, and the test's numbers (ρ 0.60, p 0.83) are no evidence either way.")
+    many = {"outcome": "inconclusive: ... (provisional: one seed per tested layer, the protocol asks for at least two)",
+            "convergence": {"converged": False, "tested": 10, "plateau": 6, "share": 0.6, "needed": 0.8,
+                            "worse_than_lookup": [[1, 0], [2, 1]], "unstopped_layers": [4, 5]}}
+    said = outcome_line(many, test)
+    assert said.startswith("inconclusive. 2 of the 10 tested bridges (layer 1 seed 0, layer 2 seed 1) do not beat "
+                           "their token lookup by the registered bar; 6 of 10 stopped by their plateau (80% needed); "
+                           "layers 4, 5 have no bridge stopped by its plateau, so")
+    assert said.endswith("Provisional: one seed per tested layer.")
+    other = {"outcome": "inconclusive: something else", "convergence": {"converged": False, "tested": 4, "plateau": 4,
+                                                                        "share": 1.0, "needed": 0.8}}
+    assert outcome_line(other, test) == "inconclusive: something else (ρ 0.60, p 0.83)."
+
+
 def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bound(tmp_path):
     """The DSL paper's recipe on the KJV: per seed, MDLM for N then DSL from that checkpoint for M,
     against MDLM for N + M (seed 0's is --generation's own `mdlm`); each model sampled by each

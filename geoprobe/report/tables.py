@@ -34,7 +34,7 @@ def display_rows(ranking: dict, intervals: bool = True) -> tuple[list[str], list
         return _interval(r, name) if intervals else _fmt(r[name])
 
     head = ["layer", "curv", "mono", "erank", "score", "score 95% CI", "rank", "P(first)", "P(first) reseeds", "dup",
-            "massive", "mch (var)"]
+            "massive states", "mch (var)"]
     rows = [[str(r["layer"]) + ("" if r.get("bridgeable", True) else " †"), cell(r, "curv"), cell(r, "mono"), cell(r, "erank"), _fmt(r["score"]),
              f"[{_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}]", str(r["rank"]), _percent(r["p_first"]),
              _percent(r.get("p_first_reseed", float("nan"))),
@@ -42,7 +42,7 @@ def display_rows(ranking: dict, intervals: bool = True) -> tuple[list[str], list
              f"{r.get('massive_channels', 0)} ({r.get('channel_share', 0.0):.0%})"] for r in ranking["rows"]]
     if intervals:
         head = ["layer", "curv [95% CI]", "mono [95% CI]", "erank [95% CI]", "score [95% CI]", "rank", "P(first)",
-                "P(first) reseeds", "dup", "massive", "massive channels (their variance share)"]
+                "P(first) reseeds", "dup", "massive states", "massive channels (their variance share)"]
         for row, r in zip(rows, ranking["rows"]):
             row[4:6] = [_interval(r, "score")]
     return head, rows
@@ -63,7 +63,9 @@ def caption(ranking: dict, geometry: dict) -> str:
             f"({intervals}); "
             f"normalize={ranking['normalize']}, weights={ranking['weights']}, log={ranking['log']}, k={s['k']}, "
             f"anchors={s['anchors']}, pairs={s['pairs']}, alpha={s['alpha']}, bootstrap={s['bootstrap']}, "
-            f"seed={s['seed']}, drop_massive={s['drop_massive']}, massive channels "
+            f"seed={s['seed']}, drop_massive={s['drop_massive']} (`massive states`: the states whose norm exceeds "
+            f"{s.get('massive_factor', 20.0):g}x the median, {'dropped' if s['drop_massive'] else 'kept'}; `dup`: the "
+            f"share of duplicate states), massive channels "
             f"{'excluded' if ranking.get('drop_massive_channels') else 'kept'} (a channel is massive when its variance "
             f"exceeds {s.get('channel_factor', 20.0):g}x the median channel variance). Chosen layer: {ranking['chosen_layer']} "
             f"(ranked first in {_percent(ranking['chosen_p_first'])} of bootstrap replicates"
