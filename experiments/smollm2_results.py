@@ -343,6 +343,10 @@ def main() -> None:
     parser.add_argument("--recipe", action="store_true",
                         help="with --generation, then the DSL paper's recipe on the KJV: MDLM for 3,000 steps and "
                              "DSL from it for 1,000 against MDLM for 4,000, 3 seeds (about 5 hours of one core)")
+    parser.add_argument("--recipe-models", action="store_true",
+                        help="with --generation, only train the recipe comparison's models (its MDLM starts, DSL "
+                             "fine-tunes and long MDLMs), then stop: for a free core beside a running --generation, "
+                             "whose --recipe then finds them trained")
     parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
     parser.add_argument("--page-only", action="store_true",
                         help="write the page from the run's records (sweep.json, compare.csv, timings.json) and exit")
@@ -369,11 +373,14 @@ def main() -> None:
         timings = out / "timings.json"
         write_page(run, out, exp.page, json.loads(timings.read_text()) if timings.is_file() else {}, 0.0, seeds, exp)
         return
-    for name in ("without_finetune", "before_sweep", "recipe"):
+    for name in ("without_finetune", "before_sweep", "recipe", "recipe_models"):
         if getattr(args, name) and not args.generation:
             parser.error(f"--{name.replace('_', '-')} is a part of --generation: pass --generation too")
     if args.recipe and args.before_sweep:
         parser.error("--recipe runs after --generation's rows, which --before-sweep stops before: pass one of them")
+    if args.recipe_models and (args.before_sweep or args.recipe):
+        parser.error("--recipe-models trains only the recipe's models and stops: pass it without --before-sweep "
+                     "and --recipe")
     if args.before_sweep and not (run / "ranking.csv").is_file():
         parser.error(f"--before-sweep trains beside the sweep, after the scan: {run} has no ranking.csv yet "
                      "(run make results first)")
@@ -385,7 +392,7 @@ def main() -> None:
 
     try:
         run_experiment(exp, seeds, generate=args.generation, finetune=not args.without_finetune,
-                       before_sweep=args.before_sweep, with_recipe=args.recipe)
+                       before_sweep=args.before_sweep, with_recipe=args.recipe, recipe_only=args.recipe_models)
     except (BadInput, Interrupted) as exc:  # a step refused its input, or Ctrl-C: one line, as the command says it
         parser.exit(exc.exit_code, f"error: {exc}\n")
     except click.ClickException as exc:  # a step's flags the command's parser refuses: its one line and code
@@ -395,7 +402,7 @@ def main() -> None:
 
 
 def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool = False, finetune: bool = True,
-                   before_sweep: bool = False, with_recipe: bool = False) -> None:
+                   before_sweep: bool = False, with_recipe: bool = False, recipe_only: bool = False) -> None:
     """The experiment's steps, each skipped when its output exists: the scan, the sweep (its
     finished bridges copied into `exp.record` while it runs), with `generate` the generators'
     steps, then the page.
@@ -407,6 +414,8 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
         finetune: with `generate`, include DSL-from-SmolLM2.
         before_sweep: with `generate`, only the steps that need no sweep, then stop.
         with_recipe: with `generate`, then the DSL paper's recipe on the KJV (`recipe`).
+        recipe_only: only the recipe's models (`recipe_models`), then stop: beside a running
+            --generation, which finds them trained.
     """
     seeds = seeds or exp.seeds
     out, run = exp.out, exp.out / "run"
@@ -423,6 +432,10 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
             log.update(add_timings(log_path, ran))
 
     dev = ["--device", "cpu"]
+    if recipe_only:  # beside a running --generation: models of their own folders, none of its steps
+        recipe_models(out, step, dev)
+        print("[done] the recipe's models; --generation --recipe samples and scores them", flush=True)
+        return
     if before_sweep:  # the sweep's run is the other invocation's: nothing is written into it here
         train_generators(out, run, step, dev, finetune=finetune)
         print("[done] the generators and the layer-0 bridge; the rest of --generation waits for the sweep", flush=True)

@@ -543,6 +543,19 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
     with pytest.raises(SystemExit):
         script.main()
     assert ran == []
+    # --recipe-models: only the recipe's models, in their timed steps, beside a running --generation
+    (n, m) = script.RECIPE["steps"]
+    for extra in (["--before-sweep"], ["--recipe"]):  # it stops by itself: neither goes with it
+        monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--generation", "--recipe-models",
+                                          *extra])
+        with pytest.raises(SystemExit):
+            script.main()
+    assert ran == []
+    monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--generation", "--recipe-models"])
+    script.main()
+    assert ran == [f"recipe: train {name} seed {seed}" for seed in script.RECIPE["seeds"]
+                   for name in (f"mdlm-{n}", f"mdlm-{n}-dsl-{m}", f"mdlm-{n + m}")]
+    assert set(ran) <= set(json.loads(timings.read_text()))
 
 
 def test_the_sweeps_pinned_width_gives_the_networks_of_its_recorded_bridges():
