@@ -499,6 +499,10 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
                      f"written, {sum((s / 'samples.metrics.json').is_file() for s in extra)} evaluated"
                      + ("; compared" if (run / "diffusion-bridge" / "compare.csv").is_file() else "")
                      if extra else "through the diffusion bridge: its chosen layer's seed-0 bridge has not finished")
+    if (out / "recipe").is_dir():  # the recipe's models (--recipe, or --recipe-models beside), each arm at its steps
+        for arm, (_, steps) in RECIPE_ARMS.items():
+            lines += progress_of([(f"recipe {arm} seed {seed}", recipe_paths(out, seed)[arm])
+                                  for seed in RECIPE["seeds"]], cap=steps)
     return lines
 
 

@@ -780,8 +780,25 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     assert generation_progress(tmp_path, run)[3] == "1 of 27 sample sets written, 0 evaluated"  # + DSL-from-SmolLM2's 4
     # with the fine-tune, it is the next to train after mdlm
     assert generation_progress(tmp_path, run)[2].endswith(f"{waiting + 1} waiting, next train dsl-smollm2")
+    assert lines[4] == "through the diffusion bridge: its chosen layer's seed-0 bridge has not finished"
+    assert len(lines) == 5  # no recipe folder: no recipe lines
+    # the recipe's models, each arm at its own steps (--recipe-models trains them beside)
+    from experiments.smollm2_results import RECIPE, recipe_paths
+
+    (n, m) = RECIPE["steps"]
+    start = recipe_paths(tmp_path, 0)["start"]
+    start.mkdir(parents=True)
+    save_file({"w": torch.zeros(1)}, start / "checkpoint.safetensors",
+              metadata={"step": "600", "seconds": "360.0", "val_curve": "[]"})
+    lines = generation_progress(tmp_path, run, finetune=False)[5:]
+    assert lines[0] == f"recipe start seed 0: training, step 600, 6 min so far, about {(n - 600) * 0.6 / 60:.0f} min " \
+                       "to its cap at this rate"
+    assert lines[1] == "0 of 3 finished; 2 waiting, next recipe start seed 1"
+    assert lines[2] == "0 of 3 finished; 3 waiting, next recipe recipe seed 0"
+    assert lines[3].startswith("recipe mdlm-long seed 0: training, step 1,000")  # seed 0's is mdlm, still training
+    assert lines[4] == "0 of 3 finished; 2 waiting, next recipe mdlm-long seed 1"
     (run / "sweep.json").unlink()  # before the sweep: no plan yet, every set written
-    assert generation_progress(tmp_path, run, finetune=False)[-1] == "2 sample sets written, 0 evaluated"
+    assert generation_progress(tmp_path, run, finetune=False)[3] == "2 sample sets written, 0 evaluated"
 
 
 def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_disjoint():
