@@ -626,13 +626,19 @@ def sample_sets(out: Path, run: Path, finetune: bool = True) -> dict[str, tuple[
     return sets
 
 
-def diffusion_bridge(run: Path) -> Path | None:
-    """The diffusion sweep's seed-0 bridge at the chosen layer (the two sweeps share one scan, so
-    one chosen layer), once it has finished with its weights; None before. Issue 61: the
-    SmolLM2 table's bridges are the diffusion sweep's where they exist."""
+def diffusion_folder(run: Path) -> tuple[int, Path]:
+    """The chosen layer and where the diffusion sweep keeps its seed-0 bridge there (the two sweeps
+    share one scan, so one chosen layer)."""
     layer = json.loads((run / "sweep.json").read_text())["verdict"]["chosen_layer"]
-    folder = DIFFUSION_RUN / "bridges" / f"layer-{layer:02d}" / "seed-0"
-    return folder if (folder / "metrics.json").is_file() and (folder / "model.safetensors").is_file() else None
+    return layer, DIFFUSION_RUN / "bridges" / f"layer-{layer:02d}" / "seed-0"
+
+
+def diffusion_bridge(run: Path) -> tuple[int, Path] | None:
+    """`diffusion_folder` once that bridge has finished with its weights; None before. Issue 61:
+    the SmolLM2 table's bridges are the diffusion sweep's where they exist."""
+    layer, folder = diffusion_folder(run)
+    done = (folder / "metrics.json").is_file() and (folder / "model.safetensors").is_file()
+    return (layer, folder) if done else None
 
 
 def diffusion_sets(run: Path) -> dict[str, list]:
@@ -643,14 +649,20 @@ def diffusion_sets(run: Path) -> dict[str, list]:
     its layer and seed, which the regression bridge of that layer shares. None without the bridge.
     Cost: 16 samples of 32 tokens took 60 s a row (ltr and the hybrid alike) on one thread beside
     two other runs (2026-12-07): about 3.8 s a sample, an hour a row of 1,000 at that share."""
-    folder = diffusion_bridge(run)
-    if folder is None:
+    if (found := diffusion_bridge(run)) is None:
         return {}
-    layer = int(folder.parent.name.removeprefix("layer-"))
+    layer, folder = found
     shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
     return {f"diffusion-{layer:02d}-ltr": ["--model", folder, "--sampler", "ltr", *shape],
             f"diffusion-{layer:02d}": ["--model", folder, "--sampler", "hybrid", *shape, "--steps", SAMPLES["steps"],
                                        *BRIDGE_BATCH]}
+
+
+def all_scored(samples: list[Path]) -> Path | None:
+    """An eval step's `done` marker: the last file's SAMPLES.metrics.json once every file has its
+    own (eval writes one beside each), else None (the step runs)."""
+    scored = [f.with_suffix(".metrics.json") for f in samples]
+    return scored[-1] if all(f.is_file() for f in scored) else None
 
 
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
@@ -673,8 +685,7 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
     everything = files + curve
     # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
     step("eval", "eval", *everything, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS, *dev,
-         done=everything[-1].with_suffix(".metrics.json") if all(
-             f.with_suffix(".metrics.json").is_file() for f in everything) else None)
+         done=all_scored(everything))
     step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
     if extra := diffusion_sets(run):  # after the table above: its rows wait for no diffusion bridge
         through = []
@@ -683,8 +694,7 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
             step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / META)
             through.append(folder / "samples.jsonl")
         step("eval diffusion bridge", "eval", *through, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references",
-             CORPUS, *dev, done=through[-1].with_suffix(".metrics.json") if all(
-                 f.with_suffix(".metrics.json").is_file() for f in through) else None)
+             CORPUS, *dev, done=all_scored(through))
         step("compare diffusion bridge", "compare", *through, "--out", run / "diffusion-bridge", done=None)
     if with_recipe:
         recipe(out, step, dev)
@@ -745,13 +755,12 @@ def recipe_checks(out: Path) -> list[str]:
     scheme (RECIPE_ARMS), and a seed's three configs agree in everything but RECIPE_MAY_DIFFER
     (the same network, tokenizer, rows, rates, warmup, split seed). Seed 0's long arm is a folder
     --generation trained earlier: this is what ties it to the protocol."""
+    import pandas as pd
+
     problems = []
 
-    def flat(tree: dict, prefix: str = "") -> dict:
-        items = {}
-        for key, value in tree.items():
-            items.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-        return items
+    def flat(tree: dict) -> dict:  # {"training": {"snr": ...}} -> {"training.snr": ...}
+        return pd.json_normalize(tree, sep=".").iloc[0].to_dict()
 
     for seed in RECIPE["seeds"]:
         paths, configs = recipe_paths(out, seed), {}
@@ -797,9 +806,8 @@ def recipe(out: Path, step, dev: list) -> dict:
                  RECIPE["num"], "--length", SAMPLES["length"], "--steps", SAMPLES["steps"], "--out", folder, *dev,
                  done=folder / "samples.meta.jsonl")
             files[arm, seed, sampler] = folder / "samples.jsonl"
-    scored = [f.with_suffix(".metrics.json") for f in files.values()]
     step("recipe: eval", "eval", *files.values(), "--evaluator", f"{MODEL},ngram:{CORPUS}", *dev,
-         done=scored[-1] if all(f.is_file() for f in scored) else None)
+         done=all_scored(list(files.values())))
     rows = []
     for (arm, seed, sampler), path in files.items():
         metrics = json.loads(path.with_suffix(".metrics.json").read_text())["results"][str(path)]
@@ -907,8 +915,7 @@ def diffusion_bridge_section(run: Path) -> list[str]:
     from geoprobe.workflows.compare import read_rows
 
     through = read_rows(run / "diffusion-bridge" / "compare.csv")
-    layer = json.loads((run / "sweep.json").read_text())["verdict"]["chosen_layer"]
-    folder = DIFFUSION_RUN / "bridges" / f"layer-{layer:02d}" / "seed-0"
+    layer, folder = diffusion_folder(run)
     record = json.loads((folder / "metrics.json").read_text())
     network = json.loads((folder / "config.json").read_text())["network"]
     regression = read_rows(run / "compare.csv")
