@@ -572,6 +572,54 @@ def test_compare_names_a_bridges_decodings_apart_and_matches_only_an_ltr_rows_tr
         compare([*files, sample_set("ltr-longer", "ltr", 32, bridge=longer)])
 
 
+def test_compare_writes_each_row_beside_its_samples_and_takes_that_row_file_in_their_place(tmp_path):
+    """compare_run writes SAMPLES.row.json beside each compared file (the curve's too); a later
+    compare given the row files, with the samples, the model and the metrics gone, gives the same
+    rows and tables; a recorded budget mark is set again, not carried over."""
+    import shutil
+    from pathlib import Path
+
+    from geoprobe.errors import BadInput
+    from geoprobe.workflows.compare import compare_run, row_path
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"kind": "bridge", "budget": {"steps": 10, "batch_size": 2,
+                                                                                "seq_len": 8}}))
+
+    def sample_set(name, steps, ppl):
+        out = tmp_path / "samples" / name
+        out.mkdir(parents=True)
+        (out / "samples.jsonl").write_text(json.dumps({"text": "a b"}) + "\n")
+        (out / "samples.meta.jsonl").write_text(json.dumps({
+            "sampler": "hybrid", "steps": steps, "nfe": steps, "seconds": 2.0, "num": 1, "model": str(model),
+            "file": str(out / "samples.jsonl")}) + "\n")
+        (out / "samples.metrics.json").write_text(json.dumps({"results": {str(out / "samples.jsonl"): {
+            "evaluator": "x", "gen_ppl": ppl, "samples": 1}}}))
+        return out / "samples.jsonl"
+
+    files, point = [sample_set("a", 16, 2.0), sample_set("b", 16, 3.0)], sample_set("c", 4, 5.0)
+    first = compare_run(files, tmp_path / "one", curve=[point])
+    rows = [json.loads(row_path(f).read_text()) for f in files]
+    assert [r["gen_ppl"] for r in rows] == [2.0, 3.0] and rows == first["rows"]
+    assert json.loads(row_path(point).read_text())["steps"] == 4
+    assert "text" not in row_path(files[0]).read_text()  # numbers and names only
+    table = Path(first["table"]).read_text()
+    shutil.rmtree(model)
+    for f in [*files, point]:
+        f.unlink()
+        f.with_suffix(".metrics.json").unlink()
+    again = compare_run([row_path(f) for f in files], tmp_path / "two", curve=[row_path(point)])
+    assert again["rows"] == first["rows"] and Path(again["table"]).read_text() == table
+    assert Path(again["steps_table"]).read_text() == Path(first["steps_table"]).read_text()
+    # a row recorded under a mismatched compare is matched again here
+    mismatched = json.loads(row_path(files[0]).read_text())
+    row_path(files[0]).write_text(json.dumps({**mismatched, "budget": "MISMATCH"}))
+    assert {r["budget"] for r in compare_run([row_path(f) for f in files], tmp_path / "three")["rows"]} == {"matched"}
+    with pytest.raises(BadInput, match="recorded row not found"):
+        compare_run([tmp_path / "gone.row.json"], tmp_path / "four")
+
+
 def test_two_sample_sets_of_one_model_keep_their_files_their_labels_and_the_tokens_used(tmp_path, tiny_models,
                                                                                        corpus_txt):
     """`sample --sampler roar`, then `--sampler mdlm` (the README tour's pattern): two files, each

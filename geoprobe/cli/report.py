@@ -22,7 +22,9 @@ from geoprobe.workflows.demo import run_demo
                     "  geoprobe compare a/samples.jsonl b/samples.jsonl --out runs/x --allow-mismatch")
 def compare(
     *,
-    samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files, each evaluated by `geoprobe eval`.")],
+    samples: Annotated[list[Path], typer.Argument(help="samples.jsonl files, each evaluated by `geoprobe eval` "
+                                                           "(or a SAMPLES.row.json an earlier compare wrote beside one, "
+                                                           "in its place).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where compare.csv, compare.md and the plot go.")],
     allow_mismatch: Annotated[bool, typer.Option(help="Compare generators with different budgets (marked).")] = False,
     curve: Annotated[list[Path] | None, typer.Option("--curve", help="More evaluated samples of the same generators "

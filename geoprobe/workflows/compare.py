@@ -8,6 +8,10 @@ config.json) and its sampling steps; rows with different budgets are refused unl
 and then marked. A left-to-right row (`ltr`) has no step budget: it takes one evaluation per
 token, so only its training tokens are matched. A bridge's row names its decoding where it is
 not the default: " (round)", " (stack-only)".
+
+Each compared samples file gets its row beside it, SAMPLES.row.json (`row_path`): numbers and
+names, no text. Such a file stands for its samples in a later compare, so a row survives
+where its samples, model and evaluator do not (a run's records on another machine).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import pandas as pd
 from geoprobe.bridges.checkpoint import training_tokens
 from geoprobe.bridges.kinds import highlight_of
 from geoprobe.errors import BadInput
-from geoprobe.files import holding
+from geoprobe.files import holding, write_json_atomic
 from geoprobe.samplers.ltr import LeftToRight
 from geoprobe.store import check_writable
 from geoprobe.workflows.evaluate import generator_of
@@ -38,6 +42,7 @@ ENTROPY_LEGEND = ("unigram_entropy: word entropy (unigram, whitespace words), na
                   "token entropy (generator's token ids, as ReMDM/DSL report it), nats per sample. The two are not "
                   "comparable.")
 BOOTSTRAP = 1000  # resamples of a row's samples for its 95% intervals
+ROW = ".row.json"  # a samples file's recorded row (`row_path`), taken in its place
 
 
 def bootstrap_interval(numerators: list[float], denominators: list[float] | None = None, transform=None,
@@ -99,9 +104,20 @@ def distinguishable(rows: list[dict], key: str) -> tuple[list[tuple[dict, dict]]
     return pairs, len(have) * (len(have) - 1) // 2
 
 
+def row_path(samples: Path) -> Path:
+    """Where compare writes a samples file's row: SAMPLES.row.json beside it."""
+    return Path(samples).with_suffix(ROW)
+
+
 def comparison_row(samples: Path) -> dict:
+    """A samples file's row (its meta row, its eval metrics, its model's training tokens), or the
+    row a SAMPLES.row.json file recorded (less its budget mark, which compare sets again)."""
 
     samples = Path(samples)
+    if samples.name.endswith(ROW):
+        if not samples.is_file():
+            raise BadInput(f"recorded row not found: {samples}")
+        return {k: v for k, v in json.loads(samples.read_text()).items() if k != "budget"}
     metrics_path = samples.with_suffix(".metrics.json")
     if not samples.is_file():
         raise BadInput(f"samples file not found: {samples}")
@@ -155,10 +171,13 @@ def compare_run(samples: list[Path], out: Path, allow_mismatch: bool = False, cu
     check_writable(out)
     with holding(Path(out), "geoprobe compare"):
         rows = compare(samples, allow_mismatch)
+        points = [comparison_row(p) for p in curve or []]
+        for path, row in zip([*samples, *(curve or [])], rows + points):  # each row beside its samples
+            if not Path(path).name.endswith(ROW):
+                write_json_atomic(row_path(path), row)
         table, plot = write_comparison(rows, out)
         result = {"rows": rows, "table": str(table), "plot": str(plot)}
         if curve:
-            points = [comparison_row(p) for p in curve]
             lines = {(r["generator"], r["sampler"]) for r in points}
             points += [r for r in rows if (r["generator"], r["sampler"]) in lines]
             result["steps_table"], result["steps_plot"] = map(str, steps_curve(points, out))
