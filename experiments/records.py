@@ -1,5 +1,6 @@
-"""The experiments' record keeping: finished bridges copied into tracked folders (a few KB each,
-no weights), copied back into a fresh run, and read while a run goes on.
+"""The experiments' record keeping: finished bridges, sample sets and models copied into tracked
+folders (a few KB each, no weights, no text), copied back into a fresh run, and read while a run
+goes on.
 
 A record is whole or absent: each file is written beside its target and renamed into place, and
 a bridge's metrics.json is copied last. bench/bridge_design.py and experiments/smollm2_results.py
@@ -18,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "experiments" / "records"
 SMOLLM2 = RECORDS / "smollm2"  # the regression sweep's finished bridges (make results)
 BRIDGE_DESIGN = RECORDS / "bridge-design"  # the design study's finished variants (bench/bridge_design.py)
+# SmolLM2's --generation: each finished sample set's meta row, metrics and compare row, and the
+# recipe's models' config, curve and metrics (numbers and names: no text, no weights)
+GENERATION = RECORDS / "smollm2-generation"
 # per bridge, metrics last (a record is whole when metrics.json is there); the layer's
 # controls.json beside them; network.json (the parameter count) only bench/bridge_design.py writes
 RECORDED = ("config.json", "curve.csv", "network.json", "metrics.json")
@@ -60,6 +64,47 @@ def record(run: Path, into: Path) -> int:
         print(f"[done] {finished_line(metrics)}", flush=True)
         new += 1
     return new
+
+
+def keep(out: Path, into: Path, folders: list[Path], names: tuple[str, ...]) -> int:
+    """Copy each finished folder's files `names` under `into`, at its path relative to `out`.
+
+    Args:
+        out: the run's out dir.
+        into: the record folder; it keeps out's layout.
+        folders: folders under `out`; one is finished when it holds names[-1].
+        names: the files recorded, the last one copied last (a record is whole when it is there).
+
+    Returns:
+        How many folders were new.
+    """
+    new = 0
+    for folder in folders:
+        target = into / folder.relative_to(out)
+        if not (folder / names[-1]).is_file() or (target / names[-1]).is_file():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if (folder / name).is_file():
+                copy_whole(folder / name, target / name)
+        new += 1
+    return new
+
+
+def bring_back(into: Path, out: Path, folders: list[Path], names: tuple[str, ...]) -> int:
+    """Copy the recorded folders among `folders` (under `out`) back from `into` where `out` lacks
+    their last file (`keep`'s layout). Returns how many were brought back."""
+    back = 0
+    for folder in folders:
+        source = into / folder.relative_to(out)
+        if (folder / names[-1]).is_file() or not (source / names[-1]).is_file():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:  # the last one last
+            if (source / name).is_file():
+                copy_whole(source / name, folder / name)
+        back += 1
+    return back
 
 
 def finished_line(metrics: Path) -> str:

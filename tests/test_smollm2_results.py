@@ -3,6 +3,7 @@ as done (every layer and seed of SWEEP, every ceiling), what its cost line adds 
 finished bridges' records that carry a sweep to another machine."""
 
 import json
+import shutil
 import statistics
 import os
 
@@ -21,11 +22,14 @@ assert SWEEP[SWEEP.index("--layers") + 1] == "1-12"  # the layers these tests bu
 
 @pytest.fixture(autouse=True)
 def no_diffusion_sweep(tmp_path, monkeypatch):
-    """The script looks for the diffusion sweep's bridges under runs/: the tests see an empty
-    place instead, whatever this checkout's runs/ holds (a test that wants one writes it there)."""
+    """The script looks for the diffusion sweep's bridges under runs/ and in its records, and keeps
+    --generation's records in experiments/records: the tests see empty places instead, whatever this
+    checkout holds (a test that wants one writes it there)."""
     import experiments.smollm2_results as script
 
     monkeypatch.setattr(script, "DIFFUSION_RUN", tmp_path / "diffusion-run")
+    monkeypatch.setattr(script, "DIFFUSION_RECORD", tmp_path / "diffusion-records")
+    monkeypatch.setattr(script, "GENERATION_RECORD", tmp_path / "generation-records")
     return tmp_path / "diffusion-run"
 
 
@@ -776,8 +780,8 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     stray.write_text("{}\n")
     (stray.parent / "samples.meta.jsonl").write_text("{}\n")
     lines = generation_progress(tmp_path, run, finetune=False)
-    assert lines[3] == "1 of 23 sample sets written, 0 evaluated"
-    assert generation_progress(tmp_path, run)[3] == "1 of 27 sample sets written, 0 evaluated"  # + DSL-from-SmolLM2's 4
+    assert lines[3] == "1 of 23 sample sets written, 0 evaluated, 0 with their rows"
+    assert generation_progress(tmp_path, run)[3] == "1 of 27 sample sets written, 0 evaluated, 0 with their rows"  # + DSL-from-SmolLM2's 4
     # with the fine-tune, it is the next to train after mdlm
     assert generation_progress(tmp_path, run)[2].endswith(f"{waiting + 1} waiting, next train dsl-smollm2")
     assert lines[4] == "through the diffusion bridge: its chosen layer's seed-0 bridge has not finished"
@@ -798,7 +802,7 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     assert lines[3].startswith("recipe mdlm-long seed 0: training, step 1,000")  # seed 0's is mdlm, still training
     assert lines[4] == "0 of 3 finished; 2 waiting, next recipe mdlm-long seed 1"
     (run / "sweep.json").unlink()  # before the sweep: no plan yet, every set written
-    assert generation_progress(tmp_path, run, finetune=False)[3] == "2 sample sets written, 0 evaluated"
+    assert generation_progress(tmp_path, run, finetune=False)[3] == "2 sample sets written, 0 evaluated, 0 with their rows"
 
 
 def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_disjoint():
@@ -872,19 +876,26 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
     assert flags(found["sample bridge-12-ltr"]) == {"--model": layer12, "--sampler": "ltr", **shape}
     assert flags(found["sample ar"]) == {"--model": "builtin:smollm2", "--sampler": "ar", **shape}
     assert "sample bridge-12-stack-only" not in found and "sample bridge-01-ltr-steps4" not in found
-    names = [name for name, _ in commands]  # each bridge trains again before any sample reads it
-    assert names.index("bridge layer 12") < min(i for i, n in enumerate(names) if n.startswith("sample bridge"))
-    compared = [str(a) for a in found["compare"]]
+    names = [name for name, _ in commands]  # each bridge trains again just before the samples that read it
+    for layer, sets in ((1, ("bridge-01", "bridge-01-stack-only", "bridge-01-ltr")), (12, ("bridge-12", "bridge-12-ltr"))):
+        where = [names.index(f"sample {name}") for name in sets]
+        assert names.index(f"bridge layer {layer}") + 1 == min(where) and max(where) - min(where) == len(sets) - 1
+        # then their eval and rows, as one group
+        assert names[max(where) + 1:max(where) + 3] == [f"eval {sets[0]}", f"rows {sets[0]}"]
+    compared = [str(a) for a in found["compare"]]  # the table reads each set's row, not its samples
     for name in ("bridge-01", "bridge-01-stack-only", "bridge-01-ltr", "bridge-12-ltr"):
-        samples = str(tmp_path / "samples" / name / "samples.jsonl")
+        samples = str(tmp_path / "samples" / name / "samples.row.json")
         assert samples in compared and compared[compared.index(samples) - 1] != "--curve"
+    assert str(tmp_path / "samples" / "dsl-mdlm-steps4" / "samples.row.json") in compared
 
 
 def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finished(tmp_path, no_diffusion_sweep):
     """The SmolLM2 table's bridges are the diffusion sweep's where they exist: once the diffusion
-    sweep's seed-0 bridge at the chosen layer has its weights and record, --generation samples it
-    left to right and by the hybrid (the regression bridge's flags), after the main comparison,
-    and evaluates and compares those two sets on their own; before that, nothing of it runs."""
+    sweep's seed-0 bridge at the chosen layer has finished, --generation samples it left to right
+    and by the hybrid (the regression bridge's flags), after the main comparison, and evaluates
+    and compares those two sets on their own; before that, nothing of it runs. Where only its
+    record exists (no weights), the same bridge trains again under OUT/diffusion first."""
+    import experiments.smollm2_results as script
     from experiments.smollm2_results import SAMPLES, generation, generation_progress
 
     run = tmp_path / "run"
@@ -901,26 +912,132 @@ def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finis
         return [name for name, _ in commands if name.startswith("sample diffusion-0") or "diffusion bridge" in name]
 
     assert through(plan()) == []
-    folder = no_diffusion_sweep / "bridges" / "layer-01" / "seed-0"
-    folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text("{}")
-    assert through(plan()) == []  # a record without weights: not yet
-    (folder / "model.safetensors").write_bytes(b"")
+    # its record alone (a fresh machine: the sweep's run has not restored it, or restored it
+    # without weights): the same bridge is trained again under OUT/diffusion, then sampled
+    record = script.DIFFUSION_RECORD / "bridges" / "layer-01" / "seed-0"
+    record.mkdir(parents=True)
+    (record / "metrics.json").write_text("{}")
+    again = tmp_path / "diffusion" / "bridges" / "layer-01" / "seed-0"
+    for where in ("records", "run"):
+        if where == "run":
+            folder = no_diffusion_sweep / "bridges" / "layer-01" / "seed-0"
+            folder.mkdir(parents=True)
+            (folder / "metrics.json").write_text("{}")  # a record without weights
+        commands = plan()
+        names, found = [name for name, _ in commands], dict(commands)
+        assert names.index("diffusion bridge layer 1") + 1 == names.index("sample diffusion-01-ltr")
+        trained = found["diffusion bridge layer 1"]
+        assert trained[:5] == ("bridge", "--run", run, "--layer", 1) and trained[trained.index("--out") + 1] == \
+            tmp_path / "diffusion"
+        assert list(trained[5:5 + len(script.DIFFUSION_BRIDGE)]) == script.DIFFUSION_BRIDGE
+        assert list(trained[5 + len(script.DIFFUSION_BRIDGE):-4]) == script.chosen_diffusion()
+        assert found["sample diffusion-01-ltr"][:3] == ("sample", "--model", again)
+    (folder / "model.safetensors").write_bytes(b"")  # the sweep's own, with its weights: sampled as it is
     commands = plan()
     names = [name for name, _ in commands]
     found = dict(commands)
-    assert names.index("compare") < names.index("sample diffusion-01-ltr") < names.index("eval diffusion bridge") \
-        < names.index("compare diffusion bridge")
+    assert "diffusion bridge layer 1" not in names
+    assert names.index("compare") < names.index("sample diffusion-01-ltr") < names.index("eval diffusion-01-ltr") \
+        < names.index("rows diffusion-01-ltr") < names.index("compare diffusion bridge")
     ltr, hybrid = found["sample diffusion-01-ltr"], found["sample diffusion-01"]
     assert ltr[:5] == ("sample", "--model", folder, "--sampler", "ltr") and "--steps" not in ltr
     assert hybrid[:5] == ("sample", "--model", folder, "--sampler", "hybrid")
     assert hybrid[hybrid.index("--steps") + 1] == SAMPLES["steps"] and hybrid[hybrid.index("--batch") + 1] == 125
     sets = [tmp_path / "samples" / n / "samples.jsonl" for n in ("diffusion-01-ltr", "diffusion-01")]
-    assert [a for a in found["eval diffusion bridge"] if isinstance(a, Path)] == sets
-    assert found["compare diffusion bridge"] == ("compare", *sets, "--out", run / "diffusion-bridge")
-    assert not any(str(sets[0]) == str(a) for a in found["compare"])  # not in the main table: one name per bridge
+    assert [a for a in found["eval diffusion-01-ltr"] if isinstance(a, Path)] == sets
+    rows = [s.with_suffix(".row.json") for s in sets]
+    assert found["compare diffusion bridge"] == ("compare", *rows, "--out", run / "diffusion-bridge")
+    assert not any(str(rows[0]) == str(a) for a in found["compare"])  # not in the main table: one name per bridge
     assert generation_progress(tmp_path, run, finetune=False)[-1] == \
         "through the diffusion bridge: 0 of 2 sets written, 0 evaluated"
+
+
+def fake_step(commands):
+    """A step that records the plan and writes what each command would: a trained model's
+    metrics.json, a set's samples and meta row, eval's metrics, compare's rows beside the samples."""
+    def step(name, *argv, done, during=None):
+        if done is not None and Path(done).is_file():
+            return
+        commands.append(name)
+        out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
+        if argv[0] in ("dsl", "baseline", "bridge"):
+            folder = done.parent
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text("{}")
+            (folder / "metrics.json").write_text(json.dumps({"val_mdlm_elbo_nats_per_token": 4.0, "steps_run": 1}))
+        elif argv[0] == "sample":
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "samples.jsonl").write_text(json.dumps({"text": "in the beginning"}) + "\n")
+            (out / "samples.meta.jsonl").write_text(json.dumps({"sampler": "x"}) + "\n")
+        elif argv[0] in ("eval", "compare") and name != "compare" and not name.startswith("compare "):
+            suffix = ".metrics.json" if argv[0] == "eval" else ".row.json"
+            for f in (Path(a) for a in argv if str(a).endswith("samples.jsonl")):
+                f.with_suffix(suffix).write_text(json.dumps({"results": {str(f): {
+                    "gen_ppl": 9.0, "gen_ppl_by_evaluator": {"ngram:kjv": 8.0}}}}))
+    return step
+
+
+def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_what_is_not_kept(tmp_path):
+    """--generation records each group's sets as they finish (meta row, metrics, compare row: no
+    samples text); on a fresh out dir with those records only the comparison runs, from the rows;
+    a set whose record is gone is sampled again, its model trained first, and nothing else."""
+    import experiments.smollm2_results as script
+
+    run = tmp_path / "a" / "run"
+    run.mkdir(parents=True)
+    write_sweep(run)  # no weights: the sampled bridges train again
+    first = []
+    script.generation(tmp_path / "a", run, fake_step(first), ["--device", "cpu"], finetune=False)
+    planned = script.sample_sets(tmp_path / "a", run, finetune=False)
+    assert sum(n.startswith("sample ") for n in first) == len(planned)
+    records = script.GENERATION_RECORD / "samples"
+    assert sorted(p.name for p in records.iterdir()) == sorted(planned)
+    for folder in records.iterdir():
+        assert sorted(p.name for p in folder.iterdir()) == sorted(script.SET_FILES)  # no samples.jsonl
+    # a fresh machine: the same plan, nothing of the first out dir but the records
+    out = tmp_path / "b"
+    shutil.copytree(run, out / "run")
+    again = []
+    script.generation(out, out / "run", fake_step(again), ["--device", "cpu"], finetune=False)
+    assert again == ["compare"]
+    assert (out / "samples" / "mdlm-mdlm" / "samples.row.json").is_file()
+    # one set's record lost: its model trains, it alone is sampled, scored, rowed and kept again
+    shutil.rmtree(out)
+    shutil.copytree(run, out / "run")
+    shutil.rmtree(records / "mdlm-mdlm")
+    again.clear()
+    script.generation(out, out / "run", fake_step(again), ["--device", "cpu"], finetune=False)
+    assert again == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "rows mdlm-mdlm", "compare"]
+    assert (records / "mdlm-mdlm" / "samples.row.json").is_file()
+
+
+def test_the_recipe_keeps_each_model_with_its_sets_and_a_fresh_machine_trains_only_what_is_not_kept(tmp_path):
+    """The recipe samples each arm as it is trained and keeps the arm's record (config, curve,
+    metrics; a fine-tune with its start) with its sets' meta and metrics. On a fresh out dir with
+    those records nothing trains and recipe.json is the same, but for seed 0's long arm: that is
+    --generation's MDLM, brought back only once --generation's own MDLM row is in."""
+    import experiments.smollm2_results as script
+
+    (n, m), first = script.RECIPE["steps"], []
+    result = script.recipe(tmp_path / "a", fake_step(first), ["--device", "cpu"])
+    assert sum(c.startswith("recipe: train") for c in first) == 9  # 3 seeds x 3 models
+    kept = script.GENERATION_RECORD / "recipe"
+    assert (kept / f"mdlm-{n}-seed1" / "metrics.json").is_file() and not any(kept.rglob("samples.jsonl"))
+    again = []
+    out = tmp_path / "b"
+    assert script.recipe(out, fake_step(again), ["--device", "cpu"])["rows"] == [
+        {**r, "model": r["model"].replace(str(tmp_path / "a"), str(out))} for r in result["rows"]]
+    assert [c for c in again if c.startswith("recipe: train")] == [f"recipe: train mdlm-{n + m} seed 0"]
+    # with --generation's MDLM row in, seed 0's long arm comes back too; a lost fine-tune's record
+    # trains its start again as well (the fine-tune reads the start's weights)
+    shutil.rmtree(out)
+    (out / "samples" / "mdlm-mdlm").mkdir(parents=True)
+    (out / "samples" / "mdlm-mdlm" / "samples.row.json").write_text("{}")
+    shutil.rmtree(kept / "samples" / f"recipe-seed2-{script.RECIPE['samplers'][0]}")
+    again.clear()
+    script.recipe(out, fake_step(again), ["--device", "cpu"])
+    assert [c for c in again if c.startswith("recipe: train")] == [f"recipe: train mdlm-{n} seed 2",
+                                                                     f"recipe: train mdlm-{n}-dsl-{m} seed 2"]
 
 
 def test_the_diffusion_bridge_section_sets_its_rows_beside_the_regression_bridges(tmp_path, no_diffusion_sweep):
@@ -950,7 +1067,7 @@ def test_the_diffusion_bridge_section_sets_its_rows_beside_the_regression_bridge
     write_rows(run / "diffusion-bridge" / "compare.csv",
                [row("bridges/layer-01/seed-0", "ltr", 300, 270, 330, "ngram:kjv: 520 (470–570)"),
                 row("bridges/layer-01/seed-0", "hybrid", 1000, 900, 1100, None)], COLUMNS)
-    lines = diffusion_bridge_section(run)
+    lines = diffusion_bridge_section(run, folder)
     text = "\n".join(lines)
     assert lines[0] == "## DiHAL through the diffusion bridge (the chosen layer 1)"
     assert "σ_b 1, a τ = 0 mass of 0.25, K 32" in text and "plateau at step 1,950" in text
@@ -968,7 +1085,7 @@ def test_the_diffusion_bridge_section_sets_its_rows_beside_the_regression_bridge
         in lines
     # the regression table without its ltr row: the page says so, and sets nothing against it
     write_rows(run / "compare.csv", [row("bridges/layer-01/seed-0", "hybrid", 3000, 2800, 3200, None)], COLUMNS)
-    lines = diffusion_bridge_section(run)
+    lines = diffusion_bridge_section(run, folder)
     assert any(l.startswith("| regression bridge | `ltr`") and "no row in its comparison" in l for l in lines)
     assert not any(l.startswith("- `ltr`") for l in lines)
 
