@@ -355,9 +355,9 @@ def main() -> None:
                         help="with --generation, then the DSL paper's recipe on the KJV: MDLM for 3,000 steps and "
                              "DSL from it for 1,000 against MDLM for 4,000, 3 seeds (about 5 hours of one core)")
     parser.add_argument("--recipe-models", action="store_true",
-                        help="with --generation, only train the recipe comparison's models (its MDLM starts, DSL "
-                             "fine-tunes and long MDLMs), then stop: for a free core beside a running --generation, "
-                             "whose --recipe then finds them trained")
+                        help="with --generation, only the recipe comparison's runs (its MDLM starts, DSL fine-tunes "
+                             "and long MDLMs, each sampled, scored and recorded as it is trained), then stop: for a "
+                             "free core beside a running --generation, whose --recipe then finds them done")
     parser.add_argument("--seeds", help=f"the sweep's replicates (default {SEEDS}; {DIFFUSION['seeds']} for diffusion)")
     parser.add_argument("--page-only", action="store_true",
                         help="write the page from the run's records (sweep.json, compare.csv, timings.json) and exit")
@@ -425,7 +425,7 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
         finetune: with `generate`, include DSL-from-SmolLM2.
         before_sweep: with `generate`, only the steps that need no sweep, then stop.
         with_recipe: with `generate`, then the DSL paper's recipe on the KJV (`recipe`).
-        recipe_only: only the recipe's models (`recipe_models`), then stop: beside a running
+        recipe_only: only the recipe's runs (`recipe`, no result), then stop: beside a running
             --generation, which finds them trained.
     """
     seeds = seeds or exp.seeds
@@ -443,9 +443,9 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
             log.update(add_timings(log_path, ran))
 
     dev = ["--device", "cpu"]
-    if recipe_only:  # beside a running --generation: models of their own folders, none of its steps
-        recipe_models(out, step, dev)
-        print("[done] the recipe's models; --generation --recipe samples and scores them", flush=True)
+    if recipe_only:  # beside a running --generation: models and sets of their own folders, none of its steps
+        recipe(out, step, dev, result=False)
+        print("[done] the recipe's runs; --generation --recipe writes its result", flush=True)
         return
     if before_sweep:  # the sweep's run is the other invocation's: nothing is written into it here
         train_generators(out, run, step, dev, finetune=finetune)
@@ -873,14 +873,15 @@ def recipe_checks(out: Path) -> list[str]:
     return problems
 
 
-def recipe(out: Path, step, dev: list) -> dict:
+def recipe(out: Path, step, dev: list, result: bool = True) -> dict | None:
     """The recipe comparison (RECIPE): its models, each sampled as it is trained: per model and
     sampler RECIPE["num"] samples of the comparison's length and steps, scored by Gen.PPL under
     SmolLM2 and the KJV trigram, then the model's record and its sets' kept under
     GENERATION_RECORD (no weights, no text); out/recipe/recipe.json holds each row: arm, seed, the
     held-out MDLM bound (nats per token, the model's own metrics.json: its seed's held-out rows) and
     each sampler's Gen.PPL. A model whose sets are all recorded is brought back, its start with a
-    fine-tune (what recipe_checks reads), and is not trained again."""
+    fine-tune (what recipe_checks reads), and is not trained again. Without `result`, the runs
+    alone (--recipe-models): no recipe.json, None."""
     from geoprobe.workflows.compare import row_path
     from geoprobe.workflows.generate import META
 
@@ -916,6 +917,8 @@ def recipe(out: Path, step, dev: list) -> dict:
         keep(out, GENERATION_RECORD, list(sets(arm, seed).values()), RECIPE_SET_FILES)
 
     models = recipe_models(out, step, dev, after)
+    if not result:
+        return None
     rows = []
     for (arm, seed, sampler), path in files.items():
         # its one entry (keyed by the path it had where it was scored: records move between machines)
@@ -925,10 +928,10 @@ def recipe(out: Path, step, dev: list) -> dict:
                      "bound": trained["val_mdlm_elbo_nats_per_token"], "steps_run": trained["steps_run"],
                      "gen_ppl": metrics["gen_ppl"], "gen_ppl_kjv": metrics["gen_ppl_by_evaluator"][f"ngram:{CORPUS}"],
                      "stop": trained.get("stop"), "eos_per_sample": metrics.get("eos_per_sample")})
-    result = {"steps": list(RECIPE["steps"]), "num": RECIPE["num"], "length": SAMPLES["length"],
-              "sample_steps": SAMPLES["steps"], "rows": rows, "checks": recipe_checks(out)}
-    (out / "recipe" / "recipe.json").write_text(json.dumps(result, indent=1))
-    return result
+    found = {"steps": list(RECIPE["steps"]), "num": RECIPE["num"], "length": SAMPLES["length"],
+             "sample_steps": SAMPLES["steps"], "rows": rows, "checks": recipe_checks(out)}
+    (out / "recipe" / "recipe.json").write_text(json.dumps(found, indent=1))
+    return found
 
 
 def recipe_section(recipe: dict) -> list[str]:

@@ -557,8 +557,13 @@ def test_before_sweep_trains_the_generators_only_and_keeps_the_other_runs_timing
     assert ran == []
     monkeypatch.setattr(sys, "argv", ["smollm2_results", "--out", str(tmp_path), "--generation", "--recipe-models"])
     script.main()
-    assert ran == [f"recipe: train {name} seed {seed}" for seed in script.RECIPE["seeds"]
-                   for name in (f"mdlm-{n}", f"mdlm-{n}-dsl-{m}", f"mdlm-{n + m}")]
+    samplers = script.RECIPE["samplers"]
+    assert ran == [name for seed in script.RECIPE["seeds"] for name in (
+        f"recipe: train mdlm-{n} seed {seed}", f"recipe: train mdlm-{n}-dsl-{m} seed {seed}",
+        *[f"recipe: sample recipe-seed{seed}-{s}" for s in samplers], f"recipe: eval recipe seed {seed}",
+        f"recipe: train mdlm-{n + m} seed {seed}", *[f"recipe: sample mdlm-long-seed{seed}-{s}" for s in samplers],
+        f"recipe: eval mdlm-long seed {seed}")]
+    assert not (tmp_path / "recipe" / "recipe.json").exists()  # the result is --recipe's
     assert set(ran) <= set(json.loads(timings.read_text()))
 
 
