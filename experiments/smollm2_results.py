@@ -53,7 +53,11 @@ few KB, no weights) is copied into the tracked experiments/records/smollm2/ whil
 A fresh clone rescans (the same configuration, which is what a bridge's identity holds) and copies
 the records back before the sweep, which keeps those bridges as finished. A restored bridge has
 no weights: --generation trains the few it samples through again, into --out. Delete the records
-folder to retrain them.
+folder to retrain them. --generation keeps its own records the same way
+(experiments/records/smollm2-generation: each finished sample set's meta row, metrics and compare
+row, and the recipe's models' config, curve and metrics; no text, no weights): it runs one model's
+sets at a time (`sample_group`), and a fresh clone trains and samples only the models whose sets
+have no row.
 
 Not in `make test`: it needs the real model for up to a day; `make test` runs examples 01-05.
 """
