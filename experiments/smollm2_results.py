@@ -721,10 +721,15 @@ def sample_groups(sets: dict[str, list]) -> dict[str, list[str]]:
 def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], step, dev: list,
                  into: Path | None = None) -> list[Path]:
     """Sample, score and row one group of sets (`sample_groups`) of one model: the model trained
-    first where `models` holds it and a set lacks its row; each set's eval and compare row
-    (SAMPLES.row.json), then the finished sets recorded under `into` (default GENERATION_RECORD).
-    A set recorded earlier (its row brought back) is not sampled again, and a group whose every
-    set has its row trains nothing. Returns the sets' row files."""
+    first where `models` holds it and a set lacks its row; then each set in turn sampled, scored
+    (`eval`), given its compare row (SAMPLES.row.json) and recorded under `into` (default
+    GENERATION_RECORD), so that an interrupted group keeps its finished sets. A set recorded
+    earlier (its row brought back) is not sampled again, and a group whose every set has its row
+    trains nothing. Returns the sets' row files.
+
+    Each set is scored alone: its MAUVE references' features are computed again per set (about
+    3 minutes on one thread at 1,000 references), the price of losing at most one set when the
+    machine goes."""
     from geoprobe.workflows.compare import row_path
     from geoprobe.workflows.generate import META
 
@@ -735,23 +740,22 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
         if (model := models.get(flags[flags.index("--model") + 1])) is not None:
             name, argv, done = model
             step(name, *argv, *dev, done=done)
-        for name in todo:  # the meta row is written after samples.jsonl: a set is done when both are
-            step(f"sample {name}", "sample", *sets[name], "--out", files[name].parent, *dev,
-                 done=files[name].parent / META)
-        sampled = [files[name] for name in todo]
+    for name in todo:  # the meta row is written after samples.jsonl: a set is done when both are
+        samples = files[name]
+        step(f"sample {name}", "sample", *sets[name], "--out", samples.parent, *dev, done=samples.parent / META)
         # SmolLM2 first (MAUVE's features), then a KJV trigram that is no generator's backbone
-        step(f"eval {todo[0]}", "eval", *sampled, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS,
-             *dev, done=all_scored(sampled))
-        # each set's row beside it (the group's budgets may differ: a steps curve's points)
-        step(f"rows {todo[0]}", "compare", *sampled, "--allow-mismatch", "--out", out / "rows" / todo[0],
-             done=all_scored(sampled, ".row.json"))
-        keep(out, into or GENERATION_RECORD, [f.parent for f in sampled], SET_FILES)
+        step(f"eval {name}", "eval", samples, "--evaluator", f"{MODEL},ngram:{CORPUS}", "--references", CORPUS,
+             *dev, done=all_scored([samples]))
+        # its row beside it (--allow-mismatch: a steps curve's point has its own steps)
+        step(f"row {name}", "compare", samples, "--allow-mismatch", "--out", out / "rows" / name,
+             done=all_scored([samples], ".row.json"))
+        keep(out, into or GENERATION_RECORD, [samples.parent], SET_FILES)
     return [row_path(files[name]) for name in sets]
 
 
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
     """Every sample set (sample_sets), a group of one model's sets at a time (`sample_group`: the
-    model trained where --generation trains it, its sets sampled, scored, given their rows and
+    model trained where --generation trains it, then each set sampled, scored, given its row and
     recorded), then the comparison from the rows; the rows through the diffusion sweep's bridge
     (`diffusion_sets`) and their own comparison; with `with_recipe`, the DSL paper's recipe on the
     KJV (`recipe`). Rows recorded under GENERATION_RECORD are brought back first: on a fresh

@@ -884,9 +884,9 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
     names = [name for name, _ in commands]  # each bridge trains again just before the samples that read it
     for layer, sets in ((1, ("bridge-01", "bridge-01-stack-only", "bridge-01-ltr")), (12, ("bridge-12", "bridge-12-ltr"))):
         where = [names.index(f"sample {name}") for name in sets]
-        assert names.index(f"bridge layer {layer}") + 1 == min(where) and max(where) - min(where) == len(sets) - 1
-        # then their eval and rows, as one group
-        assert names[max(where) + 1:max(where) + 3] == [f"eval {sets[0]}", f"rows {sets[0]}"]
+        # each set then scored and given its row before the next is sampled
+        assert names.index(f"bridge layer {layer}") + 1 == min(where) and max(where) - min(where) == 3 * (len(sets) - 1)
+        assert all(names[i + 1:i + 3] == [f"eval {name}", f"row {name}"] for i, name in zip(where, sets))
     compared = [str(a) for a in found["compare"]]  # the table reads each set's row, not its samples
     for name in ("bridge-01", "bridge-01-stack-only", "bridge-01-ltr", "bridge-12-ltr"):
         samples = str(tmp_path / "samples" / name / "samples.row.json")
@@ -943,13 +943,13 @@ def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finis
     found = dict(commands)
     assert "diffusion bridge layer 1" not in names
     assert names.index("compare") < names.index("sample diffusion-01-ltr") < names.index("eval diffusion-01-ltr") \
-        < names.index("rows diffusion-01-ltr") < names.index("compare diffusion bridge")
+        < names.index("row diffusion-01-ltr") < names.index("sample diffusion-01") < names.index("compare diffusion bridge")
     ltr, hybrid = found["sample diffusion-01-ltr"], found["sample diffusion-01"]
     assert ltr[:5] == ("sample", "--model", folder, "--sampler", "ltr") and "--steps" not in ltr
     assert hybrid[:5] == ("sample", "--model", folder, "--sampler", "hybrid")
     assert hybrid[hybrid.index("--steps") + 1] == SAMPLES["steps"] and hybrid[hybrid.index("--batch") + 1] == 125
     sets = [tmp_path / "samples" / n / "samples.jsonl" for n in ("diffusion-01-ltr", "diffusion-01")]
-    assert [a for a in found["eval diffusion-01-ltr"] if isinstance(a, Path)] == sets
+    assert [a for a in found["eval diffusion-01-ltr"] if isinstance(a, Path)] == sets[:1]
     rows = [s.with_suffix(".row.json") for s in sets]
     assert found["compare diffusion bridge"] == ("compare", *rows, "--out", run / "diffusion-bridge")
     assert not any(str(rows[0]) == str(a) for a in found["compare"])  # not in the main table: one name per bridge
@@ -1012,7 +1012,7 @@ def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_w
     shutil.rmtree(records / "mdlm-mdlm")
     again.clear()
     script.generation(out, out / "run", fake_step(again), ["--device", "cpu"], finetune=False)
-    assert again == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "rows mdlm-mdlm", "compare"]
+    assert again == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "row mdlm-mdlm", "compare"]
     assert (records / "mdlm-mdlm" / "samples.row.json").is_file()
 
 
