@@ -33,8 +33,9 @@ def log(message: str) -> None:
 
 
 def copy_whole(source: Path, target: Path) -> None:
-    """Copy `source` to `target`, whole or not at all: a kill mid-copy leaves no truncated file."""
-    partial = target.with_name(target.name + ".partial")
+    """Copy `source` to `target`, whole or not at all: a kill mid-copy leaves no truncated file
+    (the partial file is this process's own: two runs may record the same folder at once)."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     shutil.copyfile(source, partial)
     os.replace(partial, target)
 

@@ -684,6 +684,14 @@ def diffusion_bridge(run: Path, out: Path) -> tuple[int, Path, bool] | None:
     return layer, out / "diffusion" / folder.relative_to(DIFFUSION_RUN), True
 
 
+def described(folder: Path) -> Path:
+    """Where the page reads the sampled diffusion bridge's config and metrics: its folder, or, where
+    its rows were brought back and it was not trained again here, the sweep's record of it."""
+    if (folder / "metrics.json").is_file():
+        return folder
+    return DIFFUSION_RECORD / Path(*folder.parts[-3:])  # bridges/layer-NN/seed-0
+
+
 def diffusion_sets(run: Path, out: Path) -> dict[str, list]:
     """The sample sets through the diffusion sweep's chosen bridge (`diffusion_bridge`), by their
     folder under OUT/samples: left to right and by the hybrid with the channel's evidence, with
@@ -750,6 +758,8 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
         step(f"row {name}", "compare", samples, "--allow-mismatch", "--out", out / "rows" / name,
              done=all_scored([samples], ".row.json"))
         keep(out, into or GENERATION_RECORD, [samples.parent], SET_FILES)
+    # and any set that has its row but no record (a kill between its row and its record)
+    keep(out, into or GENERATION_RECORD, [files[name].parent for name in sets], SET_FILES)
     return [row_path(files[name]) for name in sets]
 
 
@@ -905,8 +915,9 @@ def recipe(out: Path, step, dev: list, result: bool = True) -> dict | None:
             folders = list(sets(arm, seed).values())
             recorded = all((GENERATION_RECORD / f.relative_to(out) / RECIPE_SET_FILES[-1]).is_file() for f in folders)
             # seed 0's long arm is --generation's MDLM: its weights stay wanted until its own row is in
-            theirs = recipe_paths(out, seed)[arm] != out / "mdlm" or \
-                row_path(out / "samples" / "mdlm-mdlm" / "samples.jsonl").is_file()
+            mdlm_row = row_path(out / "samples" / "mdlm-mdlm" / "samples.jsonl")  # here, or in the records
+            theirs = recipe_paths(out, seed)[arm] != out / "mdlm" or mdlm_row.is_file() or \
+                (GENERATION_RECORD / mdlm_row.relative_to(out)).is_file()
             if recorded and theirs:
                 bring_back(GENERATION_RECORD, out, folders, RECIPE_SET_FILES)
                 bring_back(GENERATION_RECORD, out, records_of(arm, seed), MODEL_FILES)
@@ -1171,7 +1182,7 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
     if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file() and \
             (found := diffusion_bridge(run, out)) is not None:  # the record of the bridge it sampled
-        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run, found[1]))
+        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run, described(found[1])))
     if (out / "recipe" / "recipe.json").is_file():  # the DSL paper's recipe on the KJV, after the generation
         body = body.rstrip() + "\n\n" + "\n".join(recipe_section(json.loads((out / "recipe" / "recipe.json").read_text())))
     text = [f"# {exp.title}", "", what_it_says(run, out, exp=exp), "", "## " + body.rstrip(), "", "## How it was run",

@@ -991,9 +991,12 @@ def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_w
     run = tmp_path / "a" / "run"
     run.mkdir(parents=True)
     write_sweep(run)  # no weights: the sampled bridges train again
+    record = script.DIFFUSION_RECORD / "bridges" / "layer-01" / "seed-0"  # the diffusion sweep's, weights elsewhere
+    record.mkdir(parents=True)
+    (record / "metrics.json").write_text("{}")
     first = []
     script.generation(tmp_path / "a", run, fake_step(first), ["--device", "cpu"], finetune=False)
-    planned = script.sample_sets(tmp_path / "a", run, finetune=False)
+    planned = [*script.sample_sets(tmp_path / "a", run, finetune=False), "diffusion-01-ltr", "diffusion-01"]
     assert sum(n.startswith("sample ") for n in first) == len(planned)
     records = script.GENERATION_RECORD / "samples"
     assert sorted(p.name for p in records.iterdir()) == sorted(planned)
@@ -1004,15 +1007,25 @@ def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_w
     shutil.copytree(run, out / "run")
     again = []
     script.generation(out, out / "run", fake_step(again), ["--device", "cpu"], finetune=False)
-    assert again == ["compare"]
+    assert again == ["compare", "compare diffusion bridge"]  # the diffusion bridge is not trained again
     assert (out / "samples" / "mdlm-mdlm" / "samples.row.json").is_file()
+    assert "diffusion bridge layer 1" in first and not (out / "diffusion").exists()
+    # so the page describes the bridge its rows came from by the sweep's record
+    assert script.described(script.diffusion_bridge(out / "run", out)[1]) == record
+    assert script.described(script.diffusion_bridge(run, tmp_path / "a")[1]) == \
+        tmp_path / "a" / "diffusion" / "bridges" / "layer-01" / "seed-0"
+    # a set with its row but no record (killed between the two) is recorded on the next pass
+    shutil.rmtree(records / "ar")
+    script.generation(tmp_path / "a", run, fake_step([]), ["--device", "cpu"], finetune=False)
+    assert (records / "ar" / "samples.row.json").is_file()
     # one set's record lost: its model trains, it alone is sampled, scored, rowed and kept again
     shutil.rmtree(out)
     shutil.copytree(run, out / "run")
     shutil.rmtree(records / "mdlm-mdlm")
     again.clear()
     script.generation(out, out / "run", fake_step(again), ["--device", "cpu"], finetune=False)
-    assert again == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "row mdlm-mdlm", "compare"]
+    assert again == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "row mdlm-mdlm", "compare",
+                     "compare diffusion bridge"]
     assert (records / "mdlm-mdlm" / "samples.row.json").is_file()
 
 
@@ -1033,11 +1046,11 @@ def test_the_recipe_keeps_each_model_with_its_sets_and_a_fresh_machine_trains_on
     assert script.recipe(out, fake_step(again), ["--device", "cpu"])["rows"] == [
         {**r, "model": r["model"].replace(str(tmp_path / "a"), str(out))} for r in result["rows"]]
     assert [c for c in again if c.startswith("recipe: train")] == [f"recipe: train mdlm-{n + m} seed 0"]
-    # with --generation's MDLM row in, seed 0's long arm comes back too; a lost fine-tune's record
-    # trains its start again as well (the fine-tune reads the start's weights)
+    # with --generation's MDLM row recorded (not yet brought back here), seed 0's long arm comes
+    # back too; a lost fine-tune's record trains its start again as well (it reads the start's weights)
     shutil.rmtree(out)
-    (out / "samples" / "mdlm-mdlm").mkdir(parents=True)
-    (out / "samples" / "mdlm-mdlm" / "samples.row.json").write_text("{}")
+    (script.GENERATION_RECORD / "samples" / "mdlm-mdlm").mkdir(parents=True)
+    (script.GENERATION_RECORD / "samples" / "mdlm-mdlm" / "samples.row.json").write_text("{}")
     shutil.rmtree(kept / "samples" / f"recipe-seed2-{script.RECIPE['samplers'][0]}")
     again.clear()
     script.recipe(out, fake_step(again), ["--device", "cpu"])
