@@ -493,6 +493,26 @@ def test_mauve_references_are_cut_in_the_generators_tokenizer_at_the_samples_len
     assert seen[0] == (want, {"eos": "<eos>", "bos": False})  # the reference set, split at the samples' EOS
     assert all(len(tok(r, add_special_tokens=False)["input_ids"]) == 9 for r in want)
     # (a file without a generator record: test_eval_end_to_end_and_bad_input, cut in the evaluator's ids)
+    # --reference-features: the first call keeps each reference set's features (2 files); a later
+    # call, file by file, reads them (no features pass over references) and gives the same MAUVE
+    store = tmp_path / "features"
+    seen.clear()
+    code, out, err = invoke("--format", "json", "eval", samples, bare, "--evaluator", tiny_models("llama"),
+                            "--references", spec, "--reference-features", store, "--device", "cpu")
+    assert code == 0, err
+    assert len(seen) == 2  # the two reference sets (the samples' features come from the scoring pass)
+    kept = sorted(store.glob("*.npy"))
+    assert len(kept) == 2 and not list(store.glob(".*"))
+    assert len({tuple(map(tuple, np.load(k)[:2])) for k in kept}) == 2
+    first = json.loads(out)
+    for path in (samples, bare):
+        seen.clear()
+        code, out, err = invoke("--format", "json", "eval", path, "--evaluator", tiny_models("llama"),
+                                "--references", spec, "--reference-features", store, "--device", "cpu")
+        assert code == 0, err
+        assert seen == []  # no pass over the references
+        assert json.loads(out)[str(path)]["mauve"] == first[str(path)]["mauve"]
+    assert sorted(store.glob("*.npy")) == kept
 
 
 def test_special_tokens_are_counted_from_the_ids_on_a_hand_built_set():

@@ -46,12 +46,17 @@ def evaluate(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Which held-out documents MAUVE's references come "
                                                             "from (the split of a generator trained at this seed) "
                                                             "and their order.")] = EVAL.seed,
+    reference_features: Annotated[Path | None, typer.Option(help="A folder where MAUVE's reference features are "
+                                                               "kept, named by what they depend on (the evaluator, "
+                                                               "its dtype, the references' texts): a later eval of "
+                                                               "the same references reads them instead of running "
+                                                               "the evaluator over them again.")] = None,
     device: Device = EVAL.device,
 ):
     """Gen.PPL, diversity, word and token entropy, repetition, MAUVE (and oracle NLL on synthetic corpora)."""
 
     results, target = evaluate_samples(samples, evaluator, references, out, seed, device, oracle_start=oracle_start,
-                                       gen_ppl_bos=gen_ppl_bos)
+                                       gen_ppl_bos=gen_ppl_bos, reference_features=reference_features)
     names = next(iter(results.values()))["gen_ppl_by_evaluator"]
     keys = ["samples", "diversity_within", "diversity_pooled", "unigram_entropy", "token_entropy", "rep_4", "mauve",
             "mauve_std", "oracle_nll_per_word", "bigram_tv", "bigram_tv_hmm"]

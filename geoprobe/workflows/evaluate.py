@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import os
 import sys
@@ -353,7 +354,7 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
 
 def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
                      seed: int = 0, device: str = "auto", oracle_start: str = "auto",
-                     gen_ppl_bos: bool = False) -> tuple[dict, Path]:
+                     gen_ppl_bos: bool = False, reference_features: Path | None = None) -> tuple[dict, Path]:
     """Gen.PPL, diversity, word and token entropy, repetition and (with `references`) MAUVE of
     each samples file, plus the exact NLL under the HMM for a synthetic corpus (from
     `oracle_start`, see geoprobe.synthetic.HMM.start; `auto`: each file's own,
@@ -366,8 +367,9 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     (`references_like`). Every file is checked before the evaluator loads. With several
     evaluators each scores Gen.PPL (`gen_ppl_by_evaluator`); the first also gives `gen_ppl` and
     MAUVE's features. An evaluator that is the generator's own backbone is named in
-    `evaluator_is_generator` (and warned about). Writes `out`, or SAMPLES.metrics.json beside
-    each file; returns (results, the file written first)."""
+    `evaluator_is_generator` (and warned about). `reference_features`: a folder where MAUVE's
+    reference features are kept and read again by later calls (`_stored_features`). Writes `out`,
+    or SAMPLES.metrics.json beside each file; returns (results, the file written first)."""
 
     from geoprobe.synthetic import check_oracle_start
 
@@ -406,7 +408,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
             row.update(ppl)
             if references is not None:
                 row.update(_mauve_row(backbone, texts, eos[path], feats, references, seed, bos=gen_ppl_bos,
-                                      cache=reference_cache, generator=generators[path]))
+                                      cache=reference_cache, generator=generators[path],
+                                      store=None if reference_features is None else (reference_features, name)))
         del backbone
         gc.collect()  # the next evaluator loads only once this one is gone
         if torch.cuda.is_available():
@@ -496,15 +499,37 @@ def generator_tokenizer(samples: Path, loaded: dict | None = None):
     return loaded[how, where]
 
 
+def _stored_features(store: tuple[Path, str], backbone, texts: list[str], eos: str | None, bos: bool) -> np.ndarray:
+    """The evaluator's features of reference `texts`, read from the store's folder where an
+    earlier call kept them, else computed and kept there (whole or not at all). The file is named
+    by a hash of what the features depend on: the evaluator's spec, its dtype, the texts, the EOS
+    string and the BOS choice. `store`: (folder, evaluator spec)."""
+    import hashlib
+
+    folder, spec = store
+    dtype = str(backbone.dtype)
+    key = hashlib.sha256(json.dumps([spec, dtype, texts, eos, bos]).encode()).hexdigest()[:32]
+    path = folder / f"{key}.npy"
+    if path.is_file():
+        return np.load(path)
+    found = features(backbone, texts, eos=eos, bos=bos)
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{key}.{os.getpid()}.npy"
+    np.save(partial, found)
+    os.replace(partial, path)
+    return found
+
+
 def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, references: str, seed: int, *,
-               bos: bool, cache: dict, generator: tuple | None = None) -> dict:
+               bos: bool, cache: dict, generator: tuple | None = None, store: tuple[Path, str] | None = None) -> dict:
     """MAUVE of one file's features against held-out references cut as its samples are: where
     `generator` (its tokenizer, the samples' token ids) is known, the held-out token stream in the
     generator's ids with its EOS, cut at the samples' length, decoded, and read as the samples are
     (split at the same EOS string `eos`); so files of one tokenizer and length share one reference
     set. Otherwise (a file without a generator record) cut to the samples' median length in the
     evaluator's ids. `cache`: one cut of the held-out text per tokenizer and length, one features
-    pass per reference set (the tokenizers live for the whole call)."""
+    pass per reference set (the tokenizers live for the whole call). `store`: also keep and read
+    the reference features on disk (`_stored_features`), across calls."""
     if generator is not None and generator[0] is not None and all(i is not None for i in generator[1]):
         tok, ids = generator
         length, reference_eos, cut = int(np.median([len(i) for i in ids])), eos, "generator"
@@ -525,5 +550,6 @@ def _mauve_row(backbone, texts: list[str], eos: str | None, feats: np.ndarray, r
     feats = feats[:scored]
     key = (tuple(refs[:scored]), bos, reference_eos)
     if key not in cache:
-        cache[key] = features(backbone, list(key[0]), eos=reference_eos, bos=bos)
+        cache[key] = (features(backbone, list(key[0]), eos=reference_eos, bos=bos) if store is None
+                      else _stored_features(store, backbone, list(key[0]), reference_eos, bos))
     return {**mauve_score(feats, cache[key]), "mauve_reference_tokens": length, "mauve_references_cut_in": cut}
