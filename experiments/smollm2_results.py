@@ -766,7 +766,7 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
     """Every sample set (sample_sets), a group of one model's sets at a time (`sample_group`: the
     model trained where --generation trains it, then each set sampled, scored, given its row and
-    recorded), then the comparison from the rows; the rows through the diffusion sweep's bridge
+    recorded), the groups with the shortest training first, then the comparison from the rows; the rows through the diffusion sweep's bridge
     (`diffusion_sets`) and their own comparison; with `with_recipe`, the DSL paper's recipe on the
     KJV (`recipe`). Rows recorded under GENERATION_RECORD are brought back first: on a fresh
     machine only the groups without them run."""
@@ -779,7 +779,15 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
     if back := bring_back(GENERATION_RECORD, out, folders, SET_FILES):
         print(f"[run ] {back} sample sets' rows restored from {shown_path(GENERATION_RECORD)}", flush=True)
     models = model_steps(out, run, finetune)
-    for names in sample_groups(sets).values():
+    bridges = {folder for folder, _ in sampled_bridges(out, run).values()}
+
+    def cheap_first(names: list[str]) -> int:  # a machine that goes takes less: the shortest trainings first
+        model = sets[names[0]][sets[names[0]].index("--model") + 1]
+        # nothing to train (AR, a bridge with its weights); the sweep's bridges trained again (their
+        # records: 500-3,000 steps); the generators and the layer-0 bridge (4,000 steps each)
+        return 0 if model not in models else 1 if model in bridges else 2
+
+    for names in sorted(sample_groups(sets).values(), key=cheap_first):  # the table keeps the plan's order
         sample_group(out, {name: sets[name] for name in names}, models, step, dev)
     rows = {name: row_path(out / "samples" / name / "samples.jsonl") for name in plan}
     curve = [a for name, (_, point) in plan.items() if point for a in ("--curve", rows[name])]

@@ -892,6 +892,12 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
         samples = str(tmp_path / "samples" / name / "samples.row.json")
         assert samples in compared and compared[compared.index(samples) - 1] != "--curve"
     assert str(tmp_path / "samples" / "dsl-mdlm-steps4" / "samples.row.json") in compared
+    # the shortest trainings first: AR (none), the sweep's bridges trained again, then the layer-0
+    # bridge and the generators, in the plan's order; the table keeps the plan's order (rounding first)
+    firsts = [names.index(n) for n in ("sample ar", "bridge layer 1", "bridge layer 12", "bridge layer 0", "train dsl",
+                                        "train mdlm")]
+    assert firsts == sorted(firsts) and names[0] == "sample ar"
+    assert compared.index(str(tmp_path / "samples" / "round-00" / "samples.row.json")) == 1
 
 
 def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finished(tmp_path, no_diffusion_sweep):
