@@ -116,7 +116,7 @@ def cases():
                 if kind in (Path, list) or name in ("model", "run", "samples"):
                     out += [(command, f"<{name}>", how) for how in ("missing", "empty-file", "empty-dir", "foreign")]
                 continue
-            if kind is Path and flag in ("--out",):
+            if kind is Path and flag in ("--out", "--reference-features"):  # folders a command writes
                 out.append((command, flag, "under-a-file"))
                 continue
             if kind in (Path, list):

@@ -955,7 +955,7 @@ def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finis
     assert hybrid[:5] == ("sample", "--model", folder, "--sampler", "hybrid")
     assert hybrid[hybrid.index("--steps") + 1] == SAMPLES["steps"] and hybrid[hybrid.index("--batch") + 1] == 125
     sets = [tmp_path / "samples" / n / "samples.jsonl" for n in ("diffusion-01-ltr", "diffusion-01")]
-    assert [a for a in found["eval diffusion-01-ltr"] if isinstance(a, Path)] == sets[:1]
+    assert [a for a in found["eval diffusion-01-ltr"] if isinstance(a, Path) and a.suffix == ".jsonl"] == sets[:1]
     rows = [s.with_suffix(".row.json") for s in sets]
     assert found["compare diffusion bridge"] == ("compare", *rows, "--out", run / "diffusion-bridge")
     assert not any(str(rows[0]) == str(a) for a in found["compare"])  # not in the main table: one name per bridge

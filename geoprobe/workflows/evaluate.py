@@ -354,7 +354,7 @@ def evaluator_list(evaluator: str | list[str]) -> list[str]:
 
 def evaluate_samples(samples: list[Path], evaluator: str | list[str], references: str | None, out: Path | None,
                      seed: int = 0, device: str = "auto", oracle_start: str = "auto",
-                     gen_ppl_bos: bool = False, reference_features: Path | None = None) -> tuple[dict, Path]:
+                     gen_ppl_bos: bool = False, *, reference_features: Path | None = None) -> tuple[dict, Path]:
     """Gen.PPL, diversity, word and token entropy, repetition and (with `references`) MAUVE of
     each samples file, plus the exact NLL under the HMM for a synthetic corpus (from
     `oracle_start`, see geoprobe.synthetic.HMM.start; `auto`: each file's own,
@@ -383,6 +383,8 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     oracle, starts, length = _oracle(references, list(sets), oracle_start)
     if out is not None:
         check_writable(out.parent)
+    if reference_features is not None:  # a folder it writes: refused here, before any model loads
+        check_writable(reference_features)
     first_token = "scored after BOS" if gen_ppl_bos else "unscored"
     # each file's generator tokenizer (None: not on record) and token ids: its special tokens, its references
     loaded = {}  # one load per tokenizer in this call (a folder rewritten later is read again next call)
