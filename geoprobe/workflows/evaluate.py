@@ -367,9 +367,9 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     (`references_like`). Every file is checked before the evaluator loads. With several
     evaluators each scores Gen.PPL (`gen_ppl_by_evaluator`); the first also gives `gen_ppl` and
     MAUVE's features. An evaluator that is the generator's own backbone is named in
-    `evaluator_is_generator` (and warned about). `reference_features`: a folder where MAUVE's
-    reference features are kept and read again by later calls (`_stored_features`). Writes `out`,
-    or SAMPLES.metrics.json beside each file; returns (results, the file written first)."""
+    `evaluator_is_generator` (and warned about). `reference_features`: where MAUVE's reference
+    features are kept for later calls (`_stored_features`). Writes `out`, or SAMPLES.metrics.json
+    beside each file; returns (results, the file written first)."""
 
     from geoprobe.synthetic import check_oracle_start
 
@@ -381,10 +381,9 @@ def evaluate_samples(samples: list[Path], evaluator: str | list[str], references
     if references is not None:
         check_source(references)
     oracle, starts, length = _oracle(references, list(sets), oracle_start)
-    if out is not None:
-        check_writable(out.parent)
-    if reference_features is not None:  # a folder it writes: refused here, before any model loads
-        check_writable(reference_features)
+    for folder in (out and out.parent, reference_features):  # what it writes: refused before any model loads
+        if folder is not None:
+            check_writable(folder)
     first_token = "scored after BOS" if gen_ppl_bos else "unscored"
     # each file's generator tokenizer (None: not on record) and token ids: its special tokens, its references
     loaded = {}  # one load per tokenizer in this call (a folder rewritten later is read again next call)
