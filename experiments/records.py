@@ -67,45 +67,32 @@ def record(run: Path, into: Path) -> int:
     return new
 
 
-def keep(out: Path, into: Path, folders: list[Path], names: tuple[str, ...]) -> int:
-    """Copy each finished folder's files `names` under `into`, at its path relative to `out`.
-
-    Args:
-        out: the run's out dir.
-        into: the record folder; it keeps out's layout.
-        folders: folders under `out`; one is finished when it holds names[-1].
-        names: the files recorded, the last one copied last (a record is whole when it is there).
-
-    Returns:
-        How many folders were new.
-    """
-    new = 0
-    for folder in folders:
-        target = into / folder.relative_to(out)
-        if not (folder / names[-1]).is_file() or (target / names[-1]).is_file():
+def copy_folders(pairs: list[tuple[Path, Path]], names: tuple[str, ...]) -> int:
+    """Copy each (source, target) folder's files `names` whole, the last one last, where the source
+    holds names[-1] and the target does not (a folder is finished, and its copy whole, when that
+    file is there). Returns how many folders were copied."""
+    copied = 0
+    for source, target in pairs:
+        if not (source / names[-1]).is_file() or (target / names[-1]).is_file():
             continue
         target.mkdir(parents=True, exist_ok=True)
         for name in names:
-            if (folder / name).is_file():
-                copy_whole(folder / name, target / name)
-        new += 1
-    return new
+            if (source / name).is_file():
+                copy_whole(source / name, target / name)
+        copied += 1
+    return copied
+
+
+def keep(out: Path, into: Path, folders: list[Path], names: tuple[str, ...]) -> int:
+    """Copy each finished folder under `out` into `into`, at its path relative to `out`
+    (`copy_folders`). Returns how many folders were new."""
+    return copy_folders([(folder, into / folder.relative_to(out)) for folder in folders], names)
 
 
 def bring_back(into: Path, out: Path, folders: list[Path], names: tuple[str, ...]) -> int:
     """Copy the recorded folders among `folders` (under `out`) back from `into` where `out` lacks
-    their last file (`keep`'s layout). Returns how many were brought back."""
-    back = 0
-    for folder in folders:
-        source = into / folder.relative_to(out)
-        if (folder / names[-1]).is_file() or not (source / names[-1]).is_file():
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in names:  # the last one last
-            if (source / name).is_file():
-                copy_whole(source / name, folder / name)
-        back += 1
-    return back
+    them (`keep`'s layout). Returns how many were brought back."""
+    return copy_folders([(into / folder.relative_to(out), folder) for folder in folders], names)
 
 
 def finished_line(metrics: Path) -> str:

@@ -739,7 +739,7 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
     Each set is scored alone, so a machine that goes loses at most the set in flight. The MAUVE
     references' features are kept in OUT/mauve-references and read by the next set's eval (their
     pass over 1,000 references of 32 tokens took 161 s on one thread beside two runs, 2026-12-07)."""
-    from geoprobe.workflows.compare import row_path
+    from geoprobe.workflows.compare import ROW, row_path
     from geoprobe.workflows.generate import META
 
     files = {name: out / "samples" / name / "samples.jsonl" for name in sets}
@@ -757,7 +757,7 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
              "--reference-features", out / "mauve-references", *dev, done=all_scored([samples]))
         # its row beside it (--allow-mismatch: a steps curve's point has its own steps)
         step(f"row {name}", "compare", samples, "--allow-mismatch", "--out", out / "rows" / name,
-             done=all_scored([samples], ".row.json"))
+             done=all_scored([samples], ROW))
         keep(out, into or GENERATION_RECORD, [samples.parent], SET_FILES)
     # and any set that has its row but no record (a kill between its row and its record)
     keep(out, into or GENERATION_RECORD, [files[name].parent for name in sets], SET_FILES)
@@ -767,8 +767,8 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
     """Every sample set (sample_sets), a group of one model's sets at a time (`sample_group`: the
     model trained where --generation trains it, then each set sampled, scored, given its row and
-    recorded), the groups with the shortest training first, then the comparison from the rows; the rows through the diffusion sweep's bridge
-    (`diffusion_sets`) and their own comparison; with `with_recipe`, the DSL paper's recipe on the
+    recorded), the groups with the shortest training first, then the comparison from the rows;
+    the rows through the diffusion sweep's bridge (`diffusion_sets`) and their own comparison; with `with_recipe`, the DSL paper's recipe on the
     KJV (`recipe`). Rows recorded under GENERATION_RECORD are brought back first: on a fresh
     machine only the groups without them run."""
     from geoprobe.workflows.compare import row_path
@@ -919,14 +919,14 @@ def recipe(out: Path, step, dev: list, result: bool = True) -> dict | None:
         paths = recipe_paths(out, seed)
         return [paths[arm], *([paths["start"]] if arm == "recipe" else [])]
 
+    # seed 0's long arm is --generation's MDLM: its weights stay wanted until its own row is in
+    mdlm_row = row_path(out / "samples" / "mdlm-mdlm" / "samples.jsonl")  # here, or in the records
+    mdlm_done = mdlm_row.is_file() or (GENERATION_RECORD / mdlm_row.relative_to(out)).is_file()
     for seed in RECIPE["seeds"]:
         for arm in ("recipe", "mdlm-long"):
             folders = list(sets(arm, seed).values())
             recorded = all((GENERATION_RECORD / f.relative_to(out) / RECIPE_SET_FILES[-1]).is_file() for f in folders)
-            # seed 0's long arm is --generation's MDLM: its weights stay wanted until its own row is in
-            mdlm_row = row_path(out / "samples" / "mdlm-mdlm" / "samples.jsonl")  # here, or in the records
-            theirs = recipe_paths(out, seed)[arm] != out / "mdlm" or mdlm_row.is_file() or \
-                (GENERATION_RECORD / mdlm_row.relative_to(out)).is_file()
+            theirs = recipe_paths(out, seed)[arm] != out / "mdlm" or mdlm_done
             if recorded and theirs:
                 bring_back(GENERATION_RECORD, out, folders, RECIPE_SET_FILES)
                 bring_back(GENERATION_RECORD, out, records_of(arm, seed), MODEL_FILES)
