@@ -6,6 +6,7 @@
     python -m experiments.smollm2_results --out runs/results --page docs/results.md --generation
     python -m experiments.smollm2_results --generation --without-finetune   # no DSL-from-SmolLM2: about 5 of the 20 hours
     python -m experiments.smollm2_results --generation --before-sweep   # on a free core while the sweep runs
+    python -m experiments.smollm2_results --generation --without-finetune   # again, on a second core: it takes the groups the first does not hold
     python -m experiments.smollm2_results --status    # where a running sweep stands, bridge by bridge
     python -m experiments.smollm2_results --status --generation --without-finetune   # ... and the generation
     python -m experiments.smollm2_results --page-only   # the page again from the run's records, nothing run
@@ -57,7 +58,8 @@ folder to retrain them. --generation keeps its own records the same way
 (experiments/records/smollm2-generation: each finished sample set's meta row and compare
 row, and the recipe's models' config, curve and metrics; no text, no weights): it runs one model's
 sets at a time (`sample_group`), and a fresh clone trains and samples only the models whose sets
-have no row.
+have no row. Two such processes on one out dir share the model groups (`claimed_group`); the one
+that finishes last compares the rows and writes the page.
 
 Not in `make test`: it needs the real model for up to a day; `make test` runs examples 01-05.
 """
@@ -73,6 +75,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
@@ -466,8 +469,9 @@ def run_experiment(exp: Experiment, seeds: str | None = None, *, generate: bool 
     step("sweep", "sweep", "--run", run, *exp.sweep, "--seeds", seeds, *dev,
          done=run / "sweep.json" if swept(run, seeds, exp) else None, during=lambda: record(run, exp.record))
     record(run, exp.record)  # also a sweep that finished before the records existed
-    if generate:
-        generation(out, run, step, dev, finetune=finetune, with_recipe=with_recipe)
+    if generate and not generation(out, run, step, dev, finetune=finetune, with_recipe=with_recipe):
+        print("[done] this process's groups; the process still sampling compares and writes the page", flush=True)
+        return
     write_page(run, out, exp.page, log, time.perf_counter() - began, seeds, exp)
 
 
@@ -764,13 +768,48 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
     return [row_path(files[name]) for name in sets]
 
 
-def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> None:
-    """Every sample set (sample_sets), a group of one model's sets at a time (`sample_group`: the
-    model trained where --generation trains it, then each set sampled, scored, given its row and
-    recorded), the groups with the shortest training first, then the comparison from the rows;
-    the rows through the diffusion sweep's bridge (`diffusion_sets`) and their own comparison; with `with_recipe`, the DSL paper's recipe on the
-    KJV (`recipe`). Rows recorded under GENERATION_RECORD are brought back first: on a fresh
-    machine only the groups without them run."""
+def claimed_group(out: Path, group: dict[str, list], run_group) -> bool:
+    """Run `run_group()` holding the group's claim (the lock of OUT/claims/FIRST-SET) and return
+    True; return False, running nothing, while another live process holds it. So two --generation
+    processes on one out dir (one per core) share the groups: each takes the next one nobody
+    holds. A claim whose process is gone is taken over (geoprobe.files.acquire)."""
+    from geoprobe.errors import BadInput
+    from geoprobe.files import acquire
+    from geoprobe.files import release as unlock
+
+    first = next(iter(group))
+    try:
+        held = acquire(out / "claims" / first, f"--generation: the {first} group")
+    except BadInput as exc:
+        print(f"[skip] the {first} group: {str(exc).split(';')[0]}", flush=True)
+        return False
+    try:
+        run_group()
+    finally:
+        unlock(held)
+    return True
+
+
+def rowless(out: Path, names) -> list[str]:
+    """The sets among `names` without their compare row yet."""
+    from geoprobe.workflows.compare import row_path
+
+    return [name for name in names if not row_path(out / "samples" / name / "samples.jsonl").is_file()]
+
+
+def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> bool:
+    """Every sample set (`sample_sets`), then those through the diffusion sweep's bridge
+    (`diffusion_sets`), a group of one model's sets at a time (`sample_group`: the model trained
+    where --generation trains it, then each set sampled, scored, given its row and recorded), the
+    groups with the shortest training first; then the comparison from the rows, the diffusion
+    bridge's rows' own, and with `with_recipe` the DSL paper's recipe on the KJV (`recipe`). Rows
+    recorded under GENERATION_RECORD are brought back first: on a fresh machine only the groups
+    without them run.
+
+    Each group runs under its claim (`claimed_group`), so a second process started on the same
+    out dir takes the groups the first does not hold. A process that skipped a group still
+    without its rows stops before the comparisons: the process sampling it makes them. Returns
+    whether this process made them (False: the other one writes the page)."""
     from geoprobe.workflows.compare import row_path
 
     plan = sample_sets(out, run, finetune)
@@ -788,17 +827,25 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
         # records: 500-3,000 steps); the generators and the layer-0 bridge (4,000 steps each)
         return 0 if model not in models else 1 if model in bridges else 2
 
-    for names in sorted(sample_groups(sets).values(), key=cheap_first):  # the table keeps the plan's order
-        sample_group(out, {name: sets[name] for name in names}, models, step, dev)
+    groups = [{name: sets[name] for name in names} for names in sorted(sample_groups(sets).values(), key=cheap_first)]
+    others = []  # the sets of the groups another process held
+    for group in [*groups, *([extra] if extra else [])]:  # the table keeps the plan's order
+        if not claimed_group(out, group, partial(sample_group, out, group, models, step, dev)):
+            others += group
+    if missing := rowless(out, others):
+        print(f"[wait] the comparisons: {len(missing)} sets of another process's groups have no row yet "
+              f"({', '.join(missing)}); that process compares, and writes the page", flush=True)
+        return False
     rows = {name: row_path(out / "samples" / name / "samples.jsonl") for name in plan}
     curve = [a for name, (_, point) in plan.items() if point for a in ("--curve", rows[name])]
     step("compare", "compare", *[rows[name] for name, (_, point) in plan.items() if not point], *curve, "--out", run,
          done=None)
-    if extra:  # after the table above: its rows wait for no diffusion bridge
-        through = sample_group(out, extra, models, step, dev)
+    if extra:
+        through = [row_path(out / "samples" / name / "samples.jsonl") for name in extra]
         step("compare diffusion bridge", "compare", *through, "--out", run / "diffusion-bridge", done=None)
     if with_recipe:
         recipe(out, step, dev)
+    return True
 
 
 # the DSL paper's recipe on the KJV (issue 61 section 2; registered in docs/baselines.md, "The DSL

@@ -903,8 +903,8 @@ def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_
 def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finished(tmp_path, no_diffusion_sweep):
     """The SmolLM2 table's bridges are the diffusion sweep's where they exist: once the diffusion
     sweep's seed-0 bridge at the chosen layer has finished, --generation samples it left to right
-    and by the hybrid (the regression bridge's flags), after the main comparison, and evaluates
-    and compares those two sets on their own; before that, nothing of it runs. Where only its
+    and by the hybrid (the regression bridge's flags), after the other groups, and evaluates
+    and compares those two sets on their own, after the main comparison; before that, nothing of it runs. Where only its
     record exists (no weights), the same bridge trains again under OUT/diffusion first."""
     import experiments.smollm2_results as script
     from experiments.smollm2_results import SAMPLES, generation, generation_progress
@@ -948,8 +948,9 @@ def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finis
     names = [name for name, _ in commands]
     found = dict(commands)
     assert "diffusion bridge layer 1" not in names
-    assert names.index("compare") < names.index("sample diffusion-01-ltr") < names.index("eval diffusion-01-ltr") \
-        < names.index("row diffusion-01-ltr") < names.index("sample diffusion-01") < names.index("compare diffusion bridge")
+    assert names.index("sample diffusion-01-ltr") < names.index("eval diffusion-01-ltr") \
+        < names.index("row diffusion-01-ltr") < names.index("sample diffusion-01") < names.index("compare") \
+        < names.index("compare diffusion bridge")
     ltr, hybrid = found["sample diffusion-01-ltr"], found["sample diffusion-01"]
     assert ltr[:5] == ("sample", "--model", folder, "--sampler", "ltr") and "--steps" not in ltr
     assert hybrid[:5] == ("sample", "--model", folder, "--sampler", "hybrid")
@@ -1033,6 +1034,50 @@ def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_w
     assert again == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "row mdlm-mdlm", "compare",
                      "compare diffusion bridge"]
     assert (records / "mdlm-mdlm" / "samples.row.json").is_file()
+
+
+def test_two_generation_processes_share_the_groups_and_the_one_that_finishes_last_compares(tmp_path):
+    """A group whose claim (OUT/claims/FIRST-SET) a live process holds is skipped: nothing of it is
+    trained or sampled, and while its rows are missing no comparison runs (generation returns
+    False). Once that process has written them, the next pass compares and samples nothing. A
+    claim whose process is gone is taken over. The claims are released when a group ends."""
+    import socket
+    import subprocess
+
+    import experiments.smollm2_results as script
+    from geoprobe.files import _start_time, lock_name
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)
+    planned = script.sample_sets(tmp_path, run, finetune=False)
+    claim = tmp_path / "claims" / "mdlm-mdlm"  # the MDLM group: one set
+    claim.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        (claim / lock_name()).write_text(json.dumps({"pid": other.pid, "host": socket.gethostname(),
+                                                     "started": _start_time(other.pid), "command": "--generation"}))
+        first = []
+        assert script.generation(tmp_path, run, fake_step(first), ["--device", "cpu"], finetune=False) is False
+        assert "train mdlm" not in first and "sample mdlm-mdlm" not in first and "compare" not in first
+        assert sum(n.startswith("sample ") for n in first) == len(planned) - 1
+        assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["mdlm-mdlm"]  # only the other's
+        # the other process has written its set's row (its claim still held): this pass compares
+        fake_step([])("sample mdlm-mdlm", "sample", "--out", tmp_path / "samples" / "mdlm-mdlm", done=None)
+        fake_step([])("row mdlm-mdlm", "compare", tmp_path / "samples" / "mdlm-mdlm" / "samples.jsonl", done=None)
+        again = []
+        assert script.generation(tmp_path, run, fake_step(again), ["--device", "cpu"], finetune=False) is True
+        assert again == ["compare"]
+    finally:
+        other.kill()
+        other.wait()
+    # a claim left by a process that is gone: taken over, its group run, the claim released
+    shutil.rmtree(tmp_path / "samples" / "mdlm-mdlm")
+    shutil.rmtree(script.GENERATION_RECORD / "samples" / "mdlm-mdlm", ignore_errors=True)
+    third = []
+    assert script.generation(tmp_path, run, fake_step(third), ["--device", "cpu"], finetune=False) is True
+    assert third == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "row mdlm-mdlm", "compare"]
+    assert not (claim / lock_name()).exists()
 
 
 def test_the_recipe_keeps_each_model_with_its_sets_and_a_fresh_machine_trains_only_what_is_not_kept(tmp_path):
