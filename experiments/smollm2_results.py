@@ -520,6 +520,11 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
                      f"written, {sum((s / 'samples.metrics.json').is_file() for s in extra)} evaluated"
                      + ("; compared" if (run / "diffusion-bridge" / "compare.csv").is_file() else "")
                      if extra else "through the diffusion bridge: its chosen layer's seed-0 bridge has not finished")
+    from geoprobe.files import holder
+
+    claims = {p.name: held["pid"] for p in sorted((out / "claims").glob("*")) if (held := holder(p))}
+    if claims:  # the groups live --generation processes hold now (claimed_group)
+        lines.append("groups in flight: " + ", ".join(f"{name} (pid {pid})" for name, pid in claims.items()))
     if (out / "recipe").is_dir():  # the recipe's models (--recipe, or --recipe-models beside), each arm at its steps
         for arm, (_, steps) in RECIPE_ARMS.items():
             lines += progress_of([(f"recipe {arm} seed {seed}", recipe_paths(out, seed)[arm])

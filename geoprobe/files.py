@@ -88,6 +88,12 @@ def _read(path: Path) -> dict:
         return {}  # half-written by a process killed while creating it: treated as stale below
 
 
+def holder(directory: Path, rank: int = 0) -> dict | None:
+    """The live process holding `directory`'s lock (its pid, host, command and since), or None."""
+    found = _read(Path(directory) / lock_name(rank))
+    return found if found and _alive(found) else None
+
+
 def acquire(directory: Path, command: str, rank: int = 0) -> Path:
     """Create `directory` if needed and take its lock; refuse (BadInput) when a live process holds it."""
     directory = Path(directory)

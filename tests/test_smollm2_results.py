@@ -1062,6 +1062,7 @@ def test_two_generation_processes_share_the_groups_and_the_one_that_finishes_las
         assert "train mdlm" not in first and "sample mdlm-mdlm" not in first and "compare" not in first
         assert sum(n.startswith("sample ") for n in first) == len(planned) - 1
         assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["mdlm-mdlm"]  # only the other's
+        assert f"groups in flight: mdlm-mdlm (pid {other.pid})" in script.generation_progress(tmp_path, run, finetune=False)
         # the other process has written its set's row (its claim still held): this pass compares
         fake_step([])("sample mdlm-mdlm", "sample", "--out", tmp_path / "samples" / "mdlm-mdlm", done=None)
         fake_step([])("row mdlm-mdlm", "compare", tmp_path / "samples" / "mdlm-mdlm" / "samples.jsonl", done=None)
@@ -1078,6 +1079,7 @@ def test_two_generation_processes_share_the_groups_and_the_one_that_finishes_las
     assert script.generation(tmp_path, run, fake_step(third), ["--device", "cpu"], finetune=False) is True
     assert third == ["train mdlm", "sample mdlm-mdlm", "eval mdlm-mdlm", "row mdlm-mdlm", "compare"]
     assert not (claim / lock_name()).exists()
+    assert not any(line.startswith("groups in flight") for line in script.generation_progress(tmp_path, run, finetune=False))
 
 
 def test_the_recipe_keeps_each_model_with_its_sets_and_a_fresh_machine_trains_only_what_is_not_kept(tmp_path):
