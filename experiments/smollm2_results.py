@@ -40,9 +40,12 @@ then 12 ceilings; about 25 hours if every bridge ran to its cap). --generation a
 hours (an estimate). 15 of them are DSL-from-SmolLM2, a full fine-tune of the 135 M backbone at
 13.5 s a step of 8 x 256 tokens (6 of 4,000 steps timed). The five small generators take about
 35 minutes each at most. Of the 28 sample sets of 1,000, the 6 through a bridge and SmolLM2's
-upper stack take about 20-40 minutes each on one thread (1.7-2.3 s a sample measured at 256,
-ltr's about 1.4 s estimated: see `sample_sets`), the rounding row about 12, the small generators'
-2-7; DSL-from-SmolLM2's 4 run the whole backbone (not yet measured).
+upper stack take about 20-45 minutes each on one thread (1.7-2.3 s a sample measured at 256,
+ltr's about 1.4 s estimated: see `sample_sets`; the layer-3 hybrid with the channel's evidence
+took 2.6 s a sample at 1,000, 44 minutes, on one niced thread beside another run, 2026-12-07),
+the rounding row about 12, the small generators' 2-7; DSL-from-SmolLM2's 4 run the whole backbone
+(not yet measured). Each set's eval (SmolLM2, the KJV trigram, MAUVE) adds about 2.5 minutes
+(145 s for the layer-3 hybrid), 7 for the first, which also computes the MAUVE references' features.
 
 Resumable: each step is one geoprobe command, skipped when its output exists; an interrupted
 command resumes from its own checkpoints (scan shards, sweep layers, training steps). Every step
