@@ -798,13 +798,6 @@ def claimed_group(out: Path, group: dict[str, list], run_group) -> bool:
     return True
 
 
-def rowless(out: Path, names) -> list[str]:
-    """The sets among `names` without their compare row yet."""
-    from geoprobe.workflows.compare import row_path
-
-    return [name for name in names if not row_path(out / "samples" / name / "samples.jsonl").is_file()]
-
-
 def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, with_recipe: bool = False) -> bool:
     """Every sample set (`sample_sets`), then those through the diffusion sweep's bridge
     (`diffusion_sets`), a group of one model's sets at a time (`sample_group`: the model trained
@@ -840,17 +833,17 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
     for group in [*groups, *([extra] if extra else [])]:  # the table keeps the plan's order
         if not claimed_group(out, group, partial(sample_group, out, group, models, step, dev)):
             others += group
-    if missing := rowless(out, others):
+    rows = {name: row_path(out / "samples" / name / "samples.jsonl") for name in [*plan, *extra]}
+    if missing := [name for name in others if not rows[name].is_file()]:
         print(f"[wait] the comparisons: {len(missing)} sets of another process's groups have no row yet "
               f"({', '.join(missing)}); that process compares, and writes the page", flush=True)
         return False
-    rows = {name: row_path(out / "samples" / name / "samples.jsonl") for name in plan}
     curve = [a for name, (_, point) in plan.items() if point for a in ("--curve", rows[name])]
     step("compare", "compare", *[rows[name] for name, (_, point) in plan.items() if not point], *curve, "--out", run,
          done=None)
     if extra:
-        through = [row_path(out / "samples" / name / "samples.jsonl") for name in extra]
-        step("compare diffusion bridge", "compare", *through, "--out", run / "diffusion-bridge", done=None)
+        step("compare diffusion bridge", "compare", *[rows[name] for name in extra], "--out", run / "diffusion-bridge",
+             done=None)
     if with_recipe:
         recipe(out, step, dev)
     return True
