@@ -54,7 +54,7 @@ from torch.nn import functional as F
 from geoprobe.bridges.channel import S_MAX, TokenTable, posterior_logits
 from geoprobe.bridges.checkpoint import build_network, load_weights, read_config
 from geoprobe.bridges.converter import Converter
-from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding
+from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding, noise_generator
 from geoprobe.bridges.nn import KVCache, Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.bridges.path import bridge_path_sample
 from geoprobe.backbone import check_bridge_layer, load_backbone, locate_backbone
@@ -517,8 +517,16 @@ class HybridDenoiser(nn.Module):
         super().__init__()
         self.bridge, self.teacher, self.bos_id = bridge, teacher, bos_id
         self.steps, self.evidence = steps, evidence
+        self.noise = None  # the generator of the bridge's noise in `features` (`seed_noise`)
         ids = torch.tensor([[bos_id]], device=teacher.backbone.input_device)
         self.bos_state = teacher.states(ids).target[0, 0]
+
+    def seed_noise(self, generator: torch.Generator) -> None:
+        """Draw the bridge's K-step noise in `features` from a generator seeded by the sampler's
+        (`noise_generator`), so that a stochastic bridge's samples follow the sampler's seed and not
+        the process's global RNG. A deterministic bridge (σ_b = 0) draws no noise and takes nothing
+        from `generator`."""
+        self.noise = noise_generator(generator) if self.bridge.cfg.sigma_b > 0 else None
 
     @property
     def vocab_size(self) -> int:
@@ -578,7 +586,7 @@ class HybridDenoiser(nn.Module):
         state one position to its left (the causal head at backbone position i predicts token
         i + 1, so sample position i is read at backbone position i). A sampler keeps these and
         runs `logits_of` only where it draws a token (samplers/base.py `CountingDenoiser`)."""
-        return self.teacher.backbone.final_from(self.bridge.cfg.layer, self.hidden(z))[:, :-1]
+        return self.teacher.backbone.final_from(self.bridge.cfg.layer, self.hidden(z, self.noise))[:, :-1]
 
     @torch.no_grad()
     def logits_of(self, features: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -619,7 +627,7 @@ class RoundingDenoiser(HybridDenoiser):
     def features(self, z: torch.Tensor) -> torch.Tensor:
         """(B, L, d): the reconstruction of each position without its position part, to be compared
         against the token table."""
-        h = self.hidden(z)[:, 1:]
+        h = self.hidden(z, self.noise)[:, 1:]
         return h - self.teacher.offsets(h.shape[1] + 1)[1:]
 
     @torch.no_grad()

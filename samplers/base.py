@@ -281,8 +281,16 @@ class Sampler:
         """One batch's tokens and its (nfe, skipped, rows), drawn with `run` over a fresh
         `CountingDenoiser`."""
         model = CountingDenoiser(denoiser, self.cache)
+        self.seed_denoiser(denoiser, generator)
         tokens = self.run(model, num, length, generator)
         return tokens, (model.nfe, model.skipped, model.rows)
+
+    def seed_denoiser(self, denoiser: TokenDenoiser, generator: torch.Generator) -> None:
+        """Seed the denoiser's own noise, where it has some (a stochastic bridge's K steps:
+        `HybridDenoiser.seed_noise`), from this batch's generator: its samples then follow the
+        seed, not the process's global RNG."""
+        if (seed_noise := getattr(denoiser, "seed_noise", None)) is not None:
+            seed_noise(generator)
 
     @classmethod
     def knobs(cls) -> dict:
