@@ -244,13 +244,21 @@ class Sampler:
 
     @torch.no_grad()
     def sample(self, denoiser: TokenDenoiser, num: int, length: int, seed: int = 0,
-               batch: int | None = None) -> SampleResult:
+               batch: int | None = None, resume: dict | None = None, on_batch=None) -> SampleResult:
         """`num` samples of `length` tokens, drawn `batch` at a time (None: all at once).
 
         One generator runs through the batches, so a given `batch` gives the same samples wherever
         it runs; a smaller `batch` bounds a step's logits (a large vocabulary's) at the cost of more,
         smaller network calls. `nfe` and `skipped` count one batch's calls (the most any batch
-        made), as an unbatched draw counts them; `rows` sums over the batches."""
+        made), as an unbatched draw counts them; `rows` sums over the batches.
+
+        Args:
+            resume: a draw's progress as `on_batch` gave it (same denoiser, seed, num, length and
+                batch): the draw goes on from it, with the samples an unbroken draw gives.
+            on_batch: called after each batch but the last with the progress so far: {"done": samples
+                drawn, "tokens", "counts": each batch's (nfe, skipped, rows), "generator": the
+                generator's state, "seconds"}.
+        """
         check_flags(num=num, length=length, batch=batch)
         self.check(length)
         size = num if batch is None else min(batch, num)
@@ -258,15 +266,26 @@ class Sampler:
         # on the denoiser's device: V-wide float64 noise drawn on the CPU and copied over would
         # cost a transfer and a sync per step (the same seed gives other samples on another device)
         generator = torch.Generator(device=denoiser.token_table().device).manual_seed(seed)
-        start, parts, counts = time.perf_counter(), [], []
-        for first in range(0, num, size):
+        parts, counts, before, done = [], [], 0.0, 0
+        if resume is not None:
+            done = resume["done"]
+            if not (0 < done < num and done % size == 0 and tuple(resume["tokens"].shape) == (done, length)):
+                raise BadInput(f"cannot resume a draw of {num} x {length} in batches of {size} from "
+                               f"{tuple(resume['tokens'].shape)} samples")
+            generator.set_state(resume["generator"])
+            parts, counts, before = [resume["tokens"]], [tuple(c) for c in resume["counts"]], resume["seconds"]
+        start = time.perf_counter()
+        for first in range(done, num, size):
             tokens, counted = self.draw_batch(denoiser, min(size, num - first), length, generator)
             parts.append(tokens.cpu())
             counts.append(counted)
+            if on_batch is not None and first + size < num:
+                on_batch({"done": first + size, "tokens": torch.cat(parts), "counts": list(counts),
+                          "generator": generator.get_state(), "seconds": before + time.perf_counter() - start})
         nfe, skipped, rows = zip(*counts)
         settings = {**self.settings(), "seed": seed, "num": num, "length": length,
                     **({} if batch is None else {"batch": size})}
-        return SampleResult(torch.cat(parts), max(nfe), max(skipped), sum(rows), time.perf_counter() - start,
+        return SampleResult(torch.cat(parts), max(nfe), max(skipped), sum(rows), before + time.perf_counter() - start,
                             settings)
 
     def check_room(self, denoiser: TokenDenoiser, size: int, length: int, batched: bool) -> None:

@@ -289,6 +289,79 @@ def test_batches_draw_from_one_generator_and_count_as_one_unbatched_draw(name):
         draw(num=10, batch=0)
 
 
+@pytest.mark.parametrize("name", ["mdlm", "roar", "hybrid"])
+def test_a_batched_draw_resumed_from_any_batch_gives_the_unbroken_draws_samples(name):
+    """`on_batch`'s progress, handed back as `resume` to a fresh sampler, continues the draw: the
+    same tokens, nfe and rows as the unbroken draw, from every batch boundary; the resumed draw
+    reports no progress past its last batch. Progress of another shape is refused in one line."""
+    oracle = Oracle(PRIOR)
+
+    def draw(**kw):
+        return make_sampler(name, steps=6, cache=False).sample(oracle, num=10, length=6, seed=3, batch=4, **kw)
+
+    kept = []
+    whole = draw(on_batch=kept.append)
+    assert [k["done"] for k in kept] == [4, 8]  # after every batch but the last
+    for progress in kept:
+        later = []
+        resumed = draw(resume=progress, on_batch=lambda p: later.append(p["done"]))
+        assert torch.equal(resumed.tokens, whole.tokens)
+        assert (resumed.nfe, resumed.rows, resumed.settings) == (whole.nfe, whole.rows, whole.settings)
+        assert resumed.seconds >= progress["seconds"] and later == [d for d in (4, 8) if d > progress["done"]]
+    wrong = {**kept[0], "tokens": kept[0]["tokens"][:3]}
+    with pytest.raises(BadInput, match="cannot resume a draw of 10 x 6 in batches of 4"):
+        draw(resume=wrong)
+
+
+def test_a_killed_batched_sample_goes_on_from_its_last_batch(tmp_path, corpus_txt, monkeypatch):
+    """`geoprobe sample --batch` keeps its progress after each batch: interrupted in its third
+    batch, a rerun draws only the rest and writes the unbroken draw's samples (its meta says where it
+    resumed), and the progress file is gone. Another set's progress in that folder is refused in
+    one line, and --force drops it."""
+    import json
+
+    from geoprobe.samplers.base import Sampler
+    from geoprobe.workflows.generate import PARTIAL
+    from tests.helpers import assert_one_line_error, invoke
+
+    dsl = tmp_path / "dsl"
+    assert invoke("-q", "dsl", "train", "--corpus", corpus_txt, "--tokenizer", "words", "--steps", 1, "--batch-size", 2,
+                  "--seq-len", 16, "--d-model", 16, "--n-layers", 1, "--out", dsl, "--device", "cpu")[0] == 0
+    common = ["sample", "--model", dsl, "--sampler", "mdlm", "--num", 6, "--length", 8, "--steps", 4, "--batch", 2,
+              "--device", "cpu"]
+
+    def ids(folder):
+        return [json.loads(line)["token_ids"] for line in (folder / "samples.jsonl").read_text().splitlines()]
+
+    assert invoke("-q", *common, "--out", tmp_path / "whole")[0] == 0
+    draw_batch, calls = Sampler.draw_batch, []
+
+    def dies_in_the_third(self, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return draw_batch(self, *args)
+
+    monkeypatch.setattr(Sampler, "draw_batch", dies_in_the_third)
+    code, _, _ = invoke("-q", *common, "--out", tmp_path / "cut")
+    assert code != 0 and (tmp_path / "cut" / PARTIAL).is_file() and not (tmp_path / "cut" / "samples.jsonl").exists()
+    code, out, err = invoke("--format", "json", *common, "--out", tmp_path / "cut")
+    assert code == 0, err
+    assert len(calls) == 4  # the rerun drew the third batch only
+    assert ids(tmp_path / "cut") == ids(tmp_path / "whole") and not (tmp_path / "cut" / PARTIAL).exists()
+    assert json.loads(out)["meta"]["resumed_at"] == 4
+    monkeypatch.setattr(Sampler, "draw_batch", dies_in_the_third)
+    calls.clear()
+    invoke("-q", *common, "--out", tmp_path / "other")
+    code, _, err = invoke(*common[:-4], "--seed", 1, "--batch", 2, "--device", "cpu", "--out", tmp_path / "other")
+    assert_one_line_error(code, err, 2, "holds the batches of another sample set (differs in: seed)")
+    monkeypatch.setattr(Sampler, "draw_batch", draw_batch)
+    code, out, err = invoke("--format", "json", *common[:-4], "--seed", 1, "--batch", 2, "--device", "cpu", "--force",
+                            "--out", tmp_path / "other")
+    assert code == 0, err
+    assert json.loads(out)["meta"]["resumed_at"] is None and not (tmp_path / "other" / PARTIAL).exists()
+
+
 @pytest.mark.parametrize("rule", ["hf", "remdm"])
 def test_the_ar_ceiling_filters_with_the_samplers_nucleus(rule, tiny_models, tmp_path):
     """A nucleus too small for a second token leaves only the top one: sampling is then greedy

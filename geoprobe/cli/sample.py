@@ -38,7 +38,8 @@ SETTINGS = {
     "batch": Annotated[int | None, typer.Option(help="Samples drawn together, at most (default: all of --num). A "
                                                 "smaller batch fits a large vocabulary's logits in memory; one "
                                                 "generator runs through the batches, so a --batch draws the same "
-                                                "samples whatever memory the machine has.")],
+                                                "samples whatever memory the machine has. A killed --batch draw goes on "
+                                                "from its last batch when rerun.")],
     "preset": Annotated[str | None, typer.Option(help="The references' headline knobs in one flag: " + ", ".join(PRESETS)
                                                  + " (an explicit flag wins; docs/method.md).")],
     "steps": Annotated[int | None, typer.Option("--steps", help=_steps_help())],

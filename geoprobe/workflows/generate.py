@@ -64,6 +64,7 @@ class SampleSettings:
 
 SAMPLES = "samples.jsonl"
 META = "samples.meta.jsonl"
+PARTIAL = "samples.partial.pt"  # a batched draw's progress (`generate`), gone once the set is written
 
 
 def set_name(sampler: str, settings: SampleSettings) -> str:
@@ -147,16 +148,46 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
     named = {"set": identity, "set_name": set_name(sampler, p)}
     with holding(out, "geoprobe sample"):  # every flag checked: the folder written into
         check_replace(out / SAMPLES, identity, force)
+        resume = partial_draw(out / PARTIAL, identity, force)
         if sampler == AUTOREGRESSIVE:  # the ceiling: the backbone itself, sampled left to right with its KV cache
             knobs = preset_flags(p.preset, sampler, {"top_p": p.top_p, "top_p_rule": p.top_p_rule})
             return _sample_autoregressive(str(model), p.num, p.length, top_p=knobs.get("top_p") or knob_default("top_p"),
                                           top_p_rule=knobs.get("top_p_rule") or knob_default("top_p_rule"), out=out,
                                           seed=p.seed, device=device, preset=p.preset, named=named)
         denoiser, tokenizer = load_denoiser(model, device, p.decode)
-        result = chosen.sample(denoiser, p.num, p.length, p.seed, batch=p.batch)
+        keep = None if p.batch is None else (lambda progress: save_partial(out / PARTIAL, identity, progress))
+        result = chosen.sample(denoiser, p.num, p.length, p.seed, batch=p.batch, resume=resume, on_batch=keep)
         meta = {**result.settings, "preset": p.preset, "nfe": result.nfe, "nfe_per_sample": result.nfe_per_sample,
-                "skipped_calls": result.skipped, "decode": p.decode, **named}
-        return write_samples(out, tokenizer, result.tokens.tolist(), meta, result.seconds, identity["model"])
+                "skipped_calls": result.skipped, "decode": p.decode,
+                "resumed_at": None if resume is None else resume["done"], **named}
+        written = write_samples(out, tokenizer, result.tokens.tolist(), meta, result.seconds, identity["model"])
+        (out / PARTIAL).unlink(missing_ok=True)
+        return written
+
+
+def partial_draw(path: Path, identity: dict, force: bool) -> dict | None:
+    """The progress an interrupted batched draw of this set left in `path` (`save_partial`), or
+    None where there is none (or `force`: it is dropped). One line where it is another set's: a
+    second `sample` with other flags never silently drops the first's batches."""
+    if not path.is_file():
+        return None
+    if force:
+        path.unlink()
+        return None
+    saved = torch.load(path, weights_only=True)
+    if saved["set"] != identity:
+        keys = sorted(k for k in saved["set"].keys() | identity.keys() if saved["set"].get(k) != identity.get(k))
+        raise BadInput(f"{path} holds the batches of another sample set (differs in: {', '.join(keys)}); pass "
+                       "--force to drop them, or another --out")
+    return saved["progress"]
+
+
+def save_partial(path: Path, identity: dict, progress: dict) -> None:
+    """Keep a batched draw's progress (`Sampler.sample`'s `on_batch`) beside its set, atomically, so
+    that a killed `sample` goes on from its last batch with the samples an unbroken draw gives."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save({"set": identity, "progress": progress}, tmp)
+    tmp.replace(path)
 
 
 def check_replace(samples: Path, identity: dict, force: bool) -> None:
