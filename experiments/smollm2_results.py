@@ -503,7 +503,7 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     if sweep_done:
         folders += [(f"bridge layer {layer}", folder)
                     for layer, (folder, again) in sampled_bridges(out, run).items() if again]
-    from geoprobe.workflows.generate import META
+    from geoprobe.workflows.generate import META, PARTIAL
 
     lines = progress_of(folders, cap=BUDGET["steps"])
     # a set counts as written by its meta row, the last file `geoprobe sample` writes (the resume marker)
@@ -517,6 +517,9 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     scored = [s for s in samples if (s / "samples.metrics.json").is_file() or s in rowed]
     lines.append(f"{len(samples)}{sets} written, {len(scored)} evaluated, {len(rowed)} with their rows"
                  + ("; compare done" if (run / "compare.csv").is_file() else ""))
+    partly = partly_drawn(sorted(p.parent for p in (out / "samples").glob(f"*/{PARTIAL}")))
+    if partly:  # a batched set a killed process left (geoprobe sample resumes it)
+        lines.append("partly drawn: " + ", ".join(partly))
     if sweep_done:  # the rows through the diffusion sweep's chosen bridge, once it exists (diffusion_sets)
         extra = [out / "samples" / name for name in diffusion_sets(run, out)]
         lines.append(f"through the diffusion bridge: {sum((s / META).is_file() for s in extra)} of {len(extra)} sets "
@@ -533,6 +536,23 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
             lines += progress_of([(f"recipe {arm} seed {seed}", recipe_paths(out, seed)[arm])
                                   for seed in RECIPE["seeds"]], cap=steps)
     return lines
+
+
+def partly_drawn(folders: list[Path]) -> list[str]:
+    """`NAME (done of num)` for each sample set folder whose batched draw a killed process left
+    (its samples.partial.pt), read without the lock its writer may hold."""
+    import torch
+
+    from geoprobe.workflows.generate import PARTIAL
+
+    shown = []
+    for folder in folders:
+        try:
+            saved = torch.load(folder / PARTIAL, weights_only=True)
+        except (OSError, RuntimeError, EOFError):  # replaced or removed while it was read
+            continue
+        shown.append(f"{folder.name} ({saved['progress']['done']:,} of {saved['set']['num']:,})")
+    return shown
 
 
 def swept(run: Path, seeds: str, exp: Experiment | None = None) -> bool:

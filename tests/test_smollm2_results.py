@@ -806,6 +806,12 @@ def test_generation_status_lists_the_models_it_trains_with_their_time_to_the_cap
     assert lines[2] == "0 of 3 finished; 3 waiting, next recipe recipe seed 0"
     assert lines[3].startswith("recipe mdlm-long seed 0: training, step 1,000")  # seed 0's is mdlm, still training
     assert lines[4] == "0 of 3 finished; 2 waiting, next recipe mdlm-long seed 1"
+    # a batched set a killed process left: how far it got (geoprobe sample resumes it)
+    from geoprobe.workflows.generate import PARTIAL, save_partial
+
+    save_partial(half.parent / PARTIAL, {"num": 1000}, {"done": 250})
+    assert generation_progress(tmp_path, run, finetune=False)[4] == "partly drawn: mdlm-mdlm (250 of 1,000)"
+    (half.parent / PARTIAL).unlink()
     (run / "sweep.json").unlink()  # before the sweep: no plan yet, every set written
     assert generation_progress(tmp_path, run, finetune=False)[3] == "2 sample sets written, 0 evaluated, 0 with their rows"
 
