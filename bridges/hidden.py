@@ -54,7 +54,7 @@ from torch.nn import functional as F
 from geoprobe.bridges.channel import S_MAX, TokenTable, posterior_logits
 from geoprobe.bridges.checkpoint import build_network, load_weights, read_config
 from geoprobe.bridges.converter import Converter
-from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding, noise_generator
+from geoprobe.bridges.decode import CachedDecoding, RecomputedDecoding
 from geoprobe.bridges.nn import KVCache, Transformer, TransformerConfig, native_bf16, timestep_embedding
 from geoprobe.bridges.path import bridge_path_sample
 from geoprobe.backbone import check_bridge_layer, load_backbone, locate_backbone
@@ -521,12 +521,12 @@ class HybridDenoiser(nn.Module):
         ids = torch.tensor([[bos_id]], device=teacher.backbone.input_device)
         self.bos_state = teacher.states(ids).target[0, 0]
 
-    def seed_noise(self, generator: torch.Generator) -> None:
-        """Draw the bridge's K-step noise in `features` from a generator seeded by the sampler's
-        (`noise_generator`), so that a stochastic bridge's samples follow the sampler's seed and not
-        the process's global RNG. A deterministic bridge (σ_b = 0) draws no noise and takes nothing
-        from `generator`."""
-        self.noise = noise_generator(generator) if self.bridge.cfg.sigma_b > 0 else None
+    def seed_noise(self, seed: int) -> None:
+        """Draw the bridge's K-step noise in `features` from a generator seeded `seed` (the sampler
+        gives one per batch: samplers/base.py `noise_seed`), so that a stochastic bridge's samples
+        follow the draw's seed and not the process's global RNG. A deterministic bridge (σ_b = 0)
+        draws no noise."""
+        self.noise = torch.Generator().manual_seed(seed) if self.bridge.cfg.sigma_b > 0 else None
 
     @property
     def vocab_size(self) -> int:

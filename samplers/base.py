@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from geoprobe.device import upload
@@ -129,6 +130,13 @@ class CountingDenoiser:
         if not self.split:
             return self._kept
         return self.denoiser.logits_of(self._kept, self._z).float()
+
+
+def noise_seed(seed: int, first: int) -> int:
+    """The seed of a denoiser's own noise in the batch of a draw seeded `seed` that starts at
+    sample `first`: from host integers, so that seeding it never waits for the device, and the same
+    for a resumed draw."""
+    return int(np.random.SeedSequence([seed, first]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 @dataclass
@@ -276,6 +284,7 @@ class Sampler:
             parts, counts, before = [resume["tokens"]], [tuple(c) for c in resume["counts"]], resume["seconds"]
         start = time.perf_counter()
         for first in range(done, num, size):
+            self.seed_denoiser(denoiser, noise_seed(seed, first))
             tokens, counted = self.draw_batch(denoiser, min(size, num - first), length, generator)
             parts.append(tokens.cpu())
             counts.append(counted)
@@ -300,16 +309,15 @@ class Sampler:
         """One batch's tokens and its (nfe, skipped, rows), drawn with `run` over a fresh
         `CountingDenoiser`."""
         model = CountingDenoiser(denoiser, self.cache)
-        self.seed_denoiser(denoiser, generator)
         tokens = self.run(model, num, length, generator)
         return tokens, (model.nfe, model.skipped, model.rows)
 
-    def seed_denoiser(self, denoiser: TokenDenoiser, generator: torch.Generator) -> None:
+    def seed_denoiser(self, denoiser: TokenDenoiser, seed: int) -> None:
         """Seed the denoiser's own noise, where it has some (a stochastic bridge's K steps:
-        `HybridDenoiser.seed_noise`), from this batch's generator: its samples then follow the
-        seed, not the process's global RNG."""
+        `HybridDenoiser.seed_noise`), for the next batch (`noise_seed`): its samples then follow
+        the draw's seed, not the process's global RNG."""
         if (seed_noise := getattr(denoiser, "seed_noise", None)) is not None:
-            seed_noise(generator)
+            seed_noise(seed)
 
     @classmethod
     def knobs(cls) -> dict:

@@ -43,8 +43,9 @@ class LeftToRight(Sampler):
     def logit_rows(self, num: int, length: int) -> int:
         return num  # the next token's logits of each sequence
 
-    def seed_denoiser(self, denoiser, generator) -> None:
-        """Nothing: the decoding seeds its bridge's noise from `generator` itself (bridges/decode.py)."""
+    def seed_denoiser(self, denoiser, seed: int) -> None:
+        """Nothing: the decoding seeds its bridge's noise from the sampler's generator itself
+        (bridges/decode.py)."""
 
     def run(self, model, num, length, generator):
         decode = getattr(model.denoiser, "left_to_right", None)

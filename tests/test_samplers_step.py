@@ -24,7 +24,7 @@ from tests.test_samplers import PRIOR, Oracle
 def full_logits(model, z):
     """The hybrid's logits as the step computed them before: the upper stack and head at every
     position through `run_from`, shifted, in float32, then the evidence and the support."""
-    logits = model.teacher.backbone.run_from(model.bridge.cfg.layer, model.hidden(z))[:, :-1].float()
+    logits = model.teacher.backbone.run_from(model.bridge.cfg.layer, model.hidden(z, model.noise))[:, :-1].float()
     return model.readable(posterior_logits(z.float(), model.token_table().float(), log_prior=logits))
 
 
@@ -79,7 +79,11 @@ def refine(sampler, full, state, steps, generator):
 
 
 def reference(sampler, model, num, length, seed):
-    """(tokens, nfe, skipped, rows) of `sampler` run the old way."""
+    """(tokens, nfe, skipped, rows) of `sampler` run the old way (the bridge's noise seeded as a
+    one-batch draw seeds it)."""
+    from geoprobe.samplers.base import noise_seed
+
+    model.seed_noise(noise_seed(seed, 0))
     generator = torch.Generator().manual_seed(seed)
     full, table = Full(model, sampler.cache), model.token_table()
     if sampler.name == "roar":
@@ -114,8 +118,8 @@ CASES = [("roar", {}), ("roar", {"per_step": 3, "top_p": 0.9}), ("mdlm", {"steps
 
 @pytest.mark.parametrize("name,knobs", CASES)
 def test_the_head_where_tokens_are_drawn_draws_the_full_vocabulary_steps_tokens(llama, name, knobs):
-    """A stochastic bridge (its noise from the global generator, reseeded for each run) with a
-    corpus support, float32 on the CPU: the same tokens, network calls, skipped calls and rows."""
+    """A stochastic bridge (its noise from a generator seeded by the draw) with a corpus support,
+    float32 on the CPU: the same tokens, network calls, skipped calls and rows."""
     model = hybrid(llama, support_size=200)
     model.bridge.set_support(torch.arange(20, 220))
     torch.manual_seed(0)
