@@ -165,6 +165,12 @@ def generate(model: Path, sampler: str, settings: SampleSettings = SampleSetting
         return written
 
 
+def differing(held: dict, identity: dict) -> list[str]:
+    """The settings in which a recorded sample set `held` differs from `identity`, sorted. A setting
+    absent from an older set's record counts as its default, None (e.g. --batch)."""
+    return sorted(k for k in held.keys() | identity.keys() if held.get(k) != identity.get(k))
+
+
 def partial_draw(path: Path, identity: dict, force: bool) -> dict | None:
     """The progress an interrupted batched draw of this set left in `path` (`save_partial`), or
     None where there is none (or `force`: it is dropped). One line where it is another set's: a
@@ -175,8 +181,8 @@ def partial_draw(path: Path, identity: dict, force: bool) -> dict | None:
         path.unlink()
         return None
     saved = torch.load(path, weights_only=True)
-    if saved["set"] != identity:
-        keys = sorted(k for k in saved["set"].keys() | identity.keys() if saved["set"].get(k) != identity.get(k))
+    keys = differing(saved["set"], identity)
+    if keys:
         raise BadInput(f"{path} holds the batches of another sample set (differs in: {', '.join(keys)}); pass "
                        "--force to drop them, or another --out")
     return saved["progress"]
@@ -197,8 +203,7 @@ def check_replace(samples: Path, identity: dict, force: bool) -> None:
     held = (sample_meta(samples) or {}).get("set") if samples.is_file() else None
     if force or held is None:
         return
-    # a setting absent from an older set's record is that setting's default, None (e.g. --batch)
-    keys = sorted(k for k in held.keys() | identity.keys() if held.get(k) != identity.get(k))
+    keys = differing(held, identity)
     if not keys:
         return
     raise BadInput(f"{samples} holds another sample set ({held.get('sampler')} from {held.get('model')}; differs in: "
