@@ -262,6 +262,28 @@ def test_a_stochastic_bridges_random_order_samples_follow_the_seed_not_the_globa
         assert (model.noise is not None) == seeded, (sigma_b, sampler)
 
 
+def test_a_draw_through_a_stochastic_bridge_resumed_from_any_batch_seeds_its_noise_as_the_unbroken_draw(llama):
+    """A resumed draw seeds each later batch's bridge noise from that batch's absolute first
+    sample, as the unbroken draw did (not from its index within the resumed run, which would draw
+    the first batch's noise again), and gives the unbroken draw's samples from every boundary."""
+    from samplers.base import noise_seed
+
+    model = hybrid(llama, sigma_b=1.0, bridge_steps=4)
+    seeds, seed_noise = [], model.seed_noise
+    model.seed_noise = lambda seed: (seeds.append(seed), seed_noise(seed))
+
+    def draw(**kw):
+        seeds.clear()
+        return make_sampler("roar", steps=4).sample(model, 5, 6, seed=2, batch=2, **kw)
+
+    kept = []
+    whole, unbroken = draw(on_batch=kept.append), list(seeds)
+    assert unbroken == [noise_seed(2, first) for first in (0, 2, 4)] and len(set(unbroken)) == 3
+    assert [k["done"] for k in kept] == [2, 4]
+    for progress, tail in zip(kept, (unbroken[1:], unbroken[2:])):
+        assert torch.equal(draw(resume=progress).tokens, whole.tokens) and seeds == tail, progress["done"]
+
+
 def test_a_corpus_support_keeps_the_hybrids_tokens_inside_it(llama):
     """The converter names only its support: the evidence and left-to-right decoding put every
     other token at -inf, and the stack-only composition is left as it was."""
