@@ -1252,11 +1252,13 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
 
     exp = exp or experiment()
     report = write_report(run).read_text()
-    pictures = page.parent / "results"
+    # each page's plots in a folder named after it (docs/results/ for results.md): the three pages
+    # draw plots of the same names, and one page's run must not replace another's pictures
+    pictures = page.parent / page.stem
     pictures.mkdir(parents=True, exist_ok=True)
     for png in (run / "plots").glob("*.png"):
         shutil.copy(png, pictures / png.name)
-    head, body = page_report(run, report).split("\n## ", 1)  # the report's head: the run's corpus and model
+    head, body = page_report(run, report, page.stem).split("\n## ", 1)  # the report's head: the run's corpus and model
     if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file() and \
             (found := diffusion_bridge(run, out)) is not None:  # the record of the bridge it sampled
         body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run, described(found[1])))
@@ -1298,14 +1300,17 @@ GENERATION_CAVEATS = [
     ""]
 
 
-def page_report(run: Path, report: str) -> str:
+def page_report(run: Path, report: str, pictures: str = "results") -> str:
     """The run's report as the page shows it: the bridges first (the verdict's tables, then each
     layer's bridge beside its controls), then the geometry and the generation; the verdict's
-    sentences left out (the page says them once, above), the tables tidied (experiments.pages)."""
+    sentences left out (the page says them once, above), the tables tidied (experiments.pages).
+
+    Args:
+        pictures: the folder beside the page that holds its plots (the page's name)."""
     from geoprobe.verdict import current_statement
 
     said = {f"- {line}" for line in current_statement(json.loads((run / "sweep.json").read_text())["verdict"])}
-    report = report.replace("](plots/", "](results/").split("\n", 1)[1]  # the page has its own title
+    report = report.replace("](plots/", f"]({pictures}/").split("\n", 1)[1]  # the page has its own title
     # a report written before that column's name lost its "|" (which split its table's header)
     report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ given share, Freedman-Lane p")
     for block in sorted(said, key=len, reverse=True):  # a statement can span lines (the controls' list)

@@ -3,6 +3,7 @@ as done (every layer and seed of SWEEP, every ceiling), what its cost line adds 
 finished bridges' records that carry a sweep to another machine."""
 
 import json
+import re
 import shutil
 import statistics
 import os
@@ -119,6 +120,28 @@ def test_the_page_puts_the_bridges_before_the_geometry_and_how_it_ran_last(tmp_p
     generation = out.read_text().split("## Generation\n\n", 1)[1]
     assert generation.startswith("\n".join(script.GENERATION_CAVEATS) + "\nx\n")
     assert out.read_text().count(script.GENERATION_CAVEATS[0]) == 1
+
+
+def test_each_page_links_its_own_plots_and_never_replaces_another_pages(tmp_path, monkeypatch):
+    """results.md and results-gemma.md draw plots of the same names: each page's links reach its
+    run's pictures, in a folder named after the page, and writing one leaves the other's alone."""
+    import experiments.smollm2_results as script
+    import geoprobe.workflows.page as page
+
+    docs = tmp_path / "docs"
+    for name in ("smollm2", "gemma"):
+        run = tmp_path / name
+        (run / "plots").mkdir(parents=True)
+        write_sweep(run)
+        (run / "plots" / "sweep.png").write_bytes(name.encode())
+        (run / "report.md").write_text("# Report\n\nintro\n\n## Bridge sweep\n\n![sweep](plots/sweep.png)\n")
+    monkeypatch.setattr(page, "write_report", lambda run: run / "report.md")
+    log = {"scan": {"seconds": 1.0, "command": "geoprobe scan"}}
+    script.write_page(tmp_path / "smollm2", tmp_path, docs / "results.md", log, 1.0)
+    script.write_page(tmp_path / "gemma", tmp_path, docs / "results-gemma.md", log, 1.0)
+    for name, page_name in (("smollm2", "results.md"), ("gemma", "results-gemma.md")):
+        links = re.findall(r"\]\(([^)]+\.png)\)", (docs / page_name).read_text())
+        assert links and all((docs / link).read_bytes() == name.encode() for link in links), (page_name, links)
 
 
 def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it(tmp_path, monkeypatch):
