@@ -181,6 +181,7 @@ class Verdict:
     reliability: dict | None = None
     controls: dict | None = None
     after_onset: dict | None = None
+    onset: int | None = None  # the first compared layer whose massive-channel share is at least half the largest
     score_vs_share: dict | None = None
     capped: list | None = None
     outcome: str | None = None
@@ -243,6 +244,7 @@ def verdict_of(rows: list[dict], scores: dict[str, dict[int, float]], channel_sh
     v.controls = _controls(compared, layers, score, scores, shares, list(v.tests), seed, primary=primary,
                            learned=learned)
     v.after_onset = after_onset(compared, layers, score, shares, primary, seed)
+    v.onset = onset_of(layers, shares)
     if shares is not None:  # how closely the score itself follows the massive channels (no loss involved)
         v.score_vs_share = spearman_with_uncertainty(score, shares, seed=seed, interval=False)
     v.capped = sorted({(r["layer"], r.get("seed", 0)) for r in rows
@@ -367,6 +369,13 @@ def _controls(compared, layers, score, scores, share, losses, seed, *, primary: 
     return controls
 
 
+def onset_of(layers: list[int], share) -> int | None:
+    """The massive channels' onset: the first of `layers` whose massive-channel share is at least
+    half the largest over them (None: no share recorded, or none above zero)."""
+    top = 0.0 if share is None else float(np.max(share))
+    return next((l for l, x in zip(layers, share) if x >= top / 2), None) if top > 0 else None
+
+
 def after_onset(compared, layers, score, share, primary: str, seed) -> dict | None:
     """The primary test over the layers from the massive channels' onset on (the first compared
     layer whose massive-channel share is at least half the largest over the compared layers): a
@@ -376,8 +385,7 @@ def after_onset(compared, layers, score, share, primary: str, seed) -> dict | No
     score falls with depth almost strictly, any loss that rises with depth passes this test). None
     where the onset is the first compared layer, fewer than MIN_LAYERS layers follow it, or `share`
     (`shares_of`) is None."""
-    top = 0.0 if share is None else float(np.max(share))
-    onset = next((l for l, x in zip(layers, share) if x >= top / 2), None) if top > 0 else None
+    onset = onset_of(layers, share)
     kept = [i for i, l in enumerate(layers) if onset is not None and l >= onset]
     if not MIN_LAYERS <= len(kept) < len(layers):
         return None

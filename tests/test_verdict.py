@@ -659,6 +659,15 @@ def test_the_sensitivity_after_the_massive_channels_onset_is_reported_not_tested
     assert v["after_onset"]["layers"] == [3, 4, 5, 6, 7, 8] and v["after_onset"]["rho"] == pytest.approx(-1.0)
     assert v["tests"]["objective"]["rho"] > -1.0  # the registered test over every layer is another number
     assert any(line.startswith("Sensitivity, chosen after") for line in v["statement"])
+    assert v["onset"] == 3 and not any(line.startswith("No sensitivity") for line in v["statement"])
+    # an onset at the first tested layer (Gemma's) or too few layers after it: said, not silently left out
+    for first, said in ((1, "it is layer 1, the first tested layer, so it would repeat the primary test."),
+                        (6, "it is layer 6, and 3 tested layers from it on are fewer than a test needs (4).")):
+        late = {l: 0.1 if l < first else 0.3 + 0.01 * l for l in range(1, 9)}
+        w = sweep_verdict(diffusion_rows(table), {"score": score}, late)
+        assert w["after_onset"] is None and w["onset"] == first
+        assert [line for line in w["statement"] if line.startswith("No sensitivity")] == [
+            "No sensitivity after the massive channels' onset: " + said]
 
 
 # --- amendment 14: the analyses added to the page

@@ -421,6 +421,11 @@ def _layer_lines(v: dict, rules: Rules) -> list[str]:
                      f"{onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset on, rho(score, "
                      f"{loss}) = {onset['rho']:.2f} (one-sided p {onset['p']:.2g}, n = {onset['n']})"
                      + depth_clause(onset.get("score_vs_depth"), rules) + ".")
+    elif (first := v.get("onset")) is not None and v.get("tests") is not None:
+        after = [l for l in v["compared_layers"] if l >= first]
+        lines.append(f"No sensitivity after the massive channels' onset: it is layer {first}, " + (
+            "the first tested layer, so it would repeat the primary test." if len(after) == len(v["compared_layers"])
+            else f"and {len(after)} tested layers from it on are fewer than a test needs ({rules.min_layers})."))
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]
         word = "easiest" if role == "oracle" else "hardest"
