@@ -717,11 +717,15 @@ def diffusion_bridge(run: Path, out: Path) -> tuple[int, Path, bool] | None:
     return layer, out / "diffusion" / folder.relative_to(DIFFUSION_RUN), True
 
 
-def described(folder: Path) -> Path:
-    """Where the page reads the sampled diffusion bridge's config and metrics: its folder, or, where
-    its rows were brought back and it was not trained again here, the sweep's record of it."""
+def described(folder: Path, out: Path | None = None) -> Path:
+    """Where the page reads the sampled diffusion bridge's config and metrics: its folder; where it
+    was trained again under `out` on another machine, --generation's record of that training;
+    else the sweep's record of it."""
     if (folder / "metrics.json").is_file():
         return folder
+    if out is not None and folder.is_relative_to(out):
+        if (kept := GENERATION_RECORD / folder.relative_to(out) / "metrics.json").is_file():
+            return kept.parent
     return DIFFUSION_RECORD / Path(*folder.parts[-3:])  # bridges/layer-NN/seed-0
 
 
@@ -778,9 +782,12 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
     todo = [name for name in sets if not row_path(files[name]).is_file()]
     if todo:
         flags = sets[todo[0]]
-        if (model := models.get(flags[flags.index("--model") + 1])) is not None:
+        folder = flags[flags.index("--model") + 1]
+        if (model := models.get(folder)) is not None:
             name, argv, done = model
             step(name, *argv, *dev, done=done)
+            # what the page says of a model trained here (its stop, its scores) outlives the machine
+            keep(out, into or GENERATION_RECORD, [Path(folder)] if Path(folder).is_relative_to(out) else [], MODEL_FILES)
     for name in todo:  # the meta row is written after samples.jsonl: a set is done when both are
         samples = files[name]
         step(f"sample {name}", "sample", *sets[name], "--out", samples.parent, *dev, done=samples.parent / META)
@@ -840,6 +847,9 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
     if back := bring_back(GENERATION_RECORD, out, folders, SET_FILES):
         print(f"[run ] {back} sample sets' rows restored from {shown_path(GENERATION_RECORD)}", flush=True)
     models = model_steps(out, run, finetune)
+    # the models trained here before their records were kept (their config, curve and metrics)
+    keep(out, GENERATION_RECORD, [folder for folder in models
+                                  if folder.is_relative_to(out) and (folder / "metrics.json").is_file()], MODEL_FILES)
     bridges = {folder for folder, _ in sampled_bridges(out, run).values()}
 
     def cheap_first(names: list[str]) -> int:  # a machine that goes takes less: the shortest trainings first
@@ -1060,8 +1070,8 @@ def recipe_section(recipe: dict) -> list[str]:
         picked = [r for r in rows if r["arm"] == arm]
         eos = [[r.get("eos_per_sample") for r in picked if r["sampler"] == s] for s in samplers]
         table.append([f"`{arm}`", cell(bound[arm]),
-                      *[cell([r["gen_ppl"] for r in picked if r["sampler"] == s], 1) for s in samplers],
-                      *[cell([r["gen_ppl_kjv"] for r in picked if r["sampler"] == s], 1) for s in samplers],
+                      *[whole(cell([r["gen_ppl"] for r in picked if r["sampler"] == s], 0)) for s in samplers],
+                      *[whole(cell([r["gen_ppl_kjv"] for r in picked if r["sampler"] == s], 0)) for s in samplers],
                       *[cell(e, 2) if all(x is not None for x in e) else "—" for e in eos]])
     def ran(arm, seed):
         steps = first(arm, seed, "steps_run")
@@ -1215,8 +1225,8 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "ρ, score vs loss / lookup's": ("ρ score~ratio", "ρ(score, loss / the lookup's loss)"),
            "ρ(ceiling's nmse_dim)": ("ρ(ceiling)", "ρ(the ceiling's nmse_dim, loss), in the row of the bridges' clean one-step loss"),
            "nfe_per_sample": ("nfe/sample", "network evaluations per sample"),
-           "seconds_per_sample": ("s/sample", "seconds per sample (the rows through a bridge draw 125 "
-                                              "at a time, the others all 1,000 at once)"),
+           "seconds_per_sample": ("s/sample", "seconds per sample (the random-order rows through a bridge "
+                                              "draw 125 at a time; `ltr` and the others all 1,000 at once)"),
            "train_tokens": ("train tokens", "the budget (for bridges, the step cap's tokens)"),
            "used_tokens": ("used tokens", "the tokens trained on before it stopped"),
            "gen_ppl": ("Gen.PPL", "under the evaluator, as MDLM's and ReMDM's code computes it: no BOS, a "
@@ -1261,7 +1271,7 @@ def write_page(run: Path, out: Path, page: Path, log: dict, seconds: float, seed
     head, body = page_report(run, report, page.stem).split("\n## ", 1)  # the report's head: the run's corpus and model
     if (run / "diffusion-bridge" / "compare.csv").is_file() and (run / "compare.csv").is_file() and \
             (found := diffusion_bridge(run, out)) is not None:  # the record of the bridge it sampled
-        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run, described(found[1])))
+        body = body.rstrip() + "\n\n" + "\n".join(diffusion_bridge_section(run, described(found[1], out)))
     if (out / "recipe" / "recipe.json").is_file():  # the DSL paper's recipe on the KJV, after the generation
         body = body.rstrip() + "\n\n" + "\n".join(recipe_section(json.loads((out / "recipe" / "recipe.json").read_text())))
     text = [f"# {exp.title}", "", what_it_says(run, out, exp=exp), "", "## " + body.rstrip(), "", "## How it was run",
@@ -1285,7 +1295,8 @@ GENERATION_CAVEATS = [
     "- The `ar` row is SmolLM2-135M-Instruct continuing its BOS `<|im_start|>` (a chat turn's opener), with EOS and "
     "the unknown token suppressed: text of its pretraining with no document ends, not KJV text. Under MAUVE against "
     "the KJV it is a reference point, not a ceiling, and its Gen.PPL evaluator is itself.",
-    "- A row that draws EOS (the generators trained on packed KJV streams, the stack-only hybrid and rounding) pays "
+    "- A row that draws EOS (the generators trained on packed KJV streams most often; the random-order rows through "
+    "a bridge and rounding too) pays "
     "for each document break under Gen.PPL, which scores the token after it as a new document's first; `EOS/sample` "
     "says how often. The `ar` and `ltr` rows never draw it; about 4 % of 32-token held-out pieces hold a break.",
     f"- The `mdlm` sampler's last step samples the remaining masks (MDLM's code ends with an argmax step: "
@@ -1325,10 +1336,10 @@ def page_report(run: Path, report: str, pictures: str = "results") -> str:
     sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
     sections = [s.replace("Generation\n\n", "Generation\n\n" + "\n".join(GENERATION_CAVEATS) + "\n", 1)
                 if s.startswith("Generation\n") else s for s in sections]
-    cells = {"generator": role, "other_evaluators": lambda c: commas(c.removeprefix(f"ngram:{CORPUS}: "))}
+    cells = {"generator": role, "other_evaluators": lambda c: whole(c.removeprefix(f"ngram:{CORPUS}: "))}
     report = relabel(tidy_tables("\n## ".join([head, *sections]), COLUMNS, cells), run)
     if "| oracle_nll_per_word" not in report:  # the column is left out where it is always empty
-        report = re.sub(r"`oracle_nll_per_word` is the exact NLL.*?left out of it\)\. ", "", report)
+        report = re.sub(r"`oracle_nll_per_word` is the exact NLL.*?left out of it\)\. ?", "", report)
     return re.sub(r"\n{3,}", "\n\n", report)
 
 
@@ -1448,7 +1459,8 @@ def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experimen
                  "state)" + sample + (f". Layers {', '.join(map(str, worse))} have a seed-mean nmse at or above 1, "
                                       "worse than the mean state." if worse else "."))
     if "chosen_layer" in verdict:
-        lines.append(dihal_line(verdict, sweep["rows"], sampled=exp.generation))
+        lines.append(dihal_line(verdict, sweep["rows"], sampled=exp.generation,
+                                trained=retrained(out, verdict["chosen_layer"]) if exp.generation else None))
     if exp.shape_study and (shape := shape_line(run, exp)):
         lines.append(shape)
     lines += hand_written(notes or exp.notes)
@@ -1525,21 +1537,44 @@ def shape_line(run: Path, exp: Experiment | None = None) -> str | None:
             "the study's width × 1.6 (512 on SmolLM2; `bridge_shape`); this sweep keeps the width it started with.")
 
 
-def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True) -> str:
+def retrained(out: Path, layer: int) -> dict | None:
+    """The metrics of the seed-0 bridge at `layer` that --generation trained again under `out`
+    (its folder, else its record in GENERATION_RECORD); None where it was not trained again."""
+    folder = Path("bridges") / f"layer-{layer:02d}" / "seed-0"
+    for metrics in (out / folder / "metrics.json", GENERATION_RECORD / folder / "metrics.json"):
+        if metrics.is_file():
+            return json.loads(metrics.read_text())
+    return None
+
+
+def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True, trained: dict | None = None) -> str:
     """The DiHAL model itself at the geometry's chosen layer: what replacing
-    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge (with `sampled`, the
-    one --generation samples through) stopped by its plateau."""
+    h_l by its bridge costs the LM (delta_ce), and whether the seed-0 bridge stopped by its plateau.
+    With `sampled`, that bridge is the one --generation samples through; with `trained` (its
+    metrics), --generation trained it again, and the line says where that training stopped, since
+    the retrained bridge, not the sweep's, wrote the samples."""
     layer = verdict["chosen_layer"]
     row = next(r for r in verdict["layers"] if r["layer"] == layer)
     spread = f" ± {row['delta_ce_sd']:.3f}" if row.get("delta_ce_sd") is not None else ""
     first = next((r for r in rows if r["layer"] == layer and r.get("seed", 0) == 0), {})
     stop = {"plateau": "stopped by its plateau", None: "is not in this sweep"}.get(
         first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
-    return (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
+    line = (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
-            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, "
-            + ("the one `--generation` samples through (trained again where the run keeps only its record), "
-               if sampled else "") + f"{stop}.")
+            f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, ")
+    if sampled and trained is not None:
+        def at(m: dict) -> str:  # " at step N, validation nmse_dim x", as far as the metrics say
+            facts = ([f"at step {m['steps_run']:,}"] if m.get("steps_run") is not None else []) + (
+                [f"validation nmse_dim {m['nmse_dim']:.4f}"] if m.get("nmse_dim") is not None else [])
+            return "".join(" " + f for f in facts[:1]) + "".join(", " + f for f in facts[1:])
+
+        again = {"plateau": "stopped by its plateau", None: "has no stop recorded"}.get(
+            trained.get("stop"), f"stopped at its {trained.get('stop')}: unconverged, its samples are not evidence")
+        return line + (f"{stop}{at(first)} in the sweep. The samples come from that bridge trained again by "
+                       f"`--generation` with the same flags and seed (the sweep's weights were not kept), which "
+                       f"{again}{at(trained)}: training is not bit for bit the same across machines and runs.")
+    return line + ("the one `--generation` samples through (trained again where the run keeps only its record), "
+                   if sampled else "") + f"{stop}."
 
 
 GENERATION_CAVEAT = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which "
@@ -1560,18 +1595,33 @@ def evaluator_label(evaluator: str) -> str:
     return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
 
 
+def whole(text: str) -> str:
+    """`text` with every figure of 100 or more written whole, with thousands separators
+    (1357.49 (1251.05–1469.07) -> 1,357 (1,251–1,469)); smaller ones as they are."""
+    return re.sub(r"(?<![\w.,])\d{3,}(?:\.\d+)?", lambda m: f"{float(m.group(0)):,.0f}", text)
+
+
+def own(row: dict, evaluator: str) -> bool:
+    """Whether `evaluator` is the row's generator's own backbone (it wrote the text it scores)."""
+    return evaluator in (row.get("own_evaluator") or "").split(", ")
+
+
 def shown(row: dict) -> str:
-    """A row's Gen.PPL (with its interval) under each evaluator, and its MAUVE."""
-    return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
+    """A row's Gen.PPL (with its interval) under each evaluator, `*` where the evaluator is the
+    generator's own backbone, and its MAUVE."""
+    return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + "*" * own(row, name) + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
                                   + f" under {evaluator_label(name)}" for name, (ppl, lo, hi) in gen_scores(row).items()) \
         + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
 
 
 def rank(row: dict, other: dict, name: str) -> str | None:
-    """"lower", "higher" or "overlapping" by evaluator `name`'s Gen.PPL intervals; None where one is missing."""
+    """"lower", "higher" or "overlapping" by evaluator `name`'s Gen.PPL intervals; "own" where `name`
+    is either row's own backbone (it favours the text it wrote: not ranked); None where one is missing."""
     (_, lo, hi), (_, their_lo, their_hi) = (gen_scores(r).get(name, (None, None, None)) for r in (row, other))
     if lo is None or their_lo is None:
         return None
+    if own(row, name) or own(other, name):
+        return "own"
     return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
 
 
@@ -1586,7 +1636,8 @@ def against(row: dict, other: dict) -> str:
         if (order := rank(row, other, name)) is not None:
             them = gen_scores(other)[name][0]
             said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
-                         "overlapping": "with intervals overlapping (not ranked)"}[order]
+                         "overlapping": "with intervals overlapping (not ranked)",
+                         "own": "not ranked (* its own backbone scored one of the two)"}[order]
                         + f" under {evaluator_label(name)}")
     return ", ".join(said) or "not compared (no intervals)"
 
@@ -1595,10 +1646,13 @@ def tally(row: dict, others: list[dict]) -> str:
     """Per evaluator: which of `others` `row` is below, above or beside, by their roles."""
     said = []
     for name in gen_scores(row):
+        if own(row, name):  # its own backbone's score of its own text ranks nothing
+            said.append(f"under {evaluator_label(name)}* it is not ranked (its own backbone wrote the text)")
+            continue
         groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
         for other in others:
             key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
-                   None: "not compared with"}[rank(row, other, name)]
+                   None: "not compared with", "own": "not compared with"}[rank(row, other, name)]
             groups[key].append(f"{role(other['generator'])} · {other['sampler']}")
         said.append(f"under {evaluator_label(name)} it is " + ", ".join(
             f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
@@ -1672,15 +1726,16 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
     if others and ltr is not None:
         parts.append(f"the left-to-right row, by Gen.PPL against the same {len(others)} rows: {tally(ltr, others)}")
     if (ar := next((r for r in rows if r.get("sampler") == "ar"), None)) is not None:
-        parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no "
-                     f"ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
+        parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model not trained on the KJV here, so "
+                     f"no ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
                      "quality alone")
     counts = {r["samples"] for r in rows if r.get("samples")}  # what the rows hold, else what the script asks
-    num = f"{counts.pop():.0f}" if len(counts) == 1 else SAMPLES["num"]
+    num = f"{counts.pop():,.0f}" if len(counts) == 1 else f"{SAMPLES['num']:,}"
     return "\n".join([f"- DiHAL's samples on SmolLM2 ({num} of {SAMPLES['length']} tokens per row, one seed "
                       "each, 95 % bootstrap intervals; descriptive, "
                       "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
-                      *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT}"])
+                      *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT} `*`: Gen.PPL scored by the "
+                      "generator's own backbone, which wrote the text; it is not ranked against other rows."])
 
 if __name__ == "__main__":
     main()

@@ -100,6 +100,19 @@ def test_the_page_names_the_dihal_models_delta_ce_and_whether_its_sampled_bridge
     next(r for r in sweep["rows"] if r["layer"] == 1 and r["seed"] == 0)["stop"] = "cap"
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     assert "stopped at its cap: unconverged, its samples are not evidence." in page_of(tmp_path)
+    # trained again by --generation (its record kept, no folder here): the line says where each training stopped
+    import experiments.smollm2_results as script
+
+    kept = script.GENERATION_RECORD / "bridges" / "layer-01" / "seed-0"
+    kept.mkdir(parents=True)
+    (kept / "metrics.json").write_text(json.dumps({"stop": "plateau", "steps_run": 1950, "nmse_dim": 0.1432}))
+    next(r for r in sweep["rows"] if r["layer"] == 1 and r["seed"] == 0).update(stop="plateau", steps_run=3000)
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    line = next(l for l in page_of(tmp_path).splitlines() if l.startswith("- The DiHAL model"))
+    assert line.endswith("its seed-0 bridge, stopped by its plateau at step 3,000, validation nmse_dim 0.0100 in the "
+                         "sweep. The samples come from that bridge trained again by `--generation` with the same flags "
+                         "and seed (the sweep's weights were not kept), which stopped by its plateau at step 1,950, "
+                         "validation nmse_dim 0.1432: training is not bit for bit the same across machines and runs.")
 
 
 def test_the_page_puts_the_bridges_before_the_geometry_and_how_it_ran_last(tmp_path, monkeypatch):
@@ -142,6 +155,22 @@ def test_each_page_links_its_own_plots_and_never_replaces_another_pages(tmp_path
     for name, page_name in (("smollm2", "results.md"), ("gemma", "results-gemma.md")):
         links = re.findall(r"\]\(([^)]+\.png)\)", (docs / page_name).read_text())
         assert links and all((docs / link).read_bytes() == name.encode() for link in links), (page_name, links)
+
+
+@pytest.mark.parametrize("after", ["", " MAUVE on 256 samples per generator is biased upwards."])
+def test_the_synthetic_corpus_sentence_leaves_a_page_without_its_column_wherever_it_ends(tmp_path, after):
+    """The report's sentence on the HMM's exact NLL goes where the table has no such column, both
+    where another sentence follows it (256 samples: MAUVE's warning) and where it ends its paragraph."""
+    from experiments.smollm2_results import page_report
+
+    write_sweep(tmp_path)
+    report = ("# Report\n\nintro\n\n## Generation\n\n`train_tokens` is each model's budget. `oracle_nll_per_word` is "
+              "the exact NLL of the samples under the true HMM (synthetic corpora only; `oracle_invalid` counts samples "
+              f"holding a word the HMM cannot emit, left out of it).{after}\n\n| generator | gen_ppl |\n|---|---|\n"
+              "| results/mdlm | 824 |\n")
+    page = page_report(tmp_path, report)
+    assert "oracle_nll_per_word" not in page and "`train_tokens` is each model's budget." in page
+    assert after.strip() in page
 
 
 def test_a_sweep_stopped_while_drawing_its_plots_leaves_no_sweep_json_to_skip_it(tmp_path, monkeypatch):
@@ -869,8 +898,22 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
            "lower than 1 (DSL · mdlm), higher than 1 (SED · ancestral), with intervals overlapping 1 (MDLM · mdlm); " \
            "under the KJV trigram it is higher than 1 (DSL · mdlm), not compared with 2 (SED · ancestral, " \
            "MDLM · mdlm)" in line
-    assert "SmolLM2 sampled left to right (the AR row: a pretrained model never fitted to the KJV, so no ceiling for " \
-        "KJV text) has Gen.PPL 40 (37–45) under SmolLM2" in line
+    assert "SmolLM2 sampled left to right (the AR row: a pretrained model not trained on the KJV here, so no ceiling " \
+        "for KJV text) has Gen.PPL 40 (37–45) under SmolLM2" in line
+    # as the real rows are: SmolLM2 is the bridges' and the AR row's own backbone (compare's own_evaluator). Its
+    # figure for them carries a star and ranks nothing; the trigram still ranks them
+    mine = [{**r, "own_evaluator": "builtin:smollm2"} if "bridges/" in r["generator"] or r["sampler"] == "ar" else r
+            for r in rows]
+    line = generation_line(verdict, mine)
+    assert "chosen layer 3's bridge has Gen.PPL 3,382* (3,115–3,697) under SmolLM2, 15,850 (14,000–17,000) " \
+           "under the KJV trigram" in line
+    assert "the hybrid's is not ranked (* its own backbone scored one of the two) under SmolLM2, 10× lower under the " \
+           "KJV trigram" in line
+    assert "under SmolLM2* it is not ranked (its own backbone wrote the text); under the KJV trigram it is higher than " \
+           "1 (DSL · mdlm)" in line
+    assert "lower than 1 (DSL · mdlm)" not in line and "Gen.PPL 40* (37–45) under SmolLM2" in line
+    assert line.endswith("`*`: Gen.PPL scored by the generator's own backbone, which wrote the text; it is not ranked "
+                         "against other rows.")
     # a row without MAUVE or a Gen.PPL (no references, nothing scored) is written without them
     bare = {**row("results/codar", None, None, None), "mauve": None, "sampler": "ancestral", "train_tokens": 8e6}
     assert "not compared with 1 (CoDAR · ancestral)" in generation_line(verdict, rows[:3] + [bare])
@@ -1038,6 +1081,10 @@ def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_w
     assert sorted(p.name for p in records.iterdir()) == sorted(planned)
     for folder in records.iterdir():
         assert sorted(p.name for p in folder.iterdir()) == sorted(script.SET_FILES)  # no samples.jsonl
+    # every model trained here keeps its config and metrics (no weights): the page describes them elsewhere too
+    trained = [script.GENERATION_RECORD / f for f in ("mdlm", "rounding/bridges/layer-00/seed-0",
+                                                      "bridges/layer-01/seed-0", "diffusion/bridges/layer-01/seed-0")]
+    assert all(sorted(p.name for p in f.iterdir()) == ["config.json", "metrics.json"] for f in trained)
     # a fresh machine: the same plan, nothing of the first out dir but the records
     out = tmp_path / "b"
     shutil.copytree(run, out / "run")
@@ -1048,6 +1095,8 @@ def test_generation_keeps_each_finished_sets_row_and_a_fresh_machine_runs_only_w
     assert "diffusion bridge layer 1" in first and not (out / "diffusion").exists()
     # so the page describes the bridge its rows came from by the sweep's record
     assert script.described(script.diffusion_bridge(out / "run", out)[1]) == record
+    # given the out dir, by the record of its training again on the first machine, which wrote the samples
+    assert script.described(script.diffusion_bridge(out / "run", out)[1], out) == trained[-1]
     assert script.described(script.diffusion_bridge(run, tmp_path / "a")[1]) == \
         tmp_path / "a" / "diffusion" / "bridges" / "layer-01" / "seed-0"
     # a set with its row but no record (killed between the two) is recorded on the next pass
@@ -1505,7 +1554,7 @@ def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bou
     assert f"mean difference {sum(diff) / 3:+.3f} ± {statistics.stdev(diff):.3f} nats/token" in said
     assert f"t = {test.statistic:.2f}, df = 2, p = {script.p_value(want)}: at α 0.05, shown" in said
     cells = [[c.strip() for c in l.strip("|").split("|")] for l in lines if l.startswith("| `")]
-    assert cells[0][:3] == ["`recipe`", "3.961 ± 0.011", "100.0 ± 0.0"]  # 3.95, 3.96, 3.972
+    assert cells[0][:3] == ["`recipe`", "3.961 ± 0.011", "100 ± 0"]  # 3.95, 3.96, 3.972; Gen.PPL in whole numbers
     assert cells[1][:2] == ["`mdlm-long`", "4.010 ± 0.010"]  # 4.00, 4.01, 4.02
     pairs = [[c.strip() for c in l.strip("|").split("|")] for l in lines if l[:4] in ("| 0 ", "| 1 ", "| 2 ")]
     assert [p[3] for p in pairs] == ["-0.0500", "-0.0500", "-0.0480"] and pairs[0][4] == f"{m:,} (budget)"
