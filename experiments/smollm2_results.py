@@ -1320,21 +1320,25 @@ def page_report(run: Path, report: str, pictures: str = "results") -> str:
         pictures: the folder beside the page that holds its plots (the page's name)."""
     from geoprobe.verdict import current_statement
 
-    said = {f"- {line}" for line in current_statement(json.loads((run / "sweep.json").read_text())["verdict"])}
+    verdict = json.loads((run / "sweep.json").read_text())["verdict"]
+    said = {f"- {line}" for line in current_statement(verdict)}
     report = report.replace("](plots/", f"]({pictures}/").split("\n", 1)[1]  # the page has its own title
     # a report written before that column's name lost its "|" (which split its table's header)
     report = report.replace("partial ρ | share, Freedman-Lane p", "partial ρ given share, Freedman-Lane p")
     for block in sorted(said, key=len, reverse=True):  # a statement can span lines (the controls' list)
         report = report.replace(block + "\n", "")
     report = "\n".join(line for line in report.split("\n") if not line.startswith("- sweep verdict: "))
+    opening = []  # the generation section's own three lines, from its rows
     if (run / "compare.csv").is_file():  # the comparison from its records, every figure in full
         from geoprobe.workflows.compare import read_rows
 
         table = [line for line in (run / "compare.md").read_text().split("\n") if line.startswith("|")]
         report = report.replace("\n".join(table), "\n".join(rows_table(read_rows(run / "compare.csv"))))
+        opening = generation_opening(verdict, read_rows(run / "compare.csv"))
     head, *sections = report.split("\n## ")
     sections = sorted(sections, key=lambda s: not s.startswith("Bridge sweep"))
-    sections = [s.replace("Generation\n\n", "Generation\n\n" + "\n".join(GENERATION_CAVEATS) + "\n", 1)
+    sections = [s.replace("Generation\n\n", "Generation\n\n" + "".join(line + "\n" for line in [*opening, *[""] * bool(opening)])
+                          + "\n".join(GENERATION_CAVEATS) + "\n", 1)
                 if s.startswith("Generation\n") else s for s in sections]
     cells = {"generator": role, "other_evaluators": lambda c: whole(c.removeprefix(f"ngram:{CORPUS}: "))}
     report = relabel(tidy_tables("\n## ".join([head, *sections]), COLUMNS, cells), run)
@@ -1616,11 +1620,12 @@ def shown(row: dict) -> str:
 
 def rank(row: dict, other: dict, name: str) -> str | None:
     """"lower", "higher" or "overlapping" by evaluator `name`'s Gen.PPL intervals; "own" where `name`
-    is either row's own backbone (it favours the text it wrote: not ranked); None where one is missing."""
+    is one row's own backbone and not the other's (it favours the text it wrote: not ranked; two rows
+    it both wrote share that bias and are ranked); None where one is missing."""
     (_, lo, hi), (_, their_lo, their_hi) = (gen_scores(r).get(name, (None, None, None)) for r in (row, other))
     if lo is None or their_lo is None:
         return None
-    if own(row, name) or own(other, name):
+    if own(row, name) != own(other, name):
         return "own"
     return "lower" if hi < their_lo else "higher" if their_hi < lo else "overlapping"
 
@@ -1637,7 +1642,7 @@ def against(row: dict, other: dict) -> str:
             them = gen_scores(other)[name][0]
             said.append({"lower": f"{factor(them / ppl)} lower", "higher": f"{factor(ppl / them)} higher",
                          "overlapping": "with intervals overlapping (not ranked)",
-                         "own": "not ranked (* its own backbone scored one of the two)"}[order]
+                         "own": "not ranked (* the backbone of one of the two)"}[order]
                         + f" under {evaluator_label(name)}")
     return ", ".join(said) or "not compared (no intervals)"
 
@@ -1646,13 +1651,12 @@ def tally(row: dict, others: list[dict]) -> str:
     """Per evaluator: which of `others` `row` is below, above or beside, by their roles."""
     said = []
     for name in gen_scores(row):
-        if own(row, name):  # its own backbone's score of its own text ranks nothing
-            said.append(f"under {evaluator_label(name)}* it is not ranked (its own backbone wrote the text)")
-            continue
-        groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": []}
+        groups = {"lower than": [], "higher than": [], "with intervals overlapping": [], "not compared with": [],
+                  "not ranked (* the backbone of one of the two) against": []}
         for other in others:
             key = {"lower": "lower than", "higher": "higher than", "overlapping": "with intervals overlapping",
-                   None: "not compared with", "own": "not compared with"}[rank(row, other, name)]
+                   None: "not compared with", "own": "not ranked (* the backbone of one of the two) against"}[
+                rank(row, other, name)]
             groups[key].append(f"{role(other['generator'])} · {other['sampler']}")
         said.append(f"under {evaluator_label(name)} it is " + ", ".join(
             f"{key} {len(names)} ({', '.join(names)})" for key, names in groups.items() if names))
@@ -1666,6 +1670,44 @@ def find_row(rows: list[dict], folder: str, sampler: str, decode: str = "stack")
     name = folder + ("" if decode == "stack" else f" ({decode})")
     return next((r for r in rows if ("/" + r["generator"]).endswith("/" + name) and r.get("sampler") == sampler),
                 None)
+
+
+def generation_opening(verdict: dict, rows: list[dict]) -> list[str]:
+    """The generation section's three plain lines: what the table compares, DiHAL's rows beside
+    the generators trained from scratch under the KJV trigram (no row's own backbone, so every row
+    can be set against every other), and what that rests on. Empty without the chosen bridge's rows."""
+    layer = verdict.get("chosen_layer")
+    if layer is None:
+        return []
+    trigram = f"ngram:{CORPUS}"
+    chosen = {name: find_row(rows, f"bridges/layer-{layer:02d}/seed-0", sampler, decode)
+              for name, (sampler, decode) in {"left to right": ("ltr", "stack"), "in random order with the channel's "
+                                              "evidence": ("hybrid", "stack"), "without it": ("hybrid", "stack-only")}.items()}
+    chosen = {name: gen_scores(row)[trigram] for name, row in chosen.items() if row and trigram in gen_scores(row)}
+    scratch = {f"{role(r['generator'])} · {r['sampler']}": gen_scores(r)[trigram] for r in rows
+               if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None
+               and trigram in gen_scores(r)}
+    if not chosen:
+        return []
+    counts = {r["samples"] for r in rows if r.get("samples")}
+    num = f"{counts.pop():,.0f}" if len(counts) == 1 else "up to " + f"{max(counts):,.0f}" if counts else "the"
+    ppl = lambda v: f"{v[0]:,.0f}" + (f" ({v[1]:,.0f}–{v[2]:,.0f})" if v[1] is not None else "")
+    outcome = (f"under the KJV trigram, the layer-{layer} bridge's samples score Gen.PPL "
+               + "; ".join(f"{ppl(v)} {name}" for name, v in chosen.items()))
+    if scratch:
+        best, worst = min(scratch, key=lambda k: scratch[k][0]), max(scratch, key=lambda k: scratch[k][0])
+        outcome += (f"; the {len(scratch)} rows trained from scratch at the same budget score {scratch[best][0]:,.0f} "
+                    f"({best}) to {scratch[worst][0]:,.0f} ({worst}).")
+    else:
+        outcome += "; no row trained from scratch has a trigram score yet."
+    return three_lines(
+        "what DiHAL writes through SmolLM2's bridges (the chosen layer's, decoded left to right and in random order) "
+        f"beside generators trained from scratch on the KJV at one budget, rounding and SmolLM2 itself: {num} samples "
+        f"of {SAMPLES['length']} tokens a row, one training seed each, descriptive (no test).", outcome[0].upper() + outcome[1:],
+        "one seed per row, so no ranking within the intervals; the trigram sees three tokens at a time and rewards "
+        "KJV-like tokens; SmolLM2 wrote the bridge rows' text, and its Gen.PPL of them is starred and ranked only "
+        "against rows it wrote too; "
+        "MAUVE's features are SmolLM2's, not GPT-2 large's.")
 
 
 def generation_line(verdict: dict, rows: list[dict]) -> str:
@@ -1735,7 +1777,8 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
                       "each, 95 % bootstrap intervals; descriptive, "
                       "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
                       *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT} `*`: Gen.PPL scored by the "
-                      "generator's own backbone, which wrote the text; it is not ranked against other rows."])
+                      "generator's own backbone, which wrote the text; it is ranked only against rows that backbone "
+                      "wrote too."])
 
 if __name__ == "__main__":
     main()

@@ -907,17 +907,49 @@ def test_the_generation_line_ranks_dihals_rows_only_where_their_intervals_are_di
     line = generation_line(verdict, mine)
     assert "chosen layer 3's bridge has Gen.PPL 3,382* (3,115–3,697) under SmolLM2, 15,850 (14,000–17,000) " \
            "under the KJV trigram" in line
-    assert "the hybrid's is not ranked (* its own backbone scored one of the two) under SmolLM2, 10× lower under the " \
-           "KJV trigram" in line
-    assert "under SmolLM2* it is not ranked (its own backbone wrote the text); under the KJV trigram it is higher than " \
-           "1 (DSL · mdlm)" in line
+    # against rounding, which SmolLM2's stack also wrote, it still ranks (the two share the bias)
+    assert "the hybrid's is 32× lower under SmolLM2, 10× lower under the KJV trigram" in line
+    assert "under SmolLM2 it is not ranked (* the backbone of one of the two) against 3 (SED · ancestral, DSL · mdlm, " \
+           "MDLM · mdlm); under the KJV trigram it is higher than 1 (DSL · mdlm)" in line
     assert "lower than 1 (DSL · mdlm)" not in line and "Gen.PPL 40* (37–45) under SmolLM2" in line
-    assert line.endswith("`*`: Gen.PPL scored by the generator's own backbone, which wrote the text; it is not ranked "
-                         "against other rows.")
+    assert line.endswith("`*`: Gen.PPL scored by the generator's own backbone, which wrote the text; it is ranked only "
+                         "against rows that backbone wrote too.")
+    # a bridge row against a row trained from scratch: not ranked under SmolLM2
+    from experiments.smollm2_results import against
+
+    assert against(mine[0], mine[4]) == "not ranked (* the backbone of one of the two) under SmolLM2, 20× higher " \
+                                        "under the KJV trigram"
     # a row without MAUVE or a Gen.PPL (no references, nothing scored) is written without them
     bare = {**row("results/codar", None, None, None), "mauve": None, "sampler": "ancestral", "train_tokens": 8e6}
     assert "not compared with 1 (CoDAR · ancestral)" in generation_line(verdict, rows[:3] + [bare])
     assert "has no row" in generation_line(verdict, rows[1:])
+
+
+def test_the_generation_section_opens_with_three_lines_under_the_evaluator_no_row_wrote():
+    """What the table compares, the chosen bridge's rows beside the range of the rows trained from
+    scratch under the KJV trigram (SmolLM2 wrote the bridge rows' text), and what that rests on."""
+    from experiments.smollm2_results import generation_opening
+
+    def row(generator, sampler, trigram, **kw):
+        return {"generator": generator, "evaluator": "builtin:smollm2", "gen_ppl": 100.0, "gen_ppl_lo": 90.0,
+                "gen_ppl_hi": 110.0, "other_evaluators": trigram, "sampler": sampler, "samples": 1000, **kw}
+
+    verdict = {"chosen_layer": 3}
+    rows = [row("bridges/layer-03/seed-0", "ltr", "ngram:kjv: 1357.49 (1251.05–1469.07)"),
+            row("bridges/layer-03/seed-0", "hybrid", "ngram:kjv: 3607 (3434–3783)"),
+            row("bridges/layer-03/seed-0 (stack-only)", "hybrid", "ngram:kjv: 18121 (17330–19016)"),
+            row("results/dsl", "mdlm", "ngram:kjv: 800 (700–900)", train_tokens=8e6),
+            row("results/mdlm", "mdlm", "ngram:kjv: 359 (340–380)", train_tokens=8e6),
+            row("results/sed", "ancestral", None, train_tokens=8e6),  # no trigram figure: left out
+            row("builtin:smollm2 (AR)", "ar", "ngram:kjv: 21422 (20000–23000)")]  # not trained here
+    tested, outcome, rests = generation_opening(verdict, rows)
+    assert tested.startswith("**Tested:** what DiHAL writes through SmolLM2's bridges") and "1,000 samples of 32" in tested
+    assert outcome == ("**Outcome:** Under the KJV trigram, the layer-3 bridge's samples score Gen.PPL 1,357 (1,251–1,469) "
+                       "left to right; 3,607 (3,434–3,783) in random order with the channel's evidence; 18,121 "
+                       "(17,330–19,016) without it; the 2 rows trained from scratch at the same budget score 359 "
+                       "(MDLM · mdlm) to 800 (DSL · mdlm).  ")
+    assert rests.startswith("**Rests on:** one seed per row")
+    assert generation_opening({"chosen_layer": 12}, rows) == []  # the chosen bridge has no rows: nothing to open with
 
 
 def test_the_generation_plan_samples_the_chosen_bridge_three_ways_and_the_worst_left_to_right(tmp_path):
