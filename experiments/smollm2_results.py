@@ -503,6 +503,8 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     if sweep_done:
         folders += [(f"bridge layer {layer}", folder)
                     for layer, (folder, again) in sampled_bridges(out, run).items() if again]
+        if (found := diffusion_bridge(run, out)) is not None and found[2]:  # the diffusion sweep's, trained again
+            folders.append((f"diffusion bridge layer {found[0]}", found[1]))
     from geoprobe.workflows.generate import META, PARTIAL
 
     lines = progress_of(folders, cap=BUDGET["steps"])
@@ -523,7 +525,7 @@ def generation_progress(out: Path, run: Path, finetune: bool = True) -> list[str
     if sweep_done:  # the rows through the diffusion sweep's chosen bridge, once it exists (diffusion_sets)
         extra = [out / "samples" / name for name in diffusion_sets(run, out)]
         lines.append(f"through the diffusion bridge: {sum((s / META).is_file() for s in extra)} of {len(extra)} sets "
-                     f"written, {sum((s / 'samples.metrics.json').is_file() for s in extra)} evaluated"
+                     f"written, {sum((s / 'samples.metrics.json').is_file() or (s / 'samples.row.json').is_file() for s in extra)} evaluated"
                      + ("; compared" if (run / "diffusion-bridge" / "compare.csv").is_file() else "")
                      if extra else "through the diffusion bridge: its chosen layer's seed-0 bridge has not finished")
     from geoprobe.files import holder

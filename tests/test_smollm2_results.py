@@ -1047,6 +1047,12 @@ def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finis
         assert list(trained[5:5 + len(script.DIFFUSION_BRIDGE)]) == script.DIFFUSION_BRIDGE
         assert list(trained[5 + len(script.DIFFUSION_BRIDGE):-4]) == script.chosen_diffusion()
         assert found["sample diffusion-01-ltr"][:3] == ("sample", "--model", again)
+        # --status lists its training too: finished once its metrics are written
+        again.mkdir(parents=True, exist_ok=True)
+        (again / "metrics.json").write_text(json.dumps({"stop": "plateau", "steps_run": 1250, "nmse_dim": 0.2}))
+        assert any(line.startswith("diffusion bridge layer 1: plateau at step 1,250")
+                   for line in generation_progress(tmp_path, run, finetune=False))
+        (again / "metrics.json").unlink()
     (folder / "model.safetensors").write_bytes(b"")  # the sweep's own, with its weights: sampled as it is
     commands = plan()
     names = [name for name, _ in commands]
