@@ -44,6 +44,12 @@ def commas(text: str) -> str:
     return re.sub(r"(?<![\w.,])\d{5,}", lambda m: f"{int(m.group(0)):,}", text)
 
 
+def whole(text: str) -> str:
+    """`text` with every figure of 100 or more written whole, with thousands separators
+    (1357.49 (1251.05–1469.07) -> 1,357 (1,251–1,469)); smaller ones as they are."""
+    return re.sub(r"(?<![\w.,])\d{3,}(?:\.\d+)?", lambda m: f"{float(m.group(0)):,.0f}", text)
+
+
 def plain_text(text: str) -> str:
     """`text` with every figure in scientific notation written plainly (1.071e+05 -> 107,100)."""
 

@@ -81,8 +81,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from experiments.pages import commas, markdown_table, p_value, role, rows_table, tidy_tables
-from experiments.pages import three_lines
+from experiments.pages import commas, markdown_table, p_value, role, rows_table, three_lines, tidy_tables, whole
 from experiments.records import GENERATION, RECORDS, SMOLLM2, add_timings, bring_back, keep, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1601,23 +1600,38 @@ def evaluator_label(evaluator: str) -> str:
     return {MODEL: "SmolLM2", f"ngram:{CORPUS}": "the KJV trigram"}.get(evaluator, evaluator)
 
 
-def whole(text: str) -> str:
-    """`text` with every figure of 100 or more written whole, with thousands separators
-    (1357.49 (1251.05–1469.07) -> 1,357 (1,251–1,469)); smaller ones as they are."""
-    return re.sub(r"(?<![\w.,])\d{3,}(?:\.\d+)?", lambda m: f"{float(m.group(0)):,.0f}", text)
-
-
 def own(row: dict, evaluator: str) -> bool:
     """Whether `evaluator` is the row's generator's own backbone (it wrote the text it scores)."""
     return evaluator in (row.get("own_evaluator") or "").split(", ")
 
 
+def interval(score: tuple, star: bool = False) -> str:
+    """A Gen.PPL and its interval, whole ((1357.5, 1251.1, 1469.1) -> 1,357 (1,251–1,469)), `*` after
+    the figure where `star` (the evaluator wrote the text)."""
+    ppl, lo, hi = score
+    return f"{ppl:,.0f}" + "*" * star + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
+
+
 def shown(row: dict) -> str:
     """A row's Gen.PPL (with its interval) under each evaluator, `*` where the evaluator is the
     generator's own backbone, and its MAUVE."""
-    return "Gen.PPL " + ", ".join(f"{ppl:,.0f}" + "*" * own(row, name) + (f" ({lo:,.0f}–{hi:,.0f})" if lo is not None else "")
-                                  + f" under {evaluator_label(name)}" for name, (ppl, lo, hi) in gen_scores(row).items()) \
+    return "Gen.PPL " + ", ".join(f"{interval(score, own(row, name))} under {evaluator_label(name)}"
+                                  for name, score in gen_scores(row).items()) \
         + (f", MAUVE {row['mauve']:.3f}" if row.get("mauve") is not None else "")
+
+
+def trained_here(rows: list[dict]) -> list[dict]:
+    """The rows of generators trained from scratch at the budget (DSL's samplers, MDLM, the
+    embedding-diffusion baselines): not the bridges, not SmolLM2 itself."""
+    return [r for r in rows if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None]
+
+
+def sample_count(rows: list[dict]) -> str:
+    """How many samples a row holds: one count, "up to" the largest of several, or what the
+    script asks where no row says."""
+    counts = {r["samples"] for r in rows if r.get("samples")}
+    return (f"{counts.pop():,.0f}" if len(counts) == 1 else f"up to {max(counts):,.0f}" if counts
+            else f"{SAMPLES['num']:,}")
 
 
 def rank(row: dict, other: dict, name: str) -> str | None:
@@ -1686,16 +1700,13 @@ def generation_opening(verdict: dict, rows: list[dict]) -> list[str]:
               for name, (sampler, decode) in {"left to right": ("ltr", "stack"), "in random order with the channel's "
                                               "evidence": ("hybrid", "stack"), "without it": ("hybrid", "stack-only")}.items()}
     chosen = {name: gen_scores(row)[trigram] for name, row in chosen.items() if row and trigram in gen_scores(row)}
-    scratch = {f"{role(r['generator'])} · {r['sampler']}": gen_scores(r)[trigram] for r in rows
-               if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None
-               and trigram in gen_scores(r)}
+    scratch = {f"{role(r['generator'])} · {r['sampler']}": gen_scores(r)[trigram] for r in trained_here(rows)
+               if trigram in gen_scores(r)}
     if not chosen:
         return []
-    counts = {r["samples"] for r in rows if r.get("samples")}
-    num = f"{counts.pop():,.0f}" if len(counts) == 1 else "up to " + f"{max(counts):,.0f}" if counts else "the"
-    ppl = lambda v: f"{v[0]:,.0f}" + (f" ({v[1]:,.0f}–{v[2]:,.0f})" if v[1] is not None else "")
+    num = sample_count(rows)
     outcome = (f"under the KJV trigram, the layer-{layer} bridge's samples score Gen.PPL "
-               + "; ".join(f"{ppl(v)} {name}" for name, v in chosen.items()))
+               + "; ".join(f"{interval(v)} {name}" for name, v in chosen.items()))
     if scratch:
         best, worst = min(scratch, key=lambda k: scratch[k][0]), max(scratch, key=lambda k: scratch[k][0])
         outcome += (f"; the {len(scratch)} rows trained from scratch at the same budget score {scratch[best][0]:,.0f} "
@@ -1763,7 +1774,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
             parts.append(f"the {which} layer {other}'s bridge decoded left to right {shown(row)} (the chosen "
                          f"layer's is {against(ltr, row)})")
     # every other generator trained at the budget: DSL's samplers, MDLM, the embedding-diffusion baselines
-    others = [r for r in rows if "/bridges/" not in "/" + r["generator"] and r.get("train_tokens") is not None]
+    others = trained_here(rows)
     if others and chosen is not None:
         parts.append(f"by Gen.PPL against the {len(others)} rows of the other generators trained at the same "
                      f"budget, {tally(chosen, others)}")
@@ -1773,9 +1784,7 @@ def generation_line(verdict: dict, rows: list[dict]) -> str:
         parts.append(f"SmolLM2 sampled left to right (the AR row: a pretrained model not trained on the KJV here, so "
                      f"no ceiling for KJV text) has {shown(ar)}: the trigram scores how KJV-like the tokens are, not "
                      "quality alone")
-    counts = {r["samples"] for r in rows if r.get("samples")}  # what the rows hold, else what the script asks
-    num = f"{counts.pop():,.0f}" if len(counts) == 1 else f"{SAMPLES['num']:,}"
-    return "\n".join([f"- DiHAL's samples on SmolLM2 ({num} of {SAMPLES['length']} tokens per row, one seed "
+    return "\n".join([f"- DiHAL's samples on SmolLM2 ({sample_count(rows)} of {SAMPLES['length']} tokens per row, one seed "
                       "each, 95 % bootstrap intervals; descriptive, "
                       "[baselines.md](baselines.md#on-smollm2-the-kjv-cpu-budget)):",
                       *[f"  - {part}." for part in parts], f"  - {GENERATION_CAVEAT} `*`: Gen.PPL scored by the "
