@@ -246,7 +246,8 @@ def experiment(model: str = MODEL, bridge: str = "regression", choice: Path | No
                       target=known["target"][bridge], protocol=tuple(known["protocol"]),
                       shared_scan=ROOT / "runs" / "results" / "run" if smollm2 and bridge == "diffusion" else None,
                       ceilings=RECORD if smollm2 and bridge == "diffusion" else None,
-                      shape_study=smollm2 and bridge == "regression", generation=smollm2)  # the shape study trained regressions
+                      shape_study=smollm2 and bridge == "regression",
+                      generation=smollm2 and bridge == "regression")  # the diffusion page links its rows  # the shape study trained regressions
 
 
 def flag(name: str, flags: list = SWEEP):
@@ -278,7 +279,7 @@ def in_process(*args, done: Path | None, log: dict, name: str, during=None) -> N
     if done is not None and done.exists():
         print(f"[skip] {name}: {done} exists", flush=True)
         return
-    shown = "geoprobe " + " ".join(map(str, args))
+    shown = "geoprobe " + " ".join(str(a).removeprefix(f"{ROOT}/") for a in args)  # from the repository root
     print(f"[run ] {name}: {shown}", flush=True)
     started, stop = time.perf_counter(), threading.Event()
     ticker = threading.Thread(target=every_minute, args=(during, stop), daemon=True)
@@ -1210,12 +1211,13 @@ def machine() -> str:
 COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge; "
                                       "`stack-only`: its hybrid without the channel's evidence, over SmolLM2's "
                                       "whole vocabulary)"),
-           "nmse_dim 1 step": ("1 step", "nmse_dim sampled in one bridge step"),
+           "nmse_dim 1 step": ("1 step", "the posterior mean's nmse_dim: the bridge's one-step prediction from the clean "
+                                               "condition (τ = 0)"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
-           "partial ρ given depth": ("ρ (depth)", "partial ρ(score, loss) given depth"),
+           "partial ρ given depth": ("partial ρ (depth)", "partial ρ(score, loss) given depth"),
            "partial ρ, Freedman-Lane p": ("p (depth)", "its Freedman-Lane p"),
            "ρ(massive-channel share)": ("ρ(share)", "ρ(massive-channel share, loss)"),
-           "partial ρ given share": ("ρ (share)", "partial ρ(score, loss) given the share"),
+           "partial ρ given share": ("partial ρ (share)", "partial ρ(score, loss) given the share"),
            "partial ρ given share, Freedman-Lane p": ("p (share)", "its Freedman-Lane p"),
            "ρ, score z-scored over every scanned layer (as the ranking does)":
                ("ρ all layers", "ρ with the score z-scored over every scanned layer (as the ranking does)"),
@@ -1403,13 +1405,17 @@ def verdict_lines(verdict: dict, exp: Experiment | None = None) -> list[str]:
                                                                 if partial["rho"] is not None else "undefined"))
     if (onset := verdict.get("after_onset")) is not None:
         depth = onset.get("score_vs_depth")  # amendment 14: the score's own rho with depth there
-        rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset "
-                     f"(chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}"
+        rests.append(f"over layers {onset['layers'][0]}–{onset['layers'][-1]}, from the massive channels' onset (the "
+                     "first tested layer whose massive-channel share of variance is at least half the largest; "
+                     f"chosen after seeing the regression sweep), ρ is {onset['rho']:.2f}"
                      + ("" if depth is None else f", and the score's ρ with depth there is {depth['rho']:.2f}"
                         + (" (not separable from depth)" if abs(depth["rho"]) > INSEPARABLE else "")))
+    said = "; ".join(rests)
+    if not (verdict.get("convergence") or {}).get("converged", True):
+        said = "the bridges count as unconverged, so these figures describe them and test nothing: " + said
     return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {exp.weights}, "
                    "on the KJV (one-sided Spearman, fixed in advance).", outcome_line(verdict, test),
-                   "; ".join(rests) + "." + exp.quantised)
+                   said[0].upper() + said[1:] + "." + exp.quantised)
 
 
 def outcome_line(verdict: dict, test: dict) -> str:
@@ -1466,6 +1472,8 @@ def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experimen
     if "chosen_layer" in verdict:
         lines.append(dihal_line(verdict, sweep["rows"], sampled=exp.generation,
                                 trained=retrained(out, verdict["chosen_layer"]) if exp.generation else None))
+    if exp.bridge == "diffusion" and (beside := against_regression(verdict, exp)):
+        lines.append(beside)
     if exp.shape_study and (shape := shape_line(run, exp)):
         lines.append(shape)
     lines += hand_written(notes or exp.notes)
@@ -1492,12 +1500,46 @@ def what_it_says(run: Path, out: Path, notes: Path | None = None, exp: Experimen
     return "\n".join(lines)
 
 
+def against_regression(verdict: dict, exp: Experiment) -> str | None:
+    """How the diffusion sweep's outcome differs from the regression sweep's on the same scan
+    (SmolLM2: docs/results.md), with the two sweeps' seed-mean losses set against each other over
+    the layers both tested; where no regression sweep ran (Gemma), the ceiling controls' (one plain
+    regression network per layer) ρ with the score. None where neither is at hand."""
+    from scipy.stats import spearmanr
+
+    test = verdict["tests"][verdict["primary_loss"]]
+    here = f"{verdict['outcome'].split(':')[0]} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)})"
+    mine = {r["layer"]: r for r in verdict["layers"]}
+    regression = exp.shared_scan / "sweep.json" if exp.shared_scan is not None else None
+    if regression is not None and regression.is_file():
+        theirs = json.loads(regression.read_text())["verdict"]
+        t = theirs["tests"][theirs["primary_loss"]]
+        other = {r["layer"]: r for r in theirs["layers"]}
+        both = [l for l in verdict["compared_layers"] if l in theirs["compared_layers"]]
+        rho = spearmanr([mine[l][verdict["primary_loss"]] for l in both],
+                        [other[l][theirs["primary_loss"]] for l in both]).statistic if len(both) > 2 else None
+        return (f"- Against the regression sweep ([results.md](results.md)): there the loss was a deterministic "
+                f"regression bridge's {theirs['primary_loss']} and the outcome {theirs['outcome'].split(':')[0]} "
+                f"(ρ {t['rho']:.2f}, p {p_value(t['p'], 2)}); here the loss is the diffusion bridge's "
+                f"{verdict['primary_loss']} and the outcome {here}."
+                + (f" Over layers {both[0]}–{both[-1]} the two sweeps' seed-mean losses order the layers with "
+                   f"Spearman {rho:.2f}." if rho is not None else ""))
+    scores = verdict.get("scores", {}).get("score", {})
+    layers = [l for l in verdict["compared_layers"] if mine[l].get("ceiling_nmse_dim") is not None and str(l) in scores]
+    if len(layers) < 3:
+        return None
+    rho = spearmanr([scores[str(l)] for l in layers], [mine[l]["ceiling_nmse_dim"] for l in layers]).statistic
+    return (f"- No regression sweep ran on this model. Its ceiling controls (one plain regression network per layer, "
+            f"trained to its plateau) stand in: ρ(score, ceiling nmse_dim) over layers {layers[0]}–{layers[-1]} is "
+            f"{rho:.2f}, against the diffusion bridge's {here}.")
+
+
 def cost_line(rows: list[dict]) -> str:
     """The bridges' and ceilings' training minutes (each ceiling once, though every seed's row carries it)."""
     trained = sum(r.get("train_seconds") or 0 for r in rows)
     ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in rows if r.get("ceiling_train_seconds")}
-    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:.0f} min"
-    return (f"- Cost: {len(rows)} bridges trained for at least {trained / 60:.0f} min in all"
+    ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:,.0f} min"
+    return (f"- Cost: {len(rows)} bridges trained for at least {trained / 60:,.0f} min in all"
             + (ceiling_line if ceilings else "") + ". These are their training loops, over every invocation of the "
             "script; validation adds about a fifth. A bridge resumed from a checkpoint written before "
             "2026-12-03 16:36 (commit 12b2ff9) kept no clock: it counts only the sessions after it"
@@ -1564,6 +1606,9 @@ def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True, trained: d
     first = next((r for r in rows if r["layer"] == layer and r.get("seed", 0) == 0), {})
     stop = {"plateau": "stopped by its plateau", None: "is not in this sweep"}.get(
         first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
+    if [layer, 0] in [list(w) for w in (verdict.get("convergence") or {}).get("worse_than_lookup", [])]:
+        stop += (", but its posterior mean does not beat its token lookup by the registered bar: unconverged, "
+                 "its samples are not evidence")
     line = (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
             f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, ")

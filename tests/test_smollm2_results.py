@@ -1639,3 +1639,74 @@ def test_the_recipe_comparison_trains_its_arms_per_seed_and_tests_the_paired_bou
     worse = [{**r, "bound": r["bound"] + 0.2 * (r["arm"] == "recipe")} for r in result["rows"]]
     said = next(l for l in script.recipe_section({**result, "rows": worse}) if l.startswith("The recipe's bound"))
     assert "not shown: the recipe's bound is the higher one on every seed" in said
+
+
+def test_the_diffusion_page_sets_its_outcome_beside_the_regression_sweeps_or_else_the_ceilings(tmp_path):
+    """The diffusion sweep's page says how its outcome differs from the regression sweep's on the
+    same scan, and how the two sweeps' seed-mean losses order the layers; a model with no regression
+    sweep (Gemma) gets the ceiling controls' ρ with the score instead. --generation belongs to the
+    regression page only."""
+    from dataclasses import replace
+
+    import experiments.smollm2_results as script
+
+    regression, diffusion = tmp_path / "regression", tmp_path / "diffusion"
+    for folder in (regression, diffusion):
+        folder.mkdir()
+    write_sweep(regression)  # nmse_dim rises with the layer, the score falls: supported
+    write_sweep(diffusion)
+    sweep = json.loads((diffusion / "sweep.json").read_text())
+    for row in sweep["rows"]:  # the diffusion losses fall with the layer: the opposite order, not supported
+        row["objective"] = row["nmse_dim"] = 0.2 - 0.01 * row["layer"] + 0.001 * row["seed"]
+    verdict = sweep_verdict(sweep["rows"], {"score": {layer: -float(layer) for layer in LAYERS}}, {})
+    verdict["scores"] = {"score": {str(layer): -float(layer) for layer in LAYERS}}
+    exp = replace(script.experiment(bridge="diffusion"), shared_scan=regression)
+    assert not exp.generation and script.experiment().generation
+    line = script.against_regression(verdict, exp)
+    theirs = json.loads((regression / "sweep.json").read_text())["verdict"]
+    assert theirs["outcome"].startswith("supported") and verdict["outcome"].startswith("not supported")
+    assert line.startswith("- Against the regression sweep ([results.md](results.md)): there the loss was a "
+                           f"deterministic regression bridge's {theirs['primary_loss']} and the outcome "
+                           f"{theirs['outcome'].split(':')[0]} (ρ -1.00")
+    assert f"here the loss is the diffusion bridge's {verdict['primary_loss']} and the outcome not supported (ρ 1.00"  in line
+    assert line.endswith("Over layers 1–12 the two sweeps' seed-mean losses order the layers with Spearman -1.00.")
+    # no regression sweep: the ceilings (0.005 x layer) against the score (-layer)
+    line = script.against_regression(verdict, replace(exp, shared_scan=None))
+    assert "ρ(score, ceiling nmse_dim) over layers 1–12 is -1.00, against the diffusion bridge's not supported (ρ 1.00" \
+        in line
+
+
+def test_an_unconverged_sweeps_opening_and_dihal_line_say_so(tmp_path):
+    """A seed-0 bridge at the chosen layer that stops by its plateau but does not beat its token
+    lookup is called unconverged on the DiHAL line; the opening's third line says its figures test
+    nothing; a capped bridge is named."""
+    write_sweep(tmp_path)
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    for row in sweep["rows"]:
+        if (row["layer"], row["seed"]) == (1, 0):
+            row["nmse_dim"] = 0.99  # the lookup is 1.0: not below its 5 % margin
+        if (row["layer"], row["seed"]) == (2, 1):
+            row["stop"] = "cap"
+    sweep["verdict"] = sweep_verdict(sweep["rows"], {"score": {layer: -float(layer) for layer in LAYERS}}, {})
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    page = page_of(tmp_path)
+    line = next(l for l in page.splitlines() if l.startswith("- The DiHAL model"))
+    assert line.endswith("stopped by its plateau, but its posterior mean does not beat its token lookup by the "
+                         "registered bar: unconverged, its samples are not evidence.")
+    rests = next(l for l in page.splitlines() if l.startswith("**Rests on:**"))
+    assert "The bridges count as unconverged, so these figures describe them and test nothing: ρ(loss, depth)" in rests
+    assert "1 of the tested bridges reached the step cap before their plateau (layer 2 seed 1): its loss is" in page
+
+
+def test_a_steps_command_names_paths_in_the_repository_from_its_root(capsys):
+    """The page's command table (and the log) name a folder under the repository from its root,
+    never by this machine's absolute path."""
+    from geoprobe.errors import BadInput
+
+    import experiments.smollm2_results as script
+
+    out = script.ROOT / "runs" / "never-written-by-this-test"
+    with pytest.raises(BadInput):
+        in_process("bridge", "--layer", "-1", "--out", out, done=None, log={}, name="bad")
+    assert "[run ] bad: geoprobe bridge --layer -1 --out runs/never-written-by-this-test" in capsys.readouterr().out
+    assert not out.exists()

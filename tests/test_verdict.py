@@ -234,7 +234,7 @@ def test_capped_bridges_make_the_verdict_inconclusive_whatever_the_test_says():
     assert "this run supports" not in " ".join(v["statement"])
     assert not any(line.startswith("Beyond the token lookup") for line in v["statement"])
     from geoprobe.workflows.sweep_page import test_rows
-    assert {row["supports"] for row in test_rows(v)} == {"— (not converged)"}
+    assert {row["supports"] for row in test_rows(v)} == {"not judged (unconverged)"}
     assert {row["supports"] for row in test_rows(sweep_verdict(converging_rows(), SCORE, {}))} <= {"yes", "no"}
 
 

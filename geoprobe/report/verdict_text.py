@@ -440,6 +440,8 @@ def _layer_lines(v: dict, rules: Rules) -> list[str]:
                      f"(weights {', '.join(f'{w:g}' for w in rules.registered_weights)}"
                      f"{', logs' if rules.registered_log else ', no logs'}).")
     if v["capped"]:
-        lines.append(f"{len(v['capped'])} of the tested bridges reached the step cap before their plateau: their "
-                     "losses are set by the budget as much as by the layer.")
+        named = ", ".join(f"layer {layer} seed {seed}" for layer, seed in v["capped"])
+        lines.append(f"{len(v['capped'])} of the tested bridges reached the step cap before their plateau ({named}): "
+                     f"{'its loss is' if len(v['capped']) == 1 else 'their losses are'} set by the budget as much as "
+                     "by the layer.")
     return lines

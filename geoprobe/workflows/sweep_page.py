@@ -70,7 +70,7 @@ def test_rows(verdict: dict) -> list[dict]:
                      # an unconverged sweep's tests speak about its training, not the claim (a verdict from before
                      # the convergence criterion has no such key, and reads as it did)
                      "supports": ("yes" if t["supports"] else "no") if verdict.get("convergence", {}).get("converged", True)
-                     else "— (not converged)"})
+                     else "not judged (unconverged)"})
     return rows
 
 
