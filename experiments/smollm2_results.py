@@ -1214,6 +1214,7 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "nmse_dim 1 step": ("1 step", "the posterior mean's nmse_dim: the bridge's one-step prediction from the clean "
                                                "condition (τ = 0)"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
+           "ρ(depth)": ("ρ(depth)", "ρ(layer index, loss)"),
            "partial ρ given depth": ("partial ρ (depth)", "partial ρ(score, loss) given depth"),
            "partial ρ, Freedman-Lane p": ("p (depth)", "its Freedman-Lane p"),
            "ρ(massive-channel share)": ("ρ(share)", "ρ(massive-channel share, loss)"),
@@ -1226,6 +1227,10 @@ COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row 
            "ρ(lookup's loss)": ("ρ(lookup)", "ρ(the token lookup's loss, loss)"),
            "ρ, score vs the lookup's loss": ("ρ score~lookup", "ρ(score, the lookup's loss)"),
            "ρ, score vs loss / lookup's": ("ρ score~ratio", "ρ(score, loss / the lookup's loss)"),
+           "ρ(nmse_dim 1 step)": ("ρ(1 step)", "ρ(the posterior mean's nmse_dim, loss): how much of the loss's order "
+                                               "the posterior mean's error gives"),
+           "ρ, score vs objective − its τ = 0 part": ("ρ score~τ>0", "ρ(score, the objective less its τ = 0 part): "
+                                                                "what the diffusion objective adds to a regression's loss"),
            "ρ(ceiling's nmse_dim)": ("ρ(ceiling)", "ρ(the ceiling's nmse_dim, loss), in the row of the bridges' clean one-step loss"),
            "nfe_per_sample": ("nfe/sample", "network evaluations per sample"),
            "seconds_per_sample": ("s/sample", "seconds per sample (the random-order rows through a bridge "
@@ -1372,6 +1377,8 @@ def made_by(log: dict, seconds: float, seeds: str, exp: Experiment | None = None
                        *(["--bridge", exp.bridge] if exp.bridge != "regression" else [])])
     run_by = f"`{exp.target}` (`{script}`)" if exp.target.startswith("make") else f"`{script}`"
     lines = [f"{run_by} ran every command below on {machine()}.",
+             *([f"The scan is the regression sweep's (`{shown_path(exp.shared_scan)}`, [results.md](results.md)), "
+                "linked in, not run again."] if exp.shared_scan is not None else []),
              f"Its steps took {total / 60:.0f} min in all; this last invocation took {seconds / 60:.0f} min.",
              "Earlier invocations' steps were resumed, not redone.",
              "A step's seconds are those of its last invocation.",
