@@ -1696,6 +1696,9 @@ def test_an_unconverged_sweeps_opening_and_dihal_line_say_so(tmp_path):
     rests = next(l for l in page.splitlines() if l.startswith("**Rests on:**"))
     assert "The bridges count as unconverged, so these figures describe them and test nothing: ρ(loss, depth)" in rests
     assert "1 of the tested bridges reached the step cap before their plateau (layer 2 seed 1): its loss is" in page
+    # layer 1's seed mean is now the highest, and layer 2 the lowest
+    assert "The hardest layer by nmse_dim is 1 (with an unconverged bridge)" in page
+    assert "The easiest layer by nmse_dim is 2 (with an unconverged bridge)" in page
 
 
 def test_a_steps_command_names_paths_in_the_repository_from_its_root(capsys):

@@ -426,10 +426,14 @@ def _layer_lines(v: dict, rules: Rules) -> list[str]:
         lines.append(f"No sensitivity after the massive channels' onset: it is layer {first}, " + (
             "the first tested layer, so it would repeat the primary test." if len(after) == len(v["compared_layers"])
             else f"and {len(after)} tested layers from it on are fewer than a test needs ({rules.min_layers})."))
+    # a layer with an unconverged bridge (capped, or not below its lookup's bar) is said to be one
+    unconverged = {l for l, _ in (v.get("capped") or [])} | {
+        l for l, _ in (v.get("convergence") or {}).get("worse_than_lookup", [])}
     for role in ("oracle", "worst"):
         layer, tied = v[f"{role}_layer"], v[f"{role}_tied"]
         word = "easiest" if role == "oracle" else "hardest"
-        lines.append(f"The {word} layer by {loss} is {layer}" + (
+        lines.append(f"The {word} layer by {loss} is {layer}"
+                     + (" (with an unconverged bridge)" if layer in unconverged else "") + (
             f", but it cannot be told apart from layer{'s' if len(tied) > 1 else ''} {', '.join(map(str, tied))} "
             "within the seed noise." if tied else ", clear of every other layer by more than the seed noise."))
     lines.append(f"The geometry chose layer {v['chosen_layer']} among these.")
