@@ -1211,8 +1211,9 @@ def machine() -> str:
 COLUMNS = {"generator": ("generator", "by its role (each DiHAL and rounding row is its layer's seed-0 bridge; "
                                       "`stack-only`: its hybrid without the channel's evidence, over SmolLM2's "
                                       "whole vocabulary)"),
-           "nmse_dim 1 step": ("1 step", "the posterior mean's nmse_dim: the bridge's one-step prediction from the clean "
-                                               "condition (τ = 0)"),
+           "nmse_dim 1 step": ("1 step", "nmse_dim of the bridge's one-step prediction from the clean condition "
+                                               "(τ = 0): a diffusion bridge's posterior mean, a regression's own "
+                                               "prediction"),
            "lookup+ridge": ("lookup+r", "the lookup plus the ridge"),
            "ρ(depth)": ("ρ(depth)", "ρ(layer index, loss)"),
            "partial ρ given depth": ("partial ρ (depth)", "partial ρ(score, loss) given depth"),
@@ -1378,7 +1379,7 @@ def made_by(log: dict, seconds: float, seeds: str, exp: Experiment | None = None
     run_by = f"`{exp.target}` (`{script}`)" if exp.target.startswith("make") else f"`{script}`"
     lines = [f"{run_by} ran every command below on {machine()}.",
              *([f"The scan is the regression sweep's (`{shown_path(exp.shared_scan)}`, [results.md](results.md)), "
-                "linked in, not run again."] if exp.shared_scan is not None else []),
+                "linked in, not run again."] if exp.shared_scan is not None and "scan" not in log else []),
              f"Its steps took {total / 60:.0f} min in all; this last invocation took {seconds / 60:.0f} min.",
              "Earlier invocations' steps were resumed, not redone.",
              "A step's seconds are those of its last invocation.",
@@ -1514,31 +1515,45 @@ def against_regression(verdict: dict, exp: Experiment) -> str | None:
     regression network per layer) ρ with the score. None where neither is at hand."""
     from scipy.stats import spearmanr
 
-    test = verdict["tests"][verdict["primary_loss"]]
-    here = f"{verdict['outcome'].split(':')[0]} (ρ {test['rho']:.2f}, p {p_value(test['p'], 2)})"
+    def said(v: dict) -> str:  # the outcome's kind and the primary test's numbers
+        t = v["tests"][v["primary_loss"]]
+        return f"{outcome_kind(v['outcome'])} (ρ {t['rho']:.2f}, p {p_value(t['p'], 2)})"
+
+    def rank_rho(a: list, b: list) -> float | None:  # Spearman, None where either side is constant or short
+        return spearmanr(a, b).statistic if len(a) > 2 and len(set(a)) > 1 and len(set(b)) > 1 else None
+
     mine = {r["layer"]: r for r in verdict["layers"]}
-    regression = exp.shared_scan / "sweep.json" if exp.shared_scan is not None else None
-    if regression is not None and regression.is_file():
+    if exp.shared_scan is not None:  # the regression sweep ran on this scan
+        regression = exp.shared_scan / "sweep.json"
+        if not regression.is_file():
+            return ("- The regression sweep on this scan has no sweep.json here: its outcome is on "
+                    "[results.md](results.md), not set beside this one.")
         theirs = json.loads(regression.read_text())["verdict"]
-        t = theirs["tests"][theirs["primary_loss"]]
         other = {r["layer"]: r for r in theirs["layers"]}
         both = [l for l in verdict["compared_layers"] if l in theirs["compared_layers"]]
-        rho = spearmanr([mine[l][verdict["primary_loss"]] for l in both],
-                        [other[l][theirs["primary_loss"]] for l in both]).statistic if len(both) > 2 else None
+        rho = rank_rho([mine[l][verdict["primary_loss"]] for l in both], [other[l][theirs["primary_loss"]] for l in both])
         return (f"- Against the regression sweep ([results.md](results.md)): there the loss was a deterministic "
-                f"regression bridge's {theirs['primary_loss']} and the outcome {theirs['outcome'].split(':')[0]} "
-                f"(ρ {t['rho']:.2f}, p {p_value(t['p'], 2)}); here the loss is the diffusion bridge's "
-                f"{verdict['primary_loss']} and the outcome {here}."
+                f"regression bridge's {theirs['primary_loss']} and the outcome {said(theirs)}; here the loss is the "
+                f"diffusion bridge's {verdict['primary_loss']} and the outcome {said(verdict)}."
                 + (f" Over layers {both[0]}–{both[-1]} the two sweeps' seed-mean losses order the layers with "
                    f"Spearman {rho:.2f}." if rho is not None else ""))
     scores = verdict.get("scores", {}).get("score", {})
     layers = [l for l in verdict["compared_layers"] if mine[l].get("ceiling_nmse_dim") is not None and str(l) in scores]
-    if len(layers) < 3:
+    rho = rank_rho([scores[str(l)] for l in layers], [mine[l]["ceiling_nmse_dim"] for l in layers])
+    if rho is None:
         return None
-    rho = spearmanr([scores[str(l)] for l in layers], [mine[l]["ceiling_nmse_dim"] for l in layers]).statistic
-    return (f"- No regression sweep ran on this model. Its ceiling controls (one plain regression network per layer, "
-            f"trained to its plateau) stand in: ρ(score, ceiling nmse_dim) over layers {layers[0]}–{layers[-1]} is "
-            f"{rho:.2f}, against the diffusion bridge's {here}.")
+    return (f"- No regression sweep ran on this model. Its ceiling controls (one plain regression network per layer) "
+            f"stand in: ρ(score, ceiling nmse_dim) over layers {layers[0]}–{layers[-1]} is {rho:.2f}, against the "
+            f"diffusion bridge's {said(verdict)}.")
+
+
+def outcome_kind(outcome: str) -> str:
+    """A verdict's outcome in a few words: its kind, whether a supported one fails a robustness
+    condition, and whether it is provisional (one seed of a tested layer)."""
+    kind = next((k for k in ("inconclusive", "not supported", "supported") if outcome.startswith(k)),
+                outcome.split(":")[0])
+    return (kind + (", but not robustly" if outcome.startswith("supported, but") else "")
+            + (", provisional (one seed)" if "provisional" in outcome else ""))
 
 
 def cost_line(rows: list[dict]) -> str:
@@ -1613,9 +1628,11 @@ def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True, trained: d
     first = next((r for r in rows if r["layer"] == layer and r.get("seed", 0) == 0), {})
     stop = {"plateau": "stopped by its plateau", None: "is not in this sweep"}.get(
         first.get("stop"), f"stopped at its {first.get('stop')}: unconverged, its samples are not evidence")
-    if [layer, 0] in [list(w) for w in (verdict.get("convergence") or {}).get("worse_than_lookup", [])]:
-        stop += (", but its posterior mean does not beat its token lookup by the registered bar: unconverged, "
-                 "its samples are not evidence")
+    # stopped by its plateau but not below its lookup's bar: unconverged all the same (said once)
+    missed = (first.get("stop") == "plateau" and [layer, 0] in [
+        list(w) for w in (verdict.get("convergence") or {}).get("worse_than_lookup", [])])
+    missed = (", but it does not beat its token lookup by the registered bar: unconverged, its samples are not "
+              "evidence") if missed else ""
     line = (f"- The DiHAL model at the geometry's chosen layer {layer}: delta_ce {row['delta_ce']:.3f}{spread} nats "
             f"(seed mean{' ± sd' if spread else ''} over {row['seeds']} seed{'s' * (row['seeds'] != 1)}: the LM loss "
             f"added when its bridge's h_{layer} replaces the backbone's); its seed-0 bridge, ")
@@ -1627,11 +1644,11 @@ def dihal_line(verdict: dict, rows: list[dict], sampled: bool = True, trained: d
 
         again = {"plateau": "stopped by its plateau", None: "has no stop recorded"}.get(
             trained.get("stop"), f"stopped at its {trained.get('stop')}: unconverged, its samples are not evidence")
-        return line + (f"{stop}{at(first)} in the sweep. The samples come from that bridge trained again by "
+        return line + (f"{stop}{at(first)} in the sweep{missed}. The samples come from that bridge trained again by "
                        f"`--generation` with the same flags and seed (the sweep's weights were not kept), which "
                        f"{again}{at(trained)}: training is not bit for bit the same across machines and runs.")
     return line + ("the one `--generation` samples through (trained again where the run keeps only its record), "
-                   if sampled else "") + f"{stop}."
+                   if sampled else "") + f"{stop}{missed}."
 
 
 GENERATION_CAVEAT = ("SmolLM2 is the bridges' own backbone: their upper stack writes the text it scores, which "

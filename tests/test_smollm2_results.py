@@ -1665,15 +1665,29 @@ def test_the_diffusion_page_sets_its_outcome_beside_the_regression_sweeps_or_els
     line = script.against_regression(verdict, exp)
     theirs = json.loads((regression / "sweep.json").read_text())["verdict"]
     assert theirs["outcome"].startswith("supported") and verdict["outcome"].startswith("not supported")
+    assert theirs["outcome"].startswith("supported, but")  # the score follows depth exactly here
     assert line.startswith("- Against the regression sweep ([results.md](results.md)): there the loss was a "
                            f"deterministic regression bridge's {theirs['primary_loss']} and the outcome "
-                           f"{theirs['outcome'].split(':')[0]} (ρ -1.00")
+                           "supported, but not robustly (ρ -1.00")
     assert f"here the loss is the diffusion bridge's {verdict['primary_loss']} and the outcome not supported (ρ 1.00"  in line
     assert line.endswith("Over layers 1–12 the two sweeps' seed-mean losses order the layers with Spearman -1.00.")
     # no regression sweep: the ceilings (0.005 x layer) against the score (-layer)
     line = script.against_regression(verdict, replace(exp, shared_scan=None))
     assert "ρ(score, ceiling nmse_dim) over layers 1–12 is -1.00, against the diffusion bridge's not supported (ρ 1.00" \
         in line
+    # a regression sweep that ran on this scan but whose sweep.json is not here is not called absent
+    assert script.against_regression(verdict, replace(exp, shared_scan=tmp_path / "elsewhere")) == (
+        "- The regression sweep on this scan has no sweep.json here: its outcome is on [results.md](results.md), "
+        "not set beside this one.")
+    # constant losses or ceilings give no rho (never "nan"); a one-seed outcome is said to be provisional
+    for row in verdict["layers"]:
+        row["ceiling_nmse_dim"] = 0.1
+    assert script.against_regression(verdict, replace(exp, shared_scan=None)) is None
+    one_seed = sweep_verdict([r for r in sweep["rows"] if r["seed"] == 0],
+                             {"score": {layer: -float(layer) for layer in LAYERS}}, {})
+    assert "provisional" in one_seed["outcome"]
+    line = script.against_regression(one_seed, exp)
+    assert "and the outcome not supported, provisional (one seed) (ρ 1.00" in line and "nan" not in line
 
 
 def test_an_unconverged_sweeps_opening_and_dihal_line_say_so(tmp_path):
@@ -1691,8 +1705,8 @@ def test_an_unconverged_sweeps_opening_and_dihal_line_say_so(tmp_path):
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     page = page_of(tmp_path)
     line = next(l for l in page.splitlines() if l.startswith("- The DiHAL model"))
-    assert line.endswith("stopped by its plateau, but its posterior mean does not beat its token lookup by the "
-                         "registered bar: unconverged, its samples are not evidence.")
+    assert line.endswith("stopped by its plateau, but it does not beat its token lookup by the registered bar: "
+                         "unconverged, its samples are not evidence.")
     rests = next(l for l in page.splitlines() if l.startswith("**Rests on:**"))
     assert "The bridges count as unconverged, so these figures describe them and test nothing: ρ(loss, depth)" in rests
     assert "1 of the tested bridges reached the step cap before their plateau (layer 2 seed 1): its loss is" in page
