@@ -1423,7 +1423,7 @@ def verdict_lines(verdict: dict, exp: Experiment | None = None) -> list[str]:
         said = "the bridges count as unconverged, so these figures describe them and test nothing: " + said
     return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {exp.weights}, "
                    "on the KJV (one-sided Spearman, fixed in advance).", outcome_line(verdict, test),
-                   said[0].upper() + said[1:] + "." + exp.quantised)
+                   (said[0].upper() + said[1:] if said[0].isascii() else said) + "." + exp.quantised)  # not "Ρ"
 
 
 def outcome_line(verdict: dict, test: dict) -> str:

@@ -1695,6 +1695,7 @@ def test_an_unconverged_sweeps_opening_and_dihal_line_say_so(tmp_path):
     lookup is called unconverged on the DiHAL line; the opening's third line says its figures test
     nothing; a capped bridge is named."""
     write_sweep(tmp_path)
+    assert "**Rests on:** ρ(loss, depth) is 1.00;" in page_of(tmp_path)  # converged: no caveat, a small ρ
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     for row in sweep["rows"]:
         if (row["layer"], row["seed"]) == (1, 0):
