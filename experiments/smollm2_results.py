@@ -1561,11 +1561,14 @@ def cost_line(rows: list[dict]) -> str:
     trained = sum(r.get("train_seconds") or 0 for r in rows)
     ceilings = {r["layer"]: r["ceiling_train_seconds"] for r in rows if r.get("ceiling_train_seconds")}
     ceiling_line = f", and {len(ceilings)} ceiling controls for {sum(ceilings.values()) / 60:,.0f} min"
-    return (f"- Cost: {len(rows)} bridges trained for at least {trained / 60:,.0f} min in all"
+    # a record that names its machine was written after commit f00b1b5 (2026-12-05), long after the clock came
+    unnamed = any(not r.get("machine") for r in rows)
+    more = (["A bridge resumed from a checkpoint written before 2026-12-03 16:36 (commit 12b2ff9) kept no clock: it "
+             "counts only the sessions after it"] if unnamed else []) + ([machines] if (machines := by_machine(rows)) else [])
+    more = "; ".join(more)
+    return (f"- Cost: {len(rows)} bridges trained for " + ("at least " * unnamed) + f"{trained / 60:,.0f} min in all"
             + (ceiling_line if ceilings else "") + ". These are their training loops, over every invocation of the "
-            "script; validation adds about a fifth. A bridge resumed from a checkpoint written before "
-            "2026-12-03 16:36 (commit 12b2ff9) kept no clock: it counts only the sessions after it"
-            + (f"; {machines}" if (machines := by_machine(rows)) else "") + ".")
+            "script; validation adds about a fifth." + (f" {more[0].upper() + more[1:]}." if more else ""))
 
 
 def hand_written(notes: Path) -> list[str]:

@@ -87,6 +87,18 @@ def test_the_cost_line_says_which_machines_trained_the_bridges_when_more_than_on
     assert cost.endswith(f"; trained on more than one machine: 24 runs, 24 min, on {unnamed}; 24 runs, 36 min, on 2 × Xeon.")
     rows[0]["machine"] = "1 × Epyc"  # the one run of a third machine
     assert "1 run, 1 min, on 1 × Epyc; 23 runs, 23 min, on a machine" in by_machine(rows)
+    # every record names its machine (written after f00b1b5): no "at least", no caveat about the old clock
+    for row in rows:
+        row["machine"] = "2 × Xeon"
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    cost = next(line for line in page_of(tmp_path).splitlines() if line.startswith("- Cost:"))
+    assert cost == ("- Cost: 36 bridges trained for 36 min in all, and 12 ceiling controls for 24 min. These are their "
+                    "training loops, over every invocation of the script; validation adds about a fifth.")
+    rows[0]["machine"] = "1 × Epyc"
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    cost = next(line for line in page_of(tmp_path).splitlines() if line.startswith("- Cost:"))
+    assert cost.endswith("validation adds about a fifth. Trained on more than one machine: 1 run, 1 min, on 1 × Epyc; "
+                         "47 runs, 59 min, on 2 × Xeon.")
 
 
 def test_the_page_names_the_dihal_models_delta_ce_and_whether_its_sampled_bridge_converged(tmp_path):
