@@ -1522,7 +1522,13 @@ def against_regression(verdict: dict, exp: Experiment) -> str | None:
     def rank_rho(a: list, b: list) -> float | None:  # Spearman, None where either side is constant or short
         return spearmanr(a, b).statistic if len(a) > 2 and len(set(a)) > 1 and len(set(b)) > 1 else None
 
+    def above(pairs: list) -> str:  # per layer, how far the first loss is above the second (seed means)
+        gaps = [a / b - 1 for a, b in pairs if a is not None and b]
+        lo, hi = (min(gaps), max(gaps)) if gaps else (None, None)
+        return "" if lo is None else f"{100 * lo:+.0f} %" + (f" to {100 * hi:+.0f} %" if round(hi - lo, 2) else "")
+
     mine = {r["layer"]: r for r in verdict["layers"]}
+    learned = verdict.get("learned_loss", "nmse_dim")  # the diffusion bridge's posterior mean's nmse_dim
     if exp.shared_scan is not None:  # the regression sweep ran on this scan
         regression = exp.shared_scan / "sweep.json"
         if not regression.is_file():
@@ -1536,15 +1542,21 @@ def against_regression(verdict: dict, exp: Experiment) -> str | None:
                 f"regression bridge's {theirs['primary_loss']} and the outcome {said(theirs)}; here the loss is the "
                 f"diffusion bridge's {verdict['primary_loss']} and the outcome {said(verdict)}."
                 + (f" Over layers {both[0]}–{both[-1]} the two sweeps' seed-mean losses order the layers with "
-                   f"Spearman {rho:.2f}." if rho is not None else ""))
+                   f"Spearman {rho:.2f}." if rho is not None else "")
+                + (f" Layer by layer, the diffusion bridges' posterior mean nmse_dim is {gap} against the regression "
+                   "bridges' nmse_dim (seed means; above zero, the diffusion bridge reconstructs the layer less well)."
+                   if (gap := above([(mine[l].get(learned), other[l].get("nmse_dim")) for l in both])) else ""))
     scores = verdict.get("scores", {}).get("score", {})
     layers = [l for l in verdict["compared_layers"] if mine[l].get("ceiling_nmse_dim") is not None and str(l) in scores]
     rho = rank_rho([scores[str(l)] for l in layers], [mine[l]["ceiling_nmse_dim"] for l in layers])
     if rho is None:
         return None
+    gap = above([(mine[l].get(learned), mine[l]["ceiling_nmse_dim"]) for l in layers])
     return (f"- No regression sweep ran on this model. Its ceiling controls (one plain regression network per layer) "
             f"stand in: ρ(score, ceiling nmse_dim) over layers {layers[0]}–{layers[-1]} is {rho:.2f}, against the "
-            f"diffusion bridge's {said(verdict)}.")
+            f"diffusion bridge's {said(verdict)}."
+            + (f" Layer by layer, the diffusion bridges' posterior mean nmse_dim is {gap} against the ceiling's (seed "
+               "means; above zero, the diffusion bridge reconstructs the layer less well)." if gap else ""))
 
 
 def outcome_kind(outcome: str) -> str:

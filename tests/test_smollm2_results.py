@@ -1682,11 +1682,16 @@ def test_the_diffusion_page_sets_its_outcome_beside_the_regression_sweeps_or_els
                            f"deterministic regression bridge's {theirs['primary_loss']} and the outcome "
                            "supported, but not robustly (ρ -1.00")
     assert f"here the loss is the diffusion bridge's {verdict['primary_loss']} and the outcome not supported (ρ 1.00"  in line
-    assert line.endswith("Over layers 1–12 the two sweeps' seed-mean losses order the layers with Spearman -1.00.")
+    assert "Over layers 1–12 the two sweeps' seed-mean losses order the layers with Spearman -1.00." in line
+    # seed means over seeds 0-2: 0.201 - 0.01 l here, 0.01 l + 0.001 there; layer 12: 0.081 / 0.121 - 1, layer 1: 0.191 / 0.011 - 1
+    assert line.endswith("Layer by layer, the diffusion bridges' posterior mean nmse_dim is -33 % to +1636 % against the "
+                         "regression bridges' nmse_dim (seed means; above zero, the diffusion bridge reconstructs the "
+                         "layer less well).")
     # no regression sweep: the ceilings (0.005 x layer) against the score (-layer)
     line = script.against_regression(verdict, replace(exp, shared_scan=None))
     assert "ρ(score, ceiling nmse_dim) over layers 1–12 is -1.00, against the diffusion bridge's not supported (ρ 1.00" \
         in line
+    assert "posterior mean nmse_dim is +35 % to +3720 % against the ceiling's" in line  # 0.081 / 0.06, 0.191 / 0.005
     # a regression sweep that ran on this scan but whose sweep.json is not here is not called absent
     assert script.against_regression(verdict, replace(exp, shared_scan=tmp_path / "elsewhere")) == (
         "- The regression sweep on this scan has no sweep.json here: its outcome is on [results.md](results.md), "
