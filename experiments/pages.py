@@ -44,6 +44,12 @@ def commas(text: str) -> str:
     return re.sub(r"(?<![\w.,])\d{5,}", lambda m: f"{int(m.group(0)):,}", text)
 
 
+def sentence(text: str) -> str:
+    """`text` with its first letter capitalised where it is a Latin one ("ρ(loss, depth)" stays as
+    it is: its capital is the Greek "Ρ")."""
+    return text[:1].upper() + text[1:] if text[:1].isascii() else text
+
+
 def whole(text: str) -> str:
     """`text` with every figure of 100 or more written whole, with thousands separators
     (1357.49 (1251.05–1469.07) -> 1,357 (1,251–1,469)); smaller ones as they are."""

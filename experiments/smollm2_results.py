@@ -81,7 +81,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from experiments.pages import commas, markdown_table, p_value, role, rows_table, three_lines, tidy_tables, whole
+from experiments.pages import commas, markdown_table, p_value, role, rows_table, sentence, three_lines, tidy_tables, whole
 from experiments.records import GENERATION, RECORDS, SMOLLM2, add_timings, bring_back, keep, progress_of, record, restore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,7 +247,8 @@ def experiment(model: str = MODEL, bridge: str = "regression", choice: Path | No
                       shared_scan=ROOT / "runs" / "results" / "run" if smollm2 and bridge == "diffusion" else None,
                       ceilings=RECORD if smollm2 and bridge == "diffusion" else None,
                       shape_study=smollm2 and bridge == "regression",
-                      generation=smollm2 and bridge == "regression")  # the diffusion page links its rows  # the shape study trained regressions
+                      generation=smollm2 and bridge == "regression")  # both regression-only: the shape study trained
+                                                                      # regressions; the diffusion page links --generation's rows
 
 
 def flag(name: str, flags: list = SWEEP):
@@ -1423,7 +1424,7 @@ def verdict_lines(verdict: dict, exp: Experiment | None = None) -> list[str]:
         said = "the bridges count as unconverged, so these figures describe them and test nothing: " + said
     return three_lines(f"whether the geometry score predicts {bridge} at layers {layers[0]}–{layers[-1]} of {exp.weights}, "
                    "on the KJV (one-sided Spearman, fixed in advance).", outcome_line(verdict, test),
-                   (said[0].upper() + said[1:] if said[0].isascii() else said) + "." + exp.quantised)  # not "Ρ"
+                   sentence(said) + "." + exp.quantised)
 
 
 def outcome_line(verdict: dict, test: dict) -> str:
@@ -1448,7 +1449,7 @@ def outcome_line(verdict: dict, test: dict) -> str:
         return f"{verdict['outcome']} ({numbers})."
     seeds = " Provisional: one seed per tested layer." if "provisional" in verdict["outcome"] else ""
     said = "; ".join(why)
-    return (f"inconclusive. {said[0].upper() + said[1:]}, so the bridges count as unconverged, and the test's "
+    return (f"inconclusive. {sentence(said)}, so the bridges count as unconverged, and the test's "
             f"numbers ({numbers}) are no evidence either way.{seeds}")
 
 
@@ -1580,7 +1581,7 @@ def cost_line(rows: list[dict]) -> str:
     more = "; ".join(more)
     return (f"- Cost: {len(rows)} bridges trained for " + ("at least " * unnamed) + f"{trained / 60:,.0f} min in all"
             + (ceiling_line if ceilings else "") + ". These are their training loops, over every invocation of the "
-            "script; validation adds about a fifth." + (f" {more[0].upper() + more[1:]}." if more else ""))
+            "script; validation adds about a fifth." + (f" {sentence(more)}." if more else ""))
 
 
 def hand_written(notes: Path) -> list[str]:
@@ -1800,7 +1801,7 @@ def generation_opening(verdict: dict, rows: list[dict]) -> list[str]:
     return three_lines(
         "what DiHAL writes through SmolLM2's bridges (the chosen layer's, decoded left to right and in random order) "
         f"beside generators trained from scratch on the KJV at one budget, rounding and SmolLM2 itself: {num} samples "
-        f"of {SAMPLES['length']} tokens a row, one training seed each, descriptive (no test).", outcome[0].upper() + outcome[1:],
+        f"of {SAMPLES['length']} tokens a row, one training seed each, descriptive (no test).", sentence(outcome),
         "one seed per row, so no ranking within the intervals; the trigram sees three tokens at a time and rewards "
         "KJV-like tokens; SmolLM2 wrote the bridge rows' text, and its Gen.PPL of them is starred and ranked only "
         "against rows it wrote too; "
