@@ -1514,14 +1514,11 @@ def against_regression(verdict: dict, exp: Experiment) -> str | None:
     (SmolLM2: docs/results.md), with the two sweeps' seed-mean losses set against each other over
     the layers both tested; where no regression sweep ran (Gemma), the ceiling controls' (one plain
     regression network per layer) ρ with the score. None where neither is at hand."""
-    from scipy.stats import spearmanr
+    from geoprobe.metrics.correlation import spearman_rho
 
     def said(v: dict) -> str:  # the outcome's kind and the primary test's numbers
         t = v["tests"][v["primary_loss"]]
         return f"{outcome_kind(v['outcome'])} (ρ {t['rho']:.2f}, p {p_value(t['p'], 2)})"
-
-    def rank_rho(a: list, b: list) -> float | None:  # Spearman, None where either side is constant or short
-        return spearmanr(a, b).statistic if len(a) > 2 and len(set(a)) > 1 and len(set(b)) > 1 else None
 
     def above(pairs: list) -> str:  # per layer, how far the first loss is above the second (seed means)
         gaps = [a / b - 1 for a, b in pairs if a is not None and b]
@@ -1538,7 +1535,8 @@ def against_regression(verdict: dict, exp: Experiment) -> str | None:
         theirs = json.loads(regression.read_text())["verdict"]
         other = {r["layer"]: r for r in theirs["layers"]}
         both = [l for l in verdict["compared_layers"] if l in theirs["compared_layers"]]
-        rho = rank_rho([mine[l][verdict["primary_loss"]] for l in both], [other[l][theirs["primary_loss"]] for l in both])
+        rho = (spearman_rho([mine[l][verdict["primary_loss"]] for l in both], [other[l][theirs["primary_loss"]] for l in both])
+               if len(both) > 2 else None)
         return (f"- Against the regression sweep ([results.md](results.md)): there the loss was a deterministic "
                 f"regression bridge's {theirs['primary_loss']} and the outcome {said(theirs)}; here the loss is the "
                 f"diffusion bridge's {verdict['primary_loss']} and the outcome {said(verdict)}."
@@ -1549,7 +1547,7 @@ def against_regression(verdict: dict, exp: Experiment) -> str | None:
                    if (gap := above([(mine[l].get(learned), other[l].get("nmse_dim")) for l in both])) else ""))
     scores = verdict.get("scores", {}).get("score", {})
     layers = [l for l in verdict["compared_layers"] if mine[l].get("ceiling_nmse_dim") is not None and str(l) in scores]
-    rho = rank_rho([scores[str(l)] for l in layers], [mine[l]["ceiling_nmse_dim"] for l in layers])
+    rho = spearman_rho([scores[str(l)] for l in layers], [mine[l]["ceiling_nmse_dim"] for l in layers]) if len(layers) > 2 else None
     if rho is None:
         return None
     gap = above([(mine[l].get(learned), mine[l]["ceiling_nmse_dim"]) for l in layers])

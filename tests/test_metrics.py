@@ -15,7 +15,7 @@ from scipy import stats
 from geoprobe.workflows.evaluate import gen_ppl
 from geoprobe.metrics.text import (diversity_pooled, diversity_within, repetition, text_metrics, token_metrics,
                                    unigram_entropy, word_text)
-from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_with_uncertainty
+from geoprobe.metrics.correlation import holm, partial_spearman, reliability, spearman_rho, spearman_with_uncertainty
 from geoprobe.synthetic import documents
 from tests.helpers import assert_one_line_error, invoke
 
@@ -311,6 +311,9 @@ def test_two_sided_spearman_against_scipy():
     for flat in (spearman_with_uncertainty(np.arange(5.0), np.ones(5), alternative="less"),
                  spearman_with_uncertainty(np.ones(5), np.arange(5.0), interval=False)):
         assert np.isnan(flat["rho"]) and flat["p"] == 1.0 and flat["constant"]
+    # by hand: ranks (1, 2, 3) against (1, 3, 2) differ by 0, 1, 1, so rho = 1 - 6 * 2 / (3 * 8) = 0.5
+    assert spearman_rho([10.0, 20.0, 30.0], [1.0, 9.0, 4.0]) == pytest.approx(0.5)
+    assert spearman_rho([1.0, 2.0, 3.0], [7.0, 7.0, 7.0]) is None and spearman_rho([2.0, 2.0], [1.0, 5.0]) is None
 
 
 def test_holm_on_a_hand_made_table():

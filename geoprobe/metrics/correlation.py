@@ -29,6 +29,13 @@ def _rows_rho(a, b):
         return (ra * rb).sum(axis=-1) / np.sqrt((ra ** 2).sum(axis=-1) * (rb ** 2).sum(axis=-1))
 
 
+def spearman_rho(x, y) -> float | None:
+    """Spearman's rho of x and y; None where either is constant: a constant has no ranks, so rho
+    is undefined and gives no evidence either way."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    return None if np.ptp(x) == 0 or np.ptp(y) == 0 else float(stats.spearmanr(x, y).statistic)
+
+
 def spearman_with_uncertainty(x, y, seed: int = 0, resamples: int = 9999, alternative: str = "two-sided",
                               interval: bool = True) -> dict:
     """rho, a permutation-test p-value (exact when n! <= resamples, Monte Carlo otherwise, which
@@ -42,10 +49,10 @@ def spearman_with_uncertainty(x, y, seed: int = 0, resamples: int = 9999, altern
     rather than a NaN or one that rests on a handful of resamples. A constant x or y gives rho NaN
     and p 1 (`constant`: True): no ranks, so no evidence for any alternative."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant has no ranks: rho undefined, and no evidence either way
+    rho = spearman_rho(x, y)
+    if rho is None:
         return {"rho": float("nan"), "p": 1.0, "alternative": alternative, "n": len(x), "constant": True,
                 **({"ci": None, "ci_valid": 0, "ci_resamples": 0} if interval else {})}
-    rho = float(stats.spearmanr(x, y).statistic)
     y_ranks = stats.rankdata(y)
     # permuting x alone gives the n! pairings: exact whenever n! <= resamples (n <= 7 at the default)
     permutation = stats.permutation_test((x,), lambda a, axis=-1: _rank_rho(a, y_ranks, axis),
