@@ -838,7 +838,9 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
     without them run.
 
     Each group runs under its claim (`claimed_group`), so a second process started on the same
-    out dir takes the groups the first does not hold. A process that skipped a group still
+    out dir takes the groups the first does not hold. The diffusion bridge's two sets are one group
+    until the bridge has its metrics (one process trains it), then one group each: two processes
+    sample them side by side (an hour a set on one thread). A process that skipped a group still
     without its rows stops before the comparisons: the process sampling it makes them. Returns
     whether this process made them (False: the other one writes the page)."""
     from geoprobe.workflows.compare import row_path
@@ -862,8 +864,11 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
         return 0 if model not in models else 1 if model in bridges else 2
 
     groups = [{name: sets[name] for name in names} for names in sorted(sample_groups(sets).values(), key=cheap_first)]
+    if extra:  # one group while its bridge is still to train (one process trains it), then a group a set
+        bridge = Path(next(iter(extra.values()))[1])
+        groups += [{name: flags} for name, flags in extra.items()] if (bridge / "metrics.json").is_file() else [extra]
     others = []  # the sets of the groups another process held
-    for group in [*groups, *([extra] if extra else [])]:  # the table keeps the plan's order
+    for group in groups:  # the table keeps the plan's order
         if not claimed_group(out, group, partial(sample_group, out, group, models, step, dev)):
             others += group
     rows = {name: row_path(out / "samples" / name / "samples.jsonl") for name in [*plan, *extra]}

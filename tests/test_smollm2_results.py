@@ -1090,6 +1090,45 @@ def test_generation_samples_the_diffusion_sweeps_chosen_bridge_once_it_has_finis
         "through the diffusion bridge: 0 of 2 sets written, 0 evaluated"
 
 
+def test_two_processes_sample_the_diffusion_bridges_sets_side_by_side_once_it_is_trained(tmp_path, no_diffusion_sweep):
+    """While the diffusion bridge is still to train, its two sets are one group: a process that
+    finds the group's claim held trains nothing and samples neither. Once the bridge has its
+    metrics, each set is a group of its own: with the left-to-right set's claim held, the other
+    process samples, scores and rows the hybrid set, and leaves the comparisons to the holder."""
+    import socket
+    import subprocess
+
+    import experiments.smollm2_results as script
+    from geoprobe.files import _start_time, lock_name
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_sweep(run)  # chosen layer 1
+    record = script.DIFFUSION_RECORD / "bridges" / "layer-01" / "seed-0"
+    record.mkdir(parents=True)
+    (record / "metrics.json").write_text("{}")  # to train again under OUT/diffusion
+    claim = tmp_path / "claims" / "diffusion-01-ltr"
+    claim.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        (claim / lock_name()).write_text(json.dumps({"pid": other.pid, "host": socket.gethostname(),
+                                                     "started": _start_time(other.pid), "command": "--generation"}))
+        first = []  # the other groups run; the bridge's one is held
+        assert script.generation(tmp_path, run, fake_step(first), ["--device", "cpu"], finetune=False) is False
+        assert "sample mdlm-mdlm" in first and not any("diffusion-01" in n or "diffusion bridge" in n for n in first)
+        trained = tmp_path / "diffusion" / "bridges" / "layer-01" / "seed-0"
+        trained.mkdir(parents=True)
+        (trained / "metrics.json").write_text("{}")  # the holder has trained it
+        second = []
+        assert script.generation(tmp_path, run, fake_step(second), ["--device", "cpu"], finetune=False) is False
+        assert second == ["sample diffusion-01", "eval diffusion-01", "row diffusion-01"]
+        # the hybrid set's claim released when its set ended: only the other process's is left
+        assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["diffusion-01-ltr"]
+    finally:
+        other.kill()
+        other.wait()
+
+
 def fake_step(commands):
     """A step that records the plan and writes what each command would: a trained model's
     metrics.json, a set's samples and meta row, eval's metrics, compare's rows beside the samples."""
