@@ -756,12 +756,17 @@ def all_scored(samples: list[Path], suffix: str = ".metrics.json") -> Path | Non
     return scored[-1] if all(f.is_file() for f in scored) else None
 
 
+def model_of(flags: list):
+    """The model a sample set's flags sample: the folder (or builtin name) after --model."""
+    return flags[flags.index("--model") + 1]
+
+
 def sample_groups(sets: dict[str, list]) -> dict[str, list[str]]:
     """The sample sets by the model they sample, in their order: each group is named by its first
     set, and its model is the folder after --model (SmolLM2 itself for the AR row)."""
     groups, first = {}, {}
     for name, flags in sets.items():
-        model = flags[flags.index("--model") + 1]
+        model = model_of(flags)
         groups.setdefault(first.setdefault(model, name), []).append(name)
     return groups
 
@@ -784,8 +789,7 @@ def sample_group(out: Path, sets: dict[str, list], models: dict[Path, tuple], st
     files = {name: out / "samples" / name / "samples.jsonl" for name in sets}
     todo = [name for name in sets if not row_path(files[name]).is_file()]
     if todo:
-        flags = sets[todo[0]]
-        folder = flags[flags.index("--model") + 1]
+        folder = model_of(sets[todo[0]])
         if (model := models.get(folder)) is not None:
             name, argv, done = model
             step(name, *argv, *dev, done=done)
@@ -858,14 +862,14 @@ def generation(out: Path, run: Path, step, dev: list, finetune: bool = True, wit
     bridges = {folder for folder, _ in sampled_bridges(out, run).values()}
 
     def cheap_first(names: list[str]) -> int:  # a machine that goes takes less: the shortest trainings first
-        model = sets[names[0]][sets[names[0]].index("--model") + 1]
+        model = model_of(sets[names[0]])
         # nothing to train (AR, a bridge with its weights); the sweep's bridges trained again (their
         # records: 500-3,000 steps); the generators and the layer-0 bridge (4,000 steps each)
         return 0 if model not in models else 1 if model in bridges else 2
 
     groups = [{name: sets[name] for name in names} for names in sorted(sample_groups(sets).values(), key=cheap_first)]
     if extra:  # one group while its bridge is still to train (one process trains it), then a group a set
-        bridge = Path(next(iter(extra.values()))[1])
+        bridge = Path(model_of(next(iter(extra.values()))))
         groups += [{name: flags} for name, flags in extra.items()] if (bridge / "metrics.json").is_file() else [extra]
     others = []  # the sets of the groups another process held
     for group in groups:  # the table keeps the plan's order
